@@ -1,0 +1,339 @@
+//! The `Transport` trait object: what a plugin implements.
+//!
+//! A transport has two sides. On the **owner** it `export`s shards (and may
+//! offer an allocator so the host writes bytes straight into transport-owned
+//! memory). On the **consumer** it `import`s a descriptor produced by its
+//! owner-side twin in another process, either copying into a host buffer or
+//! returning a zero-copy [`Region`] that stays valid until `release`.
+//!
+//! # Memory contracts (read these before implementing)
+//! - [`ExportRequest::data`] points at bytes the host keeps alive and unmodified
+//!   until `unexport` for that shard id returns.
+//! - An [`Allocation`] returned by `allocate` must be writable for `len` bytes
+//!   and not used by anything else until `free_allocation`, or until the shard
+//!   it was exported as is unexported.
+//! - A [`Region`] returned by `import_view` must stay readable and unmodified
+//!   until `release(token)`. Nothing else returned across the boundary may
+//!   borrow plugin memory after the call.
+//! - Descriptors come from other processes: validate every byte before use.
+
+use abi_stable::{
+    sabi_trait,
+    std_types::{RBox, RResult, RSlice, RSliceMut, RString, RVec},
+    StableAbi,
+};
+
+use crate::{error::AbiError, meta::ShardId, meta::ShardMeta};
+
+/// Capability flags a transport reports in [`TransportInfo`].
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Capabilities(pub u64);
+
+impl Capabilities {
+    /// Can move shards whose bytes live in host memory.
+    pub const CPU: Capabilities = Capabilities(1 << 0);
+    /// Can move shards whose bytes live in CUDA device memory.
+    pub const CUDA: Capabilities = Capabilities(1 << 1);
+    /// Only reaches owners on the same machine (shared memory, CUDA IPC).
+    pub const SAME_NODE_ONLY: Capabilities = Capabilities(1 << 2);
+    /// `import_view` returns zero-copy regions.
+    pub const ZERO_COPY: Capabilities = Capabilities(1 << 3);
+    /// `allocate` hands out transport-owned memory for the storage policy `pool`.
+    pub const ALLOCATOR: Capabilities = Capabilities(1 << 4);
+
+    /// No capability.
+    pub const fn empty() -> Self {
+        Capabilities(0)
+    }
+
+    /// True when every flag of `other` is set.
+    pub const fn contains(self, other: Capabilities) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Union.
+    #[must_use]
+    pub const fn with(self, other: Capabilities) -> Self {
+        Capabilities(self.0 | other.0)
+    }
+
+    /// Lowercase names of the set flags.
+    pub fn names(self) -> Vec<&'static str> {
+        const NAMES: [(Capabilities, &str); 5] = [
+            (Capabilities::CPU, "cpu"),
+            (Capabilities::CUDA, "cuda"),
+            (Capabilities::SAME_NODE_ONLY, "same-node-only"),
+            (Capabilities::ZERO_COPY, "zero-copy"),
+            (Capabilities::ALLOCATOR, "allocator"),
+        ];
+        NAMES
+            .iter()
+            .filter(|(c, _)| self.contains(*c))
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+/// Parts of a node's locality identity a same-node transport needs to agree
+/// between owner and consumer before it is a candidate.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+pub struct IdentityParts(pub u32);
+
+impl IdentityParts {
+    /// Kernel boot id (`/proc/sys/kernel/random/boot_id`).
+    pub const BOOT_ID: IdentityParts = IdentityParts(1 << 0);
+    /// Device id of the filesystem behind `/dev/shm`.
+    pub const SHM_DEVICE: IdentityParts = IdentityParts(1 << 1);
+    /// IPC namespace id.
+    pub const IPC_NS: IdentityParts = IdentityParts(1 << 2);
+    /// PID namespace id.
+    pub const PID_NS: IdentityParts = IdentityParts(1 << 3);
+    /// GPU UUID of the shard's device.
+    pub const GPU_UUID: IdentityParts = IdentityParts(1 << 4);
+
+    /// True when every part of `other` is set.
+    pub const fn contains(self, other: IdentityParts) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Union.
+    #[must_use]
+    pub const fn with(self, other: IdentityParts) -> Self {
+        IdentityParts(self.0 | other.0)
+    }
+}
+
+/// What a transport is and can do, reported as data.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct TransportInfo {
+    /// Transport name (`posix-shm`), the key descriptors are filed under.
+    pub name: RString,
+    /// The plugin's own version.
+    pub version: RString,
+    /// Capability flags.
+    pub capabilities: Capabilities,
+    /// For same-node transports: the identity parts that must agree.
+    pub needs_identity: IdentityParts,
+}
+
+/// Bytes the host lends to `export`. The host keeps them alive and unmodified
+/// until `unexport` of that shard returns.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct SharedBytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `SharedBytes` is a read-only view whose target the host keeps alive
+// and unmodified for the documented lifetime; sharing the address is harmless.
+unsafe impl Send for SharedBytes {}
+// SAFETY: as above; it is never written through.
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// Lends `bytes`. The caller (the host) keeps them alive and unmodified
+    /// until the matching `unexport` returns.
+    pub fn lend(bytes: &[u8]) -> Self {
+        SharedBytes {
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The lent bytes.
+    ///
+    /// # Safety
+    /// Only between the `export` call that received this value and the
+    /// `unexport` of the same shard; the host guarantees validity in that
+    /// window and no longer.
+    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the host lent `len` readable bytes at `ptr`, valid for the
+        // window the caller promised to respect.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// What `export` is asked to publish.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct ExportRequest {
+    /// Shard id, unique per owner node.
+    pub id: ShardId,
+    /// Metadata; `meta.byte_len == data.len()`.
+    pub meta: ShardMeta,
+    /// The bytes (host memory, or this or another transport's allocation).
+    pub data: SharedBytes,
+    /// Non-zero when `data` is this transport's own [`Allocation`] with that
+    /// token: export it in place (no copy) and free it at `unexport`.
+    pub allocation: u64,
+}
+
+/// Transport-owned writable memory handed out by `allocate`.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct Allocation {
+    /// Start of the writable bytes.
+    pub ptr: *mut u8,
+    /// Length in bytes (exactly the requested length).
+    pub len: usize,
+    /// Non-zero token naming this allocation in `export` / `free_allocation`.
+    pub token: u64,
+}
+
+/// A zero-copy view returned by `import_view`.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct Region {
+    /// First byte.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub len: usize,
+    /// Token for `release`; the region is valid until then.
+    pub token: u64,
+}
+
+/// How an import was carried out, for the host's fetch report.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, Default)]
+pub struct ImportInfo {
+    /// Free-form note (segment name, connection reuse...), for logs.
+    pub note: RString,
+}
+
+/// Kind of a statistic.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, PartialEq, Eq, Debug)]
+pub struct StatKind(pub u8);
+
+impl StatKind {
+    /// Monotonic counter.
+    pub const COUNTER: StatKind = StatKind(0);
+    /// Point-in-time value.
+    pub const GAUGE: StatKind = StatKind(1);
+}
+
+/// One named statistic (`pool_bytes_used`, `leases_held`...).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct Stat {
+    /// snake_case name, unique per transport.
+    pub name: RString,
+    /// Counter or gauge.
+    pub kind: StatKind,
+    /// Value.
+    pub value: u64,
+}
+
+impl Stat {
+    /// A counter.
+    pub fn counter(name: &str, value: u64) -> Self {
+        Stat {
+            name: name.into(),
+            kind: StatKind::COUNTER,
+            value,
+        }
+    }
+
+    /// A gauge.
+    pub fn gauge(name: &str, value: u64) -> Self {
+        Stat {
+            name: name.into(),
+            kind: StatKind::GAUGE,
+            value,
+        }
+    }
+}
+
+/// Health of a transport instance.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct Health {
+    /// True when the transport can serve requests.
+    pub ok: bool,
+    /// Why not, or a short status line.
+    pub message: RString,
+}
+
+/// A transport: the plugin's trait object.
+///
+/// Every method must be panic-safe: wrap its body in
+/// [`PluginContext::guard`](crate::PluginContext::guard) so a panic becomes an
+/// [`ErrorKind::PANIC`](crate::ErrorKind::PANIC) error. Methods appended after
+/// the last prefix method in later interface versions have default bodies that
+/// return `unsupported`, so older plugins keep loading.
+#[sabi_trait]
+pub trait Transport: Send + Sync {
+    /// Name, version and capabilities.
+    fn describe(&self) -> TransportInfo;
+
+    /// Owner side: publishes a shard and returns its descriptor.
+    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError>;
+
+    /// Owner side: withdraws a shard. Storage it holds is reclaimed as soon as
+    /// no consumer lease covers it. Unknown ids are `NOT_FOUND`.
+    fn unexport(&self, id: ShardId) -> RResult<(), AbiError>;
+
+    /// Consumer side: copies the shard described by `desc` into `dst`
+    /// (`dst.len() == meta.byte_len`).
+    fn import_into(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        dst: RSliceMut<'_, u8>,
+    ) -> RResult<ImportInfo, AbiError>;
+
+    /// Consumer side: maps the shard without copying; valid until `release`.
+    /// Transports without [`Capabilities::ZERO_COPY`] return `UNSUPPORTED`.
+    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError>;
+
+    /// Consumer side: ends a zero-copy lease. Unknown tokens are `INVALID_ARGUMENT`.
+    fn release(&self, token: u64) -> RResult<(), AbiError>;
+
+    /// Owner side, with [`Capabilities::ALLOCATOR`]: reserves `len` writable
+    /// bytes for a shard about to be exported.
+    fn allocate(&self, id: ShardId, len: u64) -> RResult<Allocation, AbiError>;
+
+    /// Owner side: returns an allocation that was never exported (a failed put).
+    fn free_allocation(&self, token: u64) -> RResult<(), AbiError>;
+
+    /// Named counters and gauges.
+    fn stats(&self) -> RVec<Stat>;
+
+    /// Whether the transport can serve requests.
+    #[sabi(last_prefix_field)]
+    fn health(&self) -> Health;
+}
+
+/// The trait object a plugin's constructor returns.
+pub type TransportBox = Transport_TO<'static, RBox<()>>;
+
+/// How the host shares one transport instance (views and allocations keep it alive).
+pub type SharedTransport = std::sync::Arc<TransportBox>;

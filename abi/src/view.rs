@@ -1,0 +1,185 @@
+//! Host-side safe owners of the raw memory a plugin hands back.
+//!
+//! The [`Transport`](crate::Transport) contract says a [`Region`] stays
+//! readable and unmodified until `release`, and an [`Allocation`] stays
+//! writable and exclusive until it is exported or freed. These types turn
+//! that contract into ownership: a [`LeasedView`] releases its lease on drop,
+//! an [`AllocationGuard`] frees an allocation that was never exported. This is
+//! the one place outside a plugin's `sys` module that turns plugin pointers
+//! into slices, so the host crate itself needs no `unsafe`.
+
+use std::{fmt, ops::Deref, sync::Arc};
+
+use abi_stable::std_types::{RResult, RSlice};
+
+use crate::{
+    error::AbiError,
+    meta::{ShardId, ShardMeta},
+    transport::{Allocation, Region, SharedTransport},
+};
+
+/// A zero-copy view of an imported shard; holds a lease until dropped.
+pub struct LeasedView {
+    transport: SharedTransport,
+    region: Region,
+}
+
+// SAFETY: the region is read-only memory the plugin keeps valid until
+// `release`; the transport object is `Send + Sync` by trait bound.
+unsafe impl Send for LeasedView {}
+// SAFETY: as above; the bytes are never written through this type.
+unsafe impl Sync for LeasedView {}
+
+impl LeasedView {
+    /// Imports `desc` as a zero-copy view through `transport`.
+    ///
+    /// Fails with the plugin's error, or `INTERNAL` when the plugin returned a
+    /// region whose length differs from `meta.byte_len` (the lease is released).
+    pub fn import(
+        transport: &SharedTransport,
+        desc: &[u8],
+        meta: &ShardMeta,
+    ) -> Result<LeasedView, AbiError> {
+        let region = transport
+            .import_view(RSlice::from_slice(desc), meta)
+            .into_result()?;
+        let view = LeasedView {
+            transport: Arc::clone(transport),
+            region,
+        };
+        if view.region.len as u64 != meta.byte_len
+            || (view.region.ptr.is_null() && view.region.len > 0)
+        {
+            return Err(AbiError::internal(format!(
+                "transport returned a region of {} bytes for a shard of {} bytes",
+                view.region.len, meta.byte_len
+            )));
+        }
+        Ok(view)
+    }
+
+    /// The lease token (for logs and stats).
+    pub fn token(&self) -> u64 {
+        self.region.token
+    }
+}
+
+impl Deref for LeasedView {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        if self.region.len == 0 {
+            return &[];
+        }
+        // SAFETY: per the `Transport::import_view` contract the plugin keeps
+        // `len` bytes at `ptr` readable and unmodified until `release`, which
+        // happens only in `Drop`, after every borrow of `self` has ended.
+        unsafe { std::slice::from_raw_parts(self.region.ptr, self.region.len) }
+    }
+}
+
+impl Drop for LeasedView {
+    fn drop(&mut self) {
+        if let RResult::RErr(e) = self.transport.release(self.region.token) {
+            tracing::warn!(target: "lease", token = self.region.token, error = %e, "release failed");
+        }
+    }
+}
+
+impl fmt::Debug for LeasedView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedView")
+            .field("len", &self.region.len)
+            .field("token", &self.region.token)
+            .finish()
+    }
+}
+
+/// Transport-owned writable memory for one shard. Frees the allocation on
+/// drop unless it was [marked exported](Self::mark_exported).
+pub struct AllocationGuard {
+    transport: SharedTransport,
+    alloc: Allocation,
+    exported: bool,
+}
+
+// SAFETY: the allocation is exclusively ours until exported or freed; the
+// transport object is `Send + Sync` by trait bound.
+unsafe impl Send for AllocationGuard {}
+// SAFETY: shared access only reads (`as_slice`); writing needs `&mut self`.
+unsafe impl Sync for AllocationGuard {}
+
+impl AllocationGuard {
+    /// Asks `transport` for `len` writable bytes for shard `id`.
+    pub fn allocate(transport: &SharedTransport, id: ShardId, len: u64) -> Result<Self, AbiError> {
+        let alloc = transport.allocate(id, len).into_result()?;
+        let guard = AllocationGuard {
+            transport: Arc::clone(transport),
+            alloc,
+            exported: false,
+        };
+        if guard.alloc.len as u64 != len
+            || (guard.alloc.ptr.is_null() && len > 0)
+            || guard.alloc.token == 0
+        {
+            return Err(AbiError::internal(format!(
+                "transport returned an allocation of {} bytes (token {}) for {len} requested",
+                guard.alloc.len, guard.alloc.token
+            )));
+        }
+        Ok(guard)
+    }
+
+    /// The writable bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.alloc.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: per the `Transport::allocate` contract the allocation is
+        // `len` writable bytes used by nothing else until exported or freed;
+        // `&mut self` makes this the only live borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.alloc.ptr, self.alloc.len) }
+    }
+
+    /// The bytes as written so far.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.alloc.len == 0 {
+            return &[];
+        }
+        // SAFETY: as in `as_mut_slice`; shared borrow of `self`, no writer.
+        unsafe { std::slice::from_raw_parts(self.alloc.ptr, self.alloc.len) }
+    }
+
+    /// The allocation token to pass in `ExportRequest::allocation`.
+    pub fn token(&self) -> u64 {
+        self.alloc.token
+    }
+
+    /// Marks the allocation as handed to `export`: from then on it is freed
+    /// by the transport's `unexport`, not by this guard. Keep the guard alive
+    /// (it still reads the bytes) until that `unexport` has returned.
+    pub fn mark_exported(&mut self) -> u64 {
+        self.exported = true;
+        self.alloc.token
+    }
+}
+
+impl Drop for AllocationGuard {
+    fn drop(&mut self) {
+        if !self.exported {
+            if let RResult::RErr(e) = self.transport.free_allocation(self.alloc.token) {
+                tracing::warn!(target: "store", token = self.alloc.token, error = %e, "free_allocation failed");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for AllocationGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllocationGuard")
+            .field("len", &self.alloc.len)
+            .field("token", &self.alloc.token)
+            .field("exported", &self.exported)
+            .finish()
+    }
+}

@@ -1,0 +1,1 @@
+//! Root package of the shardport workspace: owns `tests/` and `examples/`.
