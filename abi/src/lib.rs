@@ -79,11 +79,13 @@
 //! root module and the evolution rules), then [`plugin`] (panic safety and
 //! logging).
 
+pub mod config;
 pub mod error;
 pub mod host;
 pub mod meta;
 pub mod module;
 pub mod plugin;
+pub mod testing;
 pub mod transport;
 pub mod view;
 
@@ -92,6 +94,8 @@ pub mod conformance;
 
 // The deliberate export list: everything a plugin author or the host needs.
 
+// Typed access to a plugin's config table.
+pub use config::{format_byte_size, parse_byte_size, ConfigTable};
 // Errors.
 pub use error::{AbiError, ErrorKind, PluginResult};
 // What the host hands a plugin.
@@ -105,7 +109,8 @@ pub use plugin::PluginContext;
 // The transport trait object and what crosses it.
 pub use transport::{
     Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, Region,
-    SharedBytes, SharedTransport, Stat, StatKind, Transport, TransportBox, TransportInfo, Transport_TO,
+    SharedBytes, SharedTransport, Stat, StatKind, Transport, TransportBox, TransportInfo,
+    Transport_TO,
 };
 // Host-side owners of plugin memory.
 pub use view::{AllocationGuard, LeasedView};
@@ -119,7 +124,8 @@ pub use abi_stable::{
 #[doc(hidden)]
 pub mod __private {
     pub use abi_stable::library::{
-        CheckTypeLayout, LibHeader, RootModuleResult, __call_root_module_loader as call_root_module_loader,
+        __call_root_module_loader as call_root_module_loader, CheckTypeLayout, LibHeader,
+        RootModuleResult,
     };
     pub use abi_stable::std_types::RResult;
     pub use abi_stable::{self, library::RootModule};

@@ -279,6 +279,9 @@ impl ShardMeta {
     /// Byte length implied by dtype and shape, `None` for an unknown dtype or overflow.
     pub fn implied_byte_len(&self) -> Option<u64> {
         let bits = u64::from(self.dtype.bits()?);
-        self.element_count()?.checked_mul(bits)?.checked_add(7).map(|b| b / 8)
+        self.element_count()?
+            .checked_mul(bits)?
+            .checked_add(7)
+            .map(|b| b / 8)
     }
 }

@@ -161,9 +161,10 @@ where
     fn enabled(&self, metadata: &tracing::Metadata<'_>, _ctx: Context<'_, S>) -> bool {
         // Spans are kept (cheap) so events inside them keep their context.
         metadata.is_span()
-            || self
-                .services
-                .log_enabled(to_log_level(metadata.level()), RStr::from(metadata.target()))
+            || self.services.log_enabled(
+                to_log_level(metadata.level()),
+                RStr::from(metadata.target()),
+            )
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {

@@ -1,0 +1,76 @@
+//! Test support: a host context for running a transport in-process, without
+//! the shardport host (used by the conformance suite and plugin unit tests).
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RStr, RString},
+};
+
+use crate::host::{HostContext, HostServices, HostServicesBox, LogLevel, LogRecord};
+
+/// Host services for tests: logs go to stderr at `WARN` and above (or every
+/// level when `SHARDPORT_TEST_LOG` is set); clocks are the system's.
+#[derive(Debug)]
+pub struct TestServices {
+    origin: Instant,
+    verbose: bool,
+}
+
+impl Default for TestServices {
+    fn default() -> Self {
+        TestServices {
+            origin: Instant::now(),
+            verbose: std::env::var_os("SHARDPORT_TEST_LOG").is_some(),
+        }
+    }
+}
+
+impl HostServices for TestServices {
+    fn log_enabled(&self, level: LogLevel, _target: RStr<'_>) -> bool {
+        self.verbose || level >= LogLevel::WARN
+    }
+
+    fn log(&self, r: LogRecord<'_>) {
+        eprintln!(
+            "[plugin {:?} {}] {} {}",
+            r.level, r.target, r.message, r.fields
+        );
+    }
+
+    fn now_unix_nanos(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
+    fn monotonic_nanos(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+}
+
+/// A node tag unique within this process and across processes
+/// (`t<pid>-<counter>-<nanos>`), in the charset hosts guarantee (`[a-z0-9-]`).
+pub fn unique_node_tag() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("t{}-{n}-{nanos:x}", std::process::id())
+}
+
+/// A context for instance `instance` with config text `config` and a fresh node tag.
+pub fn context(instance: &str, config: &str) -> HostContext {
+    HostContext {
+        instance: RString::from(instance),
+        config: RString::from(config),
+        node_name: RString::from("test"),
+        node_tag: RString::from(unique_node_tag()),
+        services: HostServicesBox::from_value(TestServices::default(), TD_Opaque),
+    }
+}
