@@ -330,6 +330,13 @@ pub trait Transport: Send + Sync {
     /// Whether the transport can serve requests.
     #[sabi(last_prefix_field)]
     fn health(&self) -> Health;
+
+    /// Returns `x` unchanged; used to measure dispatch overhead. Appended
+    /// after the last prefix method (see the evolution rules in
+    /// [`module`](crate::module)): a plugin whose vtable lacks it gets this body.
+    fn echo(&self, x: u64) -> u64 {
+        x
+    }
 }
 
 /// The trait object a plugin's constructor returns.

@@ -1,0 +1,858 @@
+//! Deployment config: raw serde structs that mirror the TOML, and the
+//! validated [`Config`] the rest of the host uses.
+//!
+//! Two layers (STYLE: "config in two layers"): `Raw*` structs deserialize the
+//! text with spans kept; [`parse_str`] turns them into enums and newtypes so no
+//! bare transport name or mode string reaches the router. Errors point at
+//! `file:line:col` with a caret, say what was expected and show an example;
+//! unknown keys become warnings carrying their dotted path. [`parse_str`] never
+//! touches the disk; [`load`] reads a file and calls it.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+use shardport_abi::parse_byte_size;
+use toml::Spanned;
+
+/// The embedded default config `shardport demo` runs on.
+pub const DEFAULT_CONFIG: &str = include_str!("../../configs/default.toml");
+
+/// Name shown for the embedded default config in messages.
+pub const DEFAULT_CONFIG_ORIGIN: &str = "<embedded default config>";
+
+/// Environment variable that overrides where the embedded config's relative
+/// plugin paths are resolved (default: the `shardport` executable's directory).
+pub const PLUGIN_DIR_ENV: &str = "SHARDPORT_PLUGIN_DIR";
+
+/// Default bound on shards per `fetch_many` call: large enough for a layer's
+/// worth of shards, small enough that one request cannot pin unbounded memory.
+pub const DEFAULT_MAX_BATCH: usize = 4096;
+
+/// Where a config came from; decides how relative plugin paths resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A file: relative plugin paths resolve against its directory.
+    File(PathBuf),
+    /// Text with a display name and the directory relative paths resolve against.
+    Text {
+        /// Shown in messages (`<embedded default config>`).
+        name: String,
+        /// Base for relative plugin paths.
+        base_dir: PathBuf,
+        /// Also look in `base_dir/deps` (where `cargo test` puts plugin `.so` files).
+        search_deps: bool,
+    },
+}
+
+impl Origin {
+    /// The embedded default config's origin: paths resolve next to the
+    /// running executable, or under `$SHARDPORT_PLUGIN_DIR`.
+    pub fn embedded() -> Origin {
+        let base_dir = std::env::var_os(PLUGIN_DIR_ENV)
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_path_buf))
+            })
+            .unwrap_or_else(|| PathBuf::from("."));
+        Origin::Text {
+            name: DEFAULT_CONFIG_ORIGIN.to_owned(),
+            base_dir,
+            search_deps: true,
+        }
+    }
+
+    fn display(&self) -> String {
+        match self {
+            Origin::File(p) => p.display().to_string(),
+            Origin::Text { name, .. } => name.clone(),
+        }
+    }
+
+    fn candidates(&self, rel: &Path) -> Vec<PathBuf> {
+        match self {
+            Origin::File(p) => {
+                let dir = p.parent().unwrap_or(Path::new("."));
+                vec![dir.join(rel)]
+            }
+            Origin::Text {
+                base_dir,
+                search_deps,
+                ..
+            } => {
+                let mut v = vec![base_dir.join(rel)];
+                if *search_deps {
+                    v.push(base_dir.join("deps").join(rel));
+                }
+                v
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw layer
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawConfig {
+    node: Option<RawNode>,
+    fetch: Option<RawFetch>,
+    put: Option<RawPut>,
+    cache: Option<RawCache>,
+    locality: Option<RawLocality>,
+    #[serde(default)]
+    plugin: Vec<RawPlugin>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawNode {
+    name: Option<Spanned<String>>,
+    advertise: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawFetch {
+    mode: Option<Spanned<String>>,
+    on_downgrade: Option<Spanned<String>>,
+    verify_checksum: Option<bool>,
+    max_batch: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawPut {
+    storage: Option<Spanned<String>>,
+    pool_transport: Option<Spanned<String>>,
+    checksum: Option<Spanned<String>>,
+    export_to: Option<Vec<Spanned<String>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawCache {
+    policy: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawLocality {
+    same_node: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct RawPlugin {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    sha256: Option<Spanned<String>>,
+    required: Option<bool>,
+    config: Option<toml::Table>,
+}
+
+// ---------------------------------------------------------------------------
+// Validated layer
+
+/// A transport's name: `[a-z0-9-]`, 1..=64 chars, starting with a letter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransportName(String);
+
+/// Longest transport name accepted anywhere (configs, handles, plugins).
+pub const MAX_TRANSPORT_NAME: usize = 64;
+
+impl TransportName {
+    /// Validates a name.
+    pub fn new(name: &str) -> Result<TransportName, String> {
+        let ok_chars = name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let starts = name.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
+        if name.is_empty() || name.len() > MAX_TRANSPORT_NAME || !ok_chars || !starts {
+            Err(format!(
+                "`{name}` is not a transport name (lowercase letters, digits and `-`, \
+                 starting with a letter, at most {MAX_TRANSPORT_NAME} characters)"
+            ))
+        } else {
+            Ok(TransportName(name.to_owned()))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TransportName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How `fetch` returns bytes unless the call says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FetchMode {
+    /// A zero-copy view holding a lease on the owner's memory (falls back to a
+    /// copy, reported as a downgrade, when no zero-copy transport can serve).
+    View,
+    /// An owned buffer.
+    Copy,
+}
+
+impl fmt::Display for FetchMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FetchMode::View => "view",
+            FetchMode::Copy => "copy",
+        })
+    }
+}
+
+/// What a downgrade (a faster candidate failed or was unavailable) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDowngrade {
+    /// Count it, log at debug.
+    Allow,
+    /// Count it, log at warn.
+    Warn,
+    /// Fail the fetch.
+    Fail,
+}
+
+/// Where the owner's bytes live after `put`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A host heap buffer; every transport copies or lends from it.
+    Heap,
+    /// Written once into this transport's allocator (falls back to heap, loudly,
+    /// when the transport is not loaded).
+    Pool(TransportName),
+}
+
+/// Checksum computed at put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumPolicy {
+    /// None.
+    None,
+    /// CRC-32C.
+    Crc32c,
+    /// XXH3-64.
+    Xxh3,
+}
+
+/// Consumer cache policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// Nothing is cached; every fetch goes to the owner.
+    None,
+    /// Fetched shards stay cached until `drain(ids)` or `clear()`.
+    Explicit,
+}
+
+/// Which evidence makes an owner "same node" for same-node transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SameNodeMatch {
+    /// The identity parts the transport needs must agree.
+    Identity,
+}
+
+/// One plugin to load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSpec {
+    /// Transport name; must equal the name the library reports.
+    pub name: TransportName,
+    /// Candidate paths, tried in order (the first that exists is loaded).
+    pub paths: Vec<PathBuf>,
+    /// The path as written in the config.
+    pub path_as_written: String,
+    /// Expected sha256 of the file.
+    pub sha256: Option<[u8; 32]>,
+    /// When true a load failure stops the node; otherwise it is reported and skipped.
+    pub required: bool,
+    /// The plugin's own table, as TOML text.
+    pub config_text: String,
+}
+
+/// Node identity settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Name for logs.
+    pub name: String,
+    /// Address written into handles (`host:port`).
+    pub advertise: String,
+}
+
+/// Fetch settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchConfig {
+    /// Default mode.
+    pub mode: FetchMode,
+    /// Downgrade policy.
+    pub on_downgrade: OnDowngrade,
+    /// Verify the handle's checksum after a fetch.
+    pub verify_checksum: bool,
+    /// Most shards in one `fetch_many`.
+    pub max_batch: usize,
+}
+
+/// Put settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutConfig {
+    /// Storage policy.
+    pub storage: Storage,
+    /// Checksum policy.
+    pub checksum: ChecksumPolicy,
+    /// Transports every put exports through; `None` = every loaded transport.
+    pub export_to: Option<Vec<TransportName>>,
+}
+
+/// A validated config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where it came from.
+    pub origin: Origin,
+    /// Node settings.
+    pub node: NodeConfig,
+    /// Fetch settings.
+    pub fetch: FetchConfig,
+    /// Put settings.
+    pub put: PutConfig,
+    /// Consumer cache policy.
+    pub cache: CachePolicy,
+    /// Same-node evidence.
+    pub same_node: SameNodeMatch,
+    /// Plugins to load, in config order.
+    pub plugins: Vec<PluginSpec>,
+    /// Unknown keys and other non-fatal findings, with their dotted paths.
+    pub warnings: Vec<String>,
+}
+
+/// A config error pointing into the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// File name or origin.
+    pub origin: String,
+    /// 1-based line, 0 when unknown.
+    pub line: usize,
+    /// 1-based column, 0 when unknown.
+    pub col: usize,
+    /// What was wrong and what was expected.
+    pub message: String,
+    /// The offending source line.
+    pub source_line: String,
+    /// Caret width.
+    pub width: usize,
+    /// An example of a valid value.
+    pub help: Option<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)?;
+        if self.line == 0 {
+            write!(f, "\n  --> {}", self.origin)?;
+        } else {
+            let num = self.line.to_string();
+            let pad = " ".repeat(num.len());
+            write!(
+                f,
+                "\n{pad}--> {}:{}:{}\n{pad} |\n{num} | {}\n{pad} | {}{}",
+                self.origin,
+                self.line,
+                self.col,
+                self.source_line,
+                " ".repeat(self.col.saturating_sub(1)),
+                "^".repeat(self.width.max(1))
+            )?;
+        }
+        if let Some(help) = &self.help {
+            write!(
+                f,
+                "\n{} = help: {help}",
+                " ".repeat(self.line.to_string().len())
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct Ctx<'a> {
+    text: &'a str,
+    origin: &'a Origin,
+}
+
+impl Ctx<'_> {
+    fn error(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        message: String,
+        help: Option<&str>,
+    ) -> ConfigError {
+        let (line, col, source_line, width) = match span {
+            Some(span) => {
+                let start = span.start.min(self.text.len());
+                let before = &self.text[..start];
+                let line = before.matches('\n').count() + 1;
+                let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+                let line_end = self.text[start..]
+                    .find('\n')
+                    .map_or(self.text.len(), |i| start + i);
+                let source_line = self.text[line_start..line_end].trim_end().to_owned();
+                let col = self.text[line_start..start].chars().count() + 1;
+                let width = self.text[start..span.end.min(line_end).max(start)]
+                    .chars()
+                    .count();
+                (line, col, source_line, width)
+            }
+            None => (0, 0, String::new(), 0),
+        };
+        ConfigError {
+            origin: self.origin.display(),
+            line,
+            col,
+            message,
+            source_line,
+            width,
+            help: help.map(str::to_owned),
+        }
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        key: &str,
+        value: &Option<Spanned<String>>,
+        choices: &[(&str, T)],
+        default: T,
+    ) -> Result<T, ConfigError> {
+        let Some(v) = value else { return Ok(default) };
+        if let Some((_, t)) = choices.iter().find(|(n, _)| *n == v.get_ref()) {
+            return Ok(*t);
+        }
+        let expected: Vec<String> = choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+        let leaf = key.rsplit('.').next().unwrap_or(key);
+        Err(self.error(
+            Some(v.span()),
+            format!(
+                "`{key}`: expected {}, found \"{}\"",
+                expected.join(" or "),
+                v.get_ref()
+            ),
+            Some(&format!("example: {leaf} = {}", expected[0])),
+        ))
+    }
+
+    fn transport(&self, key: &str, v: &Spanned<String>) -> Result<TransportName, ConfigError> {
+        TransportName::new(v.get_ref()).map_err(|m| {
+            self.error(
+                Some(v.span()),
+                format!("`{key}`: {m}"),
+                Some("example: posix-shm"),
+            )
+        })
+    }
+}
+
+/// Parses and validates config text. Pure: reads no file (plugin paths are
+/// resolved to candidate paths, not checked for existence).
+pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
+    let ctx = Ctx {
+        text,
+        origin: &origin,
+    };
+    let mut warnings = Vec::new();
+    let de = toml::Deserializer::parse(text).map_err(|e| {
+        ctx.error(
+            e.span(),
+            format!("invalid TOML: {}", e.message().trim_end()),
+            None,
+        )
+    })?;
+    let raw: RawConfig = serde_ignored::deserialize(de, |path| {
+        let path = path.to_string();
+        // Plugin tables are the plugin's to validate; everything else is ours.
+        warnings.push(format!("unknown config key `{path}` (ignored)"));
+    })
+    .map_err(|e: toml::de::Error| {
+        ctx.error(
+            e.span(),
+            format!("invalid config: {}", e.message().trim_end()),
+            None,
+        )
+    })?;
+
+    let node_raw = raw.node.unwrap_or_default();
+    let node = NodeConfig {
+        name: node_raw
+            .name
+            .map(Spanned::into_inner)
+            .unwrap_or_else(|| "shardport".to_owned()),
+        advertise: match node_raw.advertise {
+            Some(a) => {
+                let s = a.get_ref();
+                let ok = s
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+                if !ok {
+                    return Err(ctx.error(
+                        Some(a.span()),
+                        format!("`node.advertise`: expected `host:port`, found \"{s}\""),
+                        Some("example: advertise = \"10.0.0.5:7070\""),
+                    ));
+                }
+                a.into_inner()
+            }
+            None => "127.0.0.1:0".to_owned(),
+        },
+    };
+
+    let fetch_raw = raw.fetch.unwrap_or_default();
+    let fetch = FetchConfig {
+        mode: ctx.choice(
+            "fetch.mode",
+            &fetch_raw.mode,
+            &[("view", FetchMode::View), ("copy", FetchMode::Copy)],
+            FetchMode::Copy,
+        )?,
+        on_downgrade: ctx.choice(
+            "fetch.on-downgrade",
+            &fetch_raw.on_downgrade,
+            &[
+                ("warn", OnDowngrade::Warn),
+                ("allow", OnDowngrade::Allow),
+                ("fail", OnDowngrade::Fail),
+            ],
+            OnDowngrade::Warn,
+        )?,
+        verify_checksum: fetch_raw.verify_checksum.unwrap_or(true),
+        max_batch: match fetch_raw.max_batch {
+            None => DEFAULT_MAX_BATCH,
+            Some(v) if (1..=1_000_000).contains(v.get_ref()) => *v.get_ref() as usize,
+            Some(v) => {
+                return Err(ctx.error(
+                    Some(v.span()),
+                    format!(
+                        "`fetch.max-batch`: expected 1..=1000000, found {}",
+                        v.get_ref()
+                    ),
+                    Some("example: max-batch = 4096"),
+                ))
+            }
+        },
+    };
+
+    let put_raw = raw.put.unwrap_or_default();
+    let storage_kind = ctx.choice(
+        "put.storage",
+        &put_raw.storage,
+        &[("pool", true), ("heap", false)],
+        false,
+    )?;
+    let storage = if storage_kind {
+        let t = put_raw.pool_transport.as_ref().ok_or_else(|| {
+            ctx.error(
+                put_raw.storage.as_ref().map(Spanned::span),
+                "`put.storage = \"pool\"` needs `put.pool-transport`, the transport whose allocator holds the bytes".to_owned(),
+                Some("example: pool-transport = \"posix-shm\""),
+            )
+        })?;
+        Storage::Pool(ctx.transport("put.pool-transport", t)?)
+    } else {
+        if let Some(t) = &put_raw.pool_transport {
+            warnings.push(format!(
+                "`put.pool-transport = \"{}\"` has no effect unless `put.storage = \"pool\"`",
+                t.get_ref()
+            ));
+        }
+        Storage::Heap
+    };
+    let checksum = ctx.choice(
+        "put.checksum",
+        &put_raw.checksum,
+        &[
+            ("none", ChecksumPolicy::None),
+            ("crc32c", ChecksumPolicy::Crc32c),
+            ("xxh3", ChecksumPolicy::Xxh3),
+        ],
+        ChecksumPolicy::None,
+    )?;
+
+    let cache_raw = raw.cache.unwrap_or_default();
+    let cache = ctx.choice(
+        "cache.policy",
+        &cache_raw.policy,
+        &[
+            ("none", CachePolicy::None),
+            ("explicit", CachePolicy::Explicit),
+        ],
+        CachePolicy::None,
+    )?;
+    let same_node = ctx.choice(
+        "locality.same-node",
+        &raw.locality.unwrap_or_default().same_node,
+        &[("identity", SameNodeMatch::Identity)],
+        SameNodeMatch::Identity,
+    )?;
+
+    let mut plugins: Vec<PluginSpec> = Vec::new();
+    for (i, p) in raw.plugin.into_iter().enumerate() {
+        let key = format!("plugin[{i}]");
+        let name = ctx.transport(&format!("{key}.name"), &p.name)?;
+        if plugins.iter().any(|q| q.name == name) {
+            return Err(ctx.error(
+                Some(p.name.span()),
+                format!("`{key}.name`: plugin `{name}` is configured twice"),
+                None,
+            ));
+        }
+        let written = p.path.get_ref();
+        if written.trim().is_empty() {
+            return Err(ctx.error(
+                Some(p.path.span()),
+                format!(
+                    "`{key}.path`: expected the path of a plugin library, found an empty string"
+                ),
+                Some("example: path = \"libshardport_posix_shm.so\""),
+            ));
+        }
+        let rel = Path::new(written);
+        let paths = if rel.is_absolute() {
+            vec![rel.to_path_buf()]
+        } else {
+            origin.candidates(rel)
+        };
+        let sha256 = match &p.sha256 {
+            None => None,
+            Some(s) => Some(parse_sha256(s.get_ref()).ok_or_else(|| {
+                ctx.error(
+                    Some(s.span()),
+                    format!("`{key}.sha256`: expected 64 hexadecimal digits"),
+                    Some("example: sha256 = \"<output of sha256sum libshardport_posix_shm.so>\""),
+                )
+            })?),
+        };
+        let config_text = match &p.config {
+            Some(t) => toml::to_string(t).map_err(|e| {
+                ctx.error(
+                    Some(p.name.span()),
+                    format!("`{key}.config` cannot be rendered: {e}"),
+                    None,
+                )
+            })?,
+            None => String::new(),
+        };
+        plugins.push(PluginSpec {
+            name,
+            paths,
+            path_as_written: written.clone(),
+            sha256,
+            required: p.required.unwrap_or(false),
+            config_text,
+        });
+    }
+
+    let export_to = match put_raw.export_to {
+        None => None,
+        Some(list) => {
+            let mut names = Vec::new();
+            for (i, t) in list.iter().enumerate() {
+                let name = ctx.transport(&format!("put.export-to[{i}]"), t)?;
+                if !plugins.iter().any(|p| p.name == name) {
+                    warnings.push(format!(
+                        "`put.export-to[{i}]` names `{name}`, which no [[plugin]] table loads"
+                    ));
+                }
+                names.push(name);
+            }
+            Some(names)
+        }
+    };
+    if let Storage::Pool(t) = &storage {
+        if !plugins.iter().any(|p| &p.name == t) {
+            warnings.push(format!(
+                "`put.pool-transport` names `{t}`, which no [[plugin]] table loads; puts will use the heap"
+            ));
+        }
+    }
+
+    Ok(Config {
+        origin,
+        node,
+        fetch,
+        put: PutConfig {
+            storage,
+            checksum,
+            export_to,
+        },
+        cache,
+        same_node,
+        plugins,
+        warnings,
+    })
+}
+
+fn parse_sha256(s: &str) -> Option<[u8; 32]> {
+    let bytes = hex::decode(s.trim()).ok()?;
+    bytes.try_into().ok()
+}
+
+/// Errors of [`load`].
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The text is invalid.
+    #[error("{0}")]
+    Invalid(#[from] ConfigError),
+}
+
+/// Reads and validates a config file.
+pub fn load(path: &Path) -> Result<Config, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(parse_str(&text, Origin::File(path.to_path_buf()))?)
+}
+
+/// The embedded default config, validated.
+pub fn default_config() -> Config {
+    parse_str(DEFAULT_CONFIG, Origin::embedded()).expect("the embedded default config is valid")
+}
+
+/// Parses a byte size for CLI flags (`256MiB`).
+pub fn byte_size_arg(s: &str) -> Result<u64, String> {
+    parse_byte_size(s).ok_or_else(|| format!("expected a byte size such as 256MiB, found `{s}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_origin() -> Origin {
+        Origin::Text {
+            name: "test.toml".into(),
+            base_dir: PathBuf::from("/opt/sp"),
+            search_deps: false,
+        }
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = parse_str(DEFAULT_CONFIG, text_origin()).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.plugins[0].name.as_str(), "posix-shm");
+        assert_eq!(
+            c.plugins[0].paths[0],
+            PathBuf::from("/opt/sp/libshardport_posix_shm.so")
+        );
+    }
+
+    #[test]
+    fn bad_choice_points_at_the_value() {
+        let text = "[fetch]\nmode = \"fast\"\n";
+        let e = parse_str(text, text_origin()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`fetch.mode`: expected \"view\" or \"copy\", found \"fast\"\n \
+             --> test.toml:2:8\n  |\n2 | mode = \"fast\"\n  |        ^^^^^^\n  = help: example: mode = \"view\""
+        );
+    }
+
+    #[test]
+    fn syntax_error_has_position() {
+        let e = parse_str("[fetch\nmode = 1", text_origin()).unwrap_err();
+        assert_eq!((e.line, e.col), (1, 7));
+        assert!(e.message.starts_with("invalid TOML"), "{}", e.message);
+    }
+
+    #[test]
+    fn wrong_type_has_position() {
+        let e = parse_str("[fetch]\nverify-checksum = \"yes\"\n", text_origin()).unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_keys_are_warned_with_dotted_path() {
+        let c = parse_str(
+            "[fetch]\nmod = \"view\"\n[[plugin]]\nname = \"x\"\npath = \"a.so\"\ncolour = 1\n[plugin.config]\nanything = 1\n",
+            text_origin(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.warnings,
+            vec![
+                "unknown config key `fetch.mod` (ignored)".to_owned(),
+                "unknown config key `plugin.0.colour` (ignored)".to_owned()
+            ]
+        );
+        assert_eq!(c.plugins[0].config_text, "anything = 1\n");
+    }
+
+    #[test]
+    fn pool_storage_needs_a_transport() {
+        let e = parse_str("[put]\nstorage = \"pool\"\n", text_origin()).unwrap_err();
+        assert!(
+            e.message.contains("needs `put.pool-transport`"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.line, 2);
+    }
+
+    #[test]
+    fn duplicate_plugin_and_bad_names() {
+        let dup = "[[plugin]]\nname = \"a\"\npath = \"a.so\"\n[[plugin]]\nname = \"a\"\npath = \"b.so\"\n";
+        let e = parse_str(dup, text_origin()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`plugin[1].name`: plugin `a` is configured twice"
+        );
+        assert_eq!(e.line, 5);
+        let bad = "[[plugin]]\nname = \"Posix_Shm\"\npath = \"a.so\"\n";
+        let e = parse_str(bad, text_origin()).unwrap_err();
+        assert!(e
+            .message
+            .starts_with("`plugin[0].name`: `Posix_Shm` is not a transport name"));
+        let sha = "[[plugin]]\nname = \"a\"\npath = \"a.so\"\nsha256 = \"abc\"\n";
+        let e = parse_str(sha, text_origin()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`plugin[0].sha256`: expected 64 hexadecimal digits"
+        );
+    }
+
+    #[test]
+    fn advertise_is_checked() {
+        let e = parse_str("[node]\nadvertise = \"nohost\"\n", text_origin()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`node.advertise`: expected `host:port`, found \"nohost\""
+        );
+        let c = parse_str("[node]\nadvertise = \"[::1]:7070\"\n", text_origin()).unwrap();
+        assert_eq!(c.node.advertise, "[::1]:7070");
+    }
+
+    #[test]
+    fn relative_plugin_paths_resolve_against_the_config_file() {
+        let c = parse_str(
+            "[[plugin]]\nname = \"a\"\npath = \"lib/a.so\"\n",
+            Origin::File(PathBuf::from("/etc/sp/node.toml")),
+        )
+        .unwrap();
+        assert_eq!(c.plugins[0].paths, vec![PathBuf::from("/etc/sp/lib/a.so")]);
+    }
+}

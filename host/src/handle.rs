@@ -1,0 +1,647 @@
+//! Handles: the small, serializable token an owner's `put` returns and a
+//! consumer's `fetch` takes. Two forms, both validated when decoded (a handle
+//! comes from another process): compact binary ([`Handle::to_bytes`]) and JSON
+//! ([`Handle::to_json`]).
+//!
+//! Binary layout (little-endian), version 1:
+//! `"SPHD" u8:version u128:id | meta: u8:dtype u8:device_kind u32:device_index
+//! u64:byte_len u8:ndim u64*ndim u8:checksum_algo u64:checksum |
+//! u8:ntags (u8:len key, u8:len value)* | owner: u8:len addr, u8:len boot_id,
+//! u64:shm_device u64:ipc_ns u64:pid_ns u64:epoch | u8:nexports
+//! (u8:len transport, u16:len descriptor)*`, and nothing after.
+
+use std::{collections::BTreeMap, fmt};
+
+use serde::{Deserialize, Serialize};
+use shardport_abi::{
+    Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
+};
+
+use crate::{config::TransportName, identity::NodeIdentity};
+
+const MAGIC: &[u8; 4] = b"SPHD";
+const VERSION: u8 = 1;
+
+/// Most exports in one handle (one per loaded transport in practice).
+pub const MAX_EXPORTS: usize = 16;
+/// Largest descriptor accepted (shm/http/cuda descriptors are < 300 bytes).
+pub const MAX_DESCRIPTOR: usize = 4096;
+/// Most dimensions in a shape.
+pub const MAX_DIMS: usize = 32;
+/// Most tags on a shard.
+pub const MAX_TAGS: usize = 32;
+/// Longest tag key or value.
+pub const MAX_TAG_LEN: usize = 128;
+/// Longest owner address.
+pub const MAX_ADDR: usize = 255;
+/// Largest JSON handle accepted by [`Handle::from_json`].
+pub const MAX_JSON: usize = 64 * 1024;
+
+/// The owner of a shard as recorded in its handle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// Advertised address (`host:port`).
+    pub addr: String,
+    /// Locality identity.
+    pub identity: NodeIdentity,
+    /// Owner incarnation (start time in ns): a restarted owner has a new epoch.
+    pub epoch: u64,
+}
+
+/// One transport's export of the shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// Transport that produced the descriptor.
+    pub transport: TransportName,
+    /// Opaque descriptor bytes.
+    pub descriptor: Vec<u8>,
+}
+
+/// A shard handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handle {
+    /// Shard id.
+    pub id: ShardId,
+    /// Metadata.
+    pub meta: ShardMeta,
+    /// Routing tags given at put.
+    pub tags: BTreeMap<String, String>,
+    /// Owner.
+    pub owner: Owner,
+    /// Exports, in the owner's preference order.
+    pub exports: Vec<Export>,
+}
+
+/// Why a handle was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid handle: {what} (at byte {offset})")]
+pub struct HandleError {
+    /// What was wrong.
+    pub what: String,
+    /// Byte offset in the binary form (0 for JSON).
+    pub offset: usize,
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, what: impl Into<String>) -> HandleError {
+        HandleError {
+            what: what.into(),
+            offset: self.pos,
+        }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], HandleError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| self.err(format!("truncated {what}: need {n} bytes")))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, HandleError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, HandleError> {
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, HandleError> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, HandleError> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn str8(&mut self, what: &str, max: usize) -> Result<String, HandleError> {
+        let n = self.u8(what)? as usize;
+        if n > max {
+            return Err(self.err(format!("{what} is {n} bytes, limit {max}")));
+        }
+        let b = self.take(n, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.err(format!("{what} is not UTF-8")))
+    }
+}
+
+fn put_str8(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(s.len() <= u8::MAX as usize);
+    out.push(s.len() as u8);
+    out.extend_from_slice(s.as_bytes());
+}
+
+impl Handle {
+    /// Checks every invariant a decoded handle must satisfy.
+    pub fn validate(&self) -> Result<(), String> {
+        let m = &self.meta;
+        if m.dtype.name().is_none() {
+            return Err(format!("unknown dtype code {}", m.dtype.0));
+        }
+        if m.device.kind != DeviceKind::CPU && m.device.kind != DeviceKind::CUDA {
+            return Err(format!("unknown device kind {}", m.device.kind.0));
+        }
+        if m.shape.len() > MAX_DIMS {
+            return Err(format!(
+                "shape has {} dimensions, limit {MAX_DIMS}",
+                m.shape.len()
+            ));
+        }
+        match m.implied_byte_len() {
+            Some(n) if n == m.byte_len => {}
+            Some(n) => {
+                return Err(format!(
+                    "byte_len {} does not match dtype {} and shape {:?} ({n} bytes)",
+                    m.byte_len,
+                    m.dtype,
+                    m.shape.as_slice()
+                ))
+            }
+            None => return Err("shape overflows".to_owned()),
+        }
+        if let ROption::RSome(c) = m.checksum {
+            if c.algo.name().is_none() {
+                return Err(format!("unknown checksum algorithm {}", c.algo.0));
+            }
+        }
+        if self.tags.len() > MAX_TAGS {
+            return Err(format!("{} tags, limit {MAX_TAGS}", self.tags.len()));
+        }
+        for (k, v) in &self.tags {
+            if k.is_empty() || k.len() > MAX_TAG_LEN || v.len() > MAX_TAG_LEN {
+                return Err(format!(
+                    "tag `{k}` is empty or longer than {MAX_TAG_LEN} bytes"
+                ));
+            }
+        }
+        if self.owner.addr.len() > MAX_ADDR {
+            return Err(format!("owner address longer than {MAX_ADDR} bytes"));
+        }
+        if self.owner.identity.boot_id.len() > crate::identity::MAX_BOOT_ID {
+            return Err("owner boot id too long".to_owned());
+        }
+        if self.exports.is_empty() {
+            return Err("no exports".to_owned());
+        }
+        if self.exports.len() > MAX_EXPORTS {
+            return Err(format!(
+                "{} exports, limit {MAX_EXPORTS}",
+                self.exports.len()
+            ));
+        }
+        for (i, e) in self.exports.iter().enumerate() {
+            if e.descriptor.is_empty() || e.descriptor.len() > MAX_DESCRIPTOR {
+                return Err(format!(
+                    "descriptor of `{}` is {} bytes (1..={MAX_DESCRIPTOR})",
+                    e.transport,
+                    e.descriptor.len()
+                ));
+            }
+            if self.exports[..i].iter().any(|o| o.transport == e.transport) {
+                return Err(format!("transport `{}` exported twice", e.transport));
+            }
+        }
+        Ok(())
+    }
+
+    /// Compact binary form.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let m = &self.meta;
+        let mut out = Vec::with_capacity(
+            128 + self
+                .exports
+                .iter()
+                .map(|e| e.descriptor.len() + 70)
+                .sum::<usize>(),
+        );
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.id.as_u128().to_le_bytes());
+        out.push(m.dtype.0);
+        out.push(m.device.kind.0);
+        out.extend_from_slice(&m.device.index.to_le_bytes());
+        out.extend_from_slice(&m.byte_len.to_le_bytes());
+        out.push(m.shape.len() as u8);
+        for d in m.shape.iter() {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        let (algo, value) = match m.checksum {
+            ROption::RSome(c) => (c.algo.0, c.value),
+            ROption::RNone => (0, 0),
+        };
+        out.push(algo);
+        out.extend_from_slice(&value.to_le_bytes());
+        out.push(self.tags.len() as u8);
+        for (k, v) in &self.tags {
+            put_str8(&mut out, k);
+            put_str8(&mut out, v);
+        }
+        put_str8(&mut out, &self.owner.addr);
+        put_str8(&mut out, &self.owner.identity.boot_id);
+        for v in [
+            self.owner.identity.shm_device,
+            self.owner.identity.ipc_ns,
+            self.owner.identity.pid_ns,
+            self.owner.epoch,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.push(self.exports.len() as u8);
+        for e in &self.exports {
+            put_str8(&mut out, e.transport.as_str());
+            out.extend_from_slice(&(e.descriptor.len() as u16).to_le_bytes());
+            out.extend_from_slice(&e.descriptor);
+        }
+        out
+    }
+
+    /// Decodes and validates the binary form.
+    pub fn from_bytes(buf: &[u8]) -> Result<Handle, HandleError> {
+        let mut r = Reader { buf, pos: 0 };
+        if r.take(4, "magic")? != MAGIC {
+            return Err(HandleError {
+                what: "not a shardport handle (bad magic)".into(),
+                offset: 0,
+            });
+        }
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(r.err(format!(
+                "unsupported handle version {version} (this host reads {VERSION})"
+            )));
+        }
+        let id = ShardId::from_u128(u128::from_le_bytes(
+            r.take(16, "id")?.try_into().expect("16 bytes"),
+        ));
+        let dtype = DType(r.u8("dtype")?);
+        let device = Device {
+            kind: DeviceKind(r.u8("device kind")?),
+            index: r.u32("device index")?,
+        };
+        let byte_len = r.u64("byte_len")?;
+        let ndim = r.u8("ndim")? as usize;
+        if ndim > MAX_DIMS {
+            return Err(r.err(format!("shape has {ndim} dimensions, limit {MAX_DIMS}")));
+        }
+        let mut shape = Vec::with_capacity(ndim);
+        for _ in 0..ndim {
+            shape.push(r.u64("shape")?);
+        }
+        let algo = r.u8("checksum algorithm")?;
+        let value = r.u64("checksum")?;
+        let checksum = if algo == 0 {
+            ROption::RNone
+        } else {
+            ROption::RSome(Checksum {
+                algo: ChecksumAlgo(algo),
+                value,
+            })
+        };
+        let ntags = r.u8("tag count")? as usize;
+        if ntags > MAX_TAGS {
+            return Err(r.err(format!("{ntags} tags, limit {MAX_TAGS}")));
+        }
+        let mut tags = BTreeMap::new();
+        for _ in 0..ntags {
+            let k = r.str8("tag key", MAX_TAG_LEN)?;
+            let v = r.str8("tag value", MAX_TAG_LEN)?;
+            tags.insert(k, v);
+        }
+        let addr = r.str8("owner address", MAX_ADDR)?;
+        let boot_id = r.str8("owner boot id", crate::identity::MAX_BOOT_ID)?;
+        let identity = NodeIdentity {
+            boot_id,
+            shm_device: r.u64("owner shm device")?,
+            ipc_ns: r.u64("owner ipc namespace")?,
+            pid_ns: r.u64("owner pid namespace")?,
+        };
+        let epoch = r.u64("owner epoch")?;
+        let nexports = r.u8("export count")? as usize;
+        if nexports > MAX_EXPORTS {
+            return Err(r.err(format!("{nexports} exports, limit {MAX_EXPORTS}")));
+        }
+        let mut exports = Vec::with_capacity(nexports);
+        for _ in 0..nexports {
+            let name = r.str8("transport name", crate::config::MAX_TRANSPORT_NAME)?;
+            let transport = TransportName::new(&name).map_err(|m| r.err(m))?;
+            let len = r.u16("descriptor length")? as usize;
+            if len > MAX_DESCRIPTOR {
+                return Err(r.err(format!("descriptor is {len} bytes, limit {MAX_DESCRIPTOR}")));
+            }
+            exports.push(Export {
+                transport,
+                descriptor: r.take(len, "descriptor")?.to_vec(),
+            });
+        }
+        if r.pos != buf.len() {
+            return Err(r.err(format!("{} trailing bytes", buf.len() - r.pos)));
+        }
+        let h = Handle {
+            id,
+            meta: ShardMeta {
+                dtype,
+                shape: RVec::from(shape),
+                device,
+                byte_len,
+                checksum,
+            },
+            tags,
+            owner: Owner {
+                addr,
+                identity,
+                epoch,
+            },
+            exports,
+        };
+        h.validate()
+            .map_err(|what| HandleError { what, offset: 0 })?;
+        Ok(h)
+    }
+
+    /// JSON form.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&JsonHandle::from(self)).expect("handle serializes")
+    }
+
+    /// Decodes and validates the JSON form.
+    pub fn from_json(text: &str) -> Result<Handle, HandleError> {
+        let err = |what: String| HandleError { what, offset: 0 };
+        if text.len() > MAX_JSON {
+            return Err(err(format!(
+                "JSON handle is {} bytes, limit {MAX_JSON}",
+                text.len()
+            )));
+        }
+        let j: JsonHandle =
+            serde_json::from_str(text).map_err(|e| err(format!("bad JSON: {e}")))?;
+        if j.version != VERSION {
+            return Err(err(format!("unsupported handle version {}", j.version)));
+        }
+        let id = u128::from_str_radix(&j.id, 16)
+            .ok()
+            .filter(|_| j.id.len() == 32)
+            .ok_or_else(|| err(format!("id `{}` is not 32 hex digits", j.id)))?;
+        let dtype = DType::from_name(&j.meta.dtype)
+            .ok_or_else(|| err(format!("unknown dtype `{}`", j.meta.dtype)))?;
+        let device = Device::parse(&j.meta.device)
+            .ok_or_else(|| err(format!("unknown device `{}`", j.meta.device)))?;
+        let checksum = match j.meta.checksum {
+            None => ROption::RNone,
+            Some(c) => {
+                let algo = match c.algo.as_str() {
+                    "crc32c" => ChecksumAlgo::CRC32C,
+                    "xxh3" => ChecksumAlgo::XXH3,
+                    other => return Err(err(format!("unknown checksum algorithm `{other}`"))),
+                };
+                let value = u64::from_str_radix(&c.value, 16)
+                    .map_err(|_| err(format!("checksum `{}` is not hex", c.value)))?;
+                ROption::RSome(Checksum { algo, value })
+            }
+        };
+        let mut exports = Vec::with_capacity(j.exports.len());
+        for e in j.exports {
+            exports.push(Export {
+                transport: TransportName::new(&e.transport).map_err(err)?,
+                descriptor: hex::decode(&e.descriptor)
+                    .map_err(|_| err(format!("descriptor of `{}` is not hex", e.transport)))?,
+            });
+        }
+        let h = Handle {
+            id: ShardId::from_u128(id),
+            meta: ShardMeta {
+                dtype,
+                shape: RVec::from(j.meta.shape),
+                device,
+                byte_len: j.meta.byte_len,
+                checksum,
+            },
+            tags: j.tags,
+            owner: j.owner,
+            exports,
+        };
+        h.validate().map_err(err)?;
+        Ok(h)
+    }
+
+    /// The export of `transport`, if any.
+    pub fn export(&self, transport: &TransportName) -> Option<&Export> {
+        self.exports.iter().find(|e| &e.transport == transport)
+    }
+}
+
+impl fmt::Display for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "shard {} ({} {:?} {} bytes on {}) owned by {}",
+            self.id,
+            self.meta.dtype,
+            self.meta.shape.as_slice(),
+            self.meta.byte_len,
+            self.meta.device,
+            self.owner.addr
+        )
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonHandle {
+    version: u8,
+    id: String,
+    meta: JsonMeta,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+    owner: Owner,
+    exports: Vec<JsonExport>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonMeta {
+    dtype: String,
+    shape: Vec<u64>,
+    device: String,
+    byte_len: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checksum: Option<JsonChecksum>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonChecksum {
+    algo: String,
+    value: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonExport {
+    transport: String,
+    descriptor: String,
+}
+
+impl From<&Handle> for JsonHandle {
+    fn from(h: &Handle) -> Self {
+        JsonHandle {
+            version: VERSION,
+            id: format!("{:032x}", h.id.as_u128()),
+            meta: JsonMeta {
+                dtype: h.meta.dtype.to_string(),
+                shape: h.meta.shape.to_vec(),
+                device: h.meta.device.to_string(),
+                byte_len: h.meta.byte_len,
+                checksum: match h.meta.checksum {
+                    ROption::RSome(c) => Some(JsonChecksum {
+                        algo: c.algo.name().unwrap_or("unknown").to_owned(),
+                        value: format!("{:x}", c.value),
+                    }),
+                    ROption::RNone => None,
+                },
+            },
+            tags: h.tags.clone(),
+            owner: h.owner.clone(),
+            exports: h
+                .exports
+                .iter()
+                .map(|e| JsonExport {
+                    transport: e.transport.to_string(),
+                    descriptor: hex::encode(&e.descriptor),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Handle {
+        Handle {
+            id: ShardId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
+            meta: ShardMeta {
+                dtype: DType::BF16,
+                shape: RVec::from(vec![4, 8]),
+                device: Device::CPU,
+                byte_len: 64,
+                checksum: ROption::RSome(Checksum {
+                    algo: ChecksumAlgo::XXH3,
+                    value: 0xdead_beef,
+                }),
+            },
+            tags: BTreeMap::from([("layer".to_owned(), "3".to_owned())]),
+            owner: Owner {
+                addr: "127.0.0.1:7070".into(),
+                identity: NodeIdentity {
+                    boot_id: "b".into(),
+                    shm_device: 7,
+                    ipc_ns: 8,
+                    pid_ns: 9,
+                },
+                epoch: 42,
+            },
+            exports: vec![Export {
+                transport: TransportName::new("posix-shm").unwrap(),
+                descriptor: vec![1, 2, 3],
+            }],
+        }
+    }
+
+    #[test]
+    fn binary_and_json_roundtrip() {
+        let h = sample();
+        assert_eq!(Handle::from_bytes(&h.to_bytes()).unwrap(), h);
+        assert_eq!(Handle::from_json(&h.to_json()).unwrap(), h);
+    }
+
+    #[test]
+    fn every_truncation_is_refused() {
+        let b = sample().to_bytes();
+        for n in 0..b.len() {
+            let e = Handle::from_bytes(&b[..n]).unwrap_err();
+            assert!(
+                e.what.contains("truncated") || e.what.contains("magic"),
+                "{n}: {e}"
+            );
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(
+            Handle::from_bytes(&long).unwrap_err().what,
+            "1 trailing bytes"
+        );
+    }
+
+    #[test]
+    fn inconsistent_meta_is_refused() {
+        let mut h = sample();
+        h.meta.byte_len = 65;
+        let e = Handle::from_bytes(&h.to_bytes()).unwrap_err();
+        assert_eq!(
+            e.what,
+            "byte_len 65 does not match dtype bf16 and shape [4, 8] (64 bytes)"
+        );
+        let mut h = sample();
+        h.exports.clear();
+        assert_eq!(
+            Handle::from_json(&h.to_json()).unwrap_err().what,
+            "no exports"
+        );
+        let mut h = sample();
+        h.meta.dtype = DType(200);
+        assert_eq!(
+            Handle::from_bytes(&h.to_bytes()).unwrap_err().what,
+            "unknown dtype code 200"
+        );
+    }
+
+    #[test]
+    fn json_rejects_unknown_fields_and_bad_hex() {
+        let j = sample()
+            .to_json()
+            .replace("\"version\":1", "\"version\":1,\"extra\":0");
+        assert!(Handle::from_json(&j)
+            .unwrap_err()
+            .what
+            .contains("unknown field"));
+        let j = sample()
+            .to_json()
+            .replace("\"descriptor\":\"010203\"", "\"descriptor\":\"zz\"");
+        assert_eq!(
+            Handle::from_json(&j).unwrap_err().what,
+            "descriptor of `posix-shm` is not hex"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Handle::from_bytes(&bytes);
+        }
+
+        #[test]
+        fn corrupted_handles_decode_to_valid_or_error(idx in 0usize..200, bit in 0u8..8) {
+            let mut b = sample().to_bytes();
+            let i = idx % b.len();
+            b[i] ^= 1 << bit;
+            if let Ok(h) = Handle::from_bytes(&b) {
+                prop_assert!(h.validate().is_ok());
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The plugin loader.
+//!
+//! Each configured library is opened through its abi_stable library header
+//! and `init_root_module` (never `RootModule::load_from_file`, which caches one
+//! module per interface type and would hand back the first plugin for every
+//! file). Only the plugins the config names are loaded; libraries are never
+//! unloaded (abi_stable leaks them, and the same path loaded twice is one
+//! module). Every failure is collected and reported together, each as one line
+//! naming the plugin and the file; the long layout report of an ABI mismatch
+//! goes to the `debug` level.
+
+use std::{
+    fmt,
+    io::Read,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
+use sha2::{Digest, Sha256};
+use shardport_abi::{
+    AbiError, Capabilities, HostContext, HostServicesBox, IdentityParts, PluginModuleRef,
+    SharedTransport, TD_Opaque, TransportInfo, ABI_VERSION,
+};
+
+use crate::{
+    config::{PluginSpec, TransportName},
+    services::{Clock, PluginServices},
+};
+
+/// A loaded, constructed transport.
+pub struct LoadedPlugin {
+    /// Transport name (config and library agree on it).
+    pub name: TransportName,
+    /// The file that was loaded.
+    pub path: PathBuf,
+    /// `shardport-abi` version the plugin was built against.
+    pub abi_version: String,
+    /// The plugin's own version.
+    pub plugin_version: String,
+    /// What the instance reported in `describe`.
+    pub info: TransportInfo,
+    /// The instance.
+    pub transport: SharedTransport,
+}
+
+impl LoadedPlugin {
+    /// Capability flags.
+    pub fn capabilities(&self) -> Capabilities {
+        self.info.capabilities
+    }
+
+    /// Identity parts a same-node transport needs.
+    pub fn needs_identity(&self) -> IdentityParts {
+        self.info.needs_identity
+    }
+}
+
+impl fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("plugin_version", &self.plugin_version)
+            .field("capabilities", &self.info.capabilities)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one plugin did not load.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// No candidate path exists. Likely: not built (`cargo build --workspace`), or a wrong `path`.
+    #[error(
+        "plugin `{plugin}`: library `{written}` not found (looked in {})",
+        list(tried)
+    )]
+    NotFound {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The path as written in the config.
+        written: String,
+        /// Every path tried.
+        tried: Vec<PathBuf>,
+    },
+    /// The file could not be read for its checksum.
+    #[error("plugin `{plugin}`: cannot read {}: {source}", path.display())]
+    Read {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The file's sha256 differs from the pinned one. Likely: a rebuilt or replaced library.
+    #[error("plugin `{plugin}`: sha256 of {} is {found}, config pins {expected}", path.display())]
+    Checksum {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// Pinned digest.
+        expected: String,
+        /// Actual digest.
+        found: String,
+    },
+    /// The file is not a loadable shardport plugin (not a shared library, or
+    /// one without a shardport root module).
+    #[error("plugin `{plugin}`: {} is not a shardport plugin: {reason}", path.display())]
+    NotAPlugin {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// What the dynamic loader or abi_stable said.
+        reason: String,
+    },
+    /// Built against an incompatible `shardport-abi` version.
+    #[error("plugin `{plugin}`: {} was built against shardport-abi {found}, this host expects {expected} (incompatible ABI; rebuild the plugin)", path.display())]
+    Incompatible {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// Compatible range this host accepts.
+        expected: String,
+        /// Version the plugin reports.
+        found: String,
+    },
+    /// The root module's type layout differs from the host's.
+    #[error("plugin `{plugin}`: {} has an incompatible interface layout: {summary} (rebuild against shardport-abi {host_abi}; details at debug level)", path.display())]
+    Layout {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// The `Error:` lines of abi_stable's report, joined.
+        summary: String,
+        /// Host ABI version.
+        host_abi: String,
+        /// abi_stable's full report.
+        detail: String,
+    },
+    /// The library implements another transport than the config names.
+    #[error("plugin `{plugin}`: {} implements transport `{found}`, not `{plugin}`", path.display())]
+    WrongTransport {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The file.
+        path: PathBuf,
+        /// What the library reports.
+        found: String,
+    },
+    /// The plugin's constructor failed (bad config table, missing resource, panic).
+    #[error("plugin `{plugin}`: constructor failed: {error}")]
+    Constructor {
+        /// Plugin name.
+        plugin: TransportName,
+        /// The plugin's error.
+        error: AbiError,
+    },
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Everything one load pass produced.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    /// Plugins that loaded, in config order.
+    pub loaded: Vec<LoadedPlugin>,
+    /// Failures, in config order, with whether the plugin was `required`.
+    pub failures: Vec<(LoadError, bool)>,
+}
+
+/// What the loader needs from the node for each instance's context.
+#[derive(Debug, Clone)]
+pub struct NodeContext {
+    /// Node name.
+    pub node_name: String,
+    /// Node tag (unique per node instance).
+    pub node_tag: String,
+    /// Clock handed to plugins.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Loads every spec; never panics, never stops at the first failure.
+pub fn load_all(specs: &[PluginSpec], node: &NodeContext) -> LoadReport {
+    let mut report = LoadReport::default();
+    for spec in specs {
+        let _span = tracing::info_span!(target: "loader", "load", plugin = %spec.name).entered();
+        match load_one(spec, node) {
+            Ok(p) => {
+                tracing::info!(
+                    target: "loader",
+                    path = %p.path.display(),
+                    version = %p.plugin_version,
+                    abi = %p.abi_version,
+                    capabilities = ?p.info.capabilities,
+                    "plugin loaded"
+                );
+                report.loaded.push(p);
+            }
+            Err(e) => {
+                if let LoadError::Layout { detail, .. } = &e {
+                    tracing::debug!(target: "loader", detail = %detail, "abi_stable layout report");
+                }
+                tracing::warn!(target: "loader", error = %e, required = spec.required, "plugin not loaded");
+                report.failures.push((e, spec.required));
+            }
+        }
+    }
+    report
+}
+
+fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadError> {
+    let plugin = spec.name.clone();
+    let path = spec
+        .paths
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| LoadError::NotFound {
+            plugin: plugin.clone(),
+            written: spec.path_as_written.clone(),
+            tried: spec.paths.clone(),
+        })?;
+    if let Some(expected) = spec.sha256 {
+        let found = sha256_file(&path).map_err(|source| LoadError::Read {
+            plugin: plugin.clone(),
+            path: path.clone(),
+            source,
+        })?;
+        if found != expected {
+            return Err(LoadError::Checksum {
+                plugin,
+                path,
+                expected: hex::encode(expected),
+                found: hex::encode(found),
+            });
+        }
+    }
+    let module = open_module(&plugin, &path)?;
+    let declared = module.transport_name().to_string();
+    if declared != plugin.as_str() {
+        return Err(LoadError::WrongTransport {
+            plugin,
+            path,
+            found: declared,
+        });
+    }
+    let services = PluginServices {
+        plugin: plugin.to_string(),
+        node: node.node_name.clone(),
+        clock: Arc::clone(&node.clock),
+    };
+    let ctx = HostContext {
+        instance: plugin.as_str().into(),
+        config: spec.config_text.as_str().into(),
+        node_name: node.node_name.as_str().into(),
+        node_tag: node.node_tag.as_str().into(),
+        services: HostServicesBox::from_value(services, TD_Opaque),
+    };
+    let transport = (module.new_transport())(ctx)
+        .into_result()
+        .map_err(|error| LoadError::Constructor {
+            plugin: plugin.clone(),
+            error,
+        })?;
+    let info = transport.describe();
+    if info.name.as_str() != plugin.as_str() {
+        return Err(LoadError::WrongTransport {
+            plugin,
+            path,
+            found: info.name.to_string(),
+        });
+    }
+    Ok(LoadedPlugin {
+        name: plugin,
+        path,
+        abi_version: module.abi_version().to_string(),
+        plugin_version: module.plugin_version().to_string(),
+        info,
+        transport: Arc::new(transport),
+    })
+}
+
+fn open_module(plugin: &TransportName, path: &Path) -> Result<PluginModuleRef, LoadError> {
+    let header = lib_header_from_path(path).map_err(|e| classify(plugin, path, e))?;
+    header
+        .init_root_module::<PluginModuleRef>()
+        .map_err(|e| classify(plugin, path, e))
+}
+
+fn classify(plugin: &TransportName, path: &Path, e: LibraryError) -> LoadError {
+    let plugin = plugin.clone();
+    let path = path.to_path_buf();
+    match e {
+        LibraryError::IncompatibleVersionNumber {
+            expected_version,
+            actual_version,
+            ..
+        } => LoadError::Incompatible {
+            plugin,
+            path,
+            expected: compatible_range(&expected_version.to_string()),
+            found: actual_version.to_string(),
+        },
+        LibraryError::AbiInstability(report) => {
+            let detail = report.to_string();
+            LoadError::Layout {
+                plugin,
+                path,
+                summary: layout_summary(&detail),
+                host_abi: ABI_VERSION.to_owned(),
+                detail,
+            }
+        }
+        LibraryError::OpenError { err, .. } => LoadError::NotAPlugin {
+            plugin,
+            path,
+            reason: format!("cannot open as a shared library: {err}"),
+        },
+        LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin {
+            plugin,
+            path,
+            reason: "it exports no shardport root module (is it built with `export_plugin!`?)"
+                .to_owned(),
+        },
+        LibraryError::RootModule { err, .. } => LoadError::NotAPlugin {
+            plugin,
+            path,
+            reason: format!("its root module failed to initialize: {err}"),
+        },
+        other => LoadError::NotAPlugin {
+            plugin,
+            path,
+            reason: one_line(&other.to_string()),
+        },
+    }
+}
+
+/// `0.1.0` -> `0.1.x`; `1.2.3` -> `1.x` (abi_stable's compatibility rule).
+fn compatible_range(v: &str) -> String {
+    let parts: Vec<&str> = v.split('.').collect();
+    match parts.as_slice() {
+        ["0", minor, ..] => format!("0.{minor}.x"),
+        [major, ..] => format!("{major}.x"),
+        _ => v.to_owned(),
+    }
+}
+
+/// The useful lines of abi_stable's (~46 KB) layout report: its `Error:` lines.
+pub fn layout_summary(report: &str) -> String {
+    let mut errors: Vec<String> = Vec::new();
+    let mut lines = report.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("Error:") {
+            let mut msg = rest.trim().to_owned();
+            // abi_stable puts Expected/Found on the following lines.
+            while let Some(next) = lines.peek() {
+                let n = next.trim();
+                if n.starts_with("Expected:") || n.starts_with("Found:") {
+                    msg.push(' ');
+                    msg.push_str(n);
+                    lines.next();
+                } else {
+                    break;
+                }
+            }
+            let msg = one_line(&msg);
+            if !errors.contains(&msg) {
+                errors.push(msg);
+            }
+        }
+    }
+    if errors.is_empty() {
+        one_line(report).chars().take(200).collect()
+    } else {
+        errors.truncate(3);
+        errors.join("; ")
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().into())
+}
+
+/// sha256 of a file as hex (for `shardport plugins` and pinning).
+pub fn sha256_hex(path: &Path) -> std::io::Result<String> {
+    sha256_file(path).map(hex::encode)
+}
+
+/// The abi_stable name of the root module type, for messages.
+pub fn root_module_name() -> &'static str {
+    <PluginModuleRef as RootModule>::NAME
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(compatible_range("0.1.0"), "0.1.x");
+        assert_eq!(compatible_range("2.3.4"), "2.x");
+    }
+
+    #[test]
+    fn summary_keeps_error_lines() {
+        let report = "lots of text\n  Error: too many fields\n   Expected: 4\n   Found: 5\nmore\nError: too many fields\nExpected: 4\nFound: 5\n";
+        assert_eq!(
+            layout_summary(report),
+            "too many fields Expected: 4 Found: 5"
+        );
+    }
+}

@@ -1,0 +1,957 @@
+//! A node: the owner store and the consumer fetch path of one host instance.
+//!
+//! There are no process globals: several nodes in one process each have their
+//! own plugin instances, store, cache, identity tag and metrics.
+//!
+//! # Locking
+//! `shards` (owned shards) and `cache` (fetched shards) are separate mutexes,
+//! never held together, and never held across a plugin call except for
+//! `remove`, which takes the entry out of the map first and unexports after.
+//!
+//! # Failure modes
+//! A plugin that fails to load is reported and skipped unless `required`. A
+//! transport that fails an export is skipped (the handle lists fewer exports);
+//! a transport that fails an import is followed by the next candidate, and the
+//! fetch reports the downgrade.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    ops::Deref,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+use shardport_abi::{
+    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, DType, Device, ExportRequest,
+    LeasedView, ROption, RSlice, RSliceMut, RVec, ShardId, ShardMeta, SharedBytes, StatKind,
+};
+
+use crate::{
+    config::{CachePolicy, ChecksumPolicy, Config, FetchMode, OnDowngrade, Storage, TransportName},
+    error::HostError,
+    handle::{Export, Handle, Owner},
+    identity::{new_node_tag, NodeIdentity},
+    loader::{load_all, LoadError, LoadedPlugin, NodeContext},
+    metrics::Metrics,
+    select::{plan, Attempt, PluginFacts},
+    services::{Clock, SystemClock},
+};
+
+/// Shape, dtype and device of a shard being put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Device of the bytes.
+    pub device: Device,
+}
+
+impl TensorSpec {
+    /// A 1-D `u8` CPU tensor of `len` bytes.
+    pub fn bytes(len: u64) -> Self {
+        TensorSpec {
+            dtype: DType::U8,
+            shape: vec![len],
+            device: Device::CPU,
+        }
+    }
+
+    fn meta(&self) -> Result<ShardMeta, HostError> {
+        let mut meta = ShardMeta {
+            dtype: self.dtype,
+            shape: RVec::from(self.shape.clone()),
+            device: self.device,
+            byte_len: 0,
+            checksum: ROption::RNone,
+        };
+        meta.byte_len = meta.implied_byte_len().ok_or_else(|| {
+            HostError::InvalidShard(format!(
+                "dtype {} with shape {:?} has no byte length",
+                self.dtype, self.shape
+            ))
+        })?;
+        Ok(meta)
+    }
+}
+
+enum Stored {
+    Heap(Box<[u8]>),
+    Pool(AllocationGuard),
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Heap(b) => b,
+            Stored::Pool(g) => g.as_slice(),
+        }
+    }
+}
+
+struct OwnedShard {
+    handle: Handle,
+    stored: Stored,
+    /// Plugin indices that exported it; the storage transport (if any) is last.
+    exported_by: Vec<usize>,
+}
+
+/// The bytes of a fetched shard.
+pub enum ShardBytes {
+    /// Zero-copy view holding a lease on the owner's memory.
+    View(LeasedView),
+    /// An owned copy.
+    Owned(Vec<u8>),
+}
+
+impl Deref for ShardBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ShardBytes::View(v) => v,
+            ShardBytes::Owned(v) => v,
+        }
+    }
+}
+
+impl fmt::Debug for ShardBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardBytes::View(v) => write!(f, "View({} bytes, lease {})", v.len(), v.token()),
+            ShardBytes::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+        }
+    }
+}
+
+impl ShardBytes {
+    /// True for a zero-copy view.
+    pub fn is_view(&self) -> bool {
+        matches!(self, ShardBytes::View(_))
+    }
+}
+
+/// Which transport served a fetch and why. Every fetch carries one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Selection {
+    /// Transport that delivered the bytes (`cache` for a cache hit).
+    pub transport: String,
+    /// Why it was chosen.
+    pub reason: String,
+    /// A faster candidate failed or was unavailable, or a view was requested
+    /// and a copy was served.
+    pub downgraded: bool,
+    /// Mode actually served.
+    pub mode: FetchMode,
+    /// `(transport, error)` of candidates that failed first.
+    pub failures: Vec<(String, String)>,
+}
+
+/// A fetched shard.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// Shard id.
+    pub id: ShardId,
+    /// Metadata from the handle.
+    pub meta: ShardMeta,
+    /// The bytes (shared with the consumer cache when it keeps them).
+    pub data: Arc<ShardBytes>,
+    /// Which transport and why.
+    pub selection: Selection,
+    /// Time from the call to readable bytes (checksum verification included).
+    pub elapsed: Duration,
+}
+
+/// One plugin in [`NodeStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginStats {
+    /// Transport name.
+    pub name: String,
+    /// Library path.
+    pub path: String,
+    /// Plugin version.
+    pub version: String,
+    /// ABI version it was built against.
+    pub abi_version: String,
+    /// Capability names.
+    pub capabilities: Vec<&'static str>,
+    /// Health line.
+    pub healthy: bool,
+    /// Health message.
+    pub health: String,
+    /// The plugin's own counters and gauges.
+    pub stats: BTreeMap<String, u64>,
+}
+
+/// A snapshot of a node's state.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStats {
+    /// Node name.
+    pub node: String,
+    /// Node tag.
+    pub tag: String,
+    /// Shards owned.
+    pub shards_owned: usize,
+    /// Bytes owned.
+    pub bytes_owned: u64,
+    /// Consumer cache entries.
+    pub cache_entries: usize,
+    /// Consumer cache bytes.
+    pub cache_bytes: u64,
+    /// Loaded plugins.
+    pub plugins: Vec<PluginStats>,
+    /// Plugins that failed to load (one line each).
+    pub load_failures: Vec<String>,
+    /// Per-transport fetch metrics.
+    pub transports: BTreeMap<String, crate::metrics::TransportSnapshot>,
+    /// Downgrades.
+    pub downgrades: u64,
+}
+
+struct Inner {
+    config: Config,
+    tag: String,
+    identity: NodeIdentity,
+    epoch: u64,
+    plugins: Vec<LoadedPlugin>,
+    facts: Vec<PluginFacts>,
+    load_failures: Vec<String>,
+    id_prefix: u64,
+    next_id: AtomicU64,
+    shards: Mutex<HashMap<ShardId, OwnedShard>>,
+    cache: Mutex<HashMap<ShardId, (ShardMeta, Arc<ShardBytes>)>>,
+    metrics: Metrics,
+}
+
+/// A running host node. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.inner.config.node.name)
+            .field("tag", &self.inner.tag)
+            .field("plugins", &self.inner.facts)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these maps half-updated
+    // (every update is a single insert/remove), so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Node {
+    /// Starts a node: loads the configured plugins (all failures collected;
+    /// fails only when a `required` plugin did not load).
+    pub fn start(config: Config) -> Result<Node, HostError> {
+        Self::start_with_clock(config, Arc::new(SystemClock::default()))
+    }
+
+    /// Like [`start`](Self::start) with an injected clock.
+    pub fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Node, HostError> {
+        for w in &config.warnings {
+            tracing::warn!(target: "config", "{w}");
+        }
+        let tag = new_node_tag();
+        let ctx = NodeContext {
+            node_name: config.node.name.clone(),
+            node_tag: tag.clone(),
+            clock: Arc::clone(&clock),
+        };
+        let report = load_all(&config.plugins, &ctx);
+        let (required, optional): (Vec<_>, Vec<_>) =
+            report.failures.into_iter().partition(|(_, req)| *req);
+        if !required.is_empty() {
+            let mut errs: Vec<LoadError> = required.into_iter().map(|(e, _)| e).collect();
+            errs.extend(optional.into_iter().map(|(e, _)| e));
+            return Err(HostError::RequiredPlugins(errs));
+        }
+        let load_failures = optional.iter().map(|(e, _)| e.to_string()).collect();
+        let facts = report
+            .loaded
+            .iter()
+            .map(|p| PluginFacts {
+                name: p.name.clone(),
+                capabilities: p.capabilities(),
+                needs_identity: p.needs_identity(),
+            })
+            .collect();
+        let mut rnd = [0u8; 8];
+        let _ = getrandom::fill(&mut rnd);
+        let epoch = clock.now_unix_nanos();
+        let metrics = Metrics::new(report.loaded.iter().map(|p| p.name.to_string()));
+        tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = report.loaded.len(), "node started");
+        Ok(Node {
+            inner: Arc::new(Inner {
+                tag,
+                identity: NodeIdentity::current(),
+                epoch,
+                facts,
+                load_failures,
+                plugins: report.loaded,
+                id_prefix: u64::from_le_bytes(rnd) ^ epoch,
+                next_id: AtomicU64::new(1),
+                shards: Mutex::default(),
+                cache: Mutex::default(),
+                metrics,
+                config,
+            }),
+        })
+    }
+
+    /// The node's config.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The node's unique tag.
+    pub fn tag(&self) -> &str {
+        &self.inner.tag
+    }
+
+    /// The node's locality identity.
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.inner.identity
+    }
+
+    /// Loaded plugins.
+    pub fn plugins(&self) -> &[LoadedPlugin] {
+        &self.inner.plugins
+    }
+
+    /// One line per plugin that failed to load (optional plugins only; a
+    /// required one stops the node).
+    pub fn load_failures(&self) -> &[String] {
+        &self.inner.load_failures
+    }
+
+    fn plugin_index(&self, name: &TransportName) -> Option<usize> {
+        self.inner.plugins.iter().position(|p| &p.name == name)
+    }
+
+    /// Puts a shard by copying `bytes` once into its storage.
+    pub fn put(
+        &self,
+        bytes: &[u8],
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+    ) -> Result<Handle, HostError> {
+        let meta = spec.meta()?;
+        if meta.byte_len != bytes.len() as u64 {
+            return Err(HostError::InvalidShard(format!(
+                "{} bytes given, dtype {} with shape {:?} needs {}",
+                bytes.len(),
+                spec.dtype,
+                spec.shape,
+                meta.byte_len
+            )));
+        }
+        self.put_with(spec, tags, |dst| dst.copy_from_slice(bytes))
+    }
+
+    /// Puts a shard whose bytes `fill` writes straight into storage (the
+    /// transport's pool under `storage = "pool"`: written once, no copy).
+    pub fn put_with(
+        &self,
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Handle, HostError> {
+        let mut meta = spec.meta()?;
+        if meta.device != Device::CPU {
+            return Err(HostError::InvalidShard(format!(
+                "put of {} memory is not supported by this host; put CPU bytes",
+                meta.device
+            )));
+        }
+        if tags.len() > crate::handle::MAX_TAGS
+            || tags.iter().any(|(k, v)| {
+                k.is_empty()
+                    || k.len() > crate::handle::MAX_TAG_LEN
+                    || v.len() > crate::handle::MAX_TAG_LEN
+            })
+        {
+            return Err(HostError::InvalidShard(format!(
+                "at most {} tags, keys non-empty, keys and values at most {} bytes",
+                crate::handle::MAX_TAGS,
+                crate::handle::MAX_TAG_LEN
+            )));
+        }
+        let id = ShardId {
+            hi: self.inner.id_prefix,
+            lo: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+        };
+        let _span =
+            tracing::debug_span!(target: "store", "put", shard = %id, bytes = meta.byte_len)
+                .entered();
+
+        // 1. Storage: the pool transport's allocator, or the heap.
+        let mut storage_plugin = None;
+        let mut stored = match &self.inner.config.put.storage {
+            Storage::Pool(t) => match self.plugin_index(t) {
+                Some(pi)
+                    if self.inner.plugins[pi]
+                        .capabilities()
+                        .contains(Capabilities::ALLOCATOR) =>
+                {
+                    let guard = AllocationGuard::allocate(
+                        &self.inner.plugins[pi].transport,
+                        id,
+                        meta.byte_len,
+                    )
+                    .map_err(|error| HostError::Storage {
+                        transport: t.clone(),
+                        error,
+                    })?;
+                    storage_plugin = Some(pi);
+                    Stored::Pool(guard)
+                }
+                _ => {
+                    tracing::warn!(target: "store", transport = %t, "pool transport not loaded or has no allocator; storing on the heap");
+                    Stored::Heap(vec![0u8; meta.byte_len as usize].into_boxed_slice())
+                }
+            },
+            Storage::Heap => Stored::Heap(vec![0u8; meta.byte_len as usize].into_boxed_slice()),
+        };
+        match &mut stored {
+            Stored::Heap(b) => fill(b),
+            Stored::Pool(g) => fill(g.as_mut_slice()),
+        }
+        meta.checksum = checksum(self.inner.config.put.checksum, stored.bytes());
+
+        // 2. Exports: the storage transport first (it exports in place), then
+        // every other selected transport lending the stored bytes.
+        let mut order: Vec<usize> = Vec::new();
+        order.extend(storage_plugin);
+        for (pi, p) in self.inner.plugins.iter().enumerate() {
+            let selected = match &self.inner.config.put.export_to {
+                Some(list) => list.contains(&p.name),
+                None => true,
+            };
+            if selected && Some(pi) != storage_plugin {
+                order.push(pi);
+            }
+        }
+        let mut exports = Vec::new();
+        let mut exported_by = Vec::new();
+        let mut failures = Vec::new();
+        for pi in order {
+            let p = &self.inner.plugins[pi];
+            let allocation = match (&mut stored, Some(pi) == storage_plugin) {
+                (Stored::Pool(g), true) => g.token(),
+                _ => 0,
+            };
+            let req = ExportRequest {
+                id,
+                meta: meta.clone(),
+                data: SharedBytes::lend(stored.bytes()),
+                allocation,
+            };
+            match p.transport.export(req).into_result() {
+                Ok(desc) => {
+                    if let (Stored::Pool(g), true) = (&mut stored, allocation != 0) {
+                        g.mark_exported();
+                    }
+                    exports.push(Export {
+                        transport: p.name.clone(),
+                        descriptor: desc.into_vec(),
+                    });
+                    exported_by.push(pi);
+                }
+                Err(e) => {
+                    tracing::warn!(target: "store", transport = %p.name, error = %e, "export failed");
+                    failures.push((p.name.clone(), e));
+                    if allocation != 0 {
+                        // The bytes live in this transport's allocation and it
+                        // refused to export them: nothing else may lend them.
+                        break;
+                    }
+                }
+            }
+        }
+        if exports.is_empty()
+            || (storage_plugin.is_some()
+                && !exported_by.contains(&storage_plugin.unwrap_or(usize::MAX)))
+        {
+            // Undo partial exports; the allocation guard frees unexported pool space.
+            for &pi in &exported_by {
+                let _ = self.inner.plugins[pi].transport.unexport(id);
+            }
+            return Err(HostError::NoExport { id, failures });
+        }
+        // Storage transport unexports last (its memory backs the others).
+        exported_by.rotate_left(usize::from(storage_plugin.is_some()));
+        let handle = Handle {
+            id,
+            meta,
+            tags,
+            owner: Owner {
+                addr: self.inner.config.node.advertise.clone(),
+                identity: self.inner.identity.clone(),
+                epoch: self.inner.epoch,
+            },
+            exports,
+        };
+        lock(&self.inner.shards).insert(
+            id,
+            OwnedShard {
+                handle: handle.clone(),
+                stored,
+                exported_by,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// Removes owned shards: unexports from every transport (the storage
+    /// transport last; it reclaims space once no lease covers it). Returns
+    /// the ids that were not owned.
+    pub fn remove(&self, ids: &[ShardId]) -> Vec<ShardId> {
+        let mut missing = Vec::new();
+        for id in ids {
+            let Some(shard) = lock(&self.inner.shards).remove(id) else {
+                missing.push(*id);
+                continue;
+            };
+            self.unexport_all(*id, shard);
+        }
+        missing
+    }
+
+    fn unexport_all(&self, id: ShardId, shard: OwnedShard) {
+        for &pi in &shard.exported_by {
+            let p = &self.inner.plugins[pi];
+            if let Err(e) = p.transport.unexport(id).into_result() {
+                tracing::warn!(target: "store", shard = %id, transport = %p.name, error = %e, "unexport failed");
+            }
+        }
+        drop(shard);
+    }
+
+    /// Removes every owned shard.
+    pub fn clear(&self) {
+        let all: Vec<(ShardId, OwnedShard)> = lock(&self.inner.shards).drain().collect();
+        for (id, shard) in all {
+            self.unexport_all(id, shard);
+        }
+        lock(&self.inner.cache).clear();
+    }
+
+    /// The handle of an owned shard.
+    pub fn handle(&self, id: ShardId) -> Option<Handle> {
+        lock(&self.inner.shards).get(&id).map(|s| s.handle.clone())
+    }
+
+    /// Drops cached fetched shards (their leases end when no caller holds them).
+    /// Returns how many entries were dropped.
+    pub fn drain(&self, ids: &[ShardId]) -> usize {
+        let mut cache = lock(&self.inner.cache);
+        ids.iter().filter(|id| cache.remove(id).is_some()).count()
+    }
+
+    /// Fetches with the configured default mode.
+    pub fn fetch(&self, handle: &Handle) -> Result<Fetched, HostError> {
+        self.fetch_mode(handle, self.inner.config.fetch.mode)
+    }
+
+    /// Fetches a shard as a zero-copy view or a copy.
+    pub fn fetch_mode(&self, handle: &Handle, mode: FetchMode) -> Result<Fetched, HostError> {
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch", shard = %handle.id, %mode).entered();
+        if self.inner.config.cache == CachePolicy::Explicit {
+            if let Some((meta, data)) = lock(&self.inner.cache).get(&handle.id).cloned() {
+                let served = if data.is_view() {
+                    FetchMode::View
+                } else {
+                    FetchMode::Copy
+                };
+                return Ok(Fetched {
+                    id: handle.id,
+                    meta,
+                    data,
+                    selection: Selection {
+                        transport: "cache".to_owned(),
+                        reason: "consumer cache hit (cache.policy = \"explicit\")".to_owned(),
+                        downgraded: false,
+                        mode: served,
+                        failures: Vec::new(),
+                    },
+                    elapsed: start.elapsed(),
+                });
+            }
+        }
+        let target = match mode {
+            FetchMode::View => Target::View,
+            FetchMode::Copy => Target::Alloc,
+        };
+        let (data, selection) = self.fetch_inner(handle, mode, target, start)?;
+        let data = Arc::new(data.expect("view and alloc targets return bytes"));
+        if self.inner.config.cache == CachePolicy::Explicit {
+            lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(&data)));
+        }
+        Ok(Fetched {
+            id: handle.id,
+            meta: handle.meta.clone(),
+            data,
+            selection,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Fetches a shard by copying it into `dst` (`dst.len()` must equal the
+    /// shard's byte length). The fastest copy path: the caller reuses a warm
+    /// buffer, so no page is faulted in per fetch. Bypasses the cache.
+    pub fn fetch_into(&self, handle: &Handle, dst: &mut [u8]) -> Result<Selection, HostError> {
+        if dst.len() as u64 != handle.meta.byte_len {
+            return Err(HostError::InvalidShard(format!(
+                "destination is {} bytes, shard {} is {}",
+                dst.len(),
+                handle.id,
+                handle.meta.byte_len
+            )));
+        }
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch_into", shard = %handle.id).entered();
+        self.fetch_inner(handle, FetchMode::Copy, Target::Into(dst), start)
+            .map(|(_, sel)| sel)
+    }
+
+    fn fetch_inner(
+        &self,
+        handle: &Handle,
+        mode: FetchMode,
+        mut target: Target<'_>,
+        start: Instant,
+    ) -> Result<(Option<ShardBytes>, Selection), HostError> {
+        let plan = plan(handle, &self.inner.facts, &self.inner.identity, mode);
+        if plan.attempts.is_empty() {
+            self.inner.metrics.fetch_error(None);
+            return Err(HostError::NoCandidate {
+                id: handle.id,
+                skipped: plan.skipped,
+            });
+        }
+        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        for attempt in &plan.attempts {
+            let p = &self.inner.plugins[attempt.plugin];
+            let desc = &handle.exports[attempt.export].descriptor;
+            let result = match &mut target {
+                Target::View if attempt.zero_copy => {
+                    LeasedView::import(&p.transport, desc, &handle.meta)
+                        .map(|v| Some(ShardBytes::View(v)))
+                }
+                Target::View | Target::Alloc => {
+                    let mut buf = vec![0u8; handle.meta.byte_len as usize];
+                    import_into(p, desc, &handle.meta, &mut buf)
+                        .map(|()| Some(ShardBytes::Owned(buf)))
+                }
+                Target::Into(dst) => import_into(p, desc, &handle.meta, dst).map(|()| None),
+            };
+            let data = match result {
+                Ok(data) => data,
+                Err(e) => {
+                    tracing::debug!(target: "select", transport = %attempt.transport, error = %e, "attempt failed");
+                    self.inner
+                        .metrics
+                        .fetch_error(Some(attempt.transport.as_str()));
+                    failures.push((attempt.transport.clone(), e));
+                    continue;
+                }
+            };
+            let bytes: &[u8] = match (&data, &target) {
+                (Some(d), _) => d,
+                (None, Target::Into(dst)) => dst,
+                (None, _) => &[],
+            };
+            self.verify(handle, &attempt.transport, bytes)?;
+            let selection = self.report(handle, attempt, mode, failures)?;
+            self.inner.metrics.fetch_ok(
+                attempt.transport.as_str(),
+                handle.meta.byte_len,
+                start.elapsed(),
+            );
+            return Ok((data, selection));
+        }
+        Err(HostError::FetchFailed {
+            id: handle.id,
+            failures,
+        })
+    }
+
+    /// Builds the selection report of a successful attempt, applying the
+    /// downgrade policy.
+    fn report(
+        &self,
+        handle: &Handle,
+        attempt: &Attempt,
+        mode: FetchMode,
+        failures: Vec<(TransportName, AbiError)>,
+    ) -> Result<Selection, HostError> {
+        let view_missed = mode == FetchMode::View && !attempt.zero_copy;
+        let downgraded = !failures.is_empty() || view_missed;
+        let mut reason = attempt.reason.clone();
+        if !failures.is_empty() {
+            let names: Vec<&str> = failures.iter().map(|(t, _)| t.as_str()).collect();
+            reason.push_str(&format!("; after {} failed", names.join(", ")));
+        }
+        if downgraded {
+            self.inner.metrics.downgrade();
+            let why = if failures.is_empty() {
+                format!("view requested, copy served by `{}`", attempt.transport)
+            } else {
+                let list: Vec<String> = failures.iter().map(|(t, e)| format!("{t}: {e}")).collect();
+                format!(
+                    "served by `{}` after {}",
+                    attempt.transport,
+                    list.join("; ")
+                )
+            };
+            match self.inner.config.fetch.on_downgrade {
+                OnDowngrade::Fail => return Err(HostError::Downgrade { id: handle.id, why }),
+                OnDowngrade::Warn => {
+                    tracing::warn!(target: "select", shard = %handle.id, "downgrade: {why}")
+                }
+                OnDowngrade::Allow => {
+                    tracing::debug!(target: "select", shard = %handle.id, "downgrade: {why}")
+                }
+            }
+        }
+        tracing::debug!(target: "select", transport = %attempt.transport, %reason, downgraded, "fetched");
+        Ok(Selection {
+            transport: attempt.transport.to_string(),
+            reason,
+            downgraded,
+            mode: if attempt.zero_copy {
+                FetchMode::View
+            } else {
+                FetchMode::Copy
+            },
+            failures: failures
+                .iter()
+                .map(|(t, e)| (t.to_string(), e.to_string()))
+                .collect(),
+        })
+    }
+
+    fn verify(
+        &self,
+        handle: &Handle,
+        transport: &TransportName,
+        data: &[u8],
+    ) -> Result<(), HostError> {
+        if !self.inner.config.fetch.verify_checksum {
+            return Ok(());
+        }
+        let ROption::RSome(expected) = handle.meta.checksum else {
+            return Ok(());
+        };
+        let found = compute(expected.algo, data);
+        if found != Some(expected.value) {
+            self.inner.metrics.fetch_error(Some(transport.as_str()));
+            return Err(HostError::ChecksumMismatch {
+                id: handle.id,
+                transport: transport.clone(),
+                expected: expected.value,
+                found: found.unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fetches many shards. Shards are grouped by owner; groups run in
+    /// parallel (at most [`MAX_FETCH_THREADS`]), each shard following its own
+    /// plan, so a failed transport's shards go to the next candidate and only
+    /// those. Results come back in input order.
+    pub fn fetch_many(
+        &self,
+        handles: &[Handle],
+        mode: FetchMode,
+    ) -> Result<Vec<Result<Fetched, HostError>>, HostError> {
+        let max = self.inner.config.fetch.max_batch;
+        if handles.len() > max {
+            return Err(HostError::BatchTooLarge {
+                n: handles.len(),
+                max,
+            });
+        }
+        let mut groups: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
+        for (i, h) in handles.iter().enumerate() {
+            groups
+                .entry((h.owner.addr.as_str(), h.owner.epoch))
+                .or_default()
+                .push(i);
+        }
+        let groups: Vec<Vec<usize>> = groups.into_values().collect();
+        let mut results: Vec<Option<Result<Fetched, HostError>>> =
+            (0..handles.len()).map(|_| None).collect();
+        let threads = groups.len().clamp(1, MAX_FETCH_THREADS);
+        let next = AtomicU64::new(0);
+        let collected = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let g = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(group) = groups.get(g) else { break };
+                    let mut local = Vec::with_capacity(group.len());
+                    for &i in group {
+                        local.push((i, self.fetch_mode(&handles[i], mode)));
+                    }
+                    lock(&collected).extend(local);
+                });
+            }
+        });
+        for (i, r) in collected.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            results[i] = Some(r);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every index fetched"))
+            .collect())
+    }
+
+    /// A snapshot of the node's state and its plugins' stats.
+    pub fn stats(&self) -> NodeStats {
+        let (shards_owned, bytes_owned) = {
+            let shards = lock(&self.inner.shards);
+            (
+                shards.len(),
+                shards.values().map(|s| s.stored.bytes().len() as u64).sum(),
+            )
+        };
+        let (cache_entries, cache_bytes) = {
+            let cache = lock(&self.inner.cache);
+            (cache.len(), cache.values().map(|(m, _)| m.byte_len).sum())
+        };
+        let plugins = self
+            .inner
+            .plugins
+            .iter()
+            .map(|p| {
+                let health = p.transport.health();
+                PluginStats {
+                    name: p.name.to_string(),
+                    path: p.path.display().to_string(),
+                    version: p.plugin_version.clone(),
+                    abi_version: p.abi_version.clone(),
+                    capabilities: p.capabilities().names(),
+                    healthy: health.ok,
+                    health: health.message.to_string(),
+                    stats: p
+                        .transport
+                        .stats()
+                        .into_iter()
+                        .map(|s| {
+                            let suffix = if s.kind == StatKind::COUNTER {
+                                "_total"
+                            } else {
+                                ""
+                            };
+                            let name = s.name.to_string();
+                            let name = if name.ends_with(suffix) {
+                                name
+                            } else {
+                                format!("{name}{suffix}")
+                            };
+                            (name, s.value)
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        NodeStats {
+            node: self.inner.config.node.name.clone(),
+            tag: self.inner.tag.clone(),
+            shards_owned,
+            bytes_owned,
+            cache_entries,
+            cache_bytes,
+            plugins,
+            load_failures: self.inner.load_failures.clone(),
+            transports: self.inner.metrics.snapshot(),
+            downgrades: self.inner.metrics.downgrades(),
+        }
+    }
+
+    /// Calls every loaded transport's `describe` and `health` (used by `shardport plugins`).
+    pub fn plugin_report(&self) -> Vec<(String, bool, String)> {
+        self.inner
+            .plugins
+            .iter()
+            .map(|p| {
+                let h = p.transport.health();
+                (p.name.to_string(), h.ok, h.message.to_string())
+            })
+            .collect()
+    }
+}
+
+enum Target<'a> {
+    View,
+    Alloc,
+    Into(&'a mut [u8]),
+}
+
+fn import_into(
+    p: &LoadedPlugin,
+    desc: &[u8],
+    meta: &ShardMeta,
+    dst: &mut [u8],
+) -> Result<(), AbiError> {
+    p.transport
+        .import_into(
+            RSlice::from_slice(desc),
+            meta,
+            RSliceMut::from_mut_slice(dst),
+        )
+        .into_result()
+        .map(|_| ())
+}
+
+/// Most threads one `fetch_many` call uses (one per owner group).
+pub const MAX_FETCH_THREADS: usize = 8;
+
+fn compute(algo: ChecksumAlgo, data: &[u8]) -> Option<u64> {
+    match algo {
+        ChecksumAlgo::CRC32C => Some(u64::from(crc32c::crc32c(data))),
+        ChecksumAlgo::XXH3 => Some(xxhash_rust::xxh3::xxh3_64(data)),
+        _ => None,
+    }
+}
+
+fn checksum(policy: ChecksumPolicy, data: &[u8]) -> ROption<Checksum> {
+    let algo = match policy {
+        ChecksumPolicy::None => return ROption::RNone,
+        ChecksumPolicy::Crc32c => ChecksumAlgo::CRC32C,
+        ChecksumPolicy::Xxh3 => ChecksumAlgo::XXH3,
+    };
+    compute(algo, data).map_or(ROption::RNone, |value| {
+        ROption::RSome(Checksum { algo, value })
+    })
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Unexport everything before the plugin instances go away, so
+        // transports release their segments in order.
+        let shards: Vec<(ShardId, OwnedShard)> = lock(&self.shards).drain().collect();
+        for (id, shard) in shards {
+            for &pi in &shard.exported_by {
+                let _ = self.plugins[pi].transport.unexport(id);
+            }
+        }
+        lock(&self.cache).clear();
+    }
+}

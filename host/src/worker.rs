@@ -1,0 +1,526 @@
+//! `shardport worker`: a node driven by JSON lines on stdin, answering JSON
+//! lines on stdout. The demo, the benchmark and the end-to-end tests start
+//! real owner and consumer processes this way and pass handles between them
+//! (in their binary form, hex-encoded), exactly as an application would pass
+//! them through its own RPC.
+//!
+//! Requests (`op`): `put {len, seed, dtype?, tags?}`, `fetch {handle, mode?,
+//! seed?, hold?}`, `release {ids}`, `remove {ids}`, `stats`, `exit`. Every
+//! reply has `ok`; failures carry `error`.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, BufRead, Write},
+    sync::Arc,
+    time::Instant,
+};
+
+use serde::{Deserialize, Serialize};
+use shardport_abi::{DType, ShardId};
+
+use crate::{
+    config::FetchMode,
+    handle::Handle,
+    node::{Node, ShardBytes, TensorSpec},
+};
+
+/// Largest request line accepted (a handle is < 5 KiB in binary form).
+pub const MAX_REQUEST_LINE: usize = 1 << 20;
+
+/// A worker request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Put `len` bytes of the pattern for `seed`.
+    Put {
+        /// Byte length.
+        len: u64,
+        /// Pattern seed.
+        seed: u64,
+        /// Element type (default `u8`); `len` must be a multiple of its size.
+        #[serde(default)]
+        dtype: Option<String>,
+        /// Routing tags.
+        #[serde(default)]
+        tags: BTreeMap<String, String>,
+    },
+    /// Fetch a handle; verify the pattern for `seed` when given; keep the
+    /// result (and its lease) until `release` when `hold`.
+    Fetch {
+        /// Hex of the handle's binary form.
+        handle: String,
+        /// `view` or `copy` (default: the config's).
+        #[serde(default)]
+        mode: Option<FetchMode>,
+        /// Pattern seed to verify against.
+        #[serde(default)]
+        seed: Option<u64>,
+        /// Keep the fetched shard until `release`.
+        #[serde(default)]
+        hold: bool,
+    },
+    /// Drop held fetch results.
+    Release {
+        /// Shard ids (hex).
+        ids: Vec<String>,
+    },
+    /// Remove owned shards.
+    Remove {
+        /// Shard ids (hex).
+        ids: Vec<String>,
+    },
+    /// Node stats.
+    Stats,
+    /// Exit cleanly.
+    Exit,
+}
+
+/// A worker reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reply {
+    /// Success.
+    pub ok: bool,
+    /// Error text when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Put: hex of the handle's binary form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
+    /// Put/fetch: shard id (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Put/fetch duration in ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns: Option<u64>,
+    /// Fetch: transport used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    /// Fetch: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Fetch: downgraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downgraded: Option<bool>,
+    /// Fetch: mode served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<FetchMode>,
+    /// Fetch: pattern verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    /// Remove/release: ids not found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<Vec<String>>,
+    /// Stats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<serde_json::Value>,
+}
+
+impl Reply {
+    fn ok() -> Self {
+        Reply {
+            ok: true,
+            ..Reply::default()
+        }
+    }
+
+    fn err(e: impl ToString) -> Self {
+        Reply {
+            ok: false,
+            error: Some(e.to_string()),
+            ..Reply::default()
+        }
+    }
+}
+
+/// Fills `buf` with the deterministic pattern for `seed`.
+pub fn fill_pattern(buf: &mut [u8], seed: u64) {
+    let mut chunks = buf.chunks_exact_mut(8);
+    for (i, c) in (&mut chunks).enumerate() {
+        c.copy_from_slice(&splitmix(seed ^ (i as u64).wrapping_mul(0x9e37_79b9)).to_le_bytes());
+    }
+    let rem = chunks.into_remainder();
+    let tail = splitmix(!seed).to_le_bytes();
+    rem.copy_from_slice(&tail[..rem.len()]);
+}
+
+/// True when `buf` holds exactly the pattern for `seed`.
+pub fn check_pattern(buf: &[u8], seed: u64) -> bool {
+    let mut chunks = buf.chunks_exact(8);
+    for (i, c) in (&mut chunks).enumerate() {
+        if c != splitmix(seed ^ (i as u64).wrapping_mul(0x9e37_79b9)).to_le_bytes() {
+            return false;
+        }
+    }
+    let rem = chunks.remainder();
+    rem == &splitmix(!seed).to_le_bytes()[..rem.len()]
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Parses a shard id written as 32 hex digits.
+pub fn parse_id(s: &str) -> Result<ShardId, String> {
+    if s.len() != 32 {
+        return Err(format!("shard id `{s}` is not 32 hex digits"));
+    }
+    u128::from_str_radix(s, 16)
+        .map(ShardId::from_u128)
+        .map_err(|_| format!("shard id `{s}` is not 32 hex digits"))
+}
+
+/// Serves requests until `exit` or end of input.
+pub fn serve(node: &Node, input: impl BufRead, mut output: impl Write) -> io::Result<()> {
+    let mut held: HashMap<ShardId, Arc<ShardBytes>> = HashMap::new();
+    for line in input.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (reply, exit) = if line.len() > MAX_REQUEST_LINE {
+            (
+                Reply::err(format!(
+                    "request line of {} bytes exceeds {MAX_REQUEST_LINE}",
+                    line.len()
+                )),
+                false,
+            )
+        } else {
+            match serde_json::from_str::<Request>(&line) {
+                Err(e) => (Reply::err(format!("bad request: {e}")), false),
+                Ok(Request::Exit) => (Reply::ok(), true),
+                Ok(req) => (handle(node, req, &mut held), false),
+            }
+        };
+        serde_json::to_writer(&mut output, &reply)?;
+        output.write_all(b"\n")?;
+        output.flush()?;
+        if exit {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>>) -> Reply {
+    match req {
+        Request::Put {
+            len,
+            seed,
+            dtype,
+            tags,
+        } => {
+            let dtype = match dtype.as_deref().map(DType::from_name) {
+                None => DType::U8,
+                Some(Some(d)) => d,
+                Some(None) => {
+                    return Reply::err(format!("unknown dtype `{}`", dtype.unwrap_or_default()))
+                }
+            };
+            let width = u64::from(dtype.bits().unwrap_or(8).div_ceil(8));
+            if len % width != 0 {
+                return Reply::err(format!(
+                    "{len} bytes is not a whole number of {dtype} elements"
+                ));
+            }
+            let spec = TensorSpec {
+                dtype,
+                shape: vec![len / width],
+                device: shardport_abi::Device::CPU,
+            };
+            let start = Instant::now();
+            match node.put_with(&spec, tags, |dst| fill_pattern(dst, seed)) {
+                Ok(h) => Reply {
+                    handle: Some(hex::encode(h.to_bytes())),
+                    id: Some(h.id.to_string()),
+                    ns: Some(start.elapsed().as_nanos() as u64),
+                    ..Reply::ok()
+                },
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::Fetch {
+            handle,
+            mode,
+            seed,
+            hold,
+        } => {
+            let h = match hex::decode(&handle)
+                .map_err(|e| e.to_string())
+                .and_then(|b| Handle::from_bytes(&b).map_err(|e| e.to_string()))
+            {
+                Ok(h) => h,
+                Err(e) => return Reply::err(format!("bad handle: {e}")),
+            };
+            let mode = mode.unwrap_or(node.config().fetch.mode);
+            match node.fetch_mode(&h, mode) {
+                Ok(f) => {
+                    let ns = f.elapsed.as_nanos() as u64;
+                    let verified = seed.map(|s| check_pattern(&f.data, s));
+                    if hold {
+                        held.insert(f.id, Arc::clone(&f.data));
+                    }
+                    Reply {
+                        id: Some(f.id.to_string()),
+                        ns: Some(ns),
+                        transport: Some(f.selection.transport),
+                        reason: Some(f.selection.reason),
+                        downgraded: Some(f.selection.downgraded),
+                        mode: Some(f.selection.mode),
+                        verified,
+                        ..Reply::ok()
+                    }
+                }
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::Release { ids } => {
+            let mut missing = Vec::new();
+            for s in ids {
+                match parse_id(&s) {
+                    Ok(id) if held.remove(&id).is_some() => {}
+                    _ => missing.push(s),
+                }
+            }
+            Reply {
+                missing: Some(missing),
+                ..Reply::ok()
+            }
+        }
+        Request::Remove { ids } => {
+            let mut parsed = Vec::new();
+            for s in &ids {
+                match parse_id(s) {
+                    Ok(id) => parsed.push(id),
+                    Err(e) => return Reply::err(e),
+                }
+            }
+            let missing = node
+                .remove(&parsed)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            Reply {
+                missing: Some(missing),
+                ..Reply::ok()
+            }
+        }
+        Request::Stats => match serde_json::to_value(node.stats()) {
+            Ok(v) => Reply {
+                stats: Some(v),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::Exit => Reply::ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_roundtrip_and_detects_corruption() {
+        for len in [0usize, 1, 7, 8, 9, 4096, 4099] {
+            let mut b = vec![0u8; len];
+            fill_pattern(&mut b, 42);
+            assert!(check_pattern(&b, 42), "len {len}");
+            if len > 0 {
+                assert!(!check_pattern(&b, 43) || len < 8 && b == vec![0; len]);
+                b[len / 2] ^= 1;
+                assert!(!check_pattern(&b, 42), "len {len} corrupted");
+            }
+        }
+    }
+
+    #[test]
+    fn ids_parse() {
+        let id = ShardId::from_u128(0xabc);
+        assert_eq!(parse_id(&id.to_string()), Ok(id));
+        assert!(parse_id("xyz").is_err());
+    }
+}
+
+/// A `shardport worker` child process and its pipes.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    role: String,
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: io::BufReader<std::process::ChildStdout>,
+}
+
+/// Errors talking to a worker process.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The process could not be started.
+    #[error("cannot start the {role} process ({exe}): {source}")]
+    Spawn {
+        /// Role in messages (`owner`, `consumer`).
+        role: String,
+        /// Executable.
+        exe: String,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The process closed its pipes or exited.
+    #[error("the {role} process exited before answering ({status}); its error is above")]
+    Exited {
+        /// Role.
+        role: String,
+        /// Exit status text.
+        status: String,
+    },
+    /// Pipe I/O failed.
+    #[error("talking to the {role} process: {source}")]
+    Io {
+        /// Role.
+        role: String,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The reply was not valid JSON.
+    #[error("the {role} process sent an invalid reply `{line}`: {source}")]
+    BadReply {
+        /// Role.
+        role: String,
+        /// The line.
+        line: String,
+        /// Parse error.
+        source: serde_json::Error,
+    },
+    /// The worker answered with an error.
+    #[error("{role}: {message}")]
+    Failed {
+        /// Role.
+        role: String,
+        /// The worker's error text.
+        message: String,
+    },
+}
+
+impl WorkerProcess {
+    /// Starts `exe worker <args>` with piped stdin/stdout (stderr inherited).
+    pub fn spawn(
+        role: &str,
+        exe: &std::path::Path,
+        args: &[std::ffi::OsString],
+    ) -> Result<WorkerProcess, WorkerError> {
+        let mut child = std::process::Command::new(exe)
+            .arg("worker")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(|source| WorkerError::Spawn {
+                role: role.to_owned(),
+                exe: exe.display().to_string(),
+                source,
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = io::BufReader::new(child.stdout.take().expect("stdout is piped"));
+        Ok(WorkerProcess {
+            role: role.to_owned(),
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one request and reads its reply; a reply with `ok: false` is an error.
+    pub fn call(&mut self, req: &Request) -> Result<Reply, WorkerError> {
+        let reply = self.call_raw(req)?;
+        if reply.ok {
+            Ok(reply)
+        } else {
+            Err(WorkerError::Failed {
+                role: self.role.clone(),
+                message: reply.error.unwrap_or_default(),
+            })
+        }
+    }
+
+    /// Sends one request and returns the reply whatever its `ok`.
+    pub fn call_raw(&mut self, req: &Request) -> Result<Reply, WorkerError> {
+        let io_err = |role: &str, source| WorkerError::Io {
+            role: role.to_owned(),
+            source,
+        };
+        let mut line = serde_json::to_string(req).expect("requests serialize");
+        line.push('\n');
+        let sent = match self.stdin.as_mut() {
+            Some(stdin) => stdin
+                .write_all(line.as_bytes())
+                .and_then(|()| stdin.flush()),
+            None => Err(io::Error::from(io::ErrorKind::BrokenPipe)),
+        };
+        if let Err(e) = sent {
+            return Err(if e.kind() == io::ErrorKind::BrokenPipe {
+                self.exited()
+            } else {
+                io_err(&self.role, e)
+            });
+        }
+        let mut answer = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut answer)
+            .map_err(|e| io_err(&self.role, e))?;
+        if n == 0 {
+            return Err(self.exited());
+        }
+        serde_json::from_str(&answer).map_err(|source| WorkerError::BadReply {
+            role: self.role.clone(),
+            line: answer.trim_end().to_owned(),
+            source,
+        })
+    }
+
+    fn exited(&mut self) -> WorkerError {
+        let status = match self.child.wait() {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("status unknown: {e}"),
+        };
+        WorkerError::Exited {
+            role: self.role.clone(),
+            status,
+        }
+    }
+
+    /// Asks the worker to exit and waits for it.
+    pub fn exit(mut self) -> Result<std::process::ExitStatus, WorkerError> {
+        let _ = self.call_raw(&Request::Exit);
+        self.stdin.take();
+        self.child.wait().map_err(|source| WorkerError::Io {
+            role: self.role.clone(),
+            source,
+        })
+    }
+
+    /// Kills the worker with SIGKILL (tests of peer death).
+    pub fn kill(mut self) -> io::Result<()> {
+        self.child.kill()?;
+        self.child.wait().map(|_| ())
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // Closing stdin ends `serve`; a worker that is still alive after that
+        // is reaped so no zombie outlives us.
+        self.stdin.take();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.wait();
+        }
+    }
+}
