@@ -475,7 +475,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
         )
     })?;
     let raw: RawConfig = serde_ignored::deserialize(de, |path| {
-        let path = path.to_string();
+        let path = dotted(&path.to_string());
         // Plugin tables are the plugin's to validate; everything else is ours.
         warnings.push(format!("unknown config key `{path}` (ignored)"));
     })
@@ -697,6 +697,23 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     })
 }
 
+/// serde_ignored's path (`fetch.?.mod`, `plugin.0.colour`) as a dotted
+/// config path (`fetch.mod`, `plugin[0].colour`).
+fn dotted(path: &str) -> String {
+    let mut out = String::new();
+    for seg in path.split('.').filter(|s| *s != "?") {
+        if seg.bytes().all(|b| b.is_ascii_digit()) && !out.is_empty() {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
+}
+
 fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     let bytes = hex::decode(s.trim()).ok()?;
     bytes.try_into().ok()
@@ -796,7 +813,7 @@ mod tests {
             c.warnings,
             vec![
                 "unknown config key `fetch.mod` (ignored)".to_owned(),
-                "unknown config key `plugin.0.colour` (ignored)".to_owned()
+                "unknown config key `plugin[0].colour` (ignored)".to_owned()
             ]
         );
         assert_eq!(c.plugins[0].config_text, "anything = 1\n");

@@ -5,7 +5,7 @@
 //! them through its own RPC.
 //!
 //! Requests (`op`): `put {len, seed, dtype?, tags?}`, `fetch {handle, mode?,
-//! seed?, hold?}`, `release {ids}`, `remove {ids}`, `stats`, `exit`. Every
+//! seed?, hold?}`, `check {id, seed}`, `release {ids}`, `remove {ids}`, `stats`, `exit`. Every
 //! reply has `ok`; failures carry `error`.
 
 use std::{
@@ -58,6 +58,13 @@ pub enum Request {
         /// Keep the fetched shard until `release`.
         #[serde(default)]
         hold: bool,
+    },
+    /// Verify a held fetch result against the pattern for `seed`.
+    Check {
+        /// Shard id (hex).
+        id: String,
+        /// Pattern seed.
+        seed: u64,
     },
     /// Drop held fetch results.
     Release {
@@ -277,6 +284,16 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
                 Err(e) => Reply::err(e),
             }
         }
+        Request::Check { id, seed } => match parse_id(&id) {
+            Ok(id) => match held.get(&id) {
+                Some(data) => Reply {
+                    verified: Some(check_pattern(data, seed)),
+                    ..Reply::ok()
+                },
+                None => Reply::err(format!("shard {id} is not held")),
+            },
+            Err(e) => Reply::err(e),
+        },
         Request::Release { ids } => {
             let mut missing = Vec::new();
             for s in ids {

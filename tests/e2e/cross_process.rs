@@ -1,0 +1,262 @@
+//! Owner and consumer in separate processes (`shardport worker`), shards
+//! moving through real shared-memory segments.
+
+use shardport_host::{
+    worker::{Reply, Request, WorkerProcess},
+    FetchMode,
+};
+
+use crate::util;
+
+struct Pair {
+    owner: WorkerProcess,
+    consumer: WorkerProcess,
+    _dir: tempfile::TempDir,
+}
+
+fn start(test: &str, owner_cfg: &str, consumer_cfg: &str) -> Pair {
+    let dir = util::temp_dir(test);
+    let spawn = |role: &str, text: &str| {
+        let sub = dir.path().join(role);
+        std::fs::create_dir_all(&sub).unwrap();
+        let (path, _) = util::write_config(&sub, text);
+        WorkerProcess::spawn(
+            role,
+            &util::shardport_bin(),
+            &["--config".into(), path.into_os_string()],
+        )
+        .expect("spawn worker")
+    };
+    Pair {
+        owner: spawn("owner", owner_cfg),
+        consumer: spawn("consumer", consumer_cfg),
+        _dir: dir,
+    }
+}
+
+fn pool_config(pool: &str) -> String {
+    format!(
+        "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}",
+        util::shm_plugin(&format!("pool-size = \"{pool}\""))
+    )
+}
+
+fn put(w: &mut WorkerProcess, len: u64, seed: u64) -> Reply {
+    w.call(&Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })
+    .expect("put")
+}
+
+fn fetch(
+    w: &mut WorkerProcess,
+    handle: &str,
+    mode: FetchMode,
+    seed: u64,
+    hold: bool,
+) -> Result<Reply, String> {
+    w.call(&Request::Fetch {
+        handle: handle.to_owned(),
+        mode: Some(mode),
+        seed: Some(seed),
+        hold,
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn view_and_copy_fetches_across_processes_verify_every_byte() {
+    let cfg = pool_config("64MiB");
+    let mut p = start("xproc", &cfg, &cfg);
+    for (i, len) in [0u64, 1, 4096, 3 << 20, (5 << 20) + 7]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 100 + i as u64;
+        let h = put(&mut p.owner, len, seed).handle.unwrap();
+        for mode in [FetchMode::View, FetchMode::Copy] {
+            let r = fetch(&mut p.consumer, &h, mode, seed, false).unwrap();
+            assert_eq!(r.verified, Some(true), "len {len} {mode}");
+            assert_eq!(r.transport.as_deref(), Some("posix-shm"));
+            assert_eq!(r.mode, Some(mode));
+            assert_eq!(r.downgraded, Some(false));
+            let reason = r.reason.unwrap();
+            assert!(
+                reason.starts_with("owner on this node (identity agrees)"),
+                "{reason}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_removed_shard_is_not_found_by_the_consumer() {
+    let cfg = pool_config("16MiB");
+    let mut p = start("removed", &cfg, &cfg);
+    let r = put(&mut p.owner, 4096, 1);
+    p.owner
+        .call(&Request::Remove {
+            ids: vec![r.id.unwrap()],
+        })
+        .unwrap();
+    let err = fetch(
+        &mut p.consumer,
+        &r.handle.unwrap(),
+        FetchMode::Copy,
+        1,
+        false,
+    )
+    .unwrap_err();
+    assert!(err.contains("every transport failed: posix-shm:"), "{err}");
+    assert!(err.ends_with("(not_found)"), "{err}");
+}
+
+#[test]
+fn leased_space_is_never_reused_until_released() {
+    // An 8 MiB pool: A (4 MiB) is viewed by the consumer and removed by the
+    // owner. While the lease lives, the owner can place one more 4 MiB shard
+    // but not two, and A's bytes stay intact; after release the space returns.
+    let cfg = pool_config("8MiB");
+    let mut p = start("lease", &cfg, &cfg);
+    let four = 4 << 20;
+    let a = put(&mut p.owner, four, 1);
+    let a_id = a.id.clone().unwrap();
+    let r = fetch(
+        &mut p.consumer,
+        a.handle.as_ref().unwrap(),
+        FetchMode::View,
+        1,
+        true,
+    )
+    .unwrap();
+    assert_eq!(r.mode, Some(FetchMode::View));
+    p.owner
+        .call(&Request::Remove {
+            ids: vec![a_id.clone()],
+        })
+        .unwrap();
+
+    let b = put(&mut p.owner, four, 2);
+    let full = p
+        .owner
+        .call(&Request::Put {
+            len: four,
+            seed: 3,
+            dtype: None,
+            tags: Default::default(),
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        full.contains("pool is full") || full.contains("resource_exhausted"),
+        "{full}"
+    );
+    let check = p
+        .consumer
+        .call(&Request::Check {
+            id: a_id.clone(),
+            seed: 1,
+        })
+        .unwrap();
+    assert_eq!(
+        check.verified,
+        Some(true),
+        "leased bytes changed under the view"
+    );
+
+    p.consumer
+        .call(&Request::Release { ids: vec![a_id] })
+        .unwrap();
+    let c = put(&mut p.owner, four, 3);
+    for (h, seed) in [(b.handle.unwrap(), 2), (c.handle.unwrap(), 3)] {
+        let r = fetch(&mut p.consumer, &h, FetchMode::Copy, seed, false).unwrap();
+        assert_eq!(r.verified, Some(true));
+    }
+}
+
+#[test]
+fn a_failing_transport_falls_back_and_reports_the_downgrade() {
+    // The consumer's posix-shm only accepts segments named `other-*`, so it
+    // refuses the owner's descriptor; the spool-dir transport completes the fetch.
+    let dir = util::temp_dir("spool-fallback");
+    let spool = format!(
+        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
+        util::plugin_lib("shardport-spool-transport").display(),
+        dir.path().display()
+    );
+    let owner_cfg = format!("{}{spool}", pool_config("16MiB"));
+    let consumer_cfg = format!("{}{spool}", util::shm_plugin("segment-prefix = \"other\""));
+    let mut p = start("fallback", &owner_cfg, &consumer_cfg);
+    let h = put(&mut p.owner, 8192, 5).handle.unwrap();
+    let r = fetch(&mut p.consumer, &h, FetchMode::View, 5, false).unwrap();
+    assert_eq!(r.verified, Some(true));
+    assert_eq!(r.transport.as_deref(), Some("spool-dir"));
+    assert_eq!(r.downgraded, Some(true));
+    assert!(r.reason.unwrap().ends_with("; after posix-shm failed"));
+
+    // The same fetch with on-downgrade = "fail" is refused.
+    let strict = format!("[fetch]\non-downgrade = \"fail\"\n{consumer_cfg}");
+    let mut p2 = start("fallback-strict", &owner_cfg, &strict);
+    let h = put(&mut p2.owner, 8192, 6).handle.unwrap();
+    let err = fetch(&mut p2.consumer, &h, FetchMode::View, 6, false).unwrap_err();
+    assert!(
+        err.contains("downgrade refused (fetch.on-downgrade = \"fail\")"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_handles_are_refused_and_the_worker_keeps_serving() {
+    let cfg = pool_config("8MiB");
+    let mut p = start("badhandle", &cfg, &cfg);
+    let err = fetch(&mut p.consumer, "zz", FetchMode::Copy, 0, false).unwrap_err();
+    assert!(err.contains("bad handle"), "{err}");
+    let good = put(&mut p.owner, 64, 9).handle.unwrap();
+    let truncated = &good[..good.len() - 2];
+    let err = fetch(&mut p.consumer, truncated, FetchMode::Copy, 9, false).unwrap_err();
+    assert!(err.contains("invalid handle: truncated"), "{err}");
+    assert_eq!(
+        fetch(&mut p.consumer, &good, FetchMode::Copy, 9, false)
+            .unwrap()
+            .verified,
+        Some(true)
+    );
+}
+
+#[test]
+fn segments_are_removed_when_the_owner_exits_and_when_it_is_killed_they_stay_named_by_it() {
+    let cfg = pool_config("8MiB");
+    let mut p = start("cleanup", &cfg, &cfg);
+    put(&mut p.owner, 4096, 1);
+    let stats = p.owner.call(&Request::Stats).unwrap().stats.unwrap();
+    let tag = stats["tag"].as_str().unwrap().to_owned();
+    assert!(
+        !util::shm_segments(&tag).is_empty(),
+        "owner has no segments named by its tag {tag}"
+    );
+    let Pair { owner, .. } = p;
+    assert!(owner.exit().unwrap().success());
+    assert_eq!(util::shm_segments(&tag), Vec::<String>::new());
+}
+
+#[test]
+fn the_demo_runs_end_to_end() {
+    let out = std::process::Command::new(util::shardport_bin())
+        .args(["demo", "--max-size", "1MiB"])
+        .env("SHARDPORT_PLUGIN_DIR", util::profile_dir().join("deps"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("posix-shm")).collect();
+    // 4 KiB, 64 KiB and 1 MiB, each as a view and a copy, all verified.
+    assert_eq!(rows.len(), 6, "{stdout}");
+    assert!(rows.iter().all(|r| r.contains(" ok ")), "{stdout}");
+}

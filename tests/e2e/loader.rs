@@ -1,0 +1,378 @@
+//! The loader failure matrix: every way a plugin can fail to load is reported
+//! in one line naming the plugin and the file, all failures are collected
+//! together, and the host keeps running.
+
+use std::{path::Path, process::Command};
+
+use shardport_abi::{ErrorKind, RSlice, RSliceMut, ShardId, ShardMeta};
+
+use crate::util;
+
+fn faulty(mode: &str) -> String {
+    format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n[plugin.config]\nmode = \"{mode}\"\n",
+        util::plugin_lib("shardport-faulty-plugin").display()
+    )
+}
+
+fn only_failure(text: &str) -> String {
+    let (loaded, failures) = util::load(&util::parse(text));
+    assert!(loaded.is_empty(), "expected no plugin to load");
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    failures.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn missing_file_names_every_path_tried() {
+    let msg = only_failure("[[plugin]]\nname = \"ghost\"\npath = \"/nonexistent/libghost.so\"\n");
+    assert_eq!(
+        msg,
+        "plugin `ghost`: library `/nonexistent/libghost.so` not found (looked in /nonexistent/libghost.so)"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_library() {
+    let dir = util::temp_dir("garbage");
+    let path = dir.path().join("libgarbage.so");
+    std::fs::write(&path, b"this is not an ELF file").unwrap();
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"garbage\"\npath = \"{}\"\n",
+        path.display()
+    ));
+    assert!(
+        msg.starts_with(&format!(
+            "plugin `garbage`: {} is not a shardport plugin: cannot open as a shared library:",
+            path.display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_shared_library_without_a_root_module() {
+    let lib = util::plugin_lib("shardport-not-a-plugin");
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"plain\"\npath = \"{}\"\n",
+        lib.display()
+    ));
+    assert_eq!(
+        msg,
+        format!(
+            "plugin `plain`: {} is not a shardport plugin: it exports no shardport root module (is it built with `export_plugin!`?)",
+            lib.display()
+        )
+    );
+}
+
+#[test]
+fn library_implementing_another_transport() {
+    let lib = util::plugin_lib("shardport-faulty-plugin");
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"posix-shm\"\npath = \"{}\"\n",
+        lib.display()
+    ));
+    assert_eq!(
+        msg,
+        format!(
+            "plugin `posix-shm`: {} implements transport `faulty`, not `posix-shm`",
+            lib.display()
+        )
+    );
+}
+
+#[test]
+fn sha256_pin_mismatch() {
+    let lib = util::plugin_lib("shardport-faulty-plugin");
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\nsha256 = \"{}\"\n",
+        lib.display(),
+        "00".repeat(32)
+    ));
+    let real = shardport_host::loader::sha256_hex(&lib).unwrap();
+    assert_eq!(
+        msg,
+        format!(
+            "plugin `faulty`: sha256 of {} is {real}, config pins {}",
+            lib.display(),
+            "00".repeat(32)
+        )
+    );
+    // The right pin loads.
+    let (loaded, failures) = util::load(&util::parse(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\nsha256 = \"{real}\"\n[plugin.config]\nmode = \"ok\"\n",
+        lib.display()
+    )));
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(loaded.len(), 1);
+}
+
+#[test]
+fn constructor_error_and_panic_are_reported_not_fatal() {
+    let msg = only_failure(&faulty("ctor-error"));
+    assert!(
+        msg.starts_with("plugin `faulty`: constructor failed: "),
+        "{msg}"
+    );
+    assert!(msg.ends_with("(config)"), "{msg}");
+    let msg = only_failure(&faulty("ctor-panic"));
+    assert!(
+        msg.starts_with(
+            "plugin `faulty`: constructor failed: plugin `faulty` panicked in new_transport"
+        ),
+        "{msg}"
+    );
+    assert!(msg.ends_with("(panic)"), "{msg}");
+}
+
+#[test]
+fn a_panicking_method_becomes_an_error_and_the_host_survives() {
+    let (loaded, failures) = util::load(&util::parse(&faulty("panic-in-export")));
+    assert!(failures.is_empty(), "{failures:?}");
+    let t = &loaded[0].transport;
+    let data = vec![1u8; 16];
+    let err = t
+        .export(shardport_abi::ExportRequest {
+            id: ShardId::from_u128(1),
+            meta: ShardMeta::bytes(16),
+            data: shardport_abi::SharedBytes::lend(&data),
+            allocation: 0,
+        })
+        .into_result()
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::PANIC);
+    assert!(err.message.contains("panicked in export"), "{err}");
+    // Still usable afterwards.
+    assert!(t.health().ok);
+
+    let (loaded, _) = util::load(&util::parse(&faulty("panic-in-import")));
+    let t = &loaded[0].transport;
+    let mut dst = vec![0u8; 4];
+    let err = t
+        .import_into(
+            RSlice::from_slice(&[0u8; 16]),
+            &ShardMeta::bytes(4),
+            RSliceMut::from_mut_slice(&mut dst),
+        )
+        .into_result()
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::PANIC);
+}
+
+#[test]
+fn every_failure_is_collected_and_good_plugins_still_load() {
+    let text = format!(
+        "{}{}[[plugin]]\nname = \"ghost\"\npath = \"/nonexistent/libghost.so\"\n{}",
+        util::shm_plugin("pool-size = \"8MiB\"").replace("required = true\n", ""),
+        faulty("ctor-error").replace("name = \"faulty\"", "name = \"faulty\""),
+        ""
+    );
+    let (loaded, failures) = util::load(&util::parse(&text));
+    assert_eq!(
+        loaded.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["posix-shm"]
+    );
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert!(failures[0].starts_with("plugin `faulty`"));
+    assert!(failures[1].starts_with("plugin `ghost`"));
+}
+
+#[test]
+fn a_required_plugin_failure_stops_the_node_with_every_reason() {
+    let text = format!(
+        "[[plugin]]\nname = \"ghost\"\npath = \"/nonexistent/libghost.so\"\nrequired = true\n{}",
+        faulty("ctor-error")
+    );
+    let err = shardport_host::Node::start(util::parse(&text))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("required plugins did not load:\n  plugin `ghost`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("\n  plugin `faulty`: constructor failed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_same_file_loaded_twice_gives_independent_instances() {
+    // `RootModule::load_from_file` would hand back one cached module for the
+    // interface type; the loader opens each file by its header instead, and
+    // every node gets its own instance.
+    let text = format!(
+        "{}{}",
+        util::shm_plugin("pool-size = \"8MiB\""),
+        faulty("ok")
+    );
+    let cfg = util::parse(&text);
+    let (a, fa) = util::load(&cfg);
+    let (b, fb) = util::load(&cfg);
+    assert!(fa.is_empty() && fb.is_empty());
+    assert_eq!(
+        a.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["posix-shm", "faulty"]
+    );
+    assert_eq!(
+        b.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["posix-shm", "faulty"]
+    );
+    assert!(!std::sync::Arc::ptr_eq(&a[0].transport, &b[0].transport));
+}
+
+// ---------------------------------------------------------------------------
+// Plugins built against an incompatible `shardport-abi`, by the test itself.
+
+/// Builds a copy of the faulty fixture plugin against a patched copy of the
+/// `abi` crate and returns the `.so`. `patch` edits the copied abi sources.
+fn build_against_patched_abi(
+    variant: &str,
+    version: &str,
+    patch: impl Fn(&Path),
+) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let work = util::profile_dir().join("abi-fixtures").join(variant);
+    let _ = std::fs::remove_dir_all(work.join("abi"));
+    let _ = std::fs::remove_dir_all(work.join("plugin"));
+    copy_dir(&root.join("abi/src"), &work.join("abi/src"));
+    copy_dir(
+        &root.join("tests/fixtures/faulty-plugin/src"),
+        &work.join("plugin/src"),
+    );
+    patch(&work.join("abi"));
+    let abi_deps = read_workspace_deps(
+        root,
+        &["abi_stable", "tracing", "tracing-subscriber", "toml"],
+    );
+    std::fs::write(
+        work.join("abi/Cargo.toml"),
+        format!(
+            "[package]\nname = \"shardport-abi\"\nversion = \"{version}\"\nedition = \"2021\"\n\n[features]\nconformance = []\n\n[dependencies]\n{abi_deps}"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        work.join("plugin/Cargo.toml"),
+        "[package]\nname = \"shardport-faulty-plugin\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\nshardport-abi = { path = \"../abi\" }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        work.join("Cargo.toml"),
+        "[workspace]\nresolver = \"2\"\nmembers = [\"abi\", \"plugin\"]\n[profile.dev]\npanic = \"unwind\"\n",
+    )
+    .unwrap();
+    // Same dependency versions as this workspace, so the build is offline.
+    std::fs::copy(root.join("Cargo.lock"), work.join("Cargo.lock")).unwrap();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target = util::profile_dir().join("abi-fixtures").join("target");
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--offline",
+            "--quiet",
+            "-p",
+            "shardport-faulty-plugin",
+        ])
+        .arg("--manifest-path")
+        .arg(work.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the {variant} fixture failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = target.join("debug/libshardport_faulty_plugin.so");
+    let dest = work.join("libshardport_faulty_plugin.so");
+    std::fs::copy(&so, &dest).unwrap();
+    dest
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// The `[workspace.dependencies]` lines for `names`, verbatim.
+fn read_workspace_deps(root: &Path, names: &[&str]) -> String {
+    let text = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    names
+        .iter()
+        .map(|n| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{n} =")))
+                .unwrap_or_else(|| panic!("workspace dependency {n} not found"))
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+#[test]
+fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
+    // A minor bump of a 0.x interface crate: abi_stable refuses it even with
+    // an identical layout.
+    let minor = build_against_patched_abi("minor-bump", "0.2.0", |_| {});
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
+        minor.display()
+    ));
+    assert_eq!(
+        msg,
+        format!(
+            "plugin `faulty`: {} was built against shardport-abi 0.2.0, this host expects 0.1.x (incompatible ABI; rebuild the plugin)",
+            minor.display()
+        )
+    );
+
+    // A patch release that broke the rules: a field inserted into the root
+    // module before its last prefix field.
+    let layout = build_against_patched_abi("layout-break", "0.1.0", |abi| {
+        let m = abi.join("src/module.rs");
+        let text = std::fs::read_to_string(&m).unwrap();
+        let text = text
+            .replace(
+                "    pub plugin_version: RStr<'static>,\n",
+                "    pub plugin_version: RStr<'static>,\n    /// Inserted by the layout-break test fixture.\n    pub fixture_extra: u64,\n",
+            )
+            .replace(
+                "        plugin_version: RStr::from_str(plugin_version),\n",
+                "        plugin_version: RStr::from_str(plugin_version),\n        fixture_extra: 0,\n",
+            );
+        assert!(text.contains("fixture_extra: 0"), "patch did not apply");
+        std::fs::write(m, text).unwrap();
+    });
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
+        layout.display()
+    ));
+    assert!(
+        msg.starts_with(&format!(
+            "plugin `faulty`: {} has an incompatible interface layout: ",
+            layout.display()
+        )),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("(rebuild against shardport-abi 0.1.0; details at debug level)"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "not one line: {msg}");
+    assert!(
+        msg.len() < 600,
+        "summary too long ({} bytes): {msg}",
+        msg.len()
+    );
+}

@@ -1,0 +1,13 @@
+//! End-to-end tests across processes and plugin libraries: one test binary
+//! (faster to link), one module per area, a unique temp dir per test.
+//!
+//! These load the real `.so` files cargo built for this workspace and start
+//! the real `shardport` binary as owner and consumer processes; run them with
+//! `cargo test --workspace` so both exist.
+
+mod util;
+
+mod conformance;
+mod cross_process;
+mod loader;
+mod nodes;

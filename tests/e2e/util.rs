@@ -1,0 +1,106 @@
+//! Locating build artefacts and writing configs for the end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use shardport_host::{
+    config::{self, Config, Origin},
+    loader::{load_all, LoadedPlugin, NodeContext},
+    services::SystemClock,
+};
+
+/// `target/<profile>` of this build (the test binary lives in its `deps/`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+/// Path of a plugin library cargo built as a dev-dependency (`deps/lib<crate>.so`).
+pub fn plugin_lib(crate_name: &str) -> PathBuf {
+    let file = format!("lib{}.so", crate_name.replace('-', "_"));
+    let candidates = [
+        profile_dir().join("deps").join(&file),
+        profile_dir().join(&file),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| panic!("{file} not built; looked in {candidates:?}"))
+}
+
+/// The `shardport` binary of this build.
+pub fn shardport_bin() -> PathBuf {
+    let p = profile_dir().join("shardport");
+    assert!(
+        p.is_file(),
+        "{} not built: run the tests with `cargo test --workspace`",
+        p.display()
+    );
+    p
+}
+
+/// A fresh temp dir for one test.
+pub fn temp_dir(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("shardport-{test}-"))
+        .tempdir()
+        .expect("temp dir")
+}
+
+/// The posix-shm plugin table with `extra` plugin config lines.
+pub fn shm_plugin(extra: &str) -> String {
+    format!(
+        "[[plugin]]\nname = \"posix-shm\"\npath = \"{}\"\nrequired = true\n[plugin.config]\n{extra}\n",
+        plugin_lib("shardport-posix-shm").display()
+    )
+}
+
+/// Writes `text` as `node.toml` in `dir` and parses it.
+pub fn write_config(dir: &Path, text: &str) -> (PathBuf, Config) {
+    let path = dir.join("node.toml");
+    std::fs::write(&path, text).expect("write config");
+    let cfg = config::load(&path).expect("valid test config");
+    (path, cfg)
+}
+
+/// Parses config text whose plugin paths are absolute.
+pub fn parse(text: &str) -> Config {
+    config::parse_str(
+        text,
+        Origin::Text {
+            name: "test.toml".into(),
+            base_dir: profile_dir(),
+            search_deps: true,
+        },
+    )
+    .unwrap_or_else(|e| panic!("test config invalid:\n{e}"))
+}
+
+/// Loads the plugins of `cfg` as one fresh node instance would.
+pub fn load(cfg: &Config) -> (Vec<LoadedPlugin>, Vec<String>) {
+    let ctx = NodeContext {
+        node_name: "test".into(),
+        node_tag: shardport_abi::testing::unique_node_tag(),
+        clock: std::sync::Arc::new(SystemClock::default()),
+    };
+    let report = load_all(&cfg.plugins, &ctx);
+    (
+        report.loaded,
+        report.failures.iter().map(|(e, _)| e.to_string()).collect(),
+    )
+}
+
+/// Names of the shared-memory segments in `/dev/shm` containing `needle`.
+pub fn shm_segments(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(needle))
+                .collect()
+        })
+        .unwrap_or_default()
+}
