@@ -1,1 +1,216 @@
-//! stub
+//! # shardport-posix-shm: the POSIX shared-memory transport
+//!
+//! An *implementation crate* of shardport's plugin system: a transport that
+//! moves CPU shards between processes on the same machine through
+//! `/dev/shm`, without copying on the owner side and, for views, without
+//! copying at all. It is built as a `cdylib` the host loads by config (and as
+//! an `rlib` so its tests run in-process).
+//!
+//! ```toml
+//! [[plugin]]
+//! name = "shm"
+//! path = "libshardport_posix_shm.so"
+//! [plugin.config]
+//! allocation = "pool"      # or "segment-per-shard"
+//! pool-size = "4GiB"
+//! on-full = "spill"        # or "error"
+//! ```
+//!
+//! The owner writes shards straight into a pool segment (`allocate`) or has
+//! them copied there (`export`); the descriptor names the segment, the lease
+//! board and the shard's place. A consumer validates every descriptor field,
+//! takes a lease through the board, and copies (`import_into`) or maps
+//! (`import_view`). Leased bytes are never reclaimed or overwritten.
+//!
+//! ## Where to start reading
+//! `owner` (allocation and reclaim), `consumer` (validation and leases),
+//! `board` (the cross-process lease protocol), `descriptor` (the wire
+//! format), `alloc` (the bump allocator), and `sys`, the only module with
+//! `unsafe`. The README has the operator's view: config keys, failure modes.
+
+#![deny(unsafe_code)]
+
+mod alloc;
+mod board;
+mod config;
+mod consumer;
+mod descriptor;
+mod errors;
+mod names;
+mod owner;
+mod stats;
+#[allow(unsafe_code)]
+mod sys;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use shardport_abi::{
+    AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
+    PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId, ShardMeta,
+    Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+};
+
+use crate::{config::Config, consumer::Consumer, owner::Owner, stats::Counters};
+
+/// The transport's name, the key its descriptors are filed under.
+pub const TRANSPORT_NAME: &str = "posix-shm";
+
+/// Locks `m`, recovering from poisoning: every critical section leaves the
+/// books consistent before anything in it can panic (a panic is a bug caught
+/// by `PluginContext::guard`; the next call still sees valid state).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One posix-shm transport instance: an owner side and a consumer side.
+struct ShmTransport {
+    ctx: PluginContext,
+    owner: Owner,
+    consumer: Consumer,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ShmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmTransport")
+            .field("instance", &self.ctx.instance())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a transport instance from the host context: parses and validates
+/// the config table (unknown keys are errors) and, in pool mode, creates the
+/// pool. This is the constructor the plugin exports.
+pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
+    let cfg = Config::parse(ctx.instance(), ctx.config())?;
+    names::validate_node_tag(ctx.node_tag()).map_err(|why| {
+        AbiError::internal(format!(
+            "the host passed an unusable node tag for segment names: {why}"
+        ))
+    })?;
+    let consumer = Consumer::new(&cfg.segment_prefix);
+    let owner = Owner::new(cfg, ctx.node_tag());
+    Ok(TransportBox::from_value(
+        ShmTransport {
+            ctx,
+            owner,
+            consumer,
+            counters: Counters::default(),
+        },
+        TD_Opaque,
+    ))
+}
+
+impl Transport for ShmTransport {
+    fn describe(&self) -> TransportInfo {
+        TransportInfo {
+            name: TRANSPORT_NAME.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: Capabilities::CPU
+                .with(Capabilities::SAME_NODE_ONLY)
+                .with(Capabilities::ZERO_COPY)
+                .with(Capabilities::ALLOCATOR),
+            needs_identity: IdentityParts::BOOT_ID.with(IdentityParts::SHM_DEVICE),
+        }
+    }
+
+    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
+        self.ctx.guard("export", || {
+            self.owner.export(&req, &self.counters).map(RVec::from)
+        })
+    }
+
+    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
+        self.ctx.guard("unexport", || self.owner.unexport(id))
+    }
+
+    fn import_into(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        mut dst: RSliceMut<'_, u8>,
+    ) -> RResult<ImportInfo, AbiError> {
+        self.ctx.guard("import_into", || {
+            self.consumer
+                .import_into(desc.as_slice(), meta, dst.as_mut_slice(), &self.counters)
+        })
+    }
+
+    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
+        self.ctx.guard("import_view", || {
+            self.consumer
+                .import_view(desc.as_slice(), meta, &self.counters)
+        })
+    }
+
+    fn release(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx.guard("release", || self.consumer.release(token))
+    }
+
+    fn allocate(&self, id: ShardId, len: u64) -> RResult<Allocation, AbiError> {
+        self.ctx
+            .guard("allocate", || self.owner.allocate(id, len, &self.counters))
+    }
+
+    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx
+            .guard("free_allocation", || self.owner.free_allocation(token))
+    }
+
+    fn stats(&self) -> RVec<Stat> {
+        self.ctx.guard_infallible("stats", RVec::new(), || {
+            let o = self.owner.stats();
+            let c = self.consumer.stats();
+            let k = &self.counters;
+            RVec::from(vec![
+                Stat::gauge("pool_bytes_total", o.pool_bytes_total),
+                Stat::gauge("pool_bytes_used", o.pool_bytes_used),
+                Stat::gauge("pool_largest_free_bytes", o.pool_largest_free),
+                Stat::gauge("shards_live", o.shards_live),
+                Stat::gauge("shards_retired_leased", o.shards_retired_leased),
+                Stat::gauge("allocations_pending", o.allocations_pending),
+                Stat::gauge("leases_held_on_owner", o.leases_held_on_owner),
+                Stat::counter("leases_granted", k.leases_granted.get()),
+                Stat::gauge("leases_active", c.leases_active),
+                Stat::gauge("segments_owned", o.segments_owned),
+                Stat::gauge("segments_mapped", c.segments_mapped),
+                Stat::counter("bytes_exported", k.bytes_exported.get()),
+                Stat::counter("imports_copy", k.imports_copy.get()),
+                Stat::counter("imports_view", k.imports_view.get()),
+                Stat::counter("spills", k.spills.get()),
+            ])
+        })
+    }
+
+    fn health(&self) -> Health {
+        self.ctx.guard_infallible(
+            "health",
+            Health {
+                ok: false,
+                message: "health check panicked".into(),
+            },
+            || match self.owner.pool_error() {
+                Some(e) => Health {
+                    ok: false,
+                    message: format!("pool unavailable (imports still work): {}", e.message).into(),
+                },
+                None => Health {
+                    ok: true,
+                    message: format!("ok, segments {}*", self.owner.name_base()).into(),
+                },
+            },
+        )
+    }
+}
+
+#[allow(unsafe_code)] // the macro emits the library header static and `export_name`
+mod plugin_export {
+    shardport_abi::export_plugin! {
+        name: super::TRANSPORT_NAME,
+        version: env!("CARGO_PKG_VERSION"),
+        new: super::create,
+    }
+}

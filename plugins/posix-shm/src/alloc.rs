@@ -1,0 +1,300 @@
+//! The pool's bump allocator: a pure data structure, no I/O, no `unsafe`.
+//!
+//! Space is handed out **next-fit**: the search starts at `head` (the end of
+//! the most recent allocation) and scans the gaps up to the end of the pool;
+//! only when nothing fits there does it wrap to the start. Because every
+//! range that a live shard uses, or that a retired shard still has leased, is
+//! kept in the occupied map, wrapping only ever reuses space nobody uses.
+//! Starts are aligned to [`ALIGN`] bytes. A new range that would overlap an
+//! occupied one is a bug and trips an `assert!`.
+
+use std::collections::BTreeMap;
+
+/// Alignment of every allocation: one cache line, so no two shards share a
+/// line and vectorised copies start aligned.
+pub(crate) const ALIGN: u64 = 64;
+
+/// Next-fit bump allocator over `[0, capacity)`.
+#[derive(Debug, Clone)]
+pub(crate) struct BumpAllocator {
+    capacity: u64,
+    head: u64,
+    used: u64,
+    /// Occupied ranges, `start -> end` (exclusive), non-overlapping.
+    ranges: BTreeMap<u64, u64>,
+}
+
+/// `v` rounded up to [`ALIGN`], `None` on overflow.
+fn align_up(v: u64) -> Option<u64> {
+    v.checked_add(ALIGN - 1).map(|x| x & !(ALIGN - 1))
+}
+
+impl BumpAllocator {
+    /// An empty allocator over `capacity` bytes.
+    pub(crate) fn new(capacity: u64) -> Self {
+        BumpAllocator {
+            capacity,
+            head: 0,
+            used: 0,
+            ranges: BTreeMap::new(),
+        }
+    }
+
+    /// Total bytes managed.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes in occupied ranges (live, reserved or retired-but-leased).
+    pub(crate) fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Where the next search starts.
+    #[cfg(test)]
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Occupied ranges in address order, `(start, end)`.
+    #[cfg(test)]
+    pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// First aligned position at or after `from` where `len` bytes fit.
+    fn find_from(&self, from: u64, len: u64) -> Option<u64> {
+        let mut pos = align_up(from)?;
+        // A range that starts before `pos` may still cover it.
+        if let Some((_, &end)) = self.ranges.range(..pos).next_back() {
+            if end > pos {
+                pos = align_up(end)?;
+            }
+        }
+        for (&start, &end) in self.ranges.range(pos..) {
+            if end <= pos {
+                continue;
+            }
+            if start >= pos && start - pos >= len {
+                return Some(pos);
+            }
+            pos = pos.max(align_up(end)?);
+        }
+        (self.capacity >= pos && self.capacity - pos >= len).then_some(pos)
+    }
+
+    /// Reserves `len > 0` bytes and returns their aligned start, or `None`
+    /// when no gap of the pool fits them.
+    pub(crate) fn alloc(&mut self, len: u64) -> Option<u64> {
+        assert!(len > 0, "zero-length shards take no pool space");
+        let start = self
+            .find_from(self.head, len)
+            .or_else(|| self.find_from(0, len))?;
+        let end = start + len;
+        assert!(
+            end <= self.capacity,
+            "allocation [{start}, {end}) past the pool"
+        );
+        let before = self.ranges.range(..=start).next_back();
+        let after = self.ranges.range(start..).next();
+        assert!(
+            before.is_none_or(|(_, &e)| e <= start) && after.is_none_or(|(&s, _)| s >= end),
+            "allocation [{start}, {end}) overlaps an occupied range ({before:?}, {after:?})"
+        );
+        self.ranges.insert(start, end);
+        self.used += len;
+        self.head = end;
+        Some(start)
+    }
+
+    /// Frees the range starting at `start`; returns its length, `None` when
+    /// no range starts there.
+    pub(crate) fn free(&mut self, start: u64) -> Option<u64> {
+        let end = self.ranges.remove(&start)?;
+        let len = end - start;
+        self.used -= len;
+        Some(len)
+    }
+
+    /// The largest request that would succeed right now.
+    pub(crate) fn largest_free_gap(&self) -> u64 {
+        let mut best = 0;
+        let mut prev_end = 0;
+        let ends = self
+            .ranges
+            .iter()
+            .map(|(&s, &e)| (s, e))
+            .chain(std::iter::once((self.capacity, self.capacity)));
+        for (start, end) in ends {
+            if let Some(a) = align_up(prev_end) {
+                best = best.max(start.saturating_sub(a));
+            }
+            prev_end = prev_end.max(end);
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn aligned_next_fit_then_wrap() {
+        let mut a = BumpAllocator::new(1024);
+        assert_eq!(a.alloc(100), Some(0));
+        assert_eq!(a.alloc(10), Some(128));
+        assert_eq!(a.alloc(64), Some(192));
+        assert_eq!(a.head(), 256);
+        a.free(0).unwrap();
+        // Next-fit: the gap at 0 is not reused while the tail has room.
+        assert_eq!(a.alloc(100), Some(256));
+        assert_eq!(a.alloc(600), Some(384));
+        // The tail (984..1024) is too small: wrap to the start.
+        assert_eq!(a.alloc(100), Some(0));
+        assert_eq!(a.used(), 10 + 64 + 100 + 600 + 100);
+    }
+
+    #[test]
+    fn full_pool_reports_largest_gap() {
+        let mut a = BumpAllocator::new(256);
+        let x = a.alloc(64).unwrap();
+        let _y = a.alloc(64).unwrap();
+        let _z = a.alloc(128).unwrap();
+        assert_eq!(a.alloc(1), None);
+        assert_eq!(a.largest_free_gap(), 0);
+        a.free(x);
+        assert_eq!(a.largest_free_gap(), 64);
+        assert_eq!(a.alloc(65), None);
+        assert_eq!(a.alloc(64), Some(0));
+    }
+
+    #[test]
+    fn unaligned_capacity_and_exact_fit() {
+        let mut a = BumpAllocator::new(100);
+        assert_eq!(a.alloc(100), Some(0));
+        assert_eq!(a.alloc(1), None);
+        a.free(0);
+        assert_eq!(a.alloc(36), Some(0));
+        assert_eq!(a.alloc(36), Some(64));
+        assert_eq!(a.largest_free_gap(), 0);
+    }
+
+    #[test]
+    fn free_unknown_start_is_none() {
+        let mut a = BumpAllocator::new(1024);
+        a.alloc(10);
+        assert_eq!(a.free(64), None);
+        assert_eq!(a.free(0), Some(10));
+        assert_eq!(a.free(0), None);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(u64),
+        /// Free the n-th live range (mod count).
+        Free(usize),
+        /// Retire the n-th live range under a lease: it stays occupied.
+        Retain(usize),
+        /// Release the n-th retained range: now it is freed.
+        Release(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1u64..300).prop_map(Op::Alloc),
+            1 => (1u64..3000).prop_map(Op::Alloc),
+            2 => any::<usize>().prop_map(Op::Free),
+            1 => any::<usize>().prop_map(Op::Retain),
+            1 => any::<usize>().prop_map(Op::Release),
+        ]
+    }
+
+    /// Largest aligned gap, computed from the model alone.
+    fn model_largest_gap(capacity: u64, ranges: &[(u64, u64)]) -> u64 {
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        let mut best = 0;
+        let mut prev = 0u64;
+        for (s, e) in sorted.into_iter().chain([(capacity, capacity)]) {
+            let a = prev.div_ceil(ALIGN) * ALIGN;
+            best = best.max(s.saturating_sub(a));
+            prev = prev.max(e);
+        }
+        best
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn never_overlaps_always_aligned_fails_only_when_full(
+            capacity in 64u64..8192,
+            ops in proptest::collection::vec(op(), 1..200),
+        ) {
+            let mut a = BumpAllocator::new(capacity);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            let mut retained: Vec<(u64, u64)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(len) => {
+                        let occupied: Vec<_> = live.iter().chain(&retained).copied().collect();
+                        let largest = model_largest_gap(capacity, &occupied);
+                        match a.alloc(len) {
+                            Some(start) => {
+                                let end = start + len;
+                                prop_assert_eq!(start % ALIGN, 0);
+                                prop_assert!(end <= capacity);
+                                for &(s, e) in &occupied {
+                                    prop_assert!(end <= s || start >= e,
+                                        "[{}, {}) overlaps [{}, {})", start, end, s, e);
+                                }
+                                live.push((start, end));
+                            }
+                            None => prop_assert!(largest < len,
+                                "refused {} bytes with a {}-byte gap", len, largest),
+                        }
+                        prop_assert_eq!(a.largest_free_gap(), model_largest_gap(
+                            capacity, &live.iter().chain(&retained).copied().collect::<Vec<_>>()));
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let (s, e) = live.swap_remove(i % live.len());
+                        prop_assert_eq!(a.free(s), Some(e - s));
+                    }
+                    Op::Retain(i) if !live.is_empty() => {
+                        let r = live.swap_remove(i % live.len());
+                        retained.push(r);
+                    }
+                    Op::Release(i) if !retained.is_empty() => {
+                        let (s, e) = retained.swap_remove(i % retained.len());
+                        prop_assert_eq!(a.free(s), Some(e - s));
+                    }
+                    _ => {}
+                }
+                let used: u64 = live.iter().chain(&retained).map(|(s, e)| e - s).sum();
+                prop_assert_eq!(a.used(), used);
+                let mut prev_end = 0;
+                for (s, e) in a.ranges() {
+                    prop_assert!(s >= prev_end && e > s && e <= capacity);
+                    prev_end = e;
+                }
+            }
+        }
+
+        #[test]
+        fn next_fit_does_not_wrap_while_the_tail_fits(
+            lens in proptest::collection::vec(1u64..200, 1..40),
+        ) {
+            let mut a = BumpAllocator::new(1 << 20);
+            let first = a.alloc(64).unwrap();
+            a.free(first);
+            let mut prev = 0;
+            for len in lens {
+                let start = a.alloc(len).unwrap();
+                prop_assert!(start >= prev, "wrapped to {} before the tail was used", start);
+                prev = start + len;
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The plugin's config table, validated into typed values.
+//!
+//! ```toml
+//! [[plugin]]
+//! name = "shm"
+//! path = "libshardport_posix_shm.so"
+//! [plugin.config]
+//! allocation = "pool"          # or "segment-per-shard"
+//! pool-size = "1GiB"
+//! on-full = "error"            # or "spill"
+//! segment-prefix = "shardport"
+//! max-leases = 4096
+//! max-shards = 65536
+//! ```
+
+use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
+
+use crate::names;
+
+/// Default pool size. The segment is created sparse (`ftruncate`), so an idle
+/// pool costs no memory; 1 GiB holds a typical batch of weight or KV shards
+/// without spilling, and fits the 24 GiB tmpfs of a normal host many times.
+pub(crate) const DEFAULT_POOL_SIZE: u64 = 1 << 30;
+/// Smallest pool: one page. Anything smaller cannot hold a useful shard.
+pub(crate) const MIN_POOL_SIZE: u64 = 4096;
+/// Largest pool: 1 TiB, far above any tmpfs a host has; guards against a
+/// unit typo (`"1024GiB"` meant as MiB) reserving address space for nothing.
+pub(crate) const MAX_POOL_SIZE: u64 = 1 << 40;
+/// Default segment-name prefix: identifies our segments in `/dev/shm` and is
+/// what consumers require of every name in a descriptor.
+pub(crate) const DEFAULT_SEGMENT_PREFIX: &str = "shardport";
+/// Default lease slots: 4096 concurrent views/copies per owner is well above
+/// what a node's consumers hold at once, and costs 256 KiB of (sparse) board.
+pub(crate) const DEFAULT_MAX_LEASES: u64 = 4096;
+/// Upper bound for `max-leases`: the owner scans every slot on each unexport,
+/// so a million slots (64 MiB of board) is the most that stays cheap.
+pub(crate) const MAX_MAX_LEASES: u64 = 1 << 20;
+/// Default shard-table size: 65536 live shards per owner covers a large
+/// model's parameters one tensor per shard; 2 MiB of (sparse) board.
+pub(crate) const DEFAULT_MAX_SHARDS: u64 = 65536;
+/// Upper bound for `max-shards`: 4 Mi entries (128 MiB of board), beyond
+/// which per-shard bookkeeping, not the table, is the problem.
+pub(crate) const MAX_MAX_SHARDS: u64 = 1 << 22;
+
+/// How the owner places shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Allocation {
+    /// One pre-created data segment with a bump allocator, plus a lease board.
+    Pool,
+    /// One segment per shard, sized to it.
+    SegmentPerShard,
+}
+
+/// What a full pool does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnFull {
+    /// Fail the allocation with `RESOURCE_EXHAUSTED`.
+    Error,
+    /// Put that shard in its own segment instead (logged at warn).
+    Spill,
+}
+
+/// Validated configuration of one transport instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Config {
+    /// The plugin instance name, for messages (`plugin.<instance>.config.*`).
+    pub instance: String,
+    pub allocation: Allocation,
+    pub pool_size: u64,
+    pub on_full: OnFull,
+    pub segment_prefix: String,
+    pub max_leases: u32,
+    pub max_shards: u32,
+}
+
+impl Config {
+    /// Parses and validates the config table `text` of plugin `instance`.
+    /// Unknown keys are errors that name the key.
+    pub(crate) fn parse(instance: &str, text: &str) -> PluginResult<Config> {
+        let t = ConfigTable::parse(instance, text)?;
+        let key = |k: &str| format!("plugin.{instance}.config.{k}");
+
+        let allocation = match t
+            .choice("allocation", &["pool", "segment-per-shard"], "pool")?
+            .as_str()
+        {
+            "pool" => Allocation::Pool,
+            _ => Allocation::SegmentPerShard,
+        };
+        let pool_size = t.byte_size("pool-size", DEFAULT_POOL_SIZE)?;
+        if !(MIN_POOL_SIZE..=MAX_POOL_SIZE).contains(&pool_size) {
+            return Err(AbiError::config(format!(
+                "`{}`: {} is out of range {}..={}",
+                key("pool-size"),
+                format_byte_size(pool_size),
+                format_byte_size(MIN_POOL_SIZE),
+                format_byte_size(MAX_POOL_SIZE)
+            )));
+        }
+        let on_full = match t.choice("on-full", &["error", "spill"], "error")?.as_str() {
+            "error" => OnFull::Error,
+            _ => OnFull::Spill,
+        };
+        let segment_prefix = t.string("segment-prefix", DEFAULT_SEGMENT_PREFIX)?;
+        names::validate_prefix(&segment_prefix)
+            .map_err(|why| AbiError::config(format!("`{}`: {why}", key("segment-prefix"))))?;
+        let max_leases = t.u64_in("max-leases", 1..=MAX_MAX_LEASES, DEFAULT_MAX_LEASES)?;
+        let max_shards = t.u64_in("max-shards", 1..=MAX_MAX_SHARDS, DEFAULT_MAX_SHARDS)?;
+        t.finish()?;
+        Ok(Config {
+            instance: instance.to_owned(),
+            allocation,
+            pool_size,
+            on_full,
+            segment_prefix,
+            // Both bounds are far below u32::MAX.
+            max_leases: max_leases as u32,
+            max_shards: max_shards as u32,
+        })
+    }
+
+    /// Dotted path of `key` in the host config, for messages.
+    pub(crate) fn key(&self, key: &str) -> String {
+        format!("plugin.{}.config.{key}", self.instance)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardport_abi::ErrorKind;
+
+    #[test]
+    fn defaults() {
+        let c = Config::parse("shm", "").unwrap();
+        assert_eq!(c.allocation, Allocation::Pool);
+        assert_eq!(c.pool_size, 1 << 30);
+        assert_eq!(c.on_full, OnFull::Error);
+        assert_eq!(c.segment_prefix, "shardport");
+        assert_eq!(c.max_leases, 4096);
+        assert_eq!(c.max_shards, 65536);
+    }
+
+    #[test]
+    fn every_key() {
+        let c = Config::parse(
+            "shm",
+            r#"allocation = "segment-per-shard"
+               pool-size = "64MiB"
+               on-full = "spill"
+               segment-prefix = "job_7-a"
+               max-leases = 16
+               max-shards = 32"#,
+        )
+        .unwrap();
+        assert_eq!(c.allocation, Allocation::SegmentPerShard);
+        assert_eq!(c.pool_size, 64 << 20);
+        assert_eq!(c.on_full, OnFull::Spill);
+        assert_eq!(c.segment_prefix, "job_7-a");
+        assert_eq!((c.max_leases, c.max_shards), (16, 32));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            (
+                "pool-sise = \"1GiB\"",
+                "unknown key `plugin.shm.config.pool-sise`",
+            ),
+            (
+                "pool-size = \"1KiB\"",
+                "`plugin.shm.config.pool-size`: 1 KiB is out of range 4 KiB..=1 TiB",
+            ),
+            (
+                "on-full = \"drop\"",
+                "`plugin.shm.config.on-full`: expected \"error\" or \"spill\", found \"drop\"",
+            ),
+            (
+                "segment-prefix = \"../x\"",
+                "`plugin.shm.config.segment-prefix`: ",
+            ),
+            (
+                "segment-prefix = \"9lives\"",
+                "`plugin.shm.config.segment-prefix`: must start with a letter",
+            ),
+            (
+                "segment-prefix = \"\"",
+                "`plugin.shm.config.segment-prefix`: ",
+            ),
+            (
+                "max-leases = 0",
+                "`plugin.shm.config.max-leases`: 0 is out of range",
+            ),
+            (
+                "max-shards = -1",
+                "`plugin.shm.config.max-shards`: expected a non-negative integer",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = Config::parse("shm", text).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::CONFIG, "{text}");
+            assert!(e.message.starts_with(want), "{text}: {}", e.message);
+        }
+        let long = format!("segment-prefix = \"{}\"", "a".repeat(33));
+        let e = Config::parse("shm", &long).unwrap_err();
+        assert!(e.message.contains("at most 32"), "{}", e.message);
+    }
+}

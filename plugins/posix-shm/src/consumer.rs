@@ -1,0 +1,449 @@
+//! The consumer side: validating descriptors, leasing, copying and viewing.
+//!
+//! # Overview
+//! A pool descriptor names the owner's data segment and lease board. The
+//! consumer maps the data segment read-only and the board read-write once,
+//! and keeps both in a small LRU cache keyed by the data segment's name
+//! (`Arc`'d: a live lease keeps its mapping even after eviction). Every read
+//! of pool bytes, a copy as much as a view, happens under a lease taken
+//! through the board. A segment descriptor names a per-shard segment, mapped
+//! read-only for one import and unmapped at `release` (views) or right after
+//! the copy.
+//!
+//! # Validation
+//! Everything in a descriptor is checked before use: the syntax and names in
+//! `descriptor`, then `len` against the shard's metadata, `offset + len`
+//! against the segment's real size (`fstat`), the board header against the
+//! board's real size, and the shard slot against the board's table size.
+//!
+//! # Failure modes
+//! A segment that no longer exists is `NOT_FOUND` (the owner removed the
+//! shard, or exited). A shard whose board entry changed is `NOT_FOUND` too.
+//! A full lease table is `RESOURCE_EXHAUSTED` naming `max-leases`. When an
+//! owner closes its pool, cached mappings of it are dropped at the next
+//! import; an owner that crashed is only noticed when its shards' entries
+//! stop matching or its segments disappear.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        atomic::{AtomicU32, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+};
+
+use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, Region, ShardMeta};
+
+use crate::{
+    board::{Board, LeaseRefused, LeaseRequest},
+    config::{MAX_MAX_LEASES, MAX_MAX_SHARDS},
+    descriptor::{Descriptor, Mode},
+    errors, lock,
+    names::{self, Kind},
+    stats::Counters,
+    sys::{Access, OwnedSegment},
+};
+
+/// Pools kept mapped at once: a consumer usually reads from a handful of
+/// owners on its node; each entry costs two mappings and no memory of its own.
+pub(crate) const MAX_CACHED_POOLS: usize = 16;
+
+/// A peer's pool as this consumer maps it.
+#[derive(Debug)]
+pub(crate) struct PeerPool {
+    data: OwnedSegment,
+    board: Board,
+    /// Where the next lease-slot search starts (spreads claims out).
+    hint: AtomicU32,
+}
+
+/// A lease on pool bytes; dropping it frees the lease slot.
+#[derive(Debug)]
+struct PoolLease {
+    pool: Arc<PeerPool>,
+    slot: u32,
+}
+
+impl Drop for PoolLease {
+    fn drop(&mut self) {
+        self.pool.board.release(self.slot);
+    }
+}
+
+/// Bytes this consumer may read until the value is dropped.
+#[derive(Debug)]
+enum Held {
+    Pool {
+        lease: PoolLease,
+        offset: u64,
+        len: u64,
+    },
+    Segment {
+        seg: OwnedSegment,
+        len: u64,
+    },
+}
+
+impl Held {
+    fn segment(&self) -> &OwnedSegment {
+        match self {
+            Held::Pool { lease, .. } => &lease.pool.data,
+            Held::Segment { seg, .. } => seg,
+        }
+    }
+
+    fn range(&self) -> (u64, u64) {
+        match self {
+            Held::Pool { offset, len, .. } => (*offset, *len),
+            Held::Segment { len, .. } => (0, *len),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Cached {
+    pool: Arc<PeerPool>,
+    last_used: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pools: HashMap<String, Cached>,
+    tick: u64,
+    next_token: u64,
+    views: HashMap<u64, Held>,
+}
+
+/// Consumer-side gauges for `stats`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConsumerStats {
+    pub leases_active: u64,
+    pub segments_mapped: u64,
+}
+
+/// The consumer side of one transport instance.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    prefix: String,
+    pid: u32,
+    start_time: u64,
+    state: Mutex<State>,
+}
+
+/// This process's start time in clock ticks since boot (`/proc/self/stat`
+/// field 22): with the pid it identifies a lease holder across pid reuse.
+pub(crate) fn process_start_time() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_start_time(&stat)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // Field 2 (comm) is parenthesised and may contain spaces or `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
+    AbiError::invalid_descriptor(format!("posix-shm descriptor field `{field}`: {why}"))
+}
+
+impl Consumer {
+    /// A consumer that accepts names with `prefix`.
+    pub(crate) fn new(prefix: &str) -> Consumer {
+        let start_time = process_start_time().unwrap_or_else(|| {
+            tracing::warn!(target: "posix_shm", "cannot read the process start time from /proc/self/stat");
+            0
+        });
+        Consumer {
+            prefix: prefix.to_owned(),
+            pid: std::process::id(),
+            start_time,
+            state: Mutex::new(State {
+                next_token: 1,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// The mapped pool named by `d`, from the cache or freshly opened.
+    fn pool(&self, st: &mut State, d: &Descriptor) -> PluginResult<Arc<PeerPool>> {
+        // Forget pools whose owner has closed them (leases keep theirs alive).
+        st.pools.retain(|_, c| !c.pool.board.is_closed());
+        st.tick += 1;
+        let tick = st.tick;
+        if let Some(c) = st.pools.get_mut(&d.segment) {
+            if c.pool.board.name() != d.board {
+                return Err(bad(
+                    "board",
+                    format!(
+                        "pool {} uses board {}, the descriptor names {}",
+                        d.segment,
+                        c.pool.board.name(),
+                        d.board
+                    ),
+                ));
+            }
+            c.last_used = tick;
+            return Ok(Arc::clone(&c.pool));
+        }
+        if names::owner_base(&d.segment) != names::owner_base(&d.board) {
+            return Err(bad(
+                "board",
+                format!("{} and {} belong to different owners", d.board, d.segment),
+            ));
+        }
+        let data = OwnedSegment::open(&d.segment, Access::ReadOnly)
+            .map_err(|e| errors::open_failed(Kind::PoolData, &d.segment, e))?;
+        let board_seg = OwnedSegment::open(&d.board, Access::ReadWrite)
+            .map_err(|e| errors::open_failed(Kind::Board, &d.board, e))?;
+        let board = Board::attach(board_seg, data.size(), MAX_MAX_SHARDS, MAX_MAX_LEASES)
+            .map_err(|why| bad("board", format!("{}: {why}", d.board)))?;
+        if board.is_closed() {
+            return Err(AbiError::not_found(format!(
+                "pool {} was closed by its owner",
+                d.segment
+            )));
+        }
+        if st.pools.len() >= MAX_CACHED_POOLS {
+            if let Some(oldest) = st
+                .pools
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(k, _)| k.clone())
+            {
+                tracing::debug!(target: "posix_shm", pool = %oldest, "evicting cached pool mapping");
+                st.pools.remove(&oldest);
+            }
+        }
+        tracing::debug!(target: "posix_shm", pool = %d.segment, size = data.size(), "mapped peer pool");
+        let pool = Arc::new(PeerPool {
+            data,
+            board,
+            hint: AtomicU32::new(0),
+        });
+        st.pools.insert(
+            d.segment.clone(),
+            Cached {
+                pool: Arc::clone(&pool),
+                last_used: tick,
+            },
+        );
+        Ok(pool)
+    }
+
+    /// Validates `desc` and obtains the right to read its bytes.
+    fn hold(
+        &self,
+        st: &mut State,
+        desc: &[u8],
+        meta: &ShardMeta,
+        counters: &Counters,
+    ) -> PluginResult<Held> {
+        let d = Descriptor::decode(desc, &self.prefix)?;
+        if d.len != meta.byte_len {
+            return Err(bad(
+                "len",
+                format!(
+                    "{} bytes, but the shard's metadata says byte_len {}",
+                    d.len, meta.byte_len
+                ),
+            ));
+        }
+        if usize::try_from(d.len).is_err() {
+            return Err(bad(
+                "len",
+                format!("{} bytes do not fit this address space", d.len),
+            ));
+        }
+        // `decode` proved `offset + len` does not overflow.
+        let end = d.offset + d.len;
+        match d.mode {
+            Mode::Segment => {
+                let seg = OwnedSegment::open(&d.segment, Access::ReadOnly)
+                    .map_err(|e| errors::open_failed(Kind::Shard, &d.segment, e))?;
+                if end > seg.size() {
+                    return Err(bad(
+                        "len",
+                        format!(
+                            "{} bytes run past the end of {} ({} bytes)",
+                            d.len,
+                            d.segment,
+                            seg.size()
+                        ),
+                    ));
+                }
+                Ok(Held::Segment { seg, len: d.len })
+            }
+            Mode::Pool => {
+                let pool = self.pool(st, &d)?;
+                if end > pool.data.size() {
+                    let field = if d.offset > pool.data.size() {
+                        "offset"
+                    } else {
+                        "len"
+                    };
+                    return Err(bad(
+                        field,
+                        format!(
+                            "bytes {}..{end} run past the end of {} ({} bytes)",
+                            d.offset,
+                            d.segment,
+                            pool.data.size()
+                        ),
+                    ));
+                }
+                let layout = pool.board.layout();
+                if d.slot >= layout.max_shards {
+                    return Err(bad(
+                        "slot",
+                        format!(
+                            "{} is outside the shard table of {} ({} entries)",
+                            d.slot, d.board, layout.max_shards
+                        ),
+                    ));
+                }
+                let req = LeaseRequest {
+                    shard_slot: d.slot,
+                    generation: d.generation,
+                    offset: d.offset,
+                    len: d.len,
+                    pid: self.pid,
+                    start_time: self.start_time,
+                };
+                match pool.board.lease(&req, pool.hint.load(Relaxed)) {
+                    Ok(slot) => {
+                        pool.hint.store((slot + 1) % layout.max_leases, Relaxed);
+                        counters.leases_granted.inc();
+                        Ok(Held::Pool {
+                            lease: PoolLease { pool, slot },
+                            offset: d.offset,
+                            len: d.len,
+                        })
+                    }
+                    Err(LeaseRefused::Removed) => Err(AbiError::not_found(format!(
+                        "shard at slot {} (generation {}) of pool {} was removed by its owner",
+                        d.slot, d.generation, d.segment
+                    ))),
+                    Err(LeaseRefused::TableFull) => Err(AbiError::new(
+                        ErrorKind::RESOURCE_EXHAUSTED,
+                        format!(
+                            "all {} lease slots of pool {} are held; raise `max-leases` in \
+                             the owner's posix-shm config, or release views sooner",
+                            layout.max_leases, d.segment
+                        ),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// `Transport::import_into`.
+    pub(crate) fn import_into(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: &mut [u8],
+        counters: &Counters,
+    ) -> PluginResult<ImportInfo> {
+        if dst.len() as u64 != meta.byte_len {
+            return Err(AbiError::invalid_argument(format!(
+                "destination is {} bytes, the shard is {}",
+                dst.len(),
+                meta.byte_len
+            )));
+        }
+        let held = {
+            let mut st = lock(&self.state);
+            self.hold(&mut st, desc, meta, counters)?
+        };
+        // Copy outside the lock; the lease (or our own mapping) keeps the
+        // bytes stable until `held` drops.
+        let (offset, _) = held.range();
+        if !held.segment().copy_out(offset, dst) {
+            return Err(AbiError::internal("validated range is outside its segment"));
+        }
+        let note = format!(
+            "{} bytes {}..{}",
+            held.segment().name(),
+            offset,
+            offset + dst.len() as u64
+        );
+        drop(held);
+        counters.imports_copy.inc();
+        Ok(ImportInfo { note: note.into() })
+    }
+
+    /// `Transport::import_view`.
+    pub(crate) fn import_view(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        counters: &Counters,
+    ) -> PluginResult<Region> {
+        let mut st = lock(&self.state);
+        let held = self.hold(&mut st, desc, meta, counters)?;
+        let (offset, len) = held.range();
+        let ptr = held
+            .segment()
+            .ptr(offset, len)
+            .ok_or_else(|| AbiError::internal("validated range is outside its segment"))?;
+        let token = st.next_token;
+        st.next_token += 1;
+        st.views.insert(token, held);
+        counters.imports_view.inc();
+        Ok(Region {
+            ptr: ptr.as_ptr().cast_const(),
+            len: len as usize,
+            token,
+        })
+    }
+
+    /// `Transport::release`.
+    pub(crate) fn release(&self, token: u64) -> PluginResult<()> {
+        let held = lock(&self.state).views.remove(&token);
+        match held {
+            // Dropping `held` frees the lease slot or unmaps the segment.
+            Some(held) => {
+                drop(held);
+                Ok(())
+            }
+            None => Err(AbiError::invalid_argument(format!(
+                "unknown lease token {token} (never issued or already released)"
+            ))),
+        }
+    }
+
+    /// Gauges.
+    pub(crate) fn stats(&self) -> ConsumerStats {
+        let st = lock(&self.state);
+        let mut pools: HashSet<*const PeerPool> =
+            st.pools.values().map(|c| Arc::as_ptr(&c.pool)).collect();
+        let mut per_shard = 0;
+        for h in st.views.values() {
+            match h {
+                Held::Pool { lease, .. } => {
+                    pools.insert(Arc::as_ptr(&lease.pool));
+                }
+                Held::Segment { .. } => per_shard += 1,
+            }
+        }
+        ConsumerStats {
+            leases_active: st.views.len() as u64,
+            segments_mapped: 2 * pools.len() as u64 + per_shard,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_field_22() {
+        let stat =
+            "7560 (c a) t) R 7556 7556 6613 0 -1 4194304 99 0 0 0 0 0 0 0 20 0 1 0 72317 3133440";
+        assert_eq!(parse_start_time(stat), Some(72317));
+        assert_eq!(parse_start_time("1 (x) R"), None);
+        assert!(process_start_time().is_some());
+    }
+}

@@ -1,0 +1,325 @@
+//! The descriptor: what an owner's `export` returns and a consumer's
+//! `import_*` reads. Compact, versioned, little-endian:
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic "SPSM"
+//!      4    1 version (1)
+//!      5    1 mode: 1 pool, 2 segment (one segment per shard, or a spilled shard)
+//!      6    2 reserved, zero
+//!      8    8 offset of the shard in the data segment (0 in segment mode)
+//!     16    8 len, the shard's byte length
+//!     24    4 shard slot in the board's shard table (0 in segment mode)
+//!     28    8 generation of that slot (0 in segment mode)
+//!     36    1 segment name length N, then N bytes of name
+//!   37+N    1 board name length M (0 in segment mode), then M bytes
+//! ```
+//!
+//! Nothing may follow. [`Descriptor::decode`] checks the syntax and both
+//! names against the consumer's own prefix; the consumer then checks `len`
+//! against the shard's metadata and `offset + len` against the segment's real
+//! size. Every failure is `INVALID_DESCRIPTOR` with a message naming the field.
+
+use shardport_abi::{AbiError, PluginResult};
+
+use crate::names::{self, Kind, MAX_NAME_LEN};
+
+/// Identifies a posix-shm descriptor.
+pub(crate) const MAGIC: [u8; 4] = *b"SPSM";
+/// Format version this plugin writes and reads.
+pub(crate) const VERSION: u8 = 1;
+const FIXED_LEN: usize = 36;
+
+/// Where the shard's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// In the owner's pool; leases go through its board.
+    Pool,
+    /// In a segment of its own.
+    Segment,
+}
+
+/// A decoded descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Descriptor {
+    pub mode: Mode,
+    pub segment: String,
+    /// Empty in segment mode.
+    pub board: String,
+    pub offset: u64,
+    pub len: u64,
+    pub slot: u32,
+    pub generation: u64,
+}
+
+fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
+    AbiError::invalid_descriptor(format!("posix-shm descriptor field `{field}`: {why}"))
+}
+
+/// A cursor that fails naming the field it was reading.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &str) -> PluginResult<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(bad(
+                field,
+                format!(
+                    "truncated: descriptor is {} bytes, the field needs {} at byte {}",
+                    self.bytes.len(),
+                    n,
+                    self.pos
+                ),
+            ));
+        };
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self, field: &str) -> PluginResult<u8> {
+        Ok(self.take(1, field)?[0])
+    }
+
+    fn u16(&mut self, field: &str) -> PluginResult<u16> {
+        let b = self.take(2, field)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self, field: &str) -> PluginResult<u32> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4, field)?);
+        Ok(u32::from_le_bytes(a))
+    }
+
+    fn u64(&mut self, field: &str) -> PluginResult<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8, field)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn name(&mut self, field: &str) -> PluginResult<&'a str> {
+        let n = self.u8(field)? as usize;
+        let b = self.take(n, field)?;
+        std::str::from_utf8(b).map_err(|_| bad(field, "not UTF-8"))
+    }
+}
+
+impl Descriptor {
+    /// Serialises the descriptor.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        assert!(self.segment.len() <= MAX_NAME_LEN && self.board.len() <= MAX_NAME_LEN);
+        let mut v = Vec::with_capacity(FIXED_LEN + 2 + self.segment.len() + self.board.len());
+        v.extend_from_slice(&MAGIC);
+        v.push(VERSION);
+        v.push(match self.mode {
+            Mode::Pool => 1,
+            Mode::Segment => 2,
+        });
+        v.extend_from_slice(&0u16.to_le_bytes());
+        v.extend_from_slice(&self.offset.to_le_bytes());
+        v.extend_from_slice(&self.len.to_le_bytes());
+        v.extend_from_slice(&self.slot.to_le_bytes());
+        v.extend_from_slice(&self.generation.to_le_bytes());
+        v.push(self.segment.len() as u8);
+        v.extend_from_slice(self.segment.as_bytes());
+        v.push(self.board.len() as u8);
+        v.extend_from_slice(self.board.as_bytes());
+        v
+    }
+
+    /// Parses and checks a descriptor from another process. Names must carry
+    /// `prefix`, the consumer's own configured segment prefix.
+    pub(crate) fn decode(bytes: &[u8], prefix: &str) -> PluginResult<Descriptor> {
+        let mut r = Reader { bytes, pos: 0 };
+        let magic = r.take(4, "magic")?;
+        if magic != MAGIC {
+            return Err(bad(
+                "magic",
+                format!("expected {MAGIC:02x?} (\"SPSM\"), found {magic:02x?}"),
+            ));
+        }
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(bad(
+                "version",
+                format!("this plugin reads version {VERSION}, found {version}"),
+            ));
+        }
+        let mode = match r.u8("mode")? {
+            1 => Mode::Pool,
+            2 => Mode::Segment,
+            m => {
+                return Err(bad(
+                    "mode",
+                    format!("expected 1 (pool) or 2 (segment), found {m}"),
+                ))
+            }
+        };
+        let reserved = r.u16("reserved")?;
+        if reserved != 0 {
+            return Err(bad("reserved", format!("must be 0, found {reserved}")));
+        }
+        let offset = r.u64("offset")?;
+        let len = r.u64("len")?;
+        let slot = r.u32("slot")?;
+        let generation = r.u64("generation")?;
+        let segment = r.name("segment")?;
+        let board = r.name("board")?;
+        if r.pos != bytes.len() {
+            return Err(bad(
+                "board",
+                format!(
+                    "{} unexpected bytes after the last field",
+                    bytes.len() - r.pos
+                ),
+            ));
+        }
+        if offset.checked_add(len).is_none() {
+            return Err(bad("len", format!("offset {offset} + len {len} overflows")));
+        }
+        match mode {
+            Mode::Pool => {
+                names::check_name(segment, prefix, Kind::PoolData)
+                    .map_err(|why| bad("segment", why))?;
+                names::check_name(board, prefix, Kind::Board).map_err(|why| bad("board", why))?;
+            }
+            Mode::Segment => {
+                names::check_name(segment, prefix, Kind::Shard)
+                    .map_err(|why| bad("segment", why))?;
+                if !board.is_empty() {
+                    return Err(bad("board", "must be empty in segment mode"));
+                }
+                if offset != 0 {
+                    return Err(bad(
+                        "offset",
+                        format!("must be 0 in segment mode, found {offset}"),
+                    ));
+                }
+                if slot != 0 || generation != 0 {
+                    return Err(bad("slot", "slot and generation must be 0 in segment mode"));
+                }
+            }
+        }
+        Ok(Descriptor {
+            mode,
+            segment: segment.to_owned(),
+            board: board.to_owned(),
+            offset,
+            len,
+            slot,
+            generation,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardport_abi::ErrorKind;
+
+    fn pool() -> Descriptor {
+        Descriptor {
+            mode: Mode::Pool,
+            segment: "/shardport-t1-2-ab-p0".into(),
+            board: "/shardport-t1-2-ab-b1".into(),
+            offset: 128,
+            len: 1000,
+            slot: 3,
+            generation: 9,
+        }
+    }
+
+    fn err(bytes: &[u8]) -> String {
+        let e = Descriptor::decode(bytes, "shardport").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+        e.message.to_string()
+    }
+
+    #[test]
+    fn roundtrip() {
+        let d = pool();
+        assert_eq!(Descriptor::decode(&d.encode(), "shardport").unwrap(), d);
+        let s = Descriptor {
+            mode: Mode::Segment,
+            segment: "/shardport-t1-s5".into(),
+            board: String::new(),
+            offset: 0,
+            len: 0,
+            slot: 0,
+            generation: 0,
+        };
+        assert_eq!(Descriptor::decode(&s.encode(), "shardport").unwrap(), s);
+    }
+
+    #[test]
+    fn every_truncation_and_extension_fails() {
+        let bytes = pool().encode();
+        for n in 0..bytes.len() {
+            let m = err(&bytes[..n]);
+            assert!(m.contains("truncated"), "{n}: {m}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(err(&long).contains("unexpected bytes"));
+    }
+
+    #[test]
+    fn fields_are_named() {
+        let mut b = pool().encode();
+        b[0] = b'X';
+        assert!(err(&b).contains("`magic`"));
+        let mut b = pool().encode();
+        b[4] = 2;
+        assert!(err(&b).contains("`version`"));
+        let mut b = pool().encode();
+        b[5] = 7;
+        assert!(err(&b).contains("`mode`"));
+        let mut b = pool().encode();
+        b[6] = 1;
+        assert!(err(&b).contains("`reserved`"));
+        let d = Descriptor {
+            offset: u64::MAX,
+            ..pool()
+        };
+        assert!(err(&d.encode()).contains("overflows"));
+        let d = Descriptor {
+            segment: "/../../etc/passwd".into(),
+            ..pool()
+        };
+        assert!(err(&d.encode()).contains("`segment`"));
+        let d = Descriptor {
+            board: "/shardport-t1-p0".into(),
+            ..pool()
+        };
+        assert!(err(&d.encode()).contains("`board`"));
+        let d = Descriptor {
+            mode: Mode::Segment,
+            ..pool()
+        };
+        assert!(err(&d.encode()).contains("`segment`"));
+        let mut b = pool().encode();
+        b[37] = 0xff;
+        assert!(err(&b).contains("UTF-8"));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            assert!(Descriptor::decode(&bytes, "shardport").is_err());
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Turning system-call failures into errors an operator can act on.
+
+use rustix::io::Errno;
+use shardport_abi::{format_byte_size, AbiError, ErrorKind};
+
+use crate::{names::Kind, sys::SysError};
+
+/// What to tell someone whose `/dev/shm` ran out.
+const SHM_FULL_HINT: &str = "/dev/shm is full (or the system is out of memory); \
+     Docker gives containers a 64 MiB /dev/shm by default: raise it with \
+     `docker run --shm-size=8g` (`shm_size` in compose, an `emptyDir` with \
+     `medium: Memory` in Kubernetes), or lower `pool-size`";
+
+/// Creating (or reserving pages in) one of our own segments failed.
+pub(crate) fn create_failed(kind: Kind, name: &str, size: u64, e: SysError) -> AbiError {
+    let what = format!(
+        "cannot create {kind} {name} ({}): {e}",
+        format_byte_size(size)
+    );
+    let (kind, msg) = match e.errno {
+        Errno::NOSPC | Errno::NOMEM => (
+            ErrorKind::RESOURCE_EXHAUSTED,
+            format!("{what}; {SHM_FULL_HINT}"),
+        ),
+        Errno::MFILE | Errno::NFILE => (
+            ErrorKind::RESOURCE_EXHAUSTED,
+            format!("{what}; the process is out of file descriptors (raise `ulimit -n`)"),
+        ),
+        Errno::ACCESS | Errno::PERM => (
+            ErrorKind::PERMISSION_DENIED,
+            format!("{what}; check that /dev/shm is writable by this user"),
+        ),
+        _ => (ErrorKind::IO, what),
+    };
+    AbiError::new(kind, msg)
+}
+
+/// Opening a peer's segment named in a descriptor failed.
+pub(crate) fn open_failed(kind: Kind, name: &str, e: SysError) -> AbiError {
+    match e.errno {
+        Errno::NOENT => AbiError::not_found(format!(
+            "{kind} {name} does not exist: the shard was removed by its owner \
+             (or the owner does not share this /dev/shm)"
+        )),
+        Errno::ACCESS | Errno::PERM => AbiError::new(
+            ErrorKind::PERMISSION_DENIED,
+            format!(
+                "cannot open {kind} {name}: {e}; segments are created 0600, so owner \
+                 and consumer must run as the same user"
+            ),
+        ),
+        Errno::MFILE | Errno::NFILE | Errno::NOMEM => AbiError::new(
+            ErrorKind::RESOURCE_EXHAUSTED,
+            format!("cannot open {kind} {name}: {e}"),
+        ),
+        _ => AbiError::new(ErrorKind::IO, format!("cannot open {kind} {name}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_shm_mentions_docker() {
+        let e = create_failed(
+            Kind::PoolData,
+            "/shardport-t-p0",
+            1 << 30,
+            SysError {
+                op: "fallocate",
+                errno: Errno::NOSPC,
+            },
+        );
+        assert_eq!(e.kind, ErrorKind::RESOURCE_EXHAUSTED);
+        assert!(e.message.starts_with(
+            "cannot create pool data segment /shardport-t-p0 (1 GiB): fallocate failed: "
+        ));
+        assert!(e.message.contains("/dev/shm is full"));
+        assert!(e.message.contains("64 MiB"));
+        assert!(e.message.contains("--shm-size"));
+        let e = create_failed(
+            Kind::Shard,
+            "/x",
+            1,
+            SysError {
+                op: "mmap",
+                errno: Errno::NOMEM,
+            },
+        );
+        assert!(e.message.contains("--shm-size"));
+    }
+
+    #[test]
+    fn missing_segment_is_not_found() {
+        let e = open_failed(
+            Kind::Shard,
+            "/shardport-t-s1",
+            SysError {
+                op: "shm_open",
+                errno: Errno::NOENT,
+            },
+        );
+        assert_eq!(e.kind, ErrorKind::NOT_FOUND);
+        assert!(e.message.contains("removed by its owner"));
+    }
+}

@@ -1,0 +1,664 @@
+//! The owner side: allocating, exporting and reclaiming shard storage.
+//!
+//! # Overview
+//! In `pool` mode the owner creates, at construction, one sparse data segment
+//! of `pool-size` bytes and one lease board (see `board`). Shards get space
+//! from the [`BumpAllocator`] and a slot in the board's shard table. In
+//! `segment-per-shard` mode (and for a shard spilled from a full pool) each
+//! shard gets a segment of its own, unlinked at unexport: consumers that
+//! mapped it keep a valid mapping (the kernel frees the pages with the last
+//! mapping), so those shards need no lease board.
+//!
+//! # Reclaiming
+//! `unexport` retires the shard's table entry *first*, then scans the lease
+//! slots: space no lease overlaps is freed at once, the rest joins the
+//! retired list, re-checked on every `allocate`, `unexport` and `stats`.
+//! Leased space is never handed out again until released.
+//!
+//! # Locking
+//! One mutex guards the books (allocator, shard maps, retired list, name
+//! generator). Copying a shard's bytes in `export` happens outside it: the
+//! space is reserved first, under the lock, as an internal allocation nobody
+//! else can name.
+
+use std::{
+    collections::HashMap,
+    ptr::NonNull,
+    sync::{Arc, Mutex},
+};
+
+use rustix::io::Errno;
+use shardport_abi::{
+    format_byte_size, AbiError, Allocation, DeviceKind, ErrorKind, ExportRequest, PluginResult,
+    ShardId,
+};
+
+use crate::{
+    alloc::BumpAllocator,
+    board::{Board, EntryState, Layout},
+    config::{self, Config, OnFull},
+    descriptor::{Descriptor, Mode},
+    errors, lock,
+    names::{Kind, NameGen},
+    stats::Counters,
+    sys::OwnedSegment,
+};
+
+/// How many names to try when one already exists (another instance sharing
+/// our node tag, or a leftover of a crashed process with the same tag).
+const CREATE_ATTEMPTS: u32 = 16;
+
+/// The pool's two segments.
+#[derive(Debug)]
+struct Pool {
+    /// Read-write; keeps its descriptor for `fallocate`.
+    data: OwnedSegment,
+    board: Board,
+}
+
+/// Where one shard's bytes live.
+#[derive(Debug)]
+enum Place {
+    /// In the pool (zero-length shards: `len == 0`, no pool space).
+    Pool {
+        slot: u32,
+        generation: u64,
+        offset: u64,
+        len: u64,
+    },
+    /// In a segment of its own (`Arc` so `export` can copy outside the lock).
+    Segment(Arc<OwnedSegment>),
+}
+
+#[derive(Debug)]
+struct Reservation {
+    id: ShardId,
+    place: Place,
+    /// Made by `export` for its own copy: not usable through the public token.
+    internal: bool,
+}
+
+#[derive(Debug)]
+struct Books {
+    names: NameGen,
+    alloc: BumpAllocator,
+    free_slots: Vec<u32>,
+    next_generation: u64,
+    next_token: u64,
+    /// Allocations not exported yet, by token.
+    pending: HashMap<u64, Reservation>,
+    /// Ids of `pending`, to refuse a second allocation for the same shard.
+    pending_ids: HashMap<ShardId, u64>,
+    live: HashMap<ShardId, Reservation>,
+    /// Retired pool ranges `(offset, len)` still overlapped by a lease.
+    retired: Vec<(u64, u64)>,
+}
+
+/// Owner-side gauges for `stats`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnerStats {
+    pub pool_bytes_total: u64,
+    pub pool_bytes_used: u64,
+    pub pool_largest_free: u64,
+    pub shards_live: u64,
+    pub shards_retired_leased: u64,
+    pub allocations_pending: u64,
+    pub leases_held_on_owner: u64,
+    pub segments_owned: u64,
+}
+
+/// The owner side of one transport instance.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    cfg: Config,
+    /// `Some` in pool mode: the pool, or why it could not be created.
+    pool: Option<Result<Pool, AbiError>>,
+    books: Mutex<Books>,
+}
+
+/// Creates a segment under the next free name of `kind`.
+fn create_segment(names: &mut NameGen, kind: Kind, size: u64) -> PluginResult<OwnedSegment> {
+    let mut last = None;
+    for _ in 0..CREATE_ATTEMPTS {
+        let name = names.next(kind);
+        match OwnedSegment::create(&name, size) {
+            Ok(seg) => return Ok(seg),
+            Err(e) if e.op == "shm_open" && e.errno == Errno::EXIST => {
+                tracing::debug!(target: "posix_shm", segment = %name, "name taken, trying the next");
+                last = Some(name);
+            }
+            Err(e) => return Err(errors::create_failed(kind, &name, size, e)),
+        }
+    }
+    Err(AbiError::new(
+        ErrorKind::IO,
+        format!(
+            "cannot create a {kind}: {CREATE_ATTEMPTS} names up to {} already exist in /dev/shm",
+            last.unwrap_or_default()
+        ),
+    ))
+}
+
+/// A per-shard segment with its pages reserved (a full /dev/shm fails here,
+/// not with SIGBUS when the host writes the bytes).
+fn create_shard_segment(names: &mut NameGen, len: u64) -> PluginResult<Arc<OwnedSegment>> {
+    let mut seg = create_segment(names, Kind::Shard, len)?;
+    seg.reserve(0, len)
+        .map_err(|e| errors::create_failed(Kind::Shard, seg.name(), len, e))?;
+    seg.close_fd();
+    Ok(Arc::new(seg))
+}
+
+fn create_pool(cfg: &Config, names: &mut NameGen) -> PluginResult<Pool> {
+    // Sparse: no page of the data segment is touched here.
+    let data = create_segment(names, Kind::PoolData, cfg.pool_size)?;
+    let layout = Layout {
+        max_shards: cfg.max_shards,
+        max_leases: cfg.max_leases,
+    };
+    let size = layout.size_bytes();
+    let mut board = create_segment(names, Kind::Board, size)?;
+    // The board is small and written by consumers: back it now so a full
+    // /dev/shm cannot SIGBUS a consumer taking a lease.
+    board
+        .reserve(0, size)
+        .map_err(|e| errors::create_failed(Kind::Board, board.name(), size, e))?;
+    board.close_fd();
+    let board = Board::init(board, layout, cfg.pool_size);
+    tracing::info!(
+        target: "posix_shm",
+        data = %data.name(),
+        board = %board.name(),
+        pool_size = cfg.pool_size,
+        max_shards = cfg.max_shards,
+        max_leases = cfg.max_leases,
+        "pool created"
+    );
+    Ok(Pool { data, board })
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+fn nn(p: NonNull<u8>) -> *mut u8 {
+    p.as_ptr()
+}
+
+impl Owner {
+    /// Builds the owner side; in pool mode creates the pool. A pool that
+    /// cannot be created leaves the instance usable as a consumer, reported
+    /// by `health` and by every owner-side call.
+    pub(crate) fn new(cfg: Config, node_tag: &str) -> Owner {
+        let mut names = NameGen::new(&cfg.segment_prefix, node_tag);
+        let (pool, alloc, free_slots) = match cfg.allocation {
+            config::Allocation::Pool => {
+                let pool = create_pool(&cfg, &mut names).inspect_err(|e| {
+                    tracing::error!(target: "posix_shm", error = %e.message, "pool creation failed");
+                });
+                let slots = (0..cfg.max_shards).rev().collect();
+                (Some(pool), BumpAllocator::new(cfg.pool_size), slots)
+            }
+            config::Allocation::SegmentPerShard => (None, BumpAllocator::new(0), Vec::new()),
+        };
+        Owner {
+            books: Mutex::new(Books {
+                names,
+                alloc,
+                free_slots,
+                next_generation: 1,
+                next_token: 1,
+                pending: HashMap::new(),
+                pending_ids: HashMap::new(),
+                live: HashMap::new(),
+                retired: Vec::new(),
+            }),
+            cfg,
+            pool,
+        }
+    }
+
+    /// `Err` with the reason when the pool could not be created.
+    pub(crate) fn pool_error(&self) -> Option<&AbiError> {
+        self.pool.as_ref().and_then(|p| p.as_ref().err())
+    }
+
+    fn pool(&self) -> PluginResult<Option<&Pool>> {
+        match &self.pool {
+            None => Ok(None),
+            Some(Ok(p)) => Ok(Some(p)),
+            Some(Err(e)) => Err(AbiError::new(
+                e.kind,
+                format!("the posix-shm pool is unavailable: {}", e.message),
+            )),
+        }
+    }
+
+    /// Frees retired ranges no lease overlaps any more.
+    fn sweep(&self, b: &mut Books) {
+        if b.retired.is_empty() {
+            return;
+        }
+        let Ok(Some(pool)) = self.pool() else { return };
+        let leased = pool.board.leased_ranges();
+        let before = b.retired.len();
+        let retired = std::mem::take(&mut b.retired);
+        for (offset, len) in retired {
+            if leased.iter().any(|&l| overlaps(l, (offset, offset + len))) {
+                b.retired.push((offset, len));
+            } else {
+                let freed = b.alloc.free(offset);
+                debug_assert_eq!(freed, Some(len));
+            }
+        }
+        if b.retired.len() != before {
+            tracing::debug!(target: "posix_shm", freed = before - b.retired.len(), still_leased = b.retired.len(), "swept retired ranges");
+        }
+    }
+
+    /// Withdraws a reservation: retire its entry, then free or keep its space.
+    fn retire(&self, b: &mut Books, r: Reservation) {
+        match r.place {
+            Place::Segment(seg) => {
+                tracing::debug!(target: "posix_shm", shard = %r.id, segment = %seg.name(), "unlinking shard segment");
+                drop(seg);
+            }
+            Place::Pool {
+                slot, offset, len, ..
+            } => {
+                let Ok(Some(pool)) = self.pool() else {
+                    unreachable!("pool reservations exist only with a pool")
+                };
+                // Retire first, then look for leases (see `board`).
+                pool.board.set_entry_state(slot, EntryState::Retired);
+                b.free_slots.push(slot);
+                if len == 0 {
+                    return;
+                }
+                let range = (offset, offset + len);
+                if pool
+                    .board
+                    .leased_ranges()
+                    .iter()
+                    .any(|&l| overlaps(l, range))
+                {
+                    tracing::debug!(target: "posix_shm", shard = %r.id, offset, len, "space leased by a consumer, reclaim deferred");
+                    b.retired.push((offset, len));
+                } else {
+                    let freed = b.alloc.free(offset);
+                    debug_assert_eq!(freed, Some(len));
+                }
+            }
+        }
+    }
+
+    fn full_error(&self, b: &Books, len: u64) -> AbiError {
+        let retired: u64 = b.retired.iter().map(|r| r.1).sum();
+        AbiError::new(
+            ErrorKind::RESOURCE_EXHAUSTED,
+            format!(
+                "posix-shm pool is full: the shard needs {} ({len} bytes) but the pool of {} \
+                 has at most {} in one free gap ({} in use, {} of it retired but still leased \
+                 by consumers); raise `{}` or set `{} = \"spill\"` to give such shards \
+                 their own segment",
+                format_byte_size(len),
+                format_byte_size(b.alloc.capacity()),
+                format_byte_size(b.alloc.largest_free_gap()),
+                format_byte_size(b.alloc.used()),
+                format_byte_size(retired),
+                self.cfg.key("pool-size"),
+                self.cfg.key("on-full"),
+            ),
+        )
+    }
+
+    /// Finds storage for `len` bytes of shard `id`.
+    fn place(
+        &self,
+        b: &mut Books,
+        id: ShardId,
+        len: u64,
+        counters: &Counters,
+    ) -> PluginResult<Place> {
+        let Some(pool) = self.pool()? else {
+            return Ok(Place::Segment(create_shard_segment(&mut b.names, len)?));
+        };
+        let offset = if len == 0 {
+            0
+        } else {
+            match b.alloc.alloc(len) {
+                Some(offset) => {
+                    if let Err(e) = pool.data.reserve(offset, len) {
+                        b.alloc.free(offset);
+                        return Err(errors::create_failed(
+                            Kind::PoolData,
+                            pool.data.name(),
+                            self.cfg.pool_size,
+                            e,
+                        ));
+                    }
+                    offset
+                }
+                None if self.cfg.on_full == OnFull::Spill => {
+                    let seg = create_shard_segment(&mut b.names, len)?;
+                    counters.spills.inc();
+                    tracing::warn!(
+                        target: "posix_shm",
+                        shard = %id,
+                        len,
+                        segment = %seg.name(),
+                        largest_free = b.alloc.largest_free_gap(),
+                        "pool full, spilled shard to its own segment"
+                    );
+                    return Ok(Place::Segment(seg));
+                }
+                None => return Err(self.full_error(b, len)),
+            }
+        };
+        let Some(slot) = b.free_slots.pop() else {
+            if len > 0 {
+                b.alloc.free(offset);
+            }
+            return Err(AbiError::internal("shard table has no free slot"));
+        };
+        let generation = b.next_generation;
+        b.next_generation += 1;
+        pool.board.reserve_entry(slot, generation, offset, len);
+        Ok(Place::Pool {
+            slot,
+            generation,
+            offset,
+            len,
+        })
+    }
+
+    fn writable_ptr(&self, place: &Place) -> PluginResult<NonNull<u8>> {
+        let p = match place {
+            Place::Pool { offset, len, .. } => self
+                .pool()?
+                .and_then(|pool| pool.data.ptr_mut(*offset, *len)),
+            Place::Segment(seg) => seg.ptr_mut(0, seg.size()),
+        };
+        p.ok_or_else(|| AbiError::internal("reserved space is outside its segment"))
+    }
+
+    /// Reserves storage as a pending allocation; returns (token, pointer).
+    fn reserve(
+        &self,
+        id: ShardId,
+        len: u64,
+        internal: bool,
+        counters: &Counters,
+    ) -> PluginResult<(u64, NonNull<u8>)> {
+        let mut b = lock(&self.books);
+        self.sweep(&mut b);
+        if b.live.contains_key(&id) {
+            return Err(AbiError::invalid_argument(format!(
+                "shard {id} is already exported"
+            )));
+        }
+        if b.pending_ids.contains_key(&id) {
+            return Err(AbiError::invalid_argument(format!(
+                "shard {id} already has an allocation that was neither exported nor freed"
+            )));
+        }
+        let count = b.live.len() + b.pending.len();
+        if count >= self.cfg.max_shards as usize {
+            return Err(AbiError::new(
+                ErrorKind::RESOURCE_EXHAUSTED,
+                format!(
+                    "posix-shm holds {count} shards, the limit set by `{}`; remove shards or raise it",
+                    self.cfg.key("max-shards")
+                ),
+            ));
+        }
+        let place = self.place(&mut b, id, len, counters)?;
+        let ptr = match self.writable_ptr(&place) {
+            Ok(p) => p,
+            Err(e) => {
+                self.retire(
+                    &mut b,
+                    Reservation {
+                        id,
+                        place,
+                        internal,
+                    },
+                );
+                return Err(e);
+            }
+        };
+        let token = b.next_token;
+        b.next_token += 1;
+        b.pending.insert(
+            token,
+            Reservation {
+                id,
+                place,
+                internal,
+            },
+        );
+        b.pending_ids.insert(id, token);
+        Ok((token, ptr))
+    }
+
+    /// `Transport::allocate`.
+    pub(crate) fn allocate(
+        &self,
+        id: ShardId,
+        len: u64,
+        counters: &Counters,
+    ) -> PluginResult<Allocation> {
+        let len_usize = usize::try_from(len).map_err(|_| {
+            AbiError::invalid_argument(format!("{len} bytes do not fit this address space"))
+        })?;
+        let (token, ptr) = self.reserve(id, len, false, counters)?;
+        Ok(Allocation {
+            ptr: nn(ptr),
+            len: len_usize,
+            token,
+        })
+    }
+
+    /// `Transport::free_allocation`.
+    pub(crate) fn free_allocation(&self, token: u64) -> PluginResult<()> {
+        let mut b = lock(&self.books);
+        match b.pending.get(&token) {
+            Some(r) if !r.internal => {}
+            _ => {
+                return Err(AbiError::invalid_argument(format!(
+                    "unknown allocation token {token} (never allocated, already exported or freed)"
+                )))
+            }
+        }
+        let r = b.pending.remove(&token).expect("checked above");
+        b.pending_ids.remove(&r.id);
+        self.retire(&mut b, r);
+        self.sweep(&mut b);
+        Ok(())
+    }
+
+    /// `Transport::export`.
+    pub(crate) fn export(&self, req: &ExportRequest, counters: &Counters) -> PluginResult<Vec<u8>> {
+        let len = req.data.len() as u64;
+        if req.meta.device.kind != DeviceKind::CPU {
+            return Err(AbiError::invalid_argument(format!(
+                "posix-shm moves host-memory shards only; shard {} is on {}",
+                req.id, req.meta.device
+            )));
+        }
+        if req.meta.byte_len != len {
+            return Err(AbiError::invalid_argument(format!(
+                "shard {}: meta.byte_len is {} but {} bytes were lent",
+                req.id, req.meta.byte_len, len
+            )));
+        }
+        let token = if req.allocation != 0 {
+            req.allocation
+        } else {
+            // Reserve under the lock, copy outside it.
+            let (token, _) = self.reserve(req.id, len, true, counters)?;
+            // Only this call knows the internal token, so the reservation
+            // stays ours while the lock is released for the copy.
+            let target = match &lock(&self.books).pending[&token].place {
+                Place::Pool { offset, .. } => Err(*offset),
+                Place::Segment(seg) => Ok(Arc::clone(seg)),
+            };
+            let copied = match target {
+                Err(offset) => {
+                    let pool = self.pool()?.expect("pool reservation");
+                    pool.data.write_export_data(offset, req)
+                }
+                Ok(seg) => seg.write_export_data(0, req),
+            };
+            if !copied {
+                let mut b = lock(&self.books);
+                if let Some(r) = b.pending.remove(&token) {
+                    b.pending_ids.remove(&r.id);
+                    self.retire(&mut b, r);
+                }
+                return Err(AbiError::internal("reserved space is outside its segment"));
+            }
+            token
+        };
+        self.publish(req, token, counters)
+    }
+
+    /// Turns pending allocation `token` into the live shard `req.id`.
+    fn publish(
+        &self,
+        req: &ExportRequest,
+        token: u64,
+        counters: &Counters,
+    ) -> PluginResult<Vec<u8>> {
+        let len = req.data.len() as u64;
+        let mut b = lock(&self.books);
+        let Some(r) = b.pending.get(&token) else {
+            return Err(AbiError::invalid_argument(format!(
+                "unknown allocation token {token} (never allocated, already exported or freed)"
+            )));
+        };
+        if r.internal && req.allocation != 0 {
+            return Err(AbiError::invalid_argument(format!(
+                "unknown allocation token {token}"
+            )));
+        }
+        if r.id != req.id {
+            return Err(AbiError::invalid_argument(format!(
+                "allocation {token} was made for shard {}, not {}",
+                r.id, req.id
+            )));
+        }
+        let (alloc_len, ptr) = match &r.place {
+            Place::Pool { len, .. } => (*len, self.writable_ptr(&r.place)?),
+            Place::Segment(seg) => (seg.size(), self.writable_ptr(&r.place)?),
+        };
+        let lent_elsewhere = !r.internal && len > 0 && req.data.as_ptr() != nn(ptr).cast_const();
+        if alloc_len != len || lent_elsewhere {
+            return Err(AbiError::invalid_argument(format!(
+                "shard {}: export names allocation {token} but lends other bytes \
+                 ({len} bytes, the allocation has {alloc_len})",
+                req.id
+            )));
+        }
+        let r = b.pending.remove(&token).expect("checked above");
+        b.pending_ids.remove(&r.id);
+        let desc = match &r.place {
+            Place::Pool {
+                slot,
+                generation,
+                offset,
+                len,
+            } => {
+                let pool = self.pool()?.expect("pool reservation");
+                pool.board.set_entry_state(*slot, EntryState::Live);
+                Descriptor {
+                    mode: Mode::Pool,
+                    segment: pool.data.name().to_owned(),
+                    board: pool.board.name().to_owned(),
+                    offset: *offset,
+                    len: *len,
+                    slot: *slot,
+                    generation: *generation,
+                }
+            }
+            Place::Segment(seg) => Descriptor {
+                mode: Mode::Segment,
+                segment: seg.name().to_owned(),
+                board: String::new(),
+                offset: 0,
+                len,
+                slot: 0,
+                generation: 0,
+            },
+        };
+        tracing::debug!(target: "posix_shm", shard = %req.id, segment = %desc.segment, offset = desc.offset, len, "exported");
+        b.live.insert(r.id, r);
+        counters.bytes_exported.add(len);
+        Ok(desc.encode())
+    }
+
+    /// `Transport::unexport`.
+    pub(crate) fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        let mut b = lock(&self.books);
+        let Some(r) = b.live.remove(&id) else {
+            return Err(AbiError::not_found(format!(
+                "shard {id} is not exported by posix-shm instance `{}`",
+                self.cfg.instance
+            )));
+        };
+        self.retire(&mut b, r);
+        self.sweep(&mut b);
+        Ok(())
+    }
+
+    /// Gauges (sweeps first, so freed space shows at once).
+    pub(crate) fn stats(&self) -> OwnerStats {
+        let mut b = lock(&self.books);
+        self.sweep(&mut b);
+        let pool = self.pool().ok().flatten();
+        let segments = b
+            .live
+            .values()
+            .chain(b.pending.values())
+            .filter(|r| matches!(r.place, Place::Segment(_)))
+            .count() as u64;
+        OwnerStats {
+            pool_bytes_total: pool.map_or(0, |_| b.alloc.capacity()),
+            pool_bytes_used: b.alloc.used(),
+            pool_largest_free: pool.map_or(0, |_| b.alloc.largest_free_gap()),
+            shards_live: b.live.len() as u64,
+            shards_retired_leased: b.retired.len() as u64,
+            allocations_pending: b.pending.len() as u64,
+            leases_held_on_owner: pool.map_or(0, |p| p.board.leases_held()),
+            segments_owned: segments + if pool.is_some() { 2 } else { 0 },
+        }
+    }
+
+    /// Common start of this owner's segment names.
+    pub(crate) fn name_base(&self) -> String {
+        lock(&self.books).names.base().to_owned()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        // Tell consumers with cached mappings that every shard is gone before
+        // the names disappear; the segments themselves unlink as they drop.
+        if let Some(Ok(pool)) = &self.pool {
+            let b = lock(&self.books);
+            for r in b.live.values().chain(b.pending.values()) {
+                if let Place::Pool { slot, .. } = r.place {
+                    pool.board.set_entry_state(slot, EntryState::Retired);
+                }
+            }
+            pool.board.close();
+            tracing::info!(
+                target: "posix_shm",
+                data = %pool.data.name(),
+                live = b.live.len(),
+                still_leased = b.retired.len(),
+                "pool closed"
+            );
+        }
+    }
+}

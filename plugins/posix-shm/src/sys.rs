@@ -1,0 +1,422 @@
+//! Every `unsafe` operation of this crate, under safe owning types.
+//!
+//! # Overview
+//! [`OwnedSegment`] is one POSIX shared-memory object: its name, its mapping
+//! (none for a zero-length segment) and whether this value *owns the name*.
+//! A segment this process created exclusively owns its name and unlinks it in
+//! `Drop`; a segment opened from a peer's descriptor never does. Ownership is
+//! a value: there are no module-level tables of handles, so dropping the
+//! transport that holds the values is the whole cleanup story.
+//!
+//! # What the safe API relies on
+//! - A mapping lives exactly as long as its `OwnedSegment`; every pointer and
+//!   reference handed out borrows the segment or is documented (in the
+//!   transport's memory contracts) to be used only while the owning value is
+//!   alive.
+//! - Memory shared with other processes is only touched in two ways: through
+//!   `AtomicU64` (the lease board, where every access is atomic in every
+//!   process), or by bulk copies through raw pointers ([`OwnedSegment::copy_out`],
+//!   [`OwnedSegment::write_export_data`]). No `&[u8]` or `&mut [u8]` to shared
+//!   memory is ever formed here, so a peer that breaks the lease protocol can
+//!   make us copy torn bytes, never observe a reference change under it.
+//!   The lease protocol (see `board`) is what keeps the copied range stable.
+//! - Consumers map peers' data segments read-only; only the lease board is
+//!   mapped writable on both sides.
+//!
+//! # Failure modes
+//! Every system call failure comes back as a [`SysError`] naming the call;
+//! callers turn it into an actionable `AbiError` (see `errors`). A peer that
+//! shrinks a segment we have mapped makes later reads fault (`SIGBUS`): this is
+//! inherent to `mmap` and is why consumers only map segments whose names carry
+//! their own configured prefix (segments of the same user, created `0600`).
+
+use std::{ffi::c_void, fmt, ptr::NonNull, sync::atomic::AtomicU64};
+
+use rustix::{
+    fd::OwnedFd,
+    fs::{self, FallocateFlags, Mode},
+    io::Errno,
+    mm::{self, MapFlags, ProtFlags},
+    shm,
+};
+use shardport_abi::ExportRequest;
+
+/// How a segment is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `PROT_READ`: a peer's data segment.
+    ReadOnly,
+    /// `PROT_READ | PROT_WRITE`: our own segments and every lease board.
+    ReadWrite,
+}
+
+/// A failed system call: which one, and the OS error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SysError {
+    /// The call (`shm_open`, `ftruncate`, `fallocate`, `fstat`, `mmap`).
+    pub op: &'static str,
+    /// The OS error.
+    pub errno: Errno,
+}
+
+impl fmt::Display for SysError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed: {}",
+            self.op,
+            std::io::Error::from(self.errno)
+        )
+    }
+}
+
+fn fail(op: &'static str) -> impl FnOnce(Errno) -> SysError {
+    move |errno| SysError { op, errno }
+}
+
+/// One `mmap`ed region of a shared-memory object, unmapped on drop.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    access: Access,
+}
+
+// SAFETY: `Mapping` is an address range owned by this value; the memory is a
+// MAP_SHARED mapping that any thread may read (and, for `ReadWrite`, write
+// through the raw-pointer and atomic APIs below, which do not create aliasing
+// references). Nothing in it is thread-affine.
+unsafe impl Send for Mapping {}
+// SAFETY: shared access only reads through raw pointers or atomics, see above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len > 0` bytes of `fd` from offset 0.
+    fn new(fd: &OwnedFd, len: usize, access: Access) -> Result<Mapping, SysError> {
+        debug_assert!(len > 0, "zero-length mappings are represented by `None`");
+        let prot = match access {
+            Access::ReadOnly => ProtFlags::READ,
+            Access::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
+        };
+        // SAFETY: a null address hint lets the kernel pick a fresh range, so
+        // the new mapping cannot alias any existing Rust allocation; the fd is
+        // a valid shared-memory object of at least `len` bytes (the callers
+        // size it with ftruncate or fstat first).
+        let raw = unsafe { mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }
+            .map_err(fail("mmap"))?;
+        let ptr = NonNull::new(raw.cast::<u8>()).ok_or(SysError {
+            op: "mmap",
+            errno: Errno::FAULT,
+        })?;
+        Ok(Mapping { ptr, len, access })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the range returned by `mmap` in
+        // `Mapping::new`, unmapped only here, once. Pointers handed out by
+        // `OwnedSegment` are documented to die with the segment.
+        let r = unsafe { mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) };
+        if let Err(errno) = r {
+            tracing::warn!(target: "posix_shm", error = %errno, len = self.len, "munmap failed");
+        }
+    }
+}
+
+/// A POSIX shared-memory object: name, optional descriptor, mapping and
+/// whether this value owns (and so unlinks) the name.
+pub(crate) struct OwnedSegment {
+    name: String,
+    /// Kept only where later calls need it (`fallocate` on the pool).
+    fd: Option<OwnedFd>,
+    /// `None` for a zero-length segment (`mmap` refuses length 0).
+    map: Option<Mapping>,
+    size: u64,
+    owns_name: bool,
+}
+
+impl fmt::Debug for OwnedSegment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedSegment")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .field("owns_name", &self.owns_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OwnedSegment {
+    /// Creates `name` exclusively (`O_CREAT | O_EXCL`, mode `0600`), sizes it
+    /// to `size` bytes with `ftruncate` (sparse: no page is touched) and maps
+    /// it read-write. The value owns the name from the moment `shm_open`
+    /// succeeds, so a later failure unlinks it again.
+    pub(crate) fn create(name: &str, size: u64) -> Result<OwnedSegment, SysError> {
+        let len = usize::try_from(size).map_err(|_| SysError {
+            op: "mmap",
+            errno: Errno::NOMEM,
+        })?;
+        let fd = shm::open(
+            name,
+            shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(fail("shm_open"))?;
+        let mut seg = OwnedSegment {
+            name: name.to_owned(),
+            fd: Some(fd),
+            map: None,
+            size,
+            owns_name: true,
+        };
+        let fd = seg.fd.as_ref().expect("just set");
+        fs::ftruncate(fd, size).map_err(fail("ftruncate"))?;
+        if len > 0 {
+            seg.map = Some(Mapping::new(fd, len, Access::ReadWrite)?);
+        }
+        Ok(seg)
+    }
+
+    /// Opens a peer's segment `name` and maps all of it (its real size, from
+    /// `fstat`) with `access`. The value does not own the name: dropping it
+    /// unmaps, never unlinks. The descriptor is closed once mapped.
+    pub(crate) fn open(name: &str, access: Access) -> Result<OwnedSegment, SysError> {
+        let flags = match access {
+            Access::ReadOnly => shm::OFlags::RDONLY,
+            Access::ReadWrite => shm::OFlags::RDWR,
+        };
+        let fd = shm::open(name, flags, Mode::empty()).map_err(fail("shm_open"))?;
+        let st = fs::fstat(&fd).map_err(fail("fstat"))?;
+        let size = u64::try_from(st.st_size).map_err(|_| SysError {
+            op: "fstat",
+            errno: Errno::INVAL,
+        })?;
+        let len = usize::try_from(size).map_err(|_| SysError {
+            op: "mmap",
+            errno: Errno::NOMEM,
+        })?;
+        let map = if len > 0 {
+            Some(Mapping::new(&fd, len, access)?)
+        } else {
+            None
+        };
+        Ok(OwnedSegment {
+            name: name.to_owned(),
+            fd: None,
+            map,
+            size,
+            owns_name: false,
+        })
+    }
+
+    /// The segment's name (`/prefix-tag-p0`).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Size in bytes (for opened segments: the real size from `fstat`).
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Closes the descriptor; the mapping stays. Saves one descriptor per
+    /// per-shard segment (the process limit is often 1024).
+    pub(crate) fn close_fd(&mut self) {
+        self.fd = None;
+    }
+
+    /// Backs `[offset, offset + len)` with real tmpfs pages (`fallocate`), so
+    /// a full `/dev/shm` is an `ENOSPC` error here instead of a `SIGBUS` when
+    /// the bytes are first written.
+    pub(crate) fn reserve(&self, offset: u64, len: u64) -> Result<(), SysError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.fd.as_ref().ok_or(SysError {
+            op: "fallocate",
+            errno: Errno::BADF,
+        })?;
+        fs::fallocate(fd, FallocateFlags::empty(), offset, len).map_err(fail("fallocate"))
+    }
+
+    /// `offset..offset + len` as a `usize` range inside the mapping, or `None`
+    /// when it does not fit (overflow included).
+    fn checked_range(&self, offset: u64, len: u64) -> Option<(usize, usize)> {
+        let end = offset.checked_add(len)?;
+        if end > self.size {
+            return None;
+        }
+        Some((usize::try_from(offset).ok()?, usize::try_from(len).ok()?))
+    }
+
+    /// Address of `len` bytes at `offset`, bounds-checked against the real
+    /// size; a dangling (non-null, never read) pointer for `len == 0`.
+    pub(crate) fn ptr(&self, offset: u64, len: u64) -> Option<NonNull<u8>> {
+        let (off, len) = self.checked_range(offset, len)?;
+        if len == 0 {
+            return Some(NonNull::dangling());
+        }
+        let map = self.map.as_ref()?;
+        // SAFETY: `checked_range` proved `off + len <= size == map.len`, so
+        // `off < map.len` and the result stays inside the mapping.
+        Some(unsafe { map.ptr.add(off) })
+    }
+
+    /// Like [`ptr`](Self::ptr) for writing: `None` for a read-only mapping.
+    pub(crate) fn ptr_mut(&self, offset: u64, len: u64) -> Option<NonNull<u8>> {
+        match &self.map {
+            Some(m) if m.access != Access::ReadWrite => None,
+            _ => self.ptr(offset, len),
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`; `false` (and nothing
+    /// copied) when the range is not inside the segment.
+    ///
+    /// Callers hold a lease on the range (or own it), which is what keeps the
+    /// bytes stable during the copy; the copy goes through raw pointers, so a
+    /// peer breaking that protocol yields torn bytes, not undefined behaviour
+    /// through a Rust reference.
+    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
+        let Some(src) = self.ptr(offset, dst.len() as u64) else {
+            return false;
+        };
+        if dst.is_empty() {
+            return true;
+        }
+        // SAFETY: `src` points at `dst.len()` readable bytes inside our live
+        // mapping (bounds checked by `ptr`); `dst` is a distinct, exclusively
+        // borrowed Rust buffer, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+
+    /// Copies the bytes lent in `req.data` to `offset`; `false` when the range
+    /// does not fit or the mapping is read-only.
+    ///
+    /// Only `Transport::export` calls this, with the request it is handling:
+    /// the host keeps `req.data` valid and unmodified until that shard's
+    /// `unexport` returns, which is after this call.
+    pub(crate) fn write_export_data(&self, offset: u64, req: &ExportRequest) -> bool {
+        let Some(dst) = self.ptr_mut(offset, req.data.len() as u64) else {
+            return false;
+        };
+        if req.data.is_empty() {
+            return true;
+        }
+        // SAFETY: we are inside the `export` call that received `req`, within
+        // the window in which the host guarantees `data` (see `SharedBytes`).
+        let src = unsafe { req.data.as_slice() };
+        // SAFETY: `dst` is `src.len()` writable bytes of our own read-write
+        // mapping (bounds checked by `ptr_mut`), reserved for this shard by the
+        // allocator; host memory and our mapping never overlap unless the host
+        // passed our own allocation, which `export` handles without copying.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.len()) };
+        true
+    }
+
+    /// The `index`-th 8-byte word of a read-write mapping as an atomic.
+    ///
+    /// # Panics
+    /// When the mapping is read-only or the word is outside it: board layouts
+    /// are validated against the real size first, so this is a bug.
+    pub(crate) fn atomic_u64(&self, index: usize) -> &AtomicU64 {
+        let map = match &self.map {
+            Some(m) if m.access == Access::ReadWrite => m,
+            _ => panic!("segment {} is not mapped read-write", self.name),
+        };
+        let end = index
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(8))
+            .filter(|&end| end <= map.len);
+        assert!(
+            end.is_some(),
+            "word {index} is outside segment {} ({} bytes)",
+            self.name,
+            map.len
+        );
+        // SAFETY: the word is inside the mapping (checked above) and 8-byte
+        // aligned (mmap returns page-aligned addresses); the mapping outlives
+        // the returned reference, which borrows `self`. The memory is writable
+        // and every process accesses board words only atomically, so treating
+        // it as an `AtomicU64` is sound.
+        unsafe { &*map.ptr.as_ptr().add(index * 8).cast::<AtomicU64>() }
+    }
+}
+
+impl Drop for OwnedSegment {
+    fn drop(&mut self) {
+        // Unmap first, then close, then give the name back if it is ours.
+        drop(self.map.take());
+        drop(self.fd.take());
+        if self.owns_name {
+            match shm::unlink(self.name.as_str()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(errno) => {
+                    tracing::warn!(target: "posix_shm", segment = %self.name, error = %errno, "shm_unlink failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::SeqCst as ORD;
+
+    fn name(tag: &str) -> String {
+        format!("/shardport-sys{}-{tag}", std::process::id())
+    }
+
+    #[test]
+    fn create_is_exclusive_and_drop_unlinks() {
+        let n = name("a");
+        let seg = OwnedSegment::create(&n, 4096).unwrap();
+        let again = OwnedSegment::create(&n, 4096).unwrap_err();
+        assert_eq!(again.errno, Errno::EXIST);
+        assert_eq!(again.op, "shm_open");
+        drop(seg);
+        assert_eq!(
+            OwnedSegment::open(&n, Access::ReadOnly).unwrap_err().errno,
+            Errno::NOENT
+        );
+    }
+
+    #[test]
+    fn opened_segment_is_read_only_and_does_not_unlink() {
+        let n = name("b");
+        let owner = OwnedSegment::create(&n, 100).unwrap();
+        owner.atomic_u64(3).store(7, ORD);
+        let reader = OwnedSegment::open(&n, Access::ReadOnly).unwrap();
+        assert_eq!(reader.size(), 100);
+        assert!(reader.ptr_mut(0, 8).is_none());
+        let mut buf = [0u8; 8];
+        assert!(reader.copy_out(24, &mut buf));
+        assert_eq!(u64::from_ne_bytes(buf), 7);
+        assert!(!reader.copy_out(96, &mut buf), "past the end");
+        assert!(reader.ptr(u64::MAX, 2).is_none(), "overflow");
+        drop(reader);
+        assert!(OwnedSegment::open(&n, Access::ReadOnly).is_ok());
+        drop(owner);
+    }
+
+    #[test]
+    fn zero_length_segments_work() {
+        let n = name("c");
+        let owner = OwnedSegment::create(&n, 0).unwrap();
+        assert!(owner.ptr_mut(0, 0).is_some());
+        assert!(owner.ptr(1, 0).is_none());
+        let reader = OwnedSegment::open(&n, Access::ReadOnly).unwrap();
+        assert_eq!(reader.size(), 0);
+        assert!(reader.copy_out(0, &mut []));
+    }
+
+    #[test]
+    fn reserve_backs_pages() {
+        let n = name("d");
+        let mut owner = OwnedSegment::create(&n, 1 << 16).unwrap();
+        owner.reserve(4096, 8192).unwrap();
+        owner.close_fd();
+        assert_eq!(owner.reserve(0, 1).unwrap_err().errno, Errno::BADF);
+    }
+}

@@ -1,0 +1,926 @@
+//! Behaviour of whole transport instances, driven through the `Transport`
+//! trait object exactly as the host drives it. Owner and consumer are two
+//! instances (two node tags) in this process; they share `/dev/shm` as two
+//! processes on one node would. Every test checks that it leaves nothing in
+//! `/dev/shm`.
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
+use shardport_abi::{
+    testing, AbiError, AllocationGuard, ErrorKind, ExportRequest, LeasedView, PluginContext,
+    RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, StatKind,
+};
+
+use crate::{
+    descriptor::{Descriptor, Mode},
+    sys::OwnedSegment,
+};
+
+/// One transport instance and its node tag.
+/// On drop, asserts that the instance left nothing in /dev/shm.
+struct Node {
+    t: Option<SharedTransport>,
+    tag: String,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        drop(self.t.take());
+        if !std::thread::panicking() {
+            assert_eq!(self.segments(), Vec::<String>::new(), "left in /dev/shm");
+        }
+    }
+}
+
+impl Node {
+    fn new(config: &str) -> Node {
+        Node::try_new(config).unwrap()
+    }
+
+    fn try_new(config: &str) -> Result<Node, AbiError> {
+        let ctx = testing::context("shm", config);
+        let tag = ctx.node_tag.to_string();
+        let t = crate::create(PluginContext::new(ctx))?;
+        Ok(Node {
+            t: Some(Arc::new(t)),
+            tag,
+        })
+    }
+
+    fn t(&self) -> &SharedTransport {
+        self.t.as_ref().expect("alive")
+    }
+
+    /// Names in /dev/shm that belong to this node.
+    fn segments(&self) -> Vec<String> {
+        segments_of(&self.tag)
+    }
+
+    /// Exports `bytes` by copy.
+    fn put(&self, id: u128, bytes: &[u8]) -> Result<Vec<u8>, AbiError> {
+        self.t()
+            .export(ExportRequest {
+                id: ShardId::from_u128(id),
+                meta: ShardMeta::bytes(bytes.len() as u64),
+                data: SharedBytes::lend(bytes),
+                allocation: 0,
+            })
+            .into_result()
+            .map(|d| d.into_vec())
+    }
+
+    /// Writes `bytes` into an allocation and exports it in place. The guard
+    /// must outlive the shard's unexport (the host's side of the contract).
+    fn put_in_place(&self, id: u128, bytes: &[u8]) -> Result<(Vec<u8>, AllocationGuard), AbiError> {
+        let sid = ShardId::from_u128(id);
+        let mut g = AllocationGuard::allocate(self.t(), sid, bytes.len() as u64)?;
+        g.as_mut_slice().copy_from_slice(bytes);
+        let desc = self
+            .t()
+            .export(ExportRequest {
+                id: sid,
+                meta: ShardMeta::bytes(bytes.len() as u64),
+                data: SharedBytes::lend(g.as_slice()),
+                allocation: g.token(),
+            })
+            .into_result()?
+            .into_vec();
+        g.mark_exported();
+        Ok((desc, g))
+    }
+
+    fn unexport(&self, id: u128) -> Result<(), AbiError> {
+        self.t().unexport(ShardId::from_u128(id)).into_result()
+    }
+
+    fn copy(&self, desc: &[u8], len: u64) -> Result<Vec<u8>, AbiError> {
+        let mut buf = vec![0u8; len as usize];
+        self.t()
+            .import_into(
+                RSlice::from_slice(desc),
+                &ShardMeta::bytes(len),
+                RSliceMut::from_mut_slice(&mut buf),
+            )
+            .into_result()?;
+        Ok(buf)
+    }
+
+    fn view(&self, desc: &[u8], len: u64) -> Result<LeasedView, AbiError> {
+        LeasedView::import(self.t(), desc, &ShardMeta::bytes(len))
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.t()
+            .stats()
+            .iter()
+            .find(|s| s.name.as_str() == name)
+            .unwrap_or_else(|| panic!("no stat {name}"))
+            .value
+    }
+}
+
+fn segments_of(tag: &str) -> Vec<String> {
+    let start = format!("shardport-{tag}-");
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&start))
+        .collect();
+    v.sort();
+    v
+}
+
+/// An owner and a consumer instance.
+struct Pair {
+    owner: Node,
+    consumer: Node,
+}
+
+impl Pair {
+    fn new(owner_config: &str) -> Pair {
+        Pair {
+            owner: Node::new(owner_config),
+            consumer: Node::new(""),
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn decode(desc: &[u8]) -> Descriptor {
+    Descriptor::decode(desc, "shardport").unwrap()
+}
+
+const SMALL_POOL: &str = "pool-size = \"64KiB\"";
+
+#[test]
+fn describe_reports_capabilities() {
+    let n = Node::new("");
+    let info = n.t().describe();
+    assert_eq!(info.name.as_str(), "posix-shm");
+    assert_eq!(
+        info.capabilities.names(),
+        ["cpu", "same-node-only", "zero-copy", "allocator"]
+    );
+    assert_eq!(
+        info.needs_identity,
+        shardport_abi::IdentityParts::BOOT_ID.with(shardport_abi::IdentityParts::SHM_DEVICE)
+    );
+    let h = n.t().health();
+    assert!(h.ok, "{}", h.message);
+}
+
+#[test]
+fn pool_roundtrip_copy_and_view() {
+    let p = Pair::new(SMALL_POOL);
+    let a = pattern(1000, 1);
+    let b = pattern(5000, 2);
+    let da = p.owner.put(1, &a).unwrap();
+    let (db, _guard) = p.owner.put_in_place(2, &b).unwrap();
+    assert_eq!(decode(&da).mode, Mode::Pool);
+    assert_eq!(decode(&db).offset % 64, 0);
+
+    assert_eq!(p.consumer.copy(&da, 1000).unwrap(), a);
+    assert_eq!(p.consumer.copy(&db, 5000).unwrap(), b);
+    {
+        let va = p.consumer.view(&da, 1000).unwrap();
+        let vb = p.consumer.view(&db, 5000).unwrap();
+        assert_eq!(&*va, &a[..]);
+        assert_eq!(&*vb, &b[..]);
+        assert_eq!(p.consumer.stat("leases_active"), 2);
+        assert_eq!(p.owner.stat("leases_held_on_owner"), 2);
+        assert_eq!(p.consumer.stat("segments_mapped"), 2);
+    }
+    assert_eq!(p.consumer.stat("leases_active"), 0);
+    assert_eq!(p.owner.stat("leases_held_on_owner"), 0);
+    assert_eq!(p.consumer.stat("imports_copy"), 2);
+    assert_eq!(p.consumer.stat("imports_view"), 2);
+    assert_eq!(p.consumer.stat("leases_granted"), 4);
+    assert_eq!(p.owner.stat("shards_live"), 2);
+    assert_eq!(p.owner.stat("bytes_exported"), 6000);
+    assert_eq!(p.owner.stat("pool_bytes_total"), 64 << 10);
+    assert_eq!(p.owner.stat("pool_bytes_used"), 6000);
+    assert_eq!(p.owner.stat("segments_owned"), 2);
+
+    p.owner.unexport(1).unwrap();
+    p.owner.unexport(2).unwrap();
+    assert_eq!(p.owner.stat("pool_bytes_used"), 0);
+    assert_eq!(p.owner.stat("shards_live"), 0);
+}
+
+#[test]
+fn segment_per_shard_roundtrip_copy_and_view() {
+    let p = Pair::new("allocation = \"segment-per-shard\"");
+    let a = pattern(3000, 3);
+    let b = pattern(70_000, 4);
+    let da = p.owner.put(1, &a).unwrap();
+    let (db, _guard) = p.owner.put_in_place(2, &b).unwrap();
+    assert_eq!(decode(&da).mode, Mode::Segment);
+    assert_eq!(p.owner.stat("segments_owned"), 2);
+    assert_eq!(p.owner.segments().len(), 2);
+    assert_eq!(p.owner.stat("pool_bytes_total"), 0);
+
+    assert_eq!(p.consumer.copy(&da, 3000).unwrap(), a);
+    let vb = p.consumer.view(&db, 70_000).unwrap();
+    assert_eq!(&*vb, &b[..]);
+    assert_eq!(p.consumer.stat("segments_mapped"), 1);
+
+    // Unexport unlinks the name; the consumer's mapping stays valid.
+    p.owner.unexport(2).unwrap();
+    assert_eq!(p.owner.segments().len(), 1);
+    assert_eq!(&*vb, &b[..]);
+    drop(vb);
+    assert_eq!(p.consumer.stat("segments_mapped"), 0);
+    let e = p.consumer.copy(&db, 70_000).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NOT_FOUND);
+    assert!(e.message.contains("removed by its owner"), "{}", e.message);
+    p.owner.unexport(1).unwrap();
+    assert_eq!(p.owner.segments(), Vec::<String>::new());
+}
+
+#[test]
+fn zero_length_shards_work_in_both_modes() {
+    for config in [SMALL_POOL, "allocation = \"segment-per-shard\""] {
+        let p = Pair::new(config);
+        let d1 = p.owner.put(1, &[]).unwrap();
+        let (d2, _g) = p.owner.put_in_place(2, &[]).unwrap();
+        for d in [&d1, &d2] {
+            assert_eq!(p.consumer.copy(d, 0).unwrap(), Vec::<u8>::new());
+            let v = p.consumer.view(d, 0).unwrap();
+            assert!(v.is_empty());
+        }
+        p.owner.unexport(1).unwrap();
+        assert_eq!(
+            p.consumer.copy(&d1, 0).unwrap_err().kind,
+            ErrorKind::NOT_FOUND,
+            "{config}"
+        );
+        p.owner.unexport(2).unwrap();
+    }
+}
+
+#[test]
+fn a_lease_protects_space_until_released() {
+    let p = Pair::new(SMALL_POOL);
+    let shard = 4096usize;
+    let a = pattern(shard, 9);
+    let da = p.owner.put(1, &a).unwrap();
+    let a_range = {
+        let d = decode(&da);
+        (d.offset, d.offset + d.len)
+    };
+    let view = p.consumer.view(&da, shard as u64).unwrap();
+    p.owner.unexport(1).unwrap();
+    assert_eq!(p.owner.stat("shards_retired_leased"), 1);
+    assert_eq!(p.owner.stat("pool_bytes_used"), shard as u64);
+
+    // Cycle through the pool several times: every new shard is written with
+    // 0xEE; the allocator must wrap around A's leased bytes.
+    let fill = vec![0xEE; shard];
+    let mut wraps = 0;
+    let mut last_offset = 0;
+    for i in 0..64u128 {
+        let (d, g) = p.owner.put_in_place(100 + i, &fill).unwrap();
+        let d = decode(&d);
+        if d.offset < last_offset {
+            wraps += 1;
+        }
+        last_offset = d.offset;
+        assert!(
+            d.offset + d.len <= a_range.0 || d.offset >= a_range.1,
+            "shard at {}..{} overlaps leased {a_range:?}",
+            d.offset,
+            d.offset + d.len
+        );
+        assert_eq!(&*view, &a[..], "leased bytes changed");
+        p.owner.unexport(100 + i).unwrap();
+        drop(g);
+    }
+    assert!(wraps >= 3, "the allocator wrapped only {wraps} times");
+
+    // Released: the space comes back and is reused.
+    drop(view);
+    assert_eq!(p.owner.stat("shards_retired_leased"), 0);
+    assert_eq!(p.owner.stat("pool_bytes_used"), 0);
+    let mut reused = false;
+    for i in 0..32u128 {
+        let d = decode(&p.owner.put(200 + i, &fill).unwrap());
+        reused |= d.offset == a_range.0;
+        p.owner.unexport(200 + i).unwrap();
+    }
+    assert!(reused, "A's space was never reused after release");
+}
+
+#[test]
+fn owner_and_consumer_race_without_losing_a_lease() {
+    // Owner threads export and unexport shards whose bytes all equal a
+    // per-shard value while consumer threads view them: a view either fails
+    // with NOT_FOUND or shows exactly that value for as long as it lives.
+    let p = Pair::new("pool-size = \"256KiB\"\nmax-leases = 64");
+    let shard = 8192usize;
+    let stop = AtomicBool::new(false);
+    let published = std::sync::Mutex::new(Vec::<(Vec<u8>, u8)>::new());
+    std::thread::scope(|s| {
+        let owner = s.spawn(|| {
+            for i in 0..400u32 {
+                let value = (i % 250) as u8 + 1;
+                let d = p.owner.put(u128::from(i), &vec![value; shard]).unwrap();
+                published.lock().unwrap().push((d, value));
+                if i >= 4 {
+                    p.owner.unexport(u128::from(i - 4)).unwrap();
+                }
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut k = 0usize;
+                while !stop.load(Ordering::SeqCst) {
+                    let item = {
+                        let v = published.lock().unwrap();
+                        v.len().checked_sub(1 + k % 3).map(|i| v[i].clone())
+                    };
+                    k += 1;
+                    let Some((d, value)) = item else { continue };
+                    match p.consumer.view(&d, shard as u64) {
+                        Ok(view) => {
+                            for _ in 0..3 {
+                                assert!(view.iter().all(|&b| b == value), "torn shard");
+                                std::thread::yield_now();
+                            }
+                        }
+                        Err(e) => assert_eq!(e.kind, ErrorKind::NOT_FOUND, "{e}"),
+                    }
+                }
+            });
+        }
+        owner.join().unwrap();
+    });
+    for i in 396..400u128 {
+        p.owner.unexport(i).unwrap();
+    }
+    assert_eq!(p.owner.stat("pool_bytes_used"), 0);
+}
+
+#[test]
+fn copy_import_takes_and_returns_a_lease() {
+    let p = Pair::new(SMALL_POOL);
+    let d = p.owner.put(1, &pattern(100, 5)).unwrap();
+    assert_eq!(p.consumer.copy(&d, 100).unwrap(), pattern(100, 5));
+    assert_eq!(p.consumer.stat("leases_granted"), 1);
+    assert_eq!(p.owner.stat("leases_held_on_owner"), 0);
+    p.owner.unexport(1).unwrap();
+}
+
+#[test]
+fn full_pool_error_names_the_key_and_sizes() {
+    let p = Pair::new("pool-size = 4096");
+    let (_d, _g) = p.owner.put_in_place(1, &[7u8; 4000]).unwrap();
+    let e = p
+        .owner
+        .t()
+        .allocate(ShardId::from_u128(2), 200)
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RESOURCE_EXHAUSTED);
+    assert_eq!(
+        e.message.as_str(),
+        "posix-shm pool is full: the shard needs 200 B (200 bytes) but the pool of 4 KiB has \
+         at most 64 B in one free gap (3.9 KiB in use, 0 B of it retired but still leased by \
+         consumers); raise `plugin.shm.config.pool-size` or set \
+         `plugin.shm.config.on-full = \"spill\"` to give such shards their own segment"
+    );
+    // Freeing makes room again.
+    p.owner.unexport(1).unwrap();
+    let g = AllocationGuard::allocate(p.owner.t(), ShardId::from_u128(2), 4096).unwrap();
+    drop(g);
+    assert_eq!(p.owner.stat("allocations_pending"), 0);
+    assert_eq!(p.owner.stat("pool_bytes_used"), 0);
+}
+
+#[test]
+fn full_pool_spills_to_a_segment() {
+    let p = Pair::new("pool-size = 4096\non-full = \"spill\"");
+    let a = pattern(4096, 1);
+    let b = pattern(300, 2);
+    let da = p.owner.put(1, &a).unwrap();
+    let db = p.owner.put(2, &b).unwrap();
+    assert_eq!(decode(&da).mode, Mode::Pool);
+    assert_eq!(decode(&db).mode, Mode::Segment);
+    assert_eq!(p.owner.stat("spills"), 1);
+    assert_eq!(p.owner.stat("segments_owned"), 3);
+    assert_eq!(p.consumer.copy(&db, 300).unwrap(), b);
+    assert_eq!(&*p.consumer.view(&db, 300).unwrap(), &b[..]);
+    p.owner.unexport(2).unwrap();
+    assert_eq!(p.owner.segments().len(), 2, "spilled segment unlinked");
+    p.owner.unexport(1).unwrap();
+}
+
+#[test]
+fn lease_table_full_names_max_leases() {
+    let p = Pair::new("pool-size = 4096\nmax-leases = 2");
+    let d = p.owner.put(1, &[1, 2, 3]).unwrap();
+    let _v1 = p.consumer.view(&d, 3).unwrap();
+    let _v2 = p.consumer.view(&d, 3).unwrap();
+    let e = p.consumer.view(&d, 3).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RESOURCE_EXHAUSTED);
+    assert!(e.message.contains("`max-leases`"), "{}", e.message);
+    let e = p.consumer.copy(&d, 3).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::RESOURCE_EXHAUSTED);
+    p.owner.unexport(1).unwrap();
+}
+
+#[test]
+fn max_shards_is_enforced() {
+    for config in [
+        "pool-size = 4096\nmax-shards = 2",
+        "allocation = \"segment-per-shard\"\nmax-shards = 2",
+    ] {
+        let p = Pair::new(config);
+        p.owner.put(1, &[1]).unwrap();
+        p.owner.put(2, &[2]).unwrap();
+        let e = p.owner.put(3, &[3]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::RESOURCE_EXHAUSTED);
+        assert!(
+            e.message.contains("`plugin.shm.config.max-shards`"),
+            "{}",
+            e.message
+        );
+        p.owner.unexport(1).unwrap();
+        let d = p.owner.put(3, &[3]).unwrap();
+        assert_eq!(p.consumer.copy(&d, 1).unwrap(), [3]);
+        p.owner.unexport(2).unwrap();
+        p.owner.unexport(3).unwrap();
+    }
+}
+
+#[test]
+fn removed_shards_are_not_found() {
+    let p = Pair::new(SMALL_POOL);
+    let d = p.owner.put(1, &[1; 10]).unwrap();
+    p.owner.unexport(1).unwrap();
+    for e in [
+        p.consumer.copy(&d, 10).unwrap_err(),
+        p.consumer.view(&d, 10).unwrap_err(),
+    ] {
+        assert_eq!(e.kind, ErrorKind::NOT_FOUND);
+        assert!(
+            e.message.contains("was removed by its owner"),
+            "{}",
+            e.message
+        );
+    }
+    // The slot is reused with a new generation: the old descriptor stays dead.
+    let d2 = p.owner.put(2, &[2; 10]).unwrap();
+    assert_eq!(decode(&d2).slot, decode(&d).slot);
+    assert_eq!(
+        p.consumer.copy(&d, 10).unwrap_err().kind,
+        ErrorKind::NOT_FOUND
+    );
+    assert_eq!(p.consumer.copy(&d2, 10).unwrap(), [2; 10]);
+    p.owner.unexport(2).unwrap();
+    assert_eq!(p.owner.unexport(2).unwrap_err().kind, ErrorKind::NOT_FOUND);
+}
+
+#[test]
+fn a_dropped_owner_leaves_views_valid_and_shards_not_found() {
+    let owner = Node::new(SMALL_POOL);
+    let consumer = Node::new("");
+    let a = pattern(2000, 7);
+    let da = owner.put(1, &a).unwrap();
+    let db = owner.put(2, &a).unwrap();
+    let view = consumer.view(&da, 2000).unwrap();
+    let tag = owner.tag.clone();
+    drop(owner);
+    assert_eq!(segments_of(&tag), Vec::<String>::new());
+    assert_eq!(&*view, &a[..], "a view outlives its owner");
+    let e = consumer.copy(&db, 2000).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NOT_FOUND, "{e}");
+    drop(view);
+    assert_eq!(consumer.stat("segments_mapped"), 0);
+}
+
+#[test]
+fn drop_removes_every_segment() {
+    for config in [
+        "pool-size = 4096\non-full = \"spill\"",
+        "allocation = \"segment-per-shard\"",
+    ] {
+        let n = Node::new(config);
+        n.put(1, &[1; 4096]).unwrap();
+        n.put(2, &[2; 100]).unwrap();
+        let _pending = n
+            .t()
+            .allocate(ShardId::from_u128(3), 10)
+            .into_result()
+            .unwrap();
+        assert!(n.segments().len() >= 3, "{:?}", n.segments());
+        let tag = n.tag.clone();
+        drop(n);
+        assert_eq!(segments_of(&tag), Vec::<String>::new(), "{config}");
+    }
+}
+
+#[test]
+fn two_instances_never_collide() {
+    let a = Node::new(SMALL_POOL);
+    let b = Node::new(SMALL_POOL);
+    let da = a.put(1, &[1; 64]).unwrap();
+    let db = b.put(1, &[2; 64]).unwrap();
+    assert_ne!(decode(&da).segment, decode(&db).segment);
+    assert_eq!(a.copy(&db, 64).unwrap(), [2; 64]);
+    assert_eq!(b.copy(&da, 64).unwrap(), [1; 64]);
+    // One process as owner and consumer of its own shard.
+    assert_eq!(a.copy(&da, 64).unwrap(), [1; 64]);
+    assert_eq!(a.segments().len(), 2);
+    assert_eq!(b.segments().len(), 2);
+    let (ta, tb) = (a.tag.clone(), b.tag.clone());
+    drop((a, b));
+    assert!(segments_of(&ta).is_empty() && segments_of(&tb).is_empty());
+}
+
+#[test]
+fn a_name_already_taken_is_skipped() {
+    // A leftover segment with the name our pool would get.
+    let ctx = testing::context("shm", SMALL_POOL);
+    let tag = ctx.node_tag.to_string();
+    let squatter = OwnedSegment::create(&format!("/shardport-{tag}-p0"), 8).unwrap();
+    let t = crate::create(PluginContext::new(ctx)).unwrap();
+    assert!(t.health().ok);
+    let names = segments_of(&tag);
+    assert_eq!(names.len(), 3, "{names:?}");
+    drop(t);
+    assert_eq!(segments_of(&tag), [format!("shardport-{tag}-p0")]);
+    drop(squatter);
+}
+
+#[test]
+fn hostile_descriptors_are_invalid() {
+    let p = Pair::new("pool-size = 4096\non-full = \"spill\"");
+    let good = p.owner.put(1, &[5; 100]).unwrap();
+    let spilled = p.owner.put(2, &[6; 4096]).unwrap();
+    let d = decode(&good);
+    let s = decode(&spilled);
+    assert_eq!(s.mode, Mode::Segment);
+    let base = format!("/shardport-{}-", p.owner.tag);
+    // A board-shaped segment with a garbage header.
+    let fake_board = OwnedSegment::create(&format!("{base}b999"), 4096).unwrap();
+
+    let cases: Vec<(&str, Descriptor, u64)> = vec![
+        (
+            "segment",
+            Descriptor {
+                segment: "/../../etc/passwd".into(),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "segment",
+            Descriptor {
+                segment: format!("{base}p0/../p0"),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "segment",
+            Descriptor {
+                segment: "/other-t1-p0".into(),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "segment",
+            Descriptor {
+                segment: d.segment.trim_start_matches('/').into(),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "board",
+            Descriptor {
+                board: "/shardport-someoneelse-b1".into(),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "board",
+            Descriptor {
+                board: format!("{base}b999"),
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "len",
+            Descriptor {
+                offset: 4096 - 64,
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "offset",
+            Descriptor {
+                offset: 1 << 40,
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "len",
+            Descriptor {
+                offset: u64::MAX - 10,
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "len",
+            Descriptor {
+                len: u64::MAX,
+                ..d.clone()
+            },
+            u64::MAX,
+        ),
+        (
+            "len",
+            Descriptor {
+                len: 99,
+                ..d.clone()
+            },
+            99 + 1,
+        ),
+        (
+            "slot",
+            Descriptor {
+                slot: 1 << 30,
+                ..d.clone()
+            },
+            100,
+        ),
+        (
+            "len",
+            Descriptor {
+                len: 5000,
+                ..s.clone()
+            },
+            5000,
+        ),
+        (
+            "offset",
+            Descriptor {
+                offset: 8,
+                ..s.clone()
+            },
+            4096,
+        ),
+        (
+            "board",
+            Descriptor {
+                board: d.board.clone(),
+                ..s.clone()
+            },
+            4096,
+        ),
+    ];
+    for (field, desc, meta_len) in cases {
+        let bytes = desc.encode();
+        let meta = ShardMeta::bytes(meta_len);
+        let e = p
+            .consumer
+            .t()
+            .import_view(RSlice::from_slice(&bytes), &meta)
+            .into_result()
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{desc:?}: {e}");
+        assert!(
+            e.message.contains(&format!("field `{field}`")),
+            "{desc:?}: {}",
+            e.message
+        );
+        if meta_len < 1 << 20 {
+            let mut buf = vec![0u8; meta_len as usize];
+            let e = p
+                .consumer
+                .t()
+                .import_into(
+                    RSlice::from_slice(&bytes),
+                    &meta,
+                    RSliceMut::from_mut_slice(&mut buf),
+                )
+                .into_result()
+                .unwrap_err();
+            assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{desc:?}: {e}");
+        }
+    }
+    // len != meta.byte_len.
+    let e = p.consumer.copy(&good, 101).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+    assert!(e.message.contains("field `len`"), "{}", e.message);
+    // Every truncation of valid descriptors, and garbage.
+    for desc in [&good, &spilled] {
+        for n in 0..desc.len() {
+            let e = p.consumer.view(&desc[..n], 100).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "truncated to {n}");
+        }
+    }
+    for garbage in [&b""[..], b"SPSM", &[0xff; 64], &[0; 200]] {
+        let e = p.consumer.view(garbage, 100).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+    }
+    // A consumer with another prefix refuses our names.
+    let other = Node::new("segment-prefix = \"other\"");
+    let e = other.copy(&good, 100).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+    assert!(e.message.contains("`/other-`"), "{}", e.message);
+    // Nothing above took a lease or broke the shard.
+    assert_eq!(p.owner.stat("leases_held_on_owner"), 0);
+    assert_eq!(p.consumer.copy(&good, 100).unwrap(), [5; 100]);
+    drop(fake_board);
+    p.owner.unexport(1).unwrap();
+    p.owner.unexport(2).unwrap();
+}
+
+#[test]
+fn bad_tokens_and_arguments() {
+    let p = Pair::new(SMALL_POOL);
+    let e = p.consumer.t().release(0).into_result().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+    assert_eq!(
+        p.consumer.t().release(77).into_result().unwrap_err().kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        p.owner
+            .t()
+            .free_allocation(77)
+            .into_result()
+            .unwrap_err()
+            .kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+    assert_eq!(p.owner.unexport(9).unwrap_err().kind, ErrorKind::NOT_FOUND);
+
+    // Export naming an unknown allocation.
+    let bytes = [1u8; 8];
+    let e = p
+        .owner
+        .t()
+        .export(ExportRequest {
+            id: ShardId::from_u128(1),
+            meta: ShardMeta::bytes(8),
+            data: SharedBytes::lend(&bytes),
+            allocation: 12345,
+        })
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+
+    // meta.byte_len disagreeing with the data.
+    let e = p
+        .owner
+        .t()
+        .export(ExportRequest {
+            id: ShardId::from_u128(1),
+            meta: ShardMeta::bytes(9),
+            data: SharedBytes::lend(&bytes),
+            allocation: 0,
+        })
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+
+    // Export of the same id twice; allocation for an exported id.
+    p.owner.put(1, &bytes).unwrap();
+    assert_eq!(
+        p.owner.put(1, &bytes).unwrap_err().kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        p.owner
+            .t()
+            .allocate(ShardId::from_u128(1), 8)
+            .into_result()
+            .unwrap_err()
+            .kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+
+    // An allocation exported under another id, or with other bytes, is refused
+    // and stays usable.
+    let mut g = AllocationGuard::allocate(p.owner.t(), ShardId::from_u128(2), 8).unwrap();
+    g.as_mut_slice().copy_from_slice(&[3; 8]);
+    let wrong_id = p.owner.t().export(ExportRequest {
+        id: ShardId::from_u128(3),
+        meta: ShardMeta::bytes(8),
+        data: SharedBytes::lend(g.as_slice()),
+        allocation: g.token(),
+    });
+    assert_eq!(
+        wrong_id.into_result().unwrap_err().kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+    let other_bytes = p.owner.t().export(ExportRequest {
+        id: ShardId::from_u128(2),
+        meta: ShardMeta::bytes(8),
+        data: SharedBytes::lend(&bytes),
+        allocation: g.token(),
+    });
+    assert_eq!(
+        other_bytes.into_result().unwrap_err().kind,
+        ErrorKind::INVALID_ARGUMENT
+    );
+    drop(g);
+    assert_eq!(p.owner.stat("allocations_pending"), 0);
+
+    // Copy into a destination of the wrong size.
+    let d = p.owner.put(4, &bytes).unwrap();
+    let mut small = [0u8; 4];
+    let e = p
+        .consumer
+        .t()
+        .import_into(
+            RSlice::from_slice(&d),
+            &ShardMeta::bytes(8),
+            RSliceMut::from_mut_slice(&mut small),
+        )
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+
+    // Device shards are not ours.
+    let mut meta = ShardMeta::bytes(8);
+    meta.device = shardport_abi::Device::cuda(0);
+    let e = p
+        .owner
+        .t()
+        .export(ExportRequest {
+            id: ShardId::from_u128(5),
+            meta,
+            data: SharedBytes::lend(&bytes),
+            allocation: 0,
+        })
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+    p.owner.unexport(1).unwrap();
+    p.owner.unexport(4).unwrap();
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let e = Node::try_new("pool-sise = \"1GiB\"").err().unwrap();
+    assert_eq!(e.kind, ErrorKind::CONFIG);
+    assert!(
+        e.message.contains("`plugin.shm.config.pool-sise`"),
+        "{}",
+        e.message
+    );
+    let e = Node::try_new("segment-prefix = \"a/b\"").err().unwrap();
+    assert_eq!(e.kind, ErrorKind::CONFIG);
+    assert!(e.message.contains("`plugin.shm.config.segment-prefix`"));
+    let e = Node::try_new("allocation = \"buddy\"").err().unwrap();
+    assert!(e.message.contains("`plugin.shm.config.allocation`"));
+}
+
+#[test]
+fn stats_are_snake_case_and_complete() {
+    let n = Node::new(SMALL_POOL);
+    let stats = n.t().stats();
+    let names: Vec<&str> = stats.iter().map(|s| s.name.as_str()).collect();
+    for want in [
+        "pool_bytes_total",
+        "pool_bytes_used",
+        "shards_live",
+        "shards_retired_leased",
+        "leases_held_on_owner",
+        "leases_granted",
+        "leases_active",
+        "segments_owned",
+        "segments_mapped",
+        "bytes_exported",
+        "imports_copy",
+        "imports_view",
+        "spills",
+    ] {
+        assert!(names.contains(&want), "missing {want}");
+    }
+    for s in stats.iter() {
+        assert!(s.name.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+    }
+    let kind = |n: &str| stats.iter().find(|s| s.name.as_str() == n).unwrap().kind;
+    assert_eq!(kind("imports_copy"), StatKind::COUNTER);
+    assert_eq!(kind("pool_bytes_used"), StatKind::GAUGE);
+}
