@@ -270,11 +270,12 @@ pub fn describe_is_sane(make: &dyn Fn() -> Pair) {
     let name_ok = name.len() <= 64
         && name
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-        && name.as_bytes()[0].is_ascii_alphanumeric();
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.as_bytes()[0].is_ascii_lowercase();
     if !name_ok {
         c.fail(format_args!(
-            "name {name:?} is not a config key: use at most 64 of [a-z0-9._-], starting with a letter or digit"
+            "name {name:?} is not a transport name: lowercase letters, digits and `-`, \
+             starting with a letter, at most 64 characters (configs and handles use it)"
         ));
     }
     if info.version.trim().is_empty() {
@@ -1342,6 +1343,8 @@ mod tests {
         NoViews,
         /// Sets a capability bit the interface does not define.
         UnknownCapability,
+        /// Reports a name that is not a config key.
+        BadName,
     }
 
     /// What two instances on one "node" share, as `/dev/shm` would be.
@@ -1412,7 +1415,11 @@ mod tests {
                 caps = caps.with(Capabilities(1 << 40));
             }
             TransportInfo {
-                name: "mem-ref".into(),
+                name: if self.bug == Bug::BadName {
+                    "Mem Ref".into()
+                } else {
+                    "mem-ref".into()
+                },
                 version: "1.0.0".into(),
                 capabilities: caps,
                 needs_identity: if caps.contains(Capabilities::SAME_NODE_ONLY) {
@@ -1764,6 +1771,18 @@ mod tests {
             FULL,
             Bug::UnknownCapability,
             "set bits this interface does not define",
+        );
+    }
+
+    #[test]
+    fn names_that_are_not_config_keys_fail() {
+        let msg = failure(describe_is_sane, FULL, Bug::BadName);
+        assert!(
+            msg.starts_with(
+                "conformance case `describe_is_sane` failed for transport `Mem Ref`: \
+                 name \"Mem Ref\" is not a transport name"
+            ),
+            "{msg}"
         );
     }
 
