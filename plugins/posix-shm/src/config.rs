@@ -17,6 +17,13 @@ use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
 
 use crate::names;
 
+/// Default allocation: one pool per owner. Creating a segment per shard costs
+/// a few system calls and first-touch page faults every time; a pool reuses
+/// pages that are already backed.
+pub(crate) const DEFAULT_ALLOCATION: &str = "pool";
+/// Default full-pool behaviour: fail loudly, so an undersized pool is seen
+/// and fixed rather than silently paying per-shard segment costs.
+pub(crate) const DEFAULT_ON_FULL: &str = "error";
 /// Default pool size. The segment is created sparse (`ftruncate`), so an idle
 /// pool costs no memory; 1 GiB holds a typical batch of weight or KV shards
 /// without spilling, and fits the 24 GiB tmpfs of a normal host many times.
@@ -81,7 +88,11 @@ impl Config {
         let key = |k: &str| format!("plugin.{instance}.config.{k}");
 
         let allocation = match t
-            .choice("allocation", &["pool", "segment-per-shard"], "pool")?
+            .choice(
+                "allocation",
+                &["pool", "segment-per-shard"],
+                DEFAULT_ALLOCATION,
+            )?
             .as_str()
         {
             "pool" => Allocation::Pool,
@@ -97,7 +108,10 @@ impl Config {
                 format_byte_size(MAX_POOL_SIZE)
             )));
         }
-        let on_full = match t.choice("on-full", &["error", "spill"], "error")?.as_str() {
+        let on_full = match t
+            .choice("on-full", &["error", "spill"], DEFAULT_ON_FULL)?
+            .as_str()
+        {
             "error" => OnFull::Error,
             _ => OnFull::Spill,
         };

@@ -413,9 +413,18 @@ impl Consumer {
         }
     }
 
-    /// Gauges.
+    /// Gauges. Also drops cached pools whose owner closed them or whose data
+    /// segment is gone (an owner that was killed): a cached mapping would
+    /// otherwise pin the dead pool's memory until this consumer exits.
     pub(crate) fn stats(&self) -> ConsumerStats {
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
+        st.pools.retain(|name, c| {
+            let keep = !c.pool.board.is_closed() && OwnedSegment::exists(name);
+            if !keep {
+                tracing::debug!(target: "posix_shm", pool = %name, "dropping cached mapping of a closed pool");
+            }
+            keep
+        });
         let mut pools: HashSet<*const PeerPool> =
             st.pools.values().map(|c| Arc::as_ptr(&c.pool)).collect();
         let mut per_shard = 0;

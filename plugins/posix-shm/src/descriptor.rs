@@ -307,6 +307,31 @@ mod tests {
         assert!(err(&b).contains("UTF-8"));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_fail_cleanly_or_roundtrip(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            if let Ok(d) = Descriptor::decode(&bytes, "shardport") {
+                proptest::prop_assert_eq!(d.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_descriptors_fail_cleanly_or_roundtrip(
+            at in proptest::num::usize::ANY,
+            byte in proptest::num::u8::ANY,
+        ) {
+            let mut bytes = pool().encode();
+            let i = at % bytes.len();
+            bytes[i] = byte;
+            match Descriptor::decode(&bytes, "shardport") {
+                Ok(d) => proptest::prop_assert_eq!(d.encode(), bytes),
+                Err(e) => proptest::prop_assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR),
+            }
+        }
+    }
+
     #[test]
     fn garbage_never_panics() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;

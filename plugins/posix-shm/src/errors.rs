@@ -35,6 +35,21 @@ pub(crate) fn create_failed(kind: Kind, name: &str, size: u64, e: SysError) -> A
     AbiError::new(kind, msg)
 }
 
+/// Backing pool pages for a new allocation failed.
+pub(crate) fn reserve_failed(name: &str, len: u64, e: SysError) -> AbiError {
+    let what = format!(
+        "cannot back {} of pool data segment {name}: {e}",
+        format_byte_size(len)
+    );
+    match e.errno {
+        Errno::NOSPC | Errno::NOMEM => AbiError::new(
+            ErrorKind::RESOURCE_EXHAUSTED,
+            format!("{what}; {SHM_FULL_HINT}"),
+        ),
+        _ => AbiError::new(ErrorKind::IO, what),
+    }
+}
+
 /// Opening a peer's segment named in a descriptor failed.
 pub(crate) fn open_failed(kind: Kind, name: &str, e: SysError) -> AbiError {
     match e.errno {

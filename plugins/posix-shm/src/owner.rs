@@ -330,12 +330,7 @@ impl Owner {
                 Some(offset) => {
                     if let Err(e) = pool.data.reserve(offset, len) {
                         b.alloc.free(offset);
-                        return Err(errors::create_failed(
-                            Kind::PoolData,
-                            pool.data.name(),
-                            self.cfg.pool_size,
-                            e,
-                        ));
+                        return Err(errors::reserve_failed(pool.data.name(), len, e));
                     }
                     offset
                 }

@@ -235,7 +235,23 @@ impl OwnedSegment {
             op: "fallocate",
             errno: Errno::BADF,
         })?;
-        fs::fallocate(fd, FallocateFlags::empty(), offset, len).map_err(fail("fallocate"))
+        match fs::fallocate(fd, FallocateFlags::empty(), offset, len) {
+            // A filesystem without fallocate (not tmpfs, or a sandbox): the
+            // pages are then allocated on first write, as without this call.
+            Ok(()) | Err(Errno::OPNOTSUPP | Errno::NOSYS) => Ok(()),
+            Err(errno) => Err(SysError {
+                op: "fallocate",
+                errno,
+            }),
+        }
+    }
+
+    /// True while a segment called `name` exists (it may belong to anyone).
+    pub(crate) fn exists(name: &str) -> bool {
+        !matches!(
+            shm::open(name, shm::OFlags::RDONLY, Mode::empty()),
+            Err(Errno::NOENT)
+        )
     }
 
     /// `offset..offset + len` as a `usize` range inside the mapping, or `None`
@@ -418,5 +434,8 @@ mod tests {
         owner.reserve(4096, 8192).unwrap();
         owner.close_fd();
         assert_eq!(owner.reserve(0, 1).unwrap_err().errno, Errno::BADF);
+        assert!(OwnedSegment::exists(&n));
+        drop(owner);
+        assert!(!OwnedSegment::exists(&n));
     }
 }

@@ -508,6 +508,23 @@ fn a_dropped_owner_leaves_views_valid_and_shards_not_found() {
 }
 
 #[test]
+fn cached_pools_of_a_vanished_owner_are_dropped() {
+    let owner = Node::new(SMALL_POOL);
+    let consumer = Node::new("");
+    let d = decode(&owner.put(1, &[1; 64]).unwrap());
+    assert_eq!(consumer.copy(&d.encode(), 64).unwrap(), [1; 64]);
+    assert_eq!(consumer.stat("segments_mapped"), 2);
+    // As if the owner had been killed: its names vanish, its board stays open.
+    rustix::shm::unlink(d.segment.as_str()).unwrap();
+    rustix::shm::unlink(d.board.as_str()).unwrap();
+    assert_eq!(consumer.stat("segments_mapped"), 0);
+    let e = consumer.copy(&d.encode(), 64).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NOT_FOUND);
+    assert!(e.message.contains("removed by its owner"), "{}", e.message);
+    owner.unexport(1).unwrap();
+}
+
+#[test]
 fn drop_removes_every_segment() {
     for config in [
         "pool-size = 4096\non-full = \"spill\"",
