@@ -120,6 +120,10 @@ pub use abi_stable::{
     std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec},
 };
 
+/// The `tracing` crate, re-exported so a plugin logs with the same version
+/// the forwarding dispatcher uses (`shardport_abi::tracing::debug!(...)`).
+pub use tracing;
+
 /// Re-exports used by [`export_plugin!`]; not part of the public API.
 #[doc(hidden)]
 pub mod __private {

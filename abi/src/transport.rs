@@ -314,14 +314,19 @@ pub trait Transport: Send + Sync {
     /// Transports without [`Capabilities::ZERO_COPY`] return `UNSUPPORTED`.
     fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError>;
 
-    /// Consumer side: ends a zero-copy lease. Unknown tokens are `INVALID_ARGUMENT`.
+    /// Consumer side: ends a zero-copy lease. Unknown tokens are
+    /// `INVALID_ARGUMENT`; a transport without [`Capabilities::ZERO_COPY`]
+    /// returns `UNSUPPORTED`.
     fn release(&self, token: u64) -> RResult<(), AbiError>;
 
     /// Owner side, with [`Capabilities::ALLOCATOR`]: reserves `len` writable
     /// bytes for a shard about to be exported.
     fn allocate(&self, id: ShardId, len: u64) -> RResult<Allocation, AbiError>;
 
-    /// Owner side: returns an allocation that was never exported (a failed put).
+    /// Owner side: returns an allocation that was never exported (a failed
+    /// put). An `export` that fails leaves its allocation with the host, which
+    /// frees it here. Unknown tokens are `INVALID_ARGUMENT`; a transport
+    /// without [`Capabilities::ALLOCATOR`] returns `UNSUPPORTED`.
     fn free_allocation(&self, token: u64) -> RResult<(), AbiError>;
 
     /// Named counters and gauges.

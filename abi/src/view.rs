@@ -155,8 +155,10 @@ impl AllocationGuard {
         self.alloc.token
     }
 
-    /// Marks the allocation as handed to `export`: from then on it is freed
-    /// by the transport's `unexport`, not by this guard. Keep the guard alive
+    /// Marks the allocation as exported; call it only after `export`
+    /// succeeded (a failed export leaves the allocation to this guard, which
+    /// frees it on drop). From then on it is freed by the transport's
+    /// `unexport`, not by this guard. Keep the guard alive
     /// (it still reads the bytes) until that `unexport` has returned.
     pub fn mark_exported(&mut self) -> u64 {
         self.exported = true;
