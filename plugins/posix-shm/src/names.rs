@@ -6,7 +6,10 @@
 //! are created `O_EXCL`, so two owners never share a name; a consumer accepts
 //! only names with its own prefix and this exact shape.
 
-use std::fmt;
+use std::{
+    fmt,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+};
 
 /// Longest `segment-prefix`: leaves room for the node tag and counter under
 /// the kernel's 255-byte name limit.
@@ -94,12 +97,13 @@ pub(crate) fn validate_node_tag(tag: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Makes this transport's segment names. Owned by the owner state (no globals).
+/// Makes this transport's segment names. Owned by the owner side (no
+/// globals); the counter is atomic so segments are created without a lock.
 #[derive(Debug)]
 pub(crate) struct NameGen {
     /// `/{prefix}-{node_tag}-`
     base: String,
-    next: u64,
+    next: AtomicU64,
 }
 
 impl NameGen {
@@ -107,16 +111,14 @@ impl NameGen {
     pub(crate) fn new(prefix: &str, node_tag: &str) -> Self {
         NameGen {
             base: format!("/{prefix}-{node_tag}-"),
-            next: 0,
+            next: AtomicU64::new(0),
         }
     }
 
-    /// The next unused name of `kind`.
-    pub(crate) fn next(&mut self, kind: Kind) -> String {
-        let n = self.next;
-        // 2^64 names never run out; were they to, `O_EXCL` still refuses a
-        // name that exists.
-        self.next = n.wrapping_add(1);
+    /// The next unused name of `kind`. 2^64 names never run out; were they
+    /// to wrap, `O_EXCL` would still refuse a name that exists.
+    pub(crate) fn next(&self, kind: Kind) -> String {
+        let n = self.next.fetch_add(1, Relaxed);
         format!("{}{}{n}", self.base, kind.letter())
     }
 
@@ -178,7 +180,7 @@ mod tests {
 
     #[test]
     fn generated_names_pass_the_check() {
-        let mut g = NameGen::new("shardport", "t12-0-abc");
+        let g = NameGen::new("shardport", "t12-0-abc");
         let p = g.next(Kind::PoolData);
         let b = g.next(Kind::Board);
         let s = g.next(Kind::Shard);
@@ -192,8 +194,8 @@ mod tests {
         assert_eq!(owner_base(&p), g.base());
         assert_eq!(owner_base(&p), owner_base(&b));
         let long = NameGen::new(&"a".repeat(32), &"z".repeat(128)).next(Kind::Shard);
-        let mut g = NameGen::new(&"a".repeat(32), &"z".repeat(128));
-        g.next = u64::MAX;
+        let g = NameGen::new(&"a".repeat(32), &"z".repeat(128));
+        g.next.store(u64::MAX, Relaxed);
         let longest = g.next(Kind::Shard);
         assert!(longest.len() <= MAX_NAME_LEN, "{}", longest.len());
         check_name(&long, &"a".repeat(32), Kind::Shard).unwrap();

@@ -80,15 +80,17 @@ struct Reservation {
 
 #[derive(Debug)]
 struct Books {
-    names: NameGen,
     alloc: BumpAllocator,
     free_slots: Vec<u32>,
     next_generation: u64,
     next_token: u64,
     /// Allocations not exported yet, by token.
     pending: HashMap<u64, Reservation>,
-    /// Ids of `pending`, to refuse a second allocation for the same shard.
+    /// Ids of `pending` (token 0: its segment is being created), to refuse a
+    /// second allocation for the same shard.
     pending_ids: HashMap<ShardId, u64>,
+    /// Shard segments being created outside the lock (count toward `max-shards`).
+    creating: usize,
     live: HashMap<ShardId, Reservation>,
     /// Retired pool ranges `(offset, len)` still overlapped by a lease.
     retired: Vec<(u64, u64)>,
@@ -111,13 +113,14 @@ pub(crate) struct OwnerStats {
 #[derive(Debug)]
 pub(crate) struct Owner {
     cfg: Config,
+    names: NameGen,
     /// `Some` in pool mode: the pool, or why it could not be created.
     pool: Option<Result<Pool, AbiError>>,
     books: Mutex<Books>,
 }
 
 /// Creates a segment under the next free name of `kind`.
-fn create_segment(names: &mut NameGen, kind: Kind, size: u64) -> PluginResult<OwnedSegment> {
+fn create_segment(names: &NameGen, kind: Kind, size: u64) -> PluginResult<OwnedSegment> {
     let mut last = None;
     for _ in 0..CREATE_ATTEMPTS {
         let name = names.next(kind);
@@ -141,7 +144,7 @@ fn create_segment(names: &mut NameGen, kind: Kind, size: u64) -> PluginResult<Ow
 
 /// A per-shard segment with its pages reserved (a full /dev/shm fails here,
 /// not with SIGBUS when the host writes the bytes).
-fn create_shard_segment(names: &mut NameGen, len: u64) -> PluginResult<Arc<OwnedSegment>> {
+fn create_shard_segment(names: &NameGen, len: u64) -> PluginResult<Arc<OwnedSegment>> {
     let mut seg = create_segment(names, Kind::Shard, len)?;
     seg.reserve(0, len)
         .map_err(|e| errors::create_failed(Kind::Shard, seg.name(), len, e))?;
@@ -149,7 +152,7 @@ fn create_shard_segment(names: &mut NameGen, len: u64) -> PluginResult<Arc<Owned
     Ok(Arc::new(seg))
 }
 
-fn create_pool(cfg: &Config, names: &mut NameGen) -> PluginResult<Pool> {
+fn create_pool(cfg: &Config, names: &NameGen) -> PluginResult<Pool> {
     // Sparse: no page of the data segment is touched here.
     let data = create_segment(names, Kind::PoolData, cfg.pool_size)?;
     let layout = Layout {
@@ -190,10 +193,10 @@ impl Owner {
     /// cannot be created leaves the instance usable as a consumer, reported
     /// by `health` and by every owner-side call.
     pub(crate) fn new(cfg: Config, node_tag: &str) -> Owner {
-        let mut names = NameGen::new(&cfg.segment_prefix, node_tag);
+        let names = NameGen::new(&cfg.segment_prefix, node_tag);
         let (pool, alloc, free_slots) = match cfg.allocation {
             config::Allocation::Pool => {
-                let pool = create_pool(&cfg, &mut names).inspect_err(|e| {
+                let pool = create_pool(&cfg, &names).inspect_err(|e| {
                     tracing::error!(target: "posix_shm", error = %e.message, "pool creation failed");
                 });
                 let slots = (0..cfg.max_shards).rev().collect();
@@ -203,17 +206,18 @@ impl Owner {
         };
         Owner {
             books: Mutex::new(Books {
-                names,
                 alloc,
                 free_slots,
                 next_generation: 1,
                 next_token: 1,
                 pending: HashMap::new(),
                 pending_ids: HashMap::new(),
+                creating: 0,
                 live: HashMap::new(),
                 retired: Vec::new(),
             }),
             cfg,
+            names,
             pool,
         }
     }
@@ -312,41 +316,19 @@ impl Owner {
         )
     }
 
-    /// Finds storage for `len` bytes of shard `id`.
-    fn place(
-        &self,
-        b: &mut Books,
-        id: ShardId,
-        len: u64,
-        counters: &Counters,
-    ) -> PluginResult<Place> {
+    /// Space in the pool for `len` bytes, as a reserved table entry; `None`
+    /// when the shard needs a segment of its own (segment-per-shard mode, or
+    /// a full pool with `on-full = "spill"`). Cheap: runs under the lock.
+    fn pool_space(&self, b: &mut Books, len: u64) -> PluginResult<Option<Place>> {
         let Some(pool) = self.pool()? else {
-            return Ok(Place::Segment(create_shard_segment(&mut b.names, len)?));
+            return Ok(None);
         };
         let offset = if len == 0 {
             0
         } else {
             match b.alloc.alloc(len) {
-                Some(offset) => {
-                    if let Err(e) = pool.data.reserve(offset, len) {
-                        b.alloc.free(offset);
-                        return Err(errors::reserve_failed(pool.data.name(), len, e));
-                    }
-                    offset
-                }
-                None if self.cfg.on_full == OnFull::Spill => {
-                    let seg = create_shard_segment(&mut b.names, len)?;
-                    counters.spills.inc();
-                    tracing::warn!(
-                        target: "posix_shm",
-                        shard = %id,
-                        len,
-                        segment = %seg.name(),
-                        largest_free = b.alloc.largest_free_gap(),
-                        "pool full, spilled shard to its own segment"
-                    );
-                    return Ok(Place::Segment(seg));
-                }
+                Some(offset) => offset,
+                None if self.cfg.on_full == OnFull::Spill => return Ok(None),
                 None => return Err(self.full_error(b, len)),
             }
         };
@@ -359,12 +341,12 @@ impl Owner {
         let generation = b.next_generation;
         b.next_generation += 1;
         pool.board.reserve_entry(slot, generation, offset, len);
-        Ok(Place::Pool {
+        Ok(Some(Place::Pool {
             slot,
             generation,
             offset,
             len,
-        })
+        }))
     }
 
     fn writable_ptr(&self, place: &Place) -> PluginResult<NonNull<u8>> {
@@ -377,7 +359,21 @@ impl Owner {
         p.ok_or_else(|| AbiError::internal("reserved space is outside its segment"))
     }
 
+    /// Withdraws pending allocation `token` after a failure.
+    fn abandon(&self, token: u64) {
+        let mut b = lock(&self.books);
+        if let Some(r) = b.pending.remove(&token) {
+            b.pending_ids.remove(&r.id);
+            self.retire(&mut b, r);
+        }
+    }
+
     /// Reserves storage as a pending allocation; returns (token, pointer).
+    ///
+    /// The books are only locked to decide; backing pages (`fallocate`) and
+    /// creating segments, which take time proportional to `len`, run
+    /// unlocked. Until it is ready the reservation is marked internal, so no
+    /// public token can reach it.
     fn reserve(
         &self,
         id: ShardId,
@@ -385,54 +381,110 @@ impl Owner {
         internal: bool,
         counters: &Counters,
     ) -> PluginResult<(u64, NonNull<u8>)> {
-        let mut b = lock(&self.books);
-        self.sweep(&mut b);
-        if b.live.contains_key(&id) {
-            return Err(AbiError::invalid_argument(format!(
-                "shard {id} is already exported"
-            )));
-        }
-        if b.pending_ids.contains_key(&id) {
-            return Err(AbiError::invalid_argument(format!(
-                "shard {id} already has an allocation that was neither exported nor freed"
-            )));
-        }
-        let count = b.live.len() + b.pending.len();
-        if count >= self.cfg.max_shards as usize {
-            return Err(AbiError::new(
-                ErrorKind::RESOURCE_EXHAUSTED,
-                format!(
-                    "posix-shm holds {count} shards, the limit set by `{}`; remove shards or raise it",
-                    self.cfg.key("max-shards")
-                ),
-            ));
-        }
-        let place = self.place(&mut b, id, len, counters)?;
-        let ptr = match self.writable_ptr(&place) {
-            Ok(p) => p,
-            Err(e) => {
-                self.retire(
-                    &mut b,
+        let pool_place = {
+            let mut b = lock(&self.books);
+            self.sweep(&mut b);
+            if b.live.contains_key(&id) {
+                return Err(AbiError::invalid_argument(format!(
+                    "shard {id} is already exported"
+                )));
+            }
+            if b.pending_ids.contains_key(&id) {
+                return Err(AbiError::invalid_argument(format!(
+                    "shard {id} already has an allocation that was neither exported nor freed"
+                )));
+            }
+            let count = b.live.len() + b.pending.len() + b.creating;
+            if count >= self.cfg.max_shards as usize {
+                return Err(AbiError::new(
+                    ErrorKind::RESOURCE_EXHAUSTED,
+                    format!(
+                        "posix-shm holds {count} shards, the limit set by `{}`; \
+                         remove shards or raise it",
+                        self.cfg.key("max-shards")
+                    ),
+                ));
+            }
+            match self.pool_space(&mut b, len)? {
+                Some(place) => {
+                    let (offset, ptr) = match &place {
+                        Place::Pool { offset, .. } => (*offset, self.writable_ptr(&place)),
+                        Place::Segment(_) => unreachable!("pool_space gives pool places"),
+                    };
+                    let token = b.next_token;
+                    b.next_token += 1;
+                    let r = Reservation {
+                        id,
+                        place,
+                        internal: true,
+                    };
+                    match ptr {
+                        Ok(ptr) => {
+                            b.pending.insert(token, r);
+                            b.pending_ids.insert(id, token);
+                            Some((token, offset, ptr))
+                        }
+                        Err(e) => {
+                            self.retire(&mut b, r);
+                            return Err(e);
+                        }
+                    }
+                }
+                None => {
+                    b.pending_ids.insert(id, 0);
+                    b.creating += 1;
+                    None
+                }
+            }
+        };
+
+        let (token, ptr) = match pool_place {
+            Some((token, offset, ptr)) => {
+                let pool = self.pool()?.expect("pool reservation");
+                if let Err(e) = pool.data.reserve(offset, len) {
+                    self.abandon(token);
+                    return Err(errors::reserve_failed(pool.data.name(), len, e));
+                }
+                (token, ptr)
+            }
+            None => {
+                let created = create_shard_segment(&self.names, len);
+                let mut b = lock(&self.books);
+                b.creating -= 1;
+                b.pending_ids.remove(&id);
+                let seg = created?;
+                if self.pool.is_some() {
+                    counters.spills.inc();
+                    tracing::warn!(
+                        target: "posix_shm",
+                        shard = %id,
+                        len,
+                        segment = %seg.name(),
+                        largest_free = b.alloc.largest_free_gap(),
+                        "pool full, spilled shard to its own segment"
+                    );
+                }
+                let place = Place::Segment(seg);
+                let ptr = self.writable_ptr(&place)?;
+                let token = b.next_token;
+                b.next_token += 1;
+                b.pending.insert(
+                    token,
                     Reservation {
                         id,
                         place,
-                        internal,
+                        internal: true,
                     },
                 );
-                return Err(e);
+                b.pending_ids.insert(id, token);
+                (token, ptr)
             }
         };
-        let token = b.next_token;
-        b.next_token += 1;
-        b.pending.insert(
-            token,
-            Reservation {
-                id,
-                place,
-                internal,
-            },
-        );
-        b.pending_ids.insert(id, token);
+        if !internal {
+            if let Some(r) = lock(&self.books).pending.get_mut(&token) {
+                r.internal = false;
+            }
+        }
         Ok((token, ptr))
     }
 
@@ -631,7 +683,7 @@ impl Owner {
 
     /// Common start of this owner's segment names.
     pub(crate) fn name_base(&self) -> String {
-        lock(&self.books).names.base().to_owned()
+        self.names.base().to_owned()
     }
 }
 
