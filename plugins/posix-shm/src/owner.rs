@@ -16,10 +16,11 @@
 //! Leased space is never handed out again until released.
 //!
 //! # Locking
-//! One mutex guards the books (allocator, shard maps, retired list, name
-//! generator). Copying a shard's bytes in `export` happens outside it: the
-//! space is reserved first, under the lock, as an internal allocation nobody
-//! else can name.
+//! One mutex guards the books (allocator, shard maps, retired list). It is
+//! held only to decide; work proportional to a shard's size runs unlocked:
+//! backing pool pages (`fallocate`), creating a shard segment, and copying
+//! the bytes in `export`. Such a reservation stays marked internal until it
+//! is ready, so no public token reaches it.
 
 use std::{
     collections::HashMap,
