@@ -547,16 +547,20 @@ impl Owner {
             let (token, _) = self.reserve(req.id, len, true, counters)?;
             // Only this call knows the internal token, so the reservation
             // stays ours while the lock is released for the copy.
+            enum Target {
+                Pool(u64),
+                Segment(Arc<OwnedSegment>),
+            }
             let target = match &lock(&self.books).pending[&token].place {
-                Place::Pool { offset, .. } => Err(*offset),
-                Place::Segment(seg) => Ok(Arc::clone(seg)),
+                Place::Pool { offset, .. } => Target::Pool(*offset),
+                Place::Segment(seg) => Target::Segment(Arc::clone(seg)),
             };
             let copied = match target {
-                Err(offset) => {
+                Target::Pool(offset) => {
                     let pool = self.pool()?.expect("pool reservation");
                     pool.data.write_export_data(offset, req)
                 }
-                Ok(seg) => seg.write_export_data(0, req),
+                Target::Segment(seg) => seg.write_export_data(0, req),
             };
             if !copied {
                 let mut b = lock(&self.books);
