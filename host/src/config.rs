@@ -191,7 +191,7 @@ impl TransportName {
 
 impl fmt::Display for TransportName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 

@@ -315,6 +315,21 @@ fn classify(plugin: &TransportName, path: &Path, e: LibraryError) -> LoadError {
         },
         LibraryError::AbiInstability(report) => {
             let detail = report.to_string();
+            // A plugin built against a newer minor version passes abi_stable's
+            // version check and fails here, on the package version of every
+            // interface type: report it as the version mismatch it is.
+            if let Some(e) = layout_errors(&detail)
+                .into_iter()
+                .find(|e| e.what == "incompatible package versions")
+            {
+                tracing::debug!(target: "loader", detail = %detail, "abi_stable layout report");
+                return LoadError::Incompatible {
+                    plugin,
+                    path,
+                    expected: compatible_range(&e.expected),
+                    found: e.found,
+                };
+            }
             LoadError::Layout {
                 plugin,
                 path,
@@ -357,37 +372,69 @@ fn compatible_range(v: &str) -> String {
     }
 }
 
-/// The useful lines of abi_stable's (~46 KB) layout report: its `Error:` lines.
-pub fn layout_summary(report: &str) -> String {
-    let mut errors: Vec<String> = Vec::new();
-    let mut lines = report.lines().peekable();
-    while let Some(line) = lines.next() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("Error:") {
-            let mut msg = rest.trim().to_owned();
-            // abi_stable puts Expected/Found on the following lines.
-            while let Some(next) = lines.peek() {
-                let n = next.trim();
-                if n.starts_with("Expected:") || n.starts_with("Found:") {
-                    msg.push(' ');
-                    msg.push_str(n);
-                    lines.next();
-                } else {
-                    break;
-                }
-            }
-            let msg = one_line(&msg);
-            if !errors.contains(&msg) {
-                errors.push(msg);
+/// One `Error:` entry of abi_stable's layout report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LayoutError {
+    what: String,
+    expected: String,
+    found: String,
+}
+
+/// The `Error:` entries of abi_stable's (~46 KB) layout report, each with
+/// its `Expected:` / `Found:` values (which abi_stable puts on the same or
+/// the following line), deduplicated, in order.
+fn layout_errors(report: &str) -> Vec<LayoutError> {
+    let mut out: Vec<LayoutError> = Vec::new();
+    let lines: Vec<&str> = report.lines().map(str::trim).collect();
+    let value = |i: usize, label: &str| -> Option<String> {
+        let rest = lines.get(i)?.strip_prefix(label)?.trim();
+        Some(if rest.is_empty() {
+            lines.get(i + 1).map(|l| one_line(l)).unwrap_or_default()
+        } else {
+            one_line(rest)
+        })
+    };
+    for (i, line) in lines.iter().enumerate() {
+        let Some(what) = line.strip_prefix("Error:") else {
+            continue;
+        };
+        let mut e = LayoutError {
+            what: one_line(what),
+            expected: String::new(),
+            found: String::new(),
+        };
+        for j in i + 1..(i + 5).min(lines.len()) {
+            if let Some(v) = value(j, "Expected:") {
+                e.expected = v;
+            } else if let Some(v) = value(j, "Found:") {
+                e.found = v;
             }
         }
+        if !out.contains(&e) {
+            out.push(e);
+        }
     }
+    out
+}
+
+/// A one-line summary of a layout report: its first three errors.
+pub fn layout_summary(report: &str) -> String {
+    let errors = layout_errors(report);
     if errors.is_empty() {
-        one_line(report).chars().take(200).collect()
-    } else {
-        errors.truncate(3);
-        errors.join("; ")
+        return one_line(report).chars().take(200).collect();
     }
+    errors
+        .iter()
+        .take(3)
+        .map(|e| {
+            if e.expected.is_empty() && e.found.is_empty() {
+                e.what.clone()
+            } else {
+                format!("{} (expected {}, found {})", e.what, e.expected, e.found)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn one_line(s: &str) -> String {
@@ -433,7 +480,16 @@ mod tests {
         let report = "lots of text\n  Error: too many fields\n   Expected: 4\n   Found: 5\nmore\nError: too many fields\nExpected: 4\nFound: 5\n";
         assert_eq!(
             layout_summary(report),
-            "too many fields Expected: 4 Found: 5"
+            "too many fields (expected 4, found 5)"
+        );
+        let versions = "x\nError:incompatible package versions\nExpected:\n    0.1.0\nFound:\n    0.2.0\n1 error(s)inside:";
+        assert_eq!(
+            layout_errors(versions),
+            vec![LayoutError {
+                what: "incompatible package versions".into(),
+                expected: "0.1.0".into(),
+                found: "0.2.0".into()
+            }]
         );
     }
 }

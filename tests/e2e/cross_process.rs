@@ -255,8 +255,15 @@ fn the_demo_runs_end_to_end() {
         "demo failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("posix-shm")).collect();
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" view ") || l.contains(" copy "))
+        .collect();
     // 4 KiB, 64 KiB and 1 MiB, each as a view and a copy, all verified.
     assert_eq!(rows.len(), 6, "{stdout}");
-    assert!(rows.iter().all(|r| r.contains(" ok ")), "{stdout}");
+    assert!(
+        rows.iter()
+            .all(|r| r.contains(" posix-shm ") && r.contains(" ok ")),
+        "{stdout}"
+    );
 }
