@@ -131,7 +131,16 @@ impl AllocationGuard {
     }
 
     /// The writable bytes.
+    ///
+    /// # Panics
+    /// After [`mark_exported`](Self::mark_exported): exported bytes may be
+    /// leased by consumers and must never change.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(
+            !self.exported,
+            "allocation {} is exported; its bytes may be leased and must not change",
+            self.alloc.token
+        );
         if self.alloc.len == 0 {
             return &mut [];
         }

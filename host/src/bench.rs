@@ -138,6 +138,24 @@ pub fn memcpy_gbps(len: usize, reps: usize) -> f64 {
     median(&mut v)
 }
 
+/// Puts `len` pattern bytes in the owner process; returns the id and the decoded handle.
+fn put_remote(
+    owner: &mut WorkerProcess,
+    len: u64,
+    seed: u64,
+) -> Result<(String, Handle), BenchError> {
+    let put = owner.call(&Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })?;
+    let bytes = hex::decode(put.handle.unwrap_or_default())
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+    let handle = Handle::from_bytes(&bytes).map_err(|e| BenchError::Other(e.to_string()))?;
+    Ok((put.id.unwrap_or_default(), handle))
+}
+
 /// Runs every measurement.
 pub fn run_bench(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let mut lines = Vec::new();
@@ -173,15 +191,7 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     // 2. Zero-copy fetch latency, owner in another process.
     let mut owner = WorkerProcess::spawn("owner", &opts.exe, &opts.config_args)?;
     for (size, iters) in [(4u64 << 10, 2000usize), (opts.large, 200)] {
-        let put = owner.call(&Request::Put {
-            len: size,
-            seed: 7,
-            dtype: None,
-            tags: Default::default(),
-        })?;
-        let bytes = hex::decode(put.handle.unwrap_or_default())
-            .map_err(|e| BenchError::Other(e.to_string()))?;
-        let handle = Handle::from_bytes(&bytes).map_err(|e| BenchError::Other(e.to_string()))?;
+        let (id, handle) = put_remote(&mut owner, size, 7)?;
         let mut lat = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = Instant::now();
@@ -206,21 +216,13 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             target: "<= 20 us".into(),
         });
         owner.call(&Request::Remove {
-            ids: vec![put.id.unwrap_or_default()],
+            ids: vec![id.clone()],
         })?;
     }
 
     // 3. Copy fetch of a large shard into a warm buffer vs memcpy.
     let large = opts.large;
-    let put = owner.call(&Request::Put {
-        len: large,
-        seed: 9,
-        dtype: None,
-        tags: Default::default(),
-    })?;
-    let bytes = hex::decode(put.handle.unwrap_or_default())
-        .map_err(|e| BenchError::Other(e.to_string()))?;
-    let handle = Handle::from_bytes(&bytes).map_err(|e| BenchError::Other(e.to_string()))?;
+    let (id, handle) = put_remote(&mut owner, large, 9)?;
     let mut dst = vec![0u8; large as usize];
     node.fetch_into(&handle, &mut dst)?; // warm the buffer and the mapping
     let mut copy: Vec<f64> = (0..opts.reps)
@@ -244,7 +246,7 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         target: ">= 0.8x memcpy".into(),
     });
     owner.call(&Request::Remove {
-        ids: vec![put.id.unwrap_or_default()],
+        ids: vec![id.clone()],
     })?;
     owner.exit()?;
 

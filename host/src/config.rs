@@ -27,6 +27,11 @@ pub const DEFAULT_CONFIG_ORIGIN: &str = "<embedded default config>";
 /// plugin paths are resolved (default: the `shardport` executable's directory).
 pub const PLUGIN_DIR_ENV: &str = "SHARDPORT_PLUGIN_DIR";
 
+/// Default bound on one shard's size: larger than any single tensor of
+/// today's models, small enough that a hostile handle cannot make a consumer
+/// try to allocate exabytes.
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 64 << 30;
+
 /// Default bound on shards per `fetch_many` call: large enough for a layer's
 /// worth of shards, small enough that one request cannot pin unbounded memory.
 pub const DEFAULT_MAX_BATCH: usize = 4096;
@@ -114,6 +119,7 @@ struct RawConfig {
 struct RawNode {
     name: Option<Spanned<String>>,
     advertise: Option<Spanned<String>>,
+    max_shard_size: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -287,6 +293,8 @@ pub struct NodeConfig {
     pub name: String,
     /// Address written into handles (`host:port`).
     pub advertise: String,
+    /// Largest shard this node puts or fetches.
+    pub max_shard_size: u64,
 }
 
 /// Fetch settings.
@@ -499,16 +507,39 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 let ok = s
                     .rsplit_once(':')
                     .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-                if !ok {
+                if !ok || s.len() > crate::handle::MAX_ADDR {
                     return Err(ctx.error(
                         Some(a.span()),
-                        format!("`node.advertise`: expected `host:port`, found \"{s}\""),
+                        format!(
+                            "`node.advertise`: expected `host:port` of at most {} bytes, found \"{s}\"",
+                            crate::handle::MAX_ADDR
+                        ),
                         Some("example: advertise = \"10.0.0.5:7070\""),
                     ));
                 }
                 a.into_inner()
             }
             None => "127.0.0.1:0".to_owned(),
+        },
+        max_shard_size: match node_raw.max_shard_size {
+            None => DEFAULT_MAX_SHARD_SIZE,
+            Some(v) => {
+                let parsed = match v.get_ref() {
+                    toml::Value::Integer(i) if *i > 0 => Some(*i as u64),
+                    toml::Value::String(s) => parse_byte_size(s).filter(|&n| n > 0),
+                    _ => None,
+                };
+                parsed.ok_or_else(|| {
+                    ctx.error(
+                        Some(v.span()),
+                        format!(
+                            "`node.max-shard-size`: expected a positive byte size such as \"64GiB\", found {}",
+                            v.get_ref()
+                        ),
+                        Some("example: max-shard-size = \"64GiB\""),
+                    )
+                })?
+            }
         },
     };
 
@@ -659,6 +690,13 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
 
     let export_to = match put_raw.export_to {
         None => None,
+        Some(list) if list.is_empty() => {
+            return Err(ctx.error(
+                None,
+                "`put.export-to` is empty: no transport would export a shard (omit the key to export through every loaded transport)".to_owned(),
+                Some("example: export-to = [\"posix-shm\"]"),
+            ))
+        }
         Some(list) => {
             let mut names = Vec::new();
             for (i, t) in list.iter().enumerate() {
@@ -669,6 +707,13 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                     ));
                 }
                 names.push(name);
+            }
+            if let Storage::Pool(t) = &storage {
+                if !names.contains(t) {
+                    warnings.push(format!(
+                        "`put.export-to` omits the pool transport `{t}`; it exports every shard anyway, since it holds the bytes"
+                    ));
+                }
             }
             Some(names)
         }
@@ -853,11 +898,29 @@ mod tests {
     }
 
     #[test]
+    fn empty_export_list_and_bad_sizes_are_errors() {
+        let e = parse_str("[put]\nexport-to = []\n", text_origin()).unwrap_err();
+        assert!(
+            e.message.starts_with("`put.export-to` is empty"),
+            "{}",
+            e.message
+        );
+        let e = parse_str("[node]\nmax-shard-size = \"huge\"\n", text_origin()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`node.max-shard-size`: expected a positive byte size such as \"64GiB\", found \"huge\""
+        );
+        assert_eq!((e.line, e.col), (2, 18));
+        let c = parse_str("[node]\nmax-shard-size = \"2GiB\"\n", text_origin()).unwrap();
+        assert_eq!(c.node.max_shard_size, 2 << 30);
+    }
+
+    #[test]
     fn advertise_is_checked() {
         let e = parse_str("[node]\nadvertise = \"nohost\"\n", text_origin()).unwrap_err();
         assert_eq!(
             e.message,
-            "`node.advertise`: expected `host:port`, found \"nohost\""
+            "`node.advertise`: expected `host:port` of at most 255 bytes, found \"nohost\""
         );
         let c = parse_str("[node]\nadvertise = \"[::1]:7070\"\n", text_origin()).unwrap();
         assert_eq!(c.node.advertise, "[::1]:7070");

@@ -15,7 +15,7 @@ pub enum HostError {
     #[error("invalid shard: {0}")]
     InvalidShard(String),
     /// No transport could export the shard. Likely: no plugin loaded, or all refused.
-    #[error("shard {id}: no transport exported it: {}", list(failures))]
+    #[error("shard {id}: no transport exported it: {}", if failures.is_empty() { "none is loaded and selected by put.export-to".to_owned() } else { list(failures) })]
     NoExport {
         /// Shard.
         id: ShardId,

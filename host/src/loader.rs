@@ -225,7 +225,7 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
     let path = spec
         .paths
         .iter()
-        .find(|p| p.is_file())
+        .find(|p| p.exists())
         .cloned()
         .ok_or_else(|| LoadError::NotFound {
             plugin: plugin.clone(),
@@ -302,6 +302,7 @@ fn open_module(plugin: &TransportName, path: &Path) -> Result<PluginModuleRef, L
 fn classify(plugin: &TransportName, path: &Path, e: LibraryError) -> LoadError {
     let plugin = plugin.clone();
     let path = path.to_path_buf();
+    let e_text = e.to_string();
     match e {
         LibraryError::IncompatibleVersionNumber {
             expected_version,
@@ -342,6 +343,14 @@ fn classify(plugin: &TransportName, path: &Path, e: LibraryError) -> LoadError {
             plugin,
             path,
             reason: format!("cannot open as a shared library: {err}"),
+        },
+        LibraryError::InvalidAbiHeader(_) | LibraryError::InvalidCAbi { .. } => LoadError::NotAPlugin {
+            plugin,
+            path,
+            reason: format!(
+                "it was built with an abi_stable version or C ABI incompatible with this host's: {}",
+                one_line(&e_text)
+            ),
         },
         LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin {
             plugin,

@@ -160,6 +160,19 @@ fn current_exe() -> Result<PathBuf, Failure> {
     })
 }
 
+/// Prints a report as pretty JSON or as its table.
+#[allow(clippy::print_stdout)] // the binary's own output
+fn print_report(json: bool, report: &(impl serde::Serialize + std::fmt::Display)) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).unwrap_or_default()
+        );
+    } else {
+        print!("{report}");
+    }
+}
+
 #[allow(clippy::print_stdout)] // main is the one place that prints results
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
@@ -177,17 +190,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 max_size,
             };
             let report = run_demo(&opts).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-            } else {
-                print!("{report}");
+            print_report(json, &report);
+            if !json {
                 println!(
                     "\nowner storage after remove: {}",
                     serde_json::to_string(&report.owner_after_remove).unwrap_or_default()
                 );
+            }
+            if report.bytes_still_used() != 0 {
+                return Err((
+                    EXIT_FAILURE,
+                    format!(
+                        "owner storage did not come back after remove: {} bytes still in use",
+                        report.bytes_still_used()
+                    ),
+                )
+                    .into());
             }
             if !report.all_verified() {
                 return Err((
@@ -290,6 +308,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             reps,
             json,
         } => {
+            if size == 0 {
+                return Err((EXIT_CONFIG, "--size must be at least 1 byte").into());
+            }
             let cfg = load_config(config.as_deref())?;
             let opts = BenchOptions {
                 exe: current_exe()?,
@@ -299,14 +320,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 reps: reps.max(1),
             };
             let report = run_bench(&opts).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-            } else {
-                print!("{report}");
-            }
+            print_report(json, &report);
             Ok(())
         }
         Command::Worker { config } => {

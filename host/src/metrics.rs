@@ -22,6 +22,7 @@ pub struct Metrics {
     per_transport: BTreeMap<String, Counters>,
     no_candidate: AtomicU64,
     downgrades: AtomicU64,
+    leaked_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -55,6 +56,7 @@ impl Metrics {
                 .collect(),
             no_candidate: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
+            leaked_bytes: AtomicU64::new(0),
         }
     }
 
@@ -79,6 +81,21 @@ impl Metrics {
     /// A downgrade.
     pub fn downgrade(&self) {
         self.downgrades.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Owned bytes leaked because a transport failed to unexport them.
+    pub fn leaked_storage(&self, bytes: u64) {
+        self.leaked_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes leaked so far (see [`leaked_storage`](Self::leaked_storage)).
+    pub fn leaked_bytes(&self) -> u64 {
+        self.leaked_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Fetches that found no candidate transport.
+    pub fn no_candidate(&self) -> u64 {
+        self.no_candidate.load(Ordering::Relaxed)
     }
 
     /// Downgrades so far.

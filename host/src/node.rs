@@ -27,8 +27,9 @@ use std::{
 
 use serde::Serialize;
 use shardport_abi::{
-    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, DType, Device, ExportRequest,
-    LeasedView, ROption, RSlice, RSliceMut, RVec, ShardId, ShardMeta, SharedBytes, StatKind,
+    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, DType, Device, ErrorKind,
+    ExportRequest, LeasedView, ROption, RSlice, RSliceMut, RVec, ShardId, ShardMeta, SharedBytes,
+    StatKind,
 };
 
 use crate::{
@@ -212,10 +213,16 @@ pub struct NodeStats {
     pub transports: BTreeMap<String, crate::metrics::TransportSnapshot>,
     /// Downgrades.
     pub downgrades: u64,
+    /// Fetches no loaded transport could serve.
+    pub no_candidate: u64,
+    /// Owned bytes leaked because a transport failed to unexport them.
+    pub leaked_bytes: u64,
 }
 
 struct Inner {
     config: Config,
+    /// Plugin index whose allocator holds owned bytes (`storage = "pool"`).
+    storage_plugin: Option<usize>,
     tag: String,
     identity: NodeIdentity,
     epoch: u64,
@@ -291,9 +298,22 @@ impl Node {
         let _ = getrandom::fill(&mut rnd);
         let epoch = clock.now_unix_nanos();
         let metrics = Metrics::new(report.loaded.iter().map(|p| p.name.to_string()));
+        let storage_plugin = match &config.put.storage {
+            Storage::Heap => None,
+            Storage::Pool(t) => {
+                let found = report.loaded.iter().position(|p| {
+                    &p.name == t && p.capabilities().contains(Capabilities::ALLOCATOR)
+                });
+                if found.is_none() {
+                    tracing::warn!(target: "store", transport = %t, "put.pool-transport is not loaded or has no allocator; shards will be stored on the heap");
+                }
+                found
+            }
+        };
         tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = report.loaded.len(), "node started");
         Ok(Node {
             inner: Arc::new(Inner {
+                storage_plugin,
                 tag,
                 identity: NodeIdentity::current(),
                 epoch,
@@ -334,10 +354,6 @@ impl Node {
     /// required one stops the node).
     pub fn load_failures(&self) -> &[String] {
         &self.inner.load_failures
-    }
-
-    fn plugin_index(&self, name: &TransportName) -> Option<usize> {
-        self.inner.plugins.iter().position(|p| &p.name == name)
     }
 
     /// Puts a shard by copying `bytes` once into its storage.
@@ -396,33 +412,28 @@ impl Node {
             tracing::debug_span!(target: "store", "put", shard = %id, bytes = meta.byte_len)
                 .entered();
 
+        if meta.byte_len > self.inner.config.node.max_shard_size {
+            return Err(HostError::InvalidShard(format!(
+                "{} bytes exceeds node.max-shard-size = {}",
+                meta.byte_len, self.inner.config.node.max_shard_size
+            )));
+        }
+
         // 1. Storage: the pool transport's allocator, or the heap.
-        let mut storage_plugin = None;
-        let mut stored = match &self.inner.config.put.storage {
-            Storage::Pool(t) => match self.plugin_index(t) {
-                Some(pi)
-                    if self.inner.plugins[pi]
-                        .capabilities()
-                        .contains(Capabilities::ALLOCATOR) =>
-                {
-                    let guard = AllocationGuard::allocate(
-                        &self.inner.plugins[pi].transport,
-                        id,
-                        meta.byte_len,
-                    )
-                    .map_err(|error| HostError::Storage {
-                        transport: t.clone(),
-                        error,
-                    })?;
-                    storage_plugin = Some(pi);
-                    Stored::Pool(guard)
-                }
-                _ => {
-                    tracing::warn!(target: "store", transport = %t, "pool transport not loaded or has no allocator; storing on the heap");
-                    Stored::Heap(vec![0u8; meta.byte_len as usize].into_boxed_slice())
-                }
-            },
-            Storage::Heap => Stored::Heap(vec![0u8; meta.byte_len as usize].into_boxed_slice()),
+        let storage_plugin = self.inner.storage_plugin;
+        let mut stored = match storage_plugin {
+            Some(pi) => {
+                let p = &self.inner.plugins[pi];
+                Stored::Pool(
+                    AllocationGuard::allocate(&p.transport, id, meta.byte_len).map_err(
+                        |error| HostError::Storage {
+                            transport: p.name.clone(),
+                            error,
+                        },
+                    )?,
+                )
+            }
+            None => Stored::Heap(zeroed(meta.byte_len)?.into_boxed_slice()),
         };
         match &mut stored {
             Stored::Heap(b) => fill(b),
@@ -458,7 +469,20 @@ impl Node {
                 data: SharedBytes::lend(stored.bytes()),
                 allocation,
             };
-            match p.transport.export(req).into_result() {
+            let exported = p.transport.export(req).into_result().and_then(|desc| {
+                if desc.is_empty() || desc.len() > crate::handle::MAX_DESCRIPTOR {
+                    // Unusable in a handle: withdraw it and count a failed export.
+                    let _ = p.transport.unexport(id);
+                    Err(AbiError::internal(format!(
+                        "descriptor of {} bytes (handles carry 1..={})",
+                        desc.len(),
+                        crate::handle::MAX_DESCRIPTOR
+                    )))
+                } else {
+                    Ok(desc)
+                }
+            });
+            match exported {
                 Ok(desc) => {
                     if let (Stored::Pool(g), true) = (&mut stored, allocation != 0) {
                         g.mark_exported();
@@ -480,14 +504,9 @@ impl Node {
                 }
             }
         }
-        if exports.is_empty()
-            || (storage_plugin.is_some()
-                && !exported_by.contains(&storage_plugin.unwrap_or(usize::MAX)))
-        {
-            // Undo partial exports; the allocation guard frees unexported pool space.
-            for &pi in &exported_by {
-                let _ = self.inner.plugins[pi].transport.unexport(id);
-            }
+        if exports.is_empty() {
+            // Nothing to undo: the storage transport exports first and a
+            // failure there stops the loop; the allocation guard frees its space.
             return Err(HostError::NoExport { id, failures });
         }
         // Storage transport unexports last (its memory backs the others).
@@ -503,14 +522,18 @@ impl Node {
             },
             exports,
         };
-        lock(&self.inner.shards).insert(
-            id,
-            OwnedShard {
-                handle: handle.clone(),
-                stored,
-                exported_by,
-            },
-        );
+        let shard = OwnedShard {
+            handle: handle.clone(),
+            stored,
+            exported_by,
+        };
+        if let Err(why) = handle.validate() {
+            self.inner.unexport_all(id, shard);
+            return Err(HostError::InvalidShard(format!(
+                "the handle would be invalid: {why}"
+            )));
+        }
+        lock(&self.inner.shards).insert(id, shard);
         Ok(handle)
     }
 
@@ -524,28 +547,20 @@ impl Node {
                 missing.push(*id);
                 continue;
             };
-            self.unexport_all(*id, shard);
+            self.inner.unexport_all(*id, shard);
         }
         missing
-    }
-
-    fn unexport_all(&self, id: ShardId, shard: OwnedShard) {
-        for &pi in &shard.exported_by {
-            let p = &self.inner.plugins[pi];
-            if let Err(e) = p.transport.unexport(id).into_result() {
-                tracing::warn!(target: "store", shard = %id, transport = %p.name, error = %e, "unexport failed");
-            }
-        }
-        drop(shard);
     }
 
     /// Removes every owned shard.
     pub fn clear(&self) {
         let all: Vec<(ShardId, OwnedShard)> = lock(&self.inner.shards).drain().collect();
         for (id, shard) in all {
-            self.unexport_all(id, shard);
+            self.inner.unexport_all(id, shard);
         }
-        lock(&self.inner.cache).clear();
+        // Leases end outside the lock (release is a plugin call).
+        let cached: Vec<_> = lock(&self.inner.cache).drain().collect();
+        drop(cached);
     }
 
     /// The handle of an owned shard.
@@ -556,8 +571,12 @@ impl Node {
     /// Drops cached fetched shards (their leases end when no caller holds them).
     /// Returns how many entries were dropped.
     pub fn drain(&self, ids: &[ShardId]) -> usize {
-        let mut cache = lock(&self.inner.cache);
-        ids.iter().filter(|id| cache.remove(id).is_some()).count()
+        let removed: Vec<_> = {
+            let mut cache = lock(&self.inner.cache);
+            ids.iter().filter_map(|id| cache.remove(id)).collect()
+        };
+        // Leases end here, outside the lock (release is a plugin call).
+        removed.len()
     }
 
     /// Fetches with the configured default mode.
@@ -571,12 +590,14 @@ impl Node {
         let _span =
             tracing::debug_span!(target: "fetch", "fetch", shard = %handle.id, %mode).entered();
         if self.inner.config.cache == CachePolicy::Explicit {
-            if let Some((meta, data)) = lock(&self.inner.cache).get(&handle.id).cloned() {
-                let served = if data.is_view() {
-                    FetchMode::View
-                } else {
-                    FetchMode::Copy
-                };
+            let hit = lock(&self.inner.cache)
+                .get(&handle.id)
+                .filter(|(meta, data)| {
+                    *meta == handle.meta && data.is_view() == (mode == FetchMode::View)
+                })
+                .cloned();
+            if let Some((meta, data)) = hit {
+                let served = mode;
                 return Ok(Fetched {
                     id: handle.id,
                     meta,
@@ -599,7 +620,10 @@ impl Node {
         let (data, selection) = self.fetch_inner(handle, mode, target, start)?;
         let data = Arc::new(data.expect("view and alloc targets return bytes"));
         if self.inner.config.cache == CachePolicy::Explicit {
-            lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(&data)));
+            let replaced =
+                lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(&data)));
+            // A replaced entry's lease ends here, outside the lock.
+            drop(replaced);
         }
         Ok(Fetched {
             id: handle.id,
@@ -636,6 +660,12 @@ impl Node {
         mut target: Target<'_>,
         start: Instant,
     ) -> Result<(Option<ShardBytes>, Selection), HostError> {
+        if handle.meta.byte_len > self.inner.config.node.max_shard_size {
+            return Err(HostError::InvalidShard(format!(
+                "shard {} claims {} bytes, over node.max-shard-size = {}",
+                handle.id, handle.meta.byte_len, self.inner.config.node.max_shard_size
+            )));
+        }
         let plan = plan(handle, &self.inner.facts, &self.inner.identity, mode);
         if plan.attempts.is_empty() {
             self.inner.metrics.fetch_error(None);
@@ -645,6 +675,7 @@ impl Node {
             });
         }
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        let mut corrupt: Option<HostError> = None;
         for attempt in &plan.attempts {
             let p = &self.inner.plugins[attempt.plugin];
             let desc = &handle.exports[attempt.export].descriptor;
@@ -654,7 +685,7 @@ impl Node {
                         .map(|v| Some(ShardBytes::View(v)))
                 }
                 Target::View | Target::Alloc => {
-                    let mut buf = vec![0u8; handle.meta.byte_len as usize];
+                    let mut buf = zeroed(handle.meta.byte_len)?;
                     import_into(p, desc, &handle.meta, &mut buf)
                         .map(|()| Some(ShardBytes::Owned(buf)))
                 }
@@ -676,8 +707,14 @@ impl Node {
                 (None, Target::Into(dst)) => dst,
                 (None, _) => &[],
             };
-            self.verify(handle, &attempt.transport, bytes)?;
-            let selection = self.report(handle, attempt, mode, failures)?;
+            if let Err(e) = self.verify(handle, &attempt.transport, bytes) {
+                // Wrong bytes from this transport: the next one may do better.
+                tracing::warn!(target: "select", transport = %attempt.transport, error = %e, "fetched bytes failed verification");
+                failures.push((attempt.transport.clone(), AbiError::internal(e.to_string())));
+                corrupt.get_or_insert(e);
+                continue;
+            }
+            let selection = self.report(handle, attempt, failures)?;
             self.inner.metrics.fetch_ok(
                 attempt.transport.as_str(),
                 handle.meta.byte_len,
@@ -685,10 +722,10 @@ impl Node {
             );
             return Ok((data, selection));
         }
-        Err(HostError::FetchFailed {
+        Err(corrupt.unwrap_or(HostError::FetchFailed {
             id: handle.id,
             failures,
-        })
+        }))
     }
 
     /// Builds the selection report of a successful attempt, applying the
@@ -697,11 +734,12 @@ impl Node {
         &self,
         handle: &Handle,
         attempt: &Attempt,
-        mode: FetchMode,
         failures: Vec<(TransportName, AbiError)>,
     ) -> Result<Selection, HostError> {
-        let view_missed = mode == FetchMode::View && !attempt.zero_copy;
-        let downgraded = !failures.is_empty() || view_missed;
+        // A view served as a copy is not by itself a downgrade: the plan puts
+        // zero-copy candidates first, so if one existed and failed it is in
+        // `failures`; if none existed (a remote owner) a copy is the best there is.
+        let downgraded = !failures.is_empty();
         let mut reason = attempt.reason.clone();
         if !failures.is_empty() {
             let names: Vec<&str> = failures.iter().map(|(t, _)| t.as_str()).collect();
@@ -709,16 +747,12 @@ impl Node {
         }
         if downgraded {
             self.inner.metrics.downgrade();
-            let why = if failures.is_empty() {
-                format!("view requested, copy served by `{}`", attempt.transport)
-            } else {
-                let list: Vec<String> = failures.iter().map(|(t, e)| format!("{t}: {e}")).collect();
-                format!(
-                    "served by `{}` after {}",
-                    attempt.transport,
-                    list.join("; ")
-                )
-            };
+            let list: Vec<String> = failures.iter().map(|(t, e)| format!("{t}: {e}")).collect();
+            let why = format!(
+                "served by `{}` after {}",
+                attempt.transport,
+                list.join("; ")
+            );
             match self.inner.config.fetch.on_downgrade {
                 OnDowngrade::Fail => return Err(HostError::Downgrade { id: handle.id, why }),
                 OnDowngrade::Warn => {
@@ -882,6 +916,8 @@ impl Node {
             load_failures: self.inner.load_failures.clone(),
             transports: self.inner.metrics.snapshot(),
             downgrades: self.inner.metrics.downgrades(),
+            no_candidate: self.inner.metrics.no_candidate(),
+            leaked_bytes: self.inner.metrics.leaked_bytes(),
         }
     }
 
@@ -942,16 +978,49 @@ fn checksum(policy: ChecksumPolicy, data: &[u8]) -> ROption<Checksum> {
     })
 }
 
+impl Inner {
+    /// Unexports a shard from every transport that exported it, the storage
+    /// transport last, then frees its bytes. When a transport fails to
+    /// unexport (other than "not found"), it may still serve from the bytes,
+    /// so they are leaked, loudly, rather than freed under it.
+    fn unexport_all(&self, id: ShardId, shard: OwnedShard) {
+        let mut still_lent = false;
+        for &pi in &shard.exported_by {
+            let p = &self.plugins[pi];
+            if let Err(e) = p.transport.unexport(id).into_result() {
+                tracing::warn!(target: "store", shard = %id, transport = %p.name, error = %e, "unexport failed");
+                still_lent |= e.kind != ErrorKind::NOT_FOUND;
+            }
+        }
+        if still_lent {
+            tracing::error!(target: "store", shard = %id, bytes = shard.handle.meta.byte_len, "a transport may still use this shard's bytes; leaking them instead of freeing");
+            self.metrics.leaked_storage(shard.handle.meta.byte_len);
+            std::mem::forget(shard.stored);
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // Unexport everything before the plugin instances go away, so
         // transports release their segments in order.
         let shards: Vec<(ShardId, OwnedShard)> = lock(&self.shards).drain().collect();
         for (id, shard) in shards {
-            for &pi in &shard.exported_by {
-                let _ = self.plugins[pi].transport.unexport(id);
-            }
+            self.unexport_all(id, shard);
         }
-        lock(&self.cache).clear();
+        let cached: Vec<_> = lock(&self.cache).drain().collect();
+        drop(cached);
     }
+}
+
+/// A zero-filled buffer of `len` bytes, or an error instead of an abort when
+/// the allocation cannot be made.
+fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
+    let n = usize::try_from(len)
+        .map_err(|_| HostError::InvalidShard(format!("{len} bytes do not fit in memory here")))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
+    v.resize(n, 0);
+    Ok(v)
 }

@@ -93,3 +93,103 @@ fn checksums_are_computed_at_put_and_checked_at_fetch() {
     let err = n.fetch_mode(&bad, FetchMode::Copy).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch via `posix-shm`"), "{err}");
 }
+
+fn consumer(fetch_and_cache: &str) -> Node {
+    Node::start(util::parse(&format!(
+        "{fetch_and_cache}\n{}",
+        util::shm_plugin("pool-size = \"1MiB\"")
+    )))
+    .expect("consumer starts")
+}
+
+#[test]
+fn fetch_many_keeps_input_order_isolates_failures_and_bounds_the_batch() {
+    let a = node("pool-size = \"4MiB\"");
+    let b = node("pool-size = \"4MiB\"");
+    let put = |n: &Node, v: u8| {
+        n.put(&[v; 5000], &TensorSpec::bytes(5000), Default::default())
+            .unwrap()
+    };
+    let (a1, b1, a2, gone) = (put(&a, 1), put(&b, 2), put(&a, 3), put(&b, 4));
+    assert!(b.remove(&[gone.id]).is_empty());
+    let c = consumer("[fetch]\nmax-batch = 4");
+    let results = c
+        .fetch_many(
+            &[a1.clone(), b1.clone(), a2.clone(), gone.clone()],
+            FetchMode::Copy,
+        )
+        .unwrap();
+    for (r, v) in results.iter().take(3).zip([1u8, 2, 3]) {
+        let f = r.as_ref().expect("fetched");
+        assert!(f.data.iter().all(|&x| x == v));
+        assert_eq!(f.selection.transport, "posix-shm");
+    }
+    let err = results[3].as_ref().unwrap_err().to_string();
+    assert!(
+        err.contains(&gone.id.to_string()) && err.ends_with("(not_found)"),
+        "{err}"
+    );
+    let err = c
+        .fetch_many(&[a1.clone(), b1, a2, a1.clone(), a1], FetchMode::Copy)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "batch of 5 shards exceeds fetch.max-batch = 4"
+    );
+}
+
+#[test]
+fn the_explicit_cache_serves_repeats_until_drained() {
+    let owner = node("pool-size = \"1MiB\"");
+    let h = owner
+        .put(&[8u8; 256], &TensorSpec::bytes(256), Default::default())
+        .unwrap();
+    let c = consumer("[cache]\npolicy = \"explicit\"");
+    let first = c.fetch_mode(&h, FetchMode::View).unwrap();
+    assert_eq!(first.selection.transport, "posix-shm");
+    let second = c.fetch_mode(&h, FetchMode::View).unwrap();
+    assert_eq!(second.selection.transport, "cache");
+    assert!(std::sync::Arc::ptr_eq(&first.data, &second.data));
+    assert_eq!(c.stats().cache_entries, 1);
+    assert_eq!(c.drain(&[h.id]), 1);
+    assert_eq!(c.stats().cache_entries, 0);
+    assert_eq!(
+        c.fetch_mode(&h, FetchMode::View)
+            .unwrap()
+            .selection
+            .transport,
+        "posix-shm"
+    );
+}
+
+#[test]
+fn a_hostile_handle_claiming_a_huge_shard_is_refused_before_any_allocation() {
+    let owner = node("pool-size = \"1MiB\"");
+    let mut h = owner
+        .put(&[1u8; 64], &TensorSpec::bytes(64), Default::default())
+        .unwrap();
+    // Consistent with its dtype and shape, so it decodes; 2^50 bytes.
+    h.meta.shape = shardport_abi::RVec::from(vec![1u64 << 50]);
+    h.meta.byte_len = 1 << 50;
+    let decoded = shardport_host::Handle::from_bytes(&h.to_bytes()).expect("structurally valid");
+    let c = consumer("[node]\nmax-shard-size = \"1GiB\"");
+    for mode in [FetchMode::Copy, FetchMode::View] {
+        let err = c.fetch_mode(&decoded, mode).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("invalid shard: shard {} claims 1125899906842624 bytes, over node.max-shard-size = 1073741824", h.id)
+        );
+    }
+    let err = c
+        .put_with(
+            &TensorSpec::bytes(2 << 30),
+            Default::default(),
+            |_| unreachable!(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid shard: 2147483648 bytes exceeds node.max-shard-size = 1073741824"
+    );
+}
