@@ -108,7 +108,7 @@ pub use module::{PluginModule, PluginModuleRef, ABI_VERSION};
 pub use plugin::PluginContext;
 // The transport trait object and what crosses it.
 pub use transport::{
-    Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, Region,
+    Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem, Region,
     SharedBytes, SharedTransport, Stat, StatKind, Transport, TransportBox, TransportInfo,
     Transport_TO,
 };

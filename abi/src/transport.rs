@@ -220,6 +220,18 @@ pub struct Region {
     pub token: u64,
 }
 
+/// One shard of an [`import_many`](Transport::import_many) batch.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct ImportItem<'a> {
+    /// The shard's descriptor.
+    pub desc: RSlice<'a, u8>,
+    /// Its metadata; `dst.len() == meta.byte_len`.
+    pub meta: &'a ShardMeta,
+    /// Where its bytes go.
+    pub dst: RSliceMut<'a, u8>,
+}
+
 /// How an import was carried out, for the host's fetch report.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, Default)]
@@ -341,6 +353,23 @@ pub trait Transport: Send + Sync {
     /// [`module`](crate::module)): a plugin whose vtable lacks it gets this body.
     fn echo(&self, x: u64) -> u64 {
         x
+    }
+
+    /// Consumer side: copies several shards, each into its own destination,
+    /// ideally in one round trip per owner (a network transport batches
+    /// them). Returns one result per item, in order; one item failing does
+    /// not fail the others. Appended after the last prefix method: the
+    /// default imports the items one by one with `import_into`.
+    fn import_many(
+        &self,
+        items: RSliceMut<'_, ImportItem<'_>>,
+    ) -> RVec<RResult<ImportInfo, AbiError>> {
+        let mut out = RVec::with_capacity(items.len());
+        for item in items.into_mut_slice() {
+            let dst = RSliceMut::from_mut_slice(item.dst.as_mut_slice());
+            out.push(self.import_into(item.desc, item.meta, dst));
+        }
+        out
     }
 }
 
