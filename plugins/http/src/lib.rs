@@ -1,0 +1,1 @@
+//! HTTP transport plugin of shardport (work in progress).
