@@ -112,6 +112,22 @@ struct RawConfig {
     locality: Option<RawLocality>,
     #[serde(default)]
     plugin: Vec<RawPlugin>,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct RawRoute {
+    name: Option<Spanned<String>>,
+    local: Option<bool>,
+    device: Option<Spanned<String>>,
+    min_size: Option<Spanned<toml::Value>>,
+    max_size: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    tags: std::collections::BTreeMap<String, String>,
+    owner: Option<Spanned<String>>,
+    transports: Spanned<Vec<Spanned<String>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -265,8 +281,93 @@ pub enum CachePolicy {
 /// Which evidence makes an owner "same node" for same-node transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SameNodeMatch {
-    /// The identity parts the transport needs must agree.
+    /// The owner's advertised address is local (`is_local_addr`).
+    Address,
+    /// The identity parts the transport needs agree.
     Identity,
+    /// Both (the default: an address is not proof that `/dev/shm` is shared,
+    /// and identity alone cannot tell network namespaces apart).
+    Both,
+}
+
+/// Which device kind a route matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSel {
+    /// Host memory.
+    Cpu,
+    /// Any CUDA device.
+    Cuda,
+}
+
+/// A `*`/`?` glob over an owner address (`10.0.*:7070`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrPattern(String);
+
+impl AddrPattern {
+    /// A pattern (`*` any run, `?` any one character).
+    pub fn new(pattern: &str) -> Self {
+        AddrPattern(pattern.to_owned())
+    }
+
+    /// The pattern text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// True when `addr` matches the whole pattern.
+    pub fn matches(&self, addr: &str) -> bool {
+        fn go(p: &[u8], s: &[u8]) -> bool {
+            // Iterative glob with single-star backtracking: linear in practice.
+            let (mut pi, mut si) = (0, 0);
+            let (mut star, mut mark) = (None, 0);
+            while si < s.len() {
+                if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+                    pi += 1;
+                    si += 1;
+                } else if pi < p.len() && p[pi] == b'*' {
+                    star = Some(pi);
+                    mark = si;
+                    pi += 1;
+                } else if let Some(st) = star {
+                    pi = st + 1;
+                    mark += 1;
+                    si = mark;
+                } else {
+                    return false;
+                }
+            }
+            p[pi..].iter().all(|&c| c == b'*')
+        }
+        go(self.0.as_bytes(), addr.as_bytes())
+    }
+}
+
+/// Conditions of a route; every present condition must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RouteWhen {
+    /// Owner on this node (per `locality.same-node`).
+    pub local: Option<bool>,
+    /// Device kind of the shard.
+    pub device: Option<DeviceSel>,
+    /// Smallest byte length (inclusive).
+    pub min_size: Option<u64>,
+    /// Largest byte length (inclusive).
+    pub max_size: Option<u64>,
+    /// Tags the shard must carry with these values.
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// Owner address pattern.
+    pub owner: Option<AddrPattern>,
+}
+
+/// A routing rule: conditions -> ordered transports to try.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Name for reasons and metrics (`route[N]` when unnamed).
+    pub name: String,
+    /// Conditions.
+    pub when: RouteWhen,
+    /// Transports to try, in order; others are not tried for matching shards.
+    pub transports: Vec<TransportName>,
 }
 
 /// One plugin to load.
@@ -338,6 +439,8 @@ pub struct Config {
     pub same_node: SameNodeMatch,
     /// Plugins to load, in config order.
     pub plugins: Vec<PluginSpec>,
+    /// Routing rules, first match wins (none: the default order).
+    pub routes: Vec<Route>,
     /// Unknown keys and other non-fatal findings, with their dotted paths.
     pub warnings: Vec<String>,
 }
@@ -627,8 +730,12 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     let same_node = ctx.choice(
         "locality.same-node",
         &raw.locality.unwrap_or_default().same_node,
-        &[("identity", SameNodeMatch::Identity)],
-        SameNodeMatch::Identity,
+        &[
+            ("both", SameNodeMatch::Both),
+            ("address", SameNodeMatch::Address),
+            ("identity", SameNodeMatch::Identity),
+        ],
+        SameNodeMatch::Both,
     )?;
 
     let mut plugins: Vec<PluginSpec> = Vec::new();
@@ -726,8 +833,103 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
         }
     }
 
+    let mut routes = Vec::new();
+    for (i, r) in raw.route.into_iter().enumerate() {
+        let key = format!("route[{i}]");
+        let size =
+            |name: &str, v: &Option<Spanned<toml::Value>>| -> Result<Option<u64>, ConfigError> {
+                let Some(v) = v else { return Ok(None) };
+                let parsed = match v.get_ref() {
+                    toml::Value::Integer(n) if *n >= 0 => Some(*n as u64),
+                    toml::Value::String(s) => parse_byte_size(s),
+                    _ => None,
+                };
+                parsed.map(Some).ok_or_else(|| {
+                    ctx.error(
+                        Some(v.span()),
+                        format!(
+                            "`{key}.{name}`: expected a byte size such as \"1MiB\", found {}",
+                            v.get_ref()
+                        ),
+                        Some(&format!("example: {name} = \"1MiB\"")),
+                    )
+                })
+            };
+        let min_size = size("min-size", &r.min_size)?;
+        let max_size = size("max-size", &r.max_size)?;
+        if let (Some(lo), Some(hi)) = (min_size, max_size) {
+            if lo > hi {
+                return Err(ctx.error(
+                    r.max_size.as_ref().map(Spanned::span),
+                    format!("`{key}`: max-size ({hi}) is below min-size ({lo}); the route could never match"),
+                    None,
+                ));
+            }
+        }
+        let device = ctx.choice(
+            &format!("{key}.device"),
+            &r.device,
+            &[
+                ("cpu", Some(DeviceSel::Cpu)),
+                ("cuda", Some(DeviceSel::Cuda)),
+            ],
+            None,
+        )?;
+        let owner = match &r.owner {
+            Some(p) if p.get_ref().is_empty() || p.get_ref().len() > 255 => {
+                return Err(ctx.error(
+                    Some(p.span()),
+                    format!("`{key}.owner`: expected an address pattern of 1..=255 characters"),
+                    Some("example: owner = \"10.0.*:7070\""),
+                ))
+            }
+            Some(p) => Some(AddrPattern(p.get_ref().clone())),
+            None => None,
+        };
+        if r.transports.get_ref().is_empty() {
+            return Err(ctx.error(
+                Some(r.transports.span()),
+                format!("`{key}.transports` is empty: a route needs at least one transport to try"),
+                Some("example: transports = [\"posix-shm\", \"http\"]"),
+            ));
+        }
+        let mut transports = Vec::new();
+        for (j, t) in r.transports.get_ref().iter().enumerate() {
+            let name = ctx.transport(&format!("{key}.transports[{j}]"), t)?;
+            if transports.contains(&name) {
+                return Err(ctx.error(
+                    Some(t.span()),
+                    format!("`{key}.transports[{j}]`: `{name}` is listed twice"),
+                    None,
+                ));
+            }
+            if !plugins.iter().any(|p| p.name == name) {
+                warnings.push(format!(
+                    "`{key}.transports[{j}]` names `{name}`, which no [[plugin]] table loads"
+                ));
+            }
+            transports.push(name);
+        }
+        routes.push(Route {
+            name: r
+                .name
+                .map(Spanned::into_inner)
+                .unwrap_or_else(|| key.clone()),
+            when: RouteWhen {
+                local: r.local,
+                device,
+                min_size,
+                max_size,
+                tags: r.tags,
+                owner,
+            },
+            transports,
+        });
+    }
+
     Ok(Config {
         origin,
+        routes,
         node,
         fetch,
         put: PutConfig {
@@ -913,6 +1115,55 @@ mod tests {
         assert_eq!((e.line, e.col), (2, 18));
         let c = parse_str("[node]\nmax-shard-size = \"2GiB\"\n", text_origin()).unwrap();
         assert_eq!(c.node.max_shard_size, 2 << 30);
+    }
+
+    #[test]
+    fn routes_are_validated_and_kept_in_order() {
+        let text = "[[plugin]]\nname = \"posix-shm\"\npath = \"a.so\"\n[[plugin]]\nname = \"http\"\npath = \"b.so\"\n\
+                    [[route]]\nname = \"big-local\"\nlocal = true\nmin-size = \"1MiB\"\ntransports = [\"posix-shm\", \"http\"]\n\
+                    [[route]]\nowner = \"10.0.*\"\ntags = { role = \"kv\" }\ntransports = [\"http\"]\n";
+        let c = parse_str(text, text_origin()).unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[0].name, "big-local");
+        assert_eq!(c.routes[0].when.min_size, Some(1 << 20));
+        assert_eq!(c.routes[1].name, "route[1]");
+        assert!(c.routes[1]
+            .when
+            .owner
+            .as_ref()
+            .unwrap()
+            .matches("10.0.3.4:7070"));
+        assert_eq!(c.same_node, SameNodeMatch::Both);
+
+        let e = parse_str("[[route]]\ntransports = []\n", text_origin()).unwrap_err();
+        assert_eq!((e.line, e.col), (2, 14));
+        assert!(e.message.starts_with("`route[0].transports` is empty"));
+        let e = parse_str(
+            "[[route]]\nmin-size = \"2MiB\"\nmax-size = \"1MiB\"\ntransports = [\"x\"]\n",
+            text_origin(),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("could never match"), "{}", e.message);
+        let e = parse_str(
+            "[[route]]\ndevice = \"tpu\"\ntransports = [\"x\"]\n",
+            text_origin(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "`route[0].device`: expected \"cpu\" or \"cuda\", found \"tpu\""
+        );
+    }
+
+    #[test]
+    fn address_globs() {
+        let p = |s: &str| AddrPattern(s.to_owned());
+        assert!(p("*").matches("anything:1"));
+        assert!(p("10.0.?.*:7070").matches("10.0.5.12:7070"));
+        assert!(!p("10.0.?.*:7070").matches("10.0.55.12:7070"));
+        assert!(!p("10.*").matches("110.0.0.1:1"));
+        assert!(p("*:7070").matches("[::1]:7070"));
+        assert!(!p("a*b*c").matches(&"ab".repeat(1000)));
     }
 
     #[test]

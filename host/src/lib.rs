@@ -29,6 +29,7 @@ pub mod error;
 pub mod handle;
 pub mod identity;
 pub mod loader;
+pub mod locality;
 pub mod metrics;
 pub mod node;
 pub mod select;

@@ -28,8 +28,8 @@ use std::{
 use serde::Serialize;
 use shardport_abi::{
     AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, DType, Device, ErrorKind,
-    ExportRequest, LeasedView, ROption, RSlice, RSliceMut, RVec, ShardId, ShardMeta, SharedBytes,
-    StatKind,
+    ExportRequest, ImportItem, LeasedView, ROption, RResult, RSlice, RSliceMut, RVec, ShardId,
+    ShardMeta, SharedBytes, StatKind,
 };
 
 use crate::{
@@ -38,8 +38,9 @@ use crate::{
     handle::{Export, Handle, Owner},
     identity::{new_node_tag, NodeIdentity},
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
+    locality::Locality,
     metrics::Metrics,
-    select::{plan, Attempt, PluginFacts},
+    select::{plan, Attempt, Local, Plan, PluginFacts},
     services::{Clock, SystemClock},
 };
 
@@ -225,6 +226,7 @@ struct Inner {
     storage_plugin: Option<usize>,
     tag: String,
     identity: NodeIdentity,
+    locality: Locality,
     epoch: u64,
     plugins: Vec<LoadedPlugin>,
     facts: Vec<PluginFacts>,
@@ -316,6 +318,7 @@ impl Node {
                 storage_plugin,
                 tag,
                 identity: NodeIdentity::current(),
+                locality: Locality::new(),
                 epoch,
                 facts,
                 load_failures,
@@ -589,29 +592,8 @@ impl Node {
         let start = Instant::now();
         let _span =
             tracing::debug_span!(target: "fetch", "fetch", shard = %handle.id, %mode).entered();
-        if self.inner.config.cache == CachePolicy::Explicit {
-            let hit = lock(&self.inner.cache)
-                .get(&handle.id)
-                .filter(|(meta, data)| {
-                    *meta == handle.meta && data.is_view() == (mode == FetchMode::View)
-                })
-                .cloned();
-            if let Some((meta, data)) = hit {
-                let served = mode;
-                return Ok(Fetched {
-                    id: handle.id,
-                    meta,
-                    data,
-                    selection: Selection {
-                        transport: "cache".to_owned(),
-                        reason: "consumer cache hit (cache.policy = \"explicit\")".to_owned(),
-                        downgraded: false,
-                        mode: served,
-                        failures: Vec::new(),
-                    },
-                    elapsed: start.elapsed(),
-                });
-            }
+        if let Some(hit) = self.cached(handle, mode, start) {
+            return Ok(hit);
         }
         let target = match mode {
             FetchMode::View => Target::View,
@@ -619,12 +601,7 @@ impl Node {
         };
         let (data, selection) = self.fetch_inner(handle, mode, target, start)?;
         let data = Arc::new(data.expect("view and alloc targets return bytes"));
-        if self.inner.config.cache == CachePolicy::Explicit {
-            let replaced =
-                lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(&data)));
-            // A replaced entry's lease ends here, outside the lock.
-            drop(replaced);
-        }
+        self.remember(handle, &data);
         Ok(Fetched {
             id: handle.id,
             meta: handle.meta.clone(),
@@ -666,7 +643,7 @@ impl Node {
                 handle.id, handle.meta.byte_len, self.inner.config.node.max_shard_size
             )));
         }
-        let plan = plan(handle, &self.inner.facts, &self.inner.identity, mode);
+        let plan = self.plan(handle, mode);
         if plan.attempts.is_empty() {
             self.inner.metrics.fetch_error(None);
             return Err(HostError::NoCandidate {
@@ -726,6 +703,18 @@ impl Node {
             id: handle.id,
             failures,
         }))
+    }
+
+    /// The selection plan for `handle` on this node.
+    pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
+        let local = Local {
+            plugins: &self.inner.facts,
+            identity: &self.inner.identity,
+            owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
+            same_node: self.inner.config.same_node,
+            routes: &self.inner.config.routes,
+        };
+        plan(handle, &local, mode)
     }
 
     /// Builds the selection report of a successful attempt, applying the
@@ -805,10 +794,15 @@ impl Node {
         Ok(())
     }
 
-    /// Fetches many shards. Shards are grouped by owner; groups run in
-    /// parallel (at most [`MAX_FETCH_THREADS`]), each shard following its own
-    /// plan, so a failed transport's shards go to the next candidate and only
-    /// those. Results come back in input order.
+    /// Fetches many shards; results come back in input order, one per handle.
+    ///
+    /// Copies are batched: shards are grouped by (owner, transport) and each
+    /// group goes to the transport's `import_many` in one call (one round trip
+    /// per owner for a network transport); groups run in parallel (at most
+    /// [`MAX_FETCH_THREADS`]). When a transport fails some shards of a group,
+    /// only those move on to their next candidate, in the next round, so a
+    /// failover fetches only what is still missing. Views are per shard
+    /// (each holds its own lease), grouped by owner and run in parallel.
     pub fn fetch_many(
         &self,
         handles: &[Handle],
@@ -821,6 +815,13 @@ impl Node {
                 max,
             });
         }
+        match mode {
+            FetchMode::View => Ok(self.fetch_each(handles, mode)),
+            FetchMode::Copy => Ok(self.fetch_batched(handles)),
+        }
+    }
+
+    fn fetch_each(&self, handles: &[Handle], mode: FetchMode) -> Vec<Result<Fetched, HostError>> {
         let mut groups: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
         for (i, h) in handles.iter().enumerate() {
             groups
@@ -829,31 +830,205 @@ impl Node {
                 .push(i);
         }
         let groups: Vec<Vec<usize>> = groups.into_values().collect();
-        let mut results: Vec<Option<Result<Fetched, HostError>>> =
-            (0..handles.len()).map(|_| None).collect();
-        let threads = groups.len().clamp(1, MAX_FETCH_THREADS);
-        let next = AtomicU64::new(0);
-        let collected = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let g = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some(group) = groups.get(g) else { break };
-                    let mut local = Vec::with_capacity(group.len());
-                    for &i in group {
-                        local.push((i, self.fetch_mode(&handles[i], mode)));
-                    }
-                    lock(&collected).extend(local);
-                });
-            }
+        let done = run_parallel(&groups, |group| {
+            group
+                .iter()
+                .map(|&i| (i, self.fetch_mode(&handles[i], mode)))
+                .collect()
         });
-        for (i, r) in collected.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            results[i] = Some(r);
+        in_order(handles.len(), done)
+    }
+
+    fn fetch_batched(&self, handles: &[Handle]) -> Vec<Result<Fetched, HostError>> {
+        let start = Instant::now();
+        let mut out: Vec<Option<Result<Fetched, HostError>>> =
+            (0..handles.len()).map(|_| None).collect();
+        let mut plans: Vec<Plan> = Vec::with_capacity(handles.len());
+        let mut cursor = vec![0usize; handles.len()];
+        let mut failures: Vec<Vec<(TransportName, AbiError)>> = vec![Vec::new(); handles.len()];
+        let mut corrupt: Vec<Option<HostError>> = (0..handles.len()).map(|_| None).collect();
+        let mut pending = Vec::new();
+        for (i, h) in handles.iter().enumerate() {
+            let plan = self.plan(h, FetchMode::Copy);
+            if h.meta.byte_len > self.inner.config.node.max_shard_size {
+                out[i] = Some(Err(HostError::InvalidShard(format!(
+                    "shard {} claims {} bytes, over node.max-shard-size = {}",
+                    h.id, h.meta.byte_len, self.inner.config.node.max_shard_size
+                ))));
+            } else if plan.attempts.is_empty() {
+                self.inner.metrics.fetch_error(None);
+                out[i] = Some(Err(HostError::NoCandidate {
+                    id: h.id,
+                    skipped: plan.skipped.clone(),
+                }));
+            } else if let Some(hit) = self.cached(h, FetchMode::Copy, start) {
+                out[i] = Some(Ok(hit));
+            } else {
+                pending.push(i);
+            }
+            plans.push(plan);
         }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every index fetched"))
-            .collect())
+        while !pending.is_empty() {
+            // Group what is still missing by (owner, next transport to try).
+            let mut groups: BTreeMap<(&str, u64, usize), Vec<usize>> = BTreeMap::new();
+            for &i in &pending {
+                let a = &plans[i].attempts[cursor[i]];
+                groups
+                    .entry((
+                        handles[i].owner.addr.as_str(),
+                        handles[i].owner.epoch,
+                        a.plugin,
+                    ))
+                    .or_default()
+                    .push(i);
+            }
+            let groups: Vec<(usize, Vec<usize>)> =
+                groups.into_iter().map(|((_, _, p), v)| (p, v)).collect();
+            let results = run_parallel(&groups, |(pi, members)| {
+                self.import_group(*pi, members, handles, &plans, &cursor)
+            });
+            pending.clear();
+            for (i, r) in results {
+                let attempt = &plans[i].attempts[cursor[i]];
+                let failed = match r {
+                    Ok(buf) => match self.verify(&handles[i], &attempt.transport, &buf) {
+                        Ok(()) => {
+                            let f = std::mem::take(&mut failures[i]);
+                            let res = self.report(&handles[i], attempt, f).map(|selection| {
+                                self.inner.metrics.fetch_ok(
+                                    attempt.transport.as_str(),
+                                    handles[i].meta.byte_len,
+                                    start.elapsed(),
+                                );
+                                let data = Arc::new(ShardBytes::Owned(buf));
+                                self.remember(&handles[i], &data);
+                                Fetched {
+                                    id: handles[i].id,
+                                    meta: handles[i].meta.clone(),
+                                    data,
+                                    selection,
+                                    elapsed: start.elapsed(),
+                                }
+                            });
+                            out[i] = Some(res);
+                            continue;
+                        }
+                        Err(e) => {
+                            let err = AbiError::internal(e.to_string());
+                            corrupt[i].get_or_insert(e);
+                            err
+                        }
+                    },
+                    Err(e) => e,
+                };
+                self.inner
+                    .metrics
+                    .fetch_error(Some(attempt.transport.as_str()));
+                tracing::debug!(target: "select", shard = %handles[i].id, transport = %attempt.transport, error = %failed, "batch attempt failed");
+                failures[i].push((attempt.transport.clone(), failed));
+                cursor[i] += 1;
+                if cursor[i] < plans[i].attempts.len() {
+                    pending.push(i);
+                } else {
+                    out[i] = Some(Err(corrupt[i].take().unwrap_or_else(|| {
+                        HostError::FetchFailed {
+                            id: handles[i].id,
+                            failures: std::mem::take(&mut failures[i]),
+                        }
+                    })));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every shard resolved"))
+            .collect()
+    }
+
+    /// Imports one (owner, transport) group with a single `import_many`.
+    fn import_group(
+        &self,
+        pi: usize,
+        members: &[usize],
+        handles: &[Handle],
+        plans: &[Plan],
+        cursor: &[usize],
+    ) -> Vec<(usize, Result<Vec<u8>, AbiError>)> {
+        let p = &self.inner.plugins[pi];
+        let mut bufs: Vec<(usize, Result<Vec<u8>, AbiError>)> = members
+            .iter()
+            .map(|&i| {
+                let buf = zeroed(handles[i].meta.byte_len)
+                    .map_err(|e| AbiError::new(ErrorKind::RESOURCE_EXHAUSTED, e.to_string()));
+                (i, buf)
+            })
+            .collect();
+        let mut slots: Vec<usize> = Vec::new();
+        let mut items: Vec<ImportItem<'_>> = Vec::new();
+        for (k, (i, buf)) in bufs.iter_mut().enumerate() {
+            if let Ok(buf) = buf {
+                let export = plans[*i].attempts[cursor[*i]].export;
+                items.push(ImportItem {
+                    desc: RSlice::from_slice(&handles[*i].exports[export].descriptor),
+                    meta: &handles[*i].meta,
+                    dst: RSliceMut::from_mut_slice(buf.as_mut_slice()),
+                });
+                slots.push(k);
+            }
+        }
+        let n = items.len();
+        let results = p
+            .transport
+            .import_many(RSliceMut::from_mut_slice(&mut items));
+        drop(items);
+        let mut results = results.into_iter();
+        for (j, k) in slots.into_iter().enumerate() {
+            let r = results.next().map(RResult::into_result).unwrap_or_else(|| {
+                Err(AbiError::internal(format!(
+                    "`{}` import_many returned {j} results for {n} shards",
+                    p.name
+                )))
+            });
+            if let Err(e) = r {
+                bufs[k].1 = Err(e);
+            }
+        }
+        bufs
+    }
+
+    /// A cache hit for `handle` in `mode`, if the policy keeps results.
+    fn cached(&self, handle: &Handle, mode: FetchMode, start: Instant) -> Option<Fetched> {
+        if self.inner.config.cache != CachePolicy::Explicit {
+            return None;
+        }
+        let (meta, data) = lock(&self.inner.cache)
+            .get(&handle.id)
+            .filter(|(meta, data)| {
+                *meta == handle.meta && data.is_view() == (mode == FetchMode::View)
+            })
+            .cloned()?;
+        Some(Fetched {
+            id: handle.id,
+            meta,
+            data,
+            selection: Selection {
+                transport: "cache".to_owned(),
+                reason: "consumer cache hit (cache.policy = \"explicit\")".to_owned(),
+                downgraded: false,
+                mode,
+                failures: Vec::new(),
+            },
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Keeps a fetched shard when the cache policy says so.
+    fn remember(&self, handle: &Handle, data: &Arc<ShardBytes>) {
+        if self.inner.config.cache == CachePolicy::Explicit {
+            let replaced =
+                lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(data)));
+            // A replaced entry's lease ends here, outside the lock.
+            drop(replaced);
+        }
     }
 
     /// A snapshot of the node's state and its plugins' stats.
@@ -954,6 +1129,43 @@ fn import_into(
         )
         .into_result()
         .map(|_| ())
+}
+
+/// Runs `work` over `groups` on at most [`MAX_FETCH_THREADS`] threads and
+/// collects every `(index, result)` it returns.
+fn run_parallel<G: Sync, R: Send>(
+    groups: &[G],
+    work: impl Fn(&G) -> Vec<(usize, R)> + Sync,
+) -> Vec<(usize, R)> {
+    if groups.len() <= 1 {
+        return groups.iter().flat_map(&work).collect();
+    }
+    let threads = groups.len().min(MAX_FETCH_THREADS);
+    let next = AtomicU64::new(0);
+    let collected = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let g = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(group) = groups.get(g) else { break };
+                let local = work(group);
+                lock(&collected).extend(local);
+            });
+        }
+    });
+    collected.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Orders `(index, result)` pairs by index; every index below `n` must appear once.
+fn in_order<R>(n: usize, pairs: Vec<(usize, R)>) -> Vec<R> {
+    let mut slots: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    for (i, r) in pairs {
+        slots[i] = Some(r);
+    }
+    slots
+        .into_iter()
+        .map(|r| r.expect("every index produced"))
+        .collect()
 }
 
 /// Most threads one `fetch_many` call uses (one per owner group).

@@ -1,21 +1,28 @@
-//! Transport selection: a pure function of (handle, local plugins, local
-//! identity, requested mode) returning the ordered attempts and, for each,
-//! the reason. No sockets, no clocks: property-tested directly.
+//! Transport selection: a pure function of (handle, local plugins, what is
+//! known about the owner's locality, the routing rules, the requested mode)
+//! returning the ordered attempts and, for each, the reason. No sockets, no
+//! clocks: property-tested directly.
 //!
 //! Rules, in order:
 //! 1. A candidate is an export in the handle whose transport is loaded here.
 //! 2. It must handle the shard's device (`cpu` needs the CPU capability,
 //!    `cuda:N` the CUDA capability).
-//! 3. A same-node-only transport must see the owner's identity agree on the
-//!    parts it needs (boot id, `/dev/shm` device, ...); else it is skipped,
-//!    and the reason names the part that differs.
-//! 4. Same-node transports come first (they move bytes through memory), and
-//!    for `view` fetches zero-copy ones first among them; ties keep the
-//!    owner's export order.
+//! 3. A same-node-only transport needs the owner to be on this node, judged
+//!    per `locality.same-node`: the owner's address is local, the identity
+//!    parts the transport needs agree, or both (the default). Otherwise it is
+//!    skipped, and the reason names what differs.
+//! 4. The first `[[route]]` whose conditions hold orders the candidates by its
+//!    transport list and drops the others. Without a matching route:
+//!    same-node transports first (they move bytes through memory), zero-copy
+//!    ones first for `view` fetches, then the owner's export order.
 
 use shardport_abi::{Capabilities, DeviceKind, IdentityParts};
 
-use crate::{config::FetchMode, config::TransportName, handle::Handle, identity::NodeIdentity};
+use crate::{
+    config::{DeviceSel, FetchMode, Route, SameNodeMatch, TransportName},
+    handle::Handle,
+    identity::NodeIdentity,
+};
 
 /// What selection needs to know about one loaded plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +33,21 @@ pub struct PluginFacts {
     pub capabilities: Capabilities,
     /// Identity parts a same-node transport needs.
     pub needs_identity: IdentityParts,
+}
+
+/// The consumer's side of a selection.
+#[derive(Debug, Clone, Copy)]
+pub struct Local<'a> {
+    /// Loaded plugins.
+    pub plugins: &'a [PluginFacts],
+    /// This node's identity.
+    pub identity: &'a NodeIdentity,
+    /// Whether the owner's advertised address is local (`is_local_addr`).
+    pub owner_addr_local: bool,
+    /// Evidence policy for same-node transports.
+    pub same_node: SameNodeMatch,
+    /// Routing rules, first match wins.
+    pub routes: &'a [Route],
 }
 
 /// One attempt in order.
@@ -52,22 +74,74 @@ pub struct Plan {
     pub attempts: Vec<Attempt>,
     /// `(transport, why not)` for exports that are not candidates.
     pub skipped: Vec<(TransportName, String)>,
+    /// Name of the route that ordered the attempts, if any.
+    pub route: Option<String>,
+}
+
+/// Whether the owner counts as on this node for a transport needing `parts`.
+fn same_node(
+    handle: &Handle,
+    local: &Local<'_>,
+    parts: IdentityParts,
+) -> Result<&'static str, String> {
+    let by_identity = || local.identity.agrees(&handle.owner.identity, parts);
+    let by_address = || {
+        if local.owner_addr_local {
+            Ok(())
+        } else {
+            Err(format!("owner address {} is not local", handle.owner.addr))
+        }
+    };
+    match local.same_node {
+        SameNodeMatch::Address => by_address().map(|()| "owner address is local"),
+        SameNodeMatch::Identity => by_identity().map(|()| "identity agrees"),
+        SameNodeMatch::Both => {
+            by_address()?;
+            by_identity().map(|()| "address local, identity agrees")
+        }
+    }
+}
+
+fn route_matches(route: &Route, handle: &Handle, local: &Local<'_>) -> bool {
+    let w = &route.when;
+    let len = handle.meta.byte_len;
+    let device_ok = match w.device {
+        None => true,
+        Some(DeviceSel::Cpu) => handle.meta.device.kind == DeviceKind::CPU,
+        Some(DeviceSel::Cuda) => handle.meta.device.kind == DeviceKind::CUDA,
+    };
+    let local_ok = match w.local {
+        None => true,
+        Some(want) => same_node(handle, local, IdentityParts::BOOT_ID).is_ok() == want,
+    };
+    device_ok
+        && local_ok
+        && w.min_size.is_none_or(|m| len >= m)
+        && w.max_size.is_none_or(|m| len <= m)
+        && w.tags.iter().all(|(k, v)| handle.tags.get(k) == Some(v))
+        && w.owner
+            .as_ref()
+            .is_none_or(|p| p.matches(&handle.owner.addr))
 }
 
 /// Computes the plan for fetching `handle` here.
-pub fn plan(handle: &Handle, local: &[PluginFacts], me: &NodeIdentity, mode: FetchMode) -> Plan {
+pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
     let mut out = Plan::default();
     let device_cap = match handle.meta.device.kind {
         DeviceKind::CUDA => Capabilities::CUDA,
         _ => Capabilities::CPU,
     };
     for (ei, export) in handle.exports.iter().enumerate() {
-        let Some(pi) = local.iter().position(|p| p.name == export.transport) else {
+        let Some(pi) = local
+            .plugins
+            .iter()
+            .position(|p| p.name == export.transport)
+        else {
             out.skipped
                 .push((export.transport.clone(), "not loaded here".to_owned()));
             continue;
         };
-        let facts = &local[pi];
+        let facts = &local.plugins[pi];
         if !facts.capabilities.contains(device_cap) {
             out.skipped.push((
                 export.transport.clone(),
@@ -75,10 +149,10 @@ pub fn plan(handle: &Handle, local: &[PluginFacts], me: &NodeIdentity, mode: Fet
             ));
             continue;
         }
-        let same_node = facts.capabilities.contains(Capabilities::SAME_NODE_ONLY);
-        let mut reason = if same_node {
-            match me.agrees(&handle.owner.identity, facts.needs_identity) {
-                Ok(()) => "owner on this node (identity agrees)".to_owned(),
+        let is_same_node = facts.capabilities.contains(Capabilities::SAME_NODE_ONLY);
+        let mut reason = if is_same_node {
+            match same_node(handle, local, facts.needs_identity) {
+                Ok(why) => format!("owner on this node ({why})"),
                 Err(why) => {
                     out.skipped.push((
                         export.transport.clone(),
@@ -104,13 +178,35 @@ pub fn plan(handle: &Handle, local: &[PluginFacts], me: &NodeIdentity, mode: Fet
             export: ei,
             transport: export.transport.clone(),
             zero_copy,
-            same_node,
+            same_node: is_same_node,
             reason,
         });
     }
-    // Stable sort keeps the owner's export order among equals.
-    out.attempts
-        .sort_by_key(|a| (!a.same_node, !(a.zero_copy || mode == FetchMode::Copy)));
+    if let Some(route) = local
+        .routes
+        .iter()
+        .find(|r| route_matches(r, handle, local))
+    {
+        let (kept, dropped): (Vec<Attempt>, Vec<Attempt>) = out
+            .attempts
+            .into_iter()
+            .partition(|a| route.transports.contains(&a.transport));
+        for a in dropped {
+            out.skipped
+                .push((a.transport, format!("not in route `{}`", route.name)));
+        }
+        let mut kept = kept;
+        kept.sort_by_key(|a| route.transports.iter().position(|t| t == &a.transport));
+        for a in &mut kept {
+            a.reason = format!("route `{}`: {}", route.name, a.reason);
+        }
+        out.attempts = kept;
+        out.route = Some(route.name.clone());
+    } else {
+        // Stable sort keeps the owner's export order among equals.
+        out.attempts
+            .sort_by_key(|a| (!a.same_node, !(a.zero_copy || mode == FetchMode::Copy)));
+    }
     out
 }
 
@@ -122,7 +218,18 @@ mod tests {
     use shardport_abi::{Device, RVec, ShardId, ShardMeta};
 
     use super::*;
+    use crate::config::{AddrPattern, RouteWhen};
     use crate::handle::{Export, Owner};
+
+    fn local<'a>(plugins: &'a [PluginFacts], me: &'a NodeIdentity, owner_local: bool) -> Local<'a> {
+        Local {
+            plugins,
+            identity: me,
+            owner_addr_local: owner_local,
+            same_node: SameNodeMatch::Both,
+            routes: &[],
+        }
+    }
 
     fn name(s: &str) -> TransportName {
         TransportName::new(s).unwrap()
@@ -181,28 +288,39 @@ mod tests {
         }
     }
 
+    fn route(name: &str, when: RouteWhen, transports: &[&str]) -> Route {
+        Route {
+            name: name.into(),
+            when,
+            transports: transports
+                .iter()
+                .map(|t| super::super::config::TransportName::new(t).unwrap())
+                .collect(),
+        }
+    }
+
     #[test]
     fn same_node_zero_copy_first_even_if_exported_last() {
+        let (plugins, me) = ([http(), shm()], ident("a"));
         let p = plan(
             &handle("a", &["http", "posix-shm"]),
-            &[http(), shm()],
-            &ident("a"),
+            &local(&plugins, &me, true),
             FetchMode::View,
         );
         let order: Vec<&str> = p.attempts.iter().map(|a| a.transport.as_str()).collect();
         assert_eq!(order, ["posix-shm", "http"]);
         assert_eq!(
             p.attempts[0].reason,
-            "owner on this node (identity agrees), zero-copy view"
+            "owner on this node (address local, identity agrees), zero-copy view"
         );
     }
 
     #[test]
     fn remote_owner_skips_shm_with_reason() {
+        let (plugins, me) = ([shm(), http()], ident("b"));
         let p = plan(
             &handle("a", &["posix-shm", "http"]),
-            &[shm(), http()],
-            &ident("b"),
+            &local(&plugins, &me, true),
             FetchMode::Copy,
         );
         assert_eq!(p.attempts.len(), 1);
@@ -217,10 +335,31 @@ mod tests {
     }
 
     #[test]
+    fn same_identity_but_foreign_address_is_remote_by_default() {
+        // Two network namespaces on one kernel: identity agrees, address does not.
+        let (plugins, me) = ([shm(), http()], ident("a"));
+        let h = handle("a", &["posix-shm", "http"]);
+        let p = plan(&h, &local(&plugins, &me, false), FetchMode::View);
+        assert_eq!(p.attempts.len(), 1);
+        assert_eq!(
+            p.skipped[0].1,
+            "owner on another node: owner address 127.0.0.1:1 is not local"
+        );
+        // `same-node = "identity"` trusts the identity alone.
+        let mut l = local(&plugins, &me, false);
+        l.same_node = SameNodeMatch::Identity;
+        assert_eq!(
+            plan(&h, &l, FetchMode::View).attempts[0].transport.as_str(),
+            "posix-shm"
+        );
+    }
+
+    #[test]
     fn unloaded_and_wrong_device_are_skipped() {
         let mut h = handle("a", &["posix-shm", "cuda-ipc"]);
         h.meta.device = Device::cuda(0);
-        let p = plan(&h, &[shm()], &ident("a"), FetchMode::View);
+        let (plugins, me) = ([shm()], ident("a"));
+        let p = plan(&h, &local(&plugins, &me, true), FetchMode::View);
         assert!(p.attempts.is_empty());
         assert_eq!(
             p.skipped,
@@ -231,29 +370,88 @@ mod tests {
         );
     }
 
+    #[test]
+    fn first_matching_route_orders_and_filters() {
+        let (plugins, me) = ([shm(), http()], ident("a"));
+        let routes = [
+            route(
+                "tiny",
+                RouteWhen {
+                    max_size: Some(2),
+                    ..Default::default()
+                },
+                &["posix-shm"],
+            ),
+            route(
+                "kv-over-http",
+                RouteWhen {
+                    tags: [("layer".to_owned(), "3".to_owned())].into(),
+                    owner: Some(AddrPattern::new("127.*")),
+                    ..Default::default()
+                },
+                &["http", "posix-shm"],
+            ),
+        ];
+        let mut l = local(&plugins, &me, true);
+        l.routes = &routes;
+        let mut h = handle("a", &["posix-shm", "http"]);
+        // 4 bytes: not tiny; no tag: no route -> default order.
+        assert_eq!(plan(&h, &l, FetchMode::View).route, None);
+        h.tags.insert("layer".into(), "3".into());
+        let p = plan(&h, &l, FetchMode::View);
+        assert_eq!(p.route.as_deref(), Some("kv-over-http"));
+        let order: Vec<&str> = p.attempts.iter().map(|a| a.transport.as_str()).collect();
+        assert_eq!(order, ["http", "posix-shm"]);
+        assert!(p.attempts[0]
+            .reason
+            .starts_with("route `kv-over-http`: reaches any node"));
+        h.meta.shape = shardport_abi::RVec::from(vec![2]);
+        h.meta.byte_len = 2;
+        let p = plan(&h, &l, FetchMode::Copy);
+        assert_eq!(p.route.as_deref(), Some("tiny"));
+        assert_eq!(p.attempts.len(), 1);
+        assert_eq!(
+            p.skipped,
+            vec![(name("http"), "not in route `tiny`".to_owned())]
+        );
+    }
+
     proptest! {
-        // Never a same-node transport for an owner on another node; every
-        // export is either attempted or skipped, exactly once.
+        // Never a same-node transport for an owner on another node (by
+        // address or identity); every export is attempted or skipped exactly
+        // once; routes never add a transport; deterministic.
         #[test]
         fn never_same_node_for_remote_owner(
-            owner_boot in "[ab]", my_boot in "[ab]",
+            owner_boot in "[ab]", my_boot in "[ab]", addr_local in any::<bool>(),
             order in proptest::sample::subsequence(vec!["posix-shm", "http"], 0..=2),
             view in any::<bool>(),
+            route_list in proptest::sample::subsequence(vec!["http", "posix-shm"], 1..=2),
+            route_local in proptest::option::of(any::<bool>()),
+            with_route in any::<bool>(),
         ) {
             let mode = if view { FetchMode::View } else { FetchMode::Copy };
             let h = handle(&owner_boot, &order);
-            let p = plan(&h, &[shm(), http()], &ident(&my_boot), mode);
+            let (plugins, me) = ([shm(), http()], ident(&my_boot));
+            let routes = [route("r", RouteWhen { local: route_local, ..Default::default() }, &route_list)];
+            let mut l = local(&plugins, &me, addr_local);
+            if with_route {
+                l.routes = &routes;
+            }
+            let p = plan(&h, &l, mode);
             prop_assert_eq!(p.attempts.len() + p.skipped.len(), order.len());
             for a in &p.attempts {
                 if a.same_node {
-                    prop_assert_eq!(&owner_boot, &my_boot);
+                    prop_assert!(owner_boot == my_boot && addr_local);
+                }
+                if p.route.is_some() {
+                    prop_assert!(route_list.contains(&a.transport.as_str()));
                 }
             }
-            // Same-node attempts precede the others.
-            let first_remote = p.attempts.iter().position(|a| !a.same_node).unwrap_or(p.attempts.len());
-            prop_assert!(p.attempts[first_remote..].iter().all(|a| !a.same_node));
-            // Deterministic.
-            prop_assert_eq!(p.clone(), plan(&h, &[shm(), http()], &ident(&my_boot), mode));
+            if p.route.is_none() {
+                let first_remote = p.attempts.iter().position(|a| !a.same_node).unwrap_or(p.attempts.len());
+                prop_assert!(p.attempts[first_remote..].iter().all(|a| !a.same_node));
+            }
+            prop_assert_eq!(p.clone(), plan(&h, &l, mode));
         }
     }
 }

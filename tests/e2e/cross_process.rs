@@ -85,7 +85,7 @@ fn view_and_copy_fetches_across_processes_verify_every_byte() {
             assert_eq!(r.downgraded, Some(false));
             let reason = r.reason.unwrap();
             assert!(
-                reason.starts_with("owner on this node (identity agrees)"),
+                reason.starts_with("owner on this node (address local, identity agrees)"),
                 "{reason}"
             );
         }

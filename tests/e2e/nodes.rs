@@ -193,3 +193,70 @@ fn a_hostile_handle_claiming_a_huge_shard_is_refused_before_any_allocation() {
         "invalid shard: 2147483648 bytes exceeds node.max-shard-size = 1073741824"
     );
 }
+
+#[test]
+fn batch_failover_fetches_only_the_shards_still_missing() {
+    // The owner exports through posix-shm (one segment per shard) and the
+    // spool-dir transport. Half of the shm segments vanish behind its back, so
+    // the shm path fails part-way through the batch; spool-dir must complete
+    // exactly the remainder.
+    let dir = util::temp_dir("failover");
+    let spool = format!(
+        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
+        util::plugin_lib("shardport-spool-transport").display(),
+        dir.path().display()
+    );
+    let owner = Node::start(util::parse(&format!(
+        "{}{spool}",
+        util::shm_plugin("allocation = \"segment-per-shard\"")
+    )))
+    .unwrap();
+    let handles: Vec<_> = (0..8u8)
+        .map(|v| {
+            owner
+                .put(&[v; 3000], &TensorSpec::bytes(3000), Default::default())
+                .unwrap()
+        })
+        .collect();
+    let mut segments = util::shm_segments(&format!("{}-s", owner.tag()));
+    segments.sort();
+    assert_eq!(segments.len(), 8, "{segments:?}");
+    for name in segments.iter().step_by(2) {
+        std::fs::remove_file(std::path::Path::new("/dev/shm").join(name)).unwrap();
+    }
+    let c = Node::start(util::parse(&format!(
+        "{}{spool}",
+        util::shm_plugin("pool-size = \"1MiB\"")
+    )))
+    .unwrap();
+    let results = c.fetch_many(&handles, FetchMode::Copy).unwrap();
+    let mut via = std::collections::BTreeMap::<String, usize>::new();
+    for (r, v) in results.iter().zip(0u8..) {
+        let f = r.as_ref().expect("every shard arrives");
+        assert!(f.data.iter().all(|&x| x == v), "shard {v}");
+        *via.entry(f.selection.transport.clone()).or_default() += 1;
+        if f.selection.transport == "spool-dir" {
+            assert!(f.selection.downgraded);
+            assert!(
+                f.selection.reason.ends_with("; after posix-shm failed"),
+                "{}",
+                f.selection.reason
+            );
+            assert_eq!(f.selection.failures.len(), 1);
+        } else {
+            assert!(!f.selection.downgraded);
+        }
+    }
+    assert_eq!(
+        via,
+        [("posix-shm".to_owned(), 4), ("spool-dir".to_owned(), 4)].into()
+    );
+    let stats = c.stats();
+    assert_eq!(
+        stats.transports["spool-dir"].fetches, 4,
+        "spool-dir fetched more than the remainder"
+    );
+    assert_eq!(stats.transports["posix-shm"].fetches, 4);
+    assert_eq!(stats.transports["posix-shm"].errors, 4);
+    assert_eq!(stats.downgrades, 4);
+}
