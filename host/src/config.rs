@@ -110,6 +110,7 @@ struct RawConfig {
     put: Option<RawPut>,
     cache: Option<RawCache>,
     locality: Option<RawLocality>,
+    control: Option<RawControl>,
     #[serde(default)]
     plugin: Vec<RawPlugin>,
     #[serde(default)]
@@ -160,6 +161,14 @@ struct RawPut {
 #[serde(rename_all = "kebab-case")]
 struct RawCache {
     policy: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct RawControl {
+    bind: Option<Spanned<String>>,
+    auth_token: Option<Spanned<String>>,
+    auth_token_env: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -422,6 +431,55 @@ pub struct PutConfig {
     pub export_to: Option<Vec<TransportName>>,
 }
 
+/// Where a secret token comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// No token: endpoints are open (bind to loopback).
+    None,
+    /// Written in the config.
+    Literal(String),
+    /// Read from this environment variable when the endpoint starts.
+    Env(String),
+}
+
+impl fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenSource::None => f.write_str("None"),
+            TokenSource::Literal(_) => f.write_str("Literal(<redacted>)"),
+            TokenSource::Env(v) => write!(f, "Env({v})"),
+        }
+    }
+}
+
+impl TokenSource {
+    /// The token, reading the environment for [`TokenSource::Env`].
+    pub fn resolve(&self) -> Result<Option<String>, String> {
+        match self {
+            TokenSource::None => Ok(None),
+            TokenSource::Literal(t) => Ok(Some(t.clone())),
+            TokenSource::Env(var) => match std::env::var(var) {
+                Ok(t) if !t.is_empty() => Ok(Some(t)),
+                _ => Err(format!(
+                    "control.auth-token-env names `{var}`, which is unset or empty"
+                )),
+            },
+        }
+    }
+}
+
+/// Default control endpoint: loopback only.
+pub const DEFAULT_CONTROL_BIND: &str = "127.0.0.1:7071";
+
+/// The node's control endpoint (`shardport serve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// Address to bind.
+    pub bind: String,
+    /// Bearer token for every endpoint.
+    pub token: TokenSource,
+}
+
 /// A validated config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -441,6 +499,8 @@ pub struct Config {
     pub plugins: Vec<PluginSpec>,
     /// Routing rules, first match wins (none: the default order).
     pub routes: Vec<Route>,
+    /// Control endpoint.
+    pub control: ControlConfig,
     /// Unknown keys and other non-fatal findings, with their dotted paths.
     pub warnings: Vec<String>,
 }
@@ -833,6 +893,44 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
         }
     }
 
+    let control_raw = raw.control.unwrap_or_default();
+    let control = ControlConfig {
+        bind: match &control_raw.bind {
+            Some(b) if crate::locality::split_host_port(b.get_ref()).is_none() => {
+                return Err(ctx.error(
+                    Some(b.span()),
+                    format!(
+                        "`control.bind`: expected `host:port`, found \"{}\"",
+                        b.get_ref()
+                    ),
+                    Some("example: bind = \"127.0.0.1:7071\""),
+                ))
+            }
+            Some(b) => b.get_ref().clone(),
+            None => DEFAULT_CONTROL_BIND.to_owned(),
+        },
+        token: match (control_raw.auth_token, control_raw.auth_token_env) {
+            (Some(_), Some(e)) => {
+                return Err(ctx.error(
+                    Some(e.span()),
+                    "`control.auth-token` and `control.auth-token-env` are both set; keep one"
+                        .to_owned(),
+                    None,
+                ))
+            }
+            (Some(t), None) if t.get_ref().is_empty() => {
+                return Err(ctx.error(
+                    Some(t.span()),
+                    "`control.auth-token` is empty".to_owned(),
+                    None,
+                ))
+            }
+            (Some(t), None) => TokenSource::Literal(t.into_inner()),
+            (None, Some(e)) => TokenSource::Env(e.into_inner()),
+            (None, None) => TokenSource::None,
+        },
+    };
+
     let mut routes = Vec::new();
     for (i, r) in raw.route.into_iter().enumerate() {
         let key = format!("route[{i}]");
@@ -930,6 +1028,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     Ok(Config {
         origin,
         routes,
+        control,
         node,
         fetch,
         put: PutConfig {

@@ -24,6 +24,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod control;
 pub mod demo;
 pub mod error;
 pub mod handle;
