@@ -11,3 +11,4 @@ mod conformance;
 mod cross_process;
 mod loader;
 mod nodes;
+mod serve;

@@ -1,0 +1,178 @@
+//! `shardport serve` as an operator runs it: a long-lived owner with a
+//! control endpoint, `shardport put` / `fetch` / `stats` against it, and a
+//! clean shutdown on SIGTERM that leaves no segment behind.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use crate::util;
+
+struct Served {
+    child: Child,
+    control: String,
+    tag: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(test: &str, extra: &str) -> Served {
+    let dir = util::temp_dir(test);
+    let (cfg, _) = util::write_config(
+        dir.path(),
+        &format!(
+            "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n[control]\nbind = \"127.0.0.1:0\"\n{extra}\n{}",
+            util::shm_plugin("pool-size = \"16MiB\"")
+        ),
+    );
+    let mut child = Command::new(util::shardport_bin())
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let control = lines.next().unwrap().unwrap();
+    let control = control
+        .strip_prefix("control: ")
+        .expect("control line")
+        .to_owned();
+    let node = lines.next().unwrap().unwrap();
+    let tag = node
+        .rsplit("(tag ")
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .to_owned();
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Served {
+        child,
+        control,
+        tag,
+        _dir: dir,
+    }
+}
+
+fn shardport(args: &[&str]) -> std::process::Output {
+    Command::new(util::shardport_bin())
+        .args(args)
+        .env("SHARDPORT_PLUGIN_DIR", util::profile_dir().join("deps"))
+        .env_remove("SHARDPORT_TOKEN")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn put_fetch_stats_and_clean_shutdown() {
+    let s = serve("serve", "");
+    let out = shardport(&[
+        "put", "--node", &s.control, "--size", "1MiB", "--seed", "5", "--tag", "layer=3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let handle = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let h = shardport_host::Handle::from_bytes(&hex::decode(&handle).unwrap()).unwrap();
+    assert_eq!(h.meta.byte_len, 1 << 20);
+    assert_eq!(h.tags["layer"], "3");
+
+    let out = shardport(&[
+        "fetch",
+        "--handle",
+        &handle,
+        "--mode",
+        "copy",
+        "--verify-seed",
+        "5",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("via posix-shm"), "{text}");
+    assert!(text.contains("verified: pattern seed 5"), "{text}");
+    let out = shardport(&["fetch", "--handle", &handle, "--verify-seed", "6"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("do not match the pattern for seed 6"));
+
+    let out = shardport(&["stats", "--node", &s.control]);
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["shards_owned"], 1);
+    assert_eq!(stats["bytes_owned"], 1 << 20);
+
+    assert!(!util::shm_segments(&s.tag).is_empty());
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut s = s;
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+    assert_eq!(util::shm_segments(&s.tag), Vec::<String>::new());
+}
+
+#[test]
+fn the_control_endpoint_checks_tokens_and_survives_bad_requests() {
+    let s = serve("serve-token", "auth-token = \"s3cret\"");
+    let out = shardport(&["stats", "--node", &s.control]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("answered 401: missing or wrong bearer token"),
+        "{err}"
+    );
+    let out = shardport(&["stats", "--node", &s.control, "--token", "s3cret"]);
+    assert!(out.status.success());
+
+    let raw = |req: &[u8]| -> String {
+        let mut c = TcpStream::connect(&s.control).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let _ = c.write_all(req);
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        let mut r = String::new();
+        let _ = c.read_to_string(&mut r);
+        r
+    };
+    assert!(raw(b"garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+    assert!(
+        raw(b"GET /v1/stats HTTP/1.1\r\nauthorization: Bearer nope\r\n\r\n")
+            .starts_with("HTTP/1.1 401")
+    );
+    let huge = format!(
+        "GET /v1/stats HTTP/1.1\r\nx: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    assert!(raw(huge.as_bytes()).starts_with("HTTP/1.1 431"));
+    let r = raw(b"GET /v1/nope HTTP/1.1\r\nauthorization: Bearer s3cret\r\n\r\n");
+    assert!(
+        r.starts_with("HTTP/1.1 404") && r.contains("no endpoint /v1/nope"),
+        "{r}"
+    );
+    let r = raw(b"POST /v1/put HTTP/1.1\r\nauthorization: Bearer s3cret\r\ncontent-length: 99999999999999\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    // A truncated body: the put is refused and nothing is kept.
+    let r = raw(b"POST /v1/put HTTP/1.1\r\nauthorization: Bearer s3cret\r\ncontent-length: 100\r\n\r\nshort");
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    let out = shardport(&["stats", "--node", &s.control, "--token", "s3cret"]);
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        stats["shards_owned"], 0,
+        "a truncated put left a shard behind"
+    );
+}
