@@ -1124,6 +1124,18 @@ mod tests {
     }
 
     #[test]
+    fn shipped_configs_are_valid_without_warnings() {
+        for (name, text) in [
+            ("single-node.toml", include_str!("../../configs/single-node.toml")),
+            ("multi-node.toml", include_str!("../../configs/multi-node.toml")),
+        ] {
+            let c = parse_str(text, text_origin()).unwrap_or_else(|e| panic!("{name}:\n{e}"));
+            assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);
+            assert!(!c.routes.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
     fn bad_choice_points_at_the_value() {
         let text = "[fetch]\nmode = \"fast\"\n";
         let e = parse_str(text, text_origin()).unwrap_err();
