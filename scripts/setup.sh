@@ -6,6 +6,8 @@ set -euo pipefail
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# The two-node test joins two network namespaces with a veth pair (`ip netns`).
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
