@@ -1,1 +1,389 @@
-//! HTTP transport plugin of shardport (work in progress).
+//! # shardport-http: the HTTP transport
+//!
+//! An *implementation crate* of shardport's plugin system: a transport that
+//! moves CPU shards between processes on any machines over HTTP/1.1. It is
+//! the fallback that always reaches an owner when no same-node transport
+//! can. Built as a `cdylib` the host loads by config (and as an `rlib` so its
+//! tests run in-process).
+//!
+//! ```toml
+//! [[plugin]]
+//! name = "http"
+//! path = "libshardport_http.so"
+//! [plugin.config]
+//! bind = "0.0.0.0:7071"
+//! advertise = "node7.cluster.internal"   # the bound port is appended
+//! auth-token-env = "SHARDPORT_TOKEN"
+//! ```
+//!
+//! The owner serves exported shards straight from the memory the host lent
+//! to `export` (no copy); `unexport` waits until no response still reads
+//! them. A consumer streams each response body into the host's destination
+//! buffer frame by frame over pooled kept-alive connections, and batches
+//! `import_many` into one request per owner. The plugin owns a tokio runtime
+//! (`threads` workers); the ABI stays synchronous: host threads block on it.
+//!
+//! ## Where to start reading
+//! `server` (owner side: registry, HTTP handlers, timeouts), `client`
+//! (consumer side: pool, streaming, batches), `wire` (the protocol's
+//! framings), `descriptor`, `config`, and `sys`, the only module with
+//! `unsafe`. The README has the operator's view: config keys, the wire
+//! protocol, failure modes.
+
+#![deny(unsafe_code)]
+
+mod client;
+mod config;
+mod descriptor;
+mod server;
+mod stats;
+#[allow(unsafe_code)]
+mod sys;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::Arc,
+    time::Duration,
+};
+
+use shardport_abi::{
+    AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
+    ImportItem, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
+    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+};
+
+use crate::{
+    client::{join_all, Client, Job},
+    config::Config,
+    descriptor::Descriptor,
+    server::{Server, SHUTDOWN_GRACE},
+    stats::Stats,
+};
+
+/// The transport's name, the key its descriptors are filed under.
+pub const TRANSPORT_NAME: &str = "http";
+
+/// How long dropping the transport waits for runtime tasks after the
+/// server's own drain (connections are closed by then; this covers tasks
+/// that are mid-poll).
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+/// Blocking threads of the runtime: only name resolution uses them.
+const MAX_BLOCKING_THREADS: usize = 4;
+
+thread_local! {
+    /// The host's log forwarding, installed on every runtime thread so
+    /// events from server and client tasks reach the host.
+    static THREAD_DISPATCH: RefCell<Option<tracing::dispatcher::DefaultGuard>> =
+        const { RefCell::new(None) };
+}
+
+/// One http transport instance: an owner side (server) and a consumer side
+/// (client pool) sharing one runtime.
+struct HttpTransport {
+    ctx: PluginContext,
+    /// `Some` until dropped.
+    rt: Option<tokio::runtime::Runtime>,
+    server: Server,
+    client: Client,
+    stats: Arc<Stats>,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpTransport")
+            .field("instance", &self.ctx.instance())
+            .field("bound", &self.server.bound())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a transport instance from the host context: validates the config
+/// table (unknown keys are errors), starts the runtime and binds the server
+/// (a bind failure names the address). This is the constructor the plugin
+/// exports.
+pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
+    let t = HttpTransport::new(ctx)?;
+    Ok(TransportBox::from_value(t, TD_Opaque))
+}
+
+impl HttpTransport {
+    fn new(ctx: PluginContext) -> PluginResult<HttpTransport> {
+        let cfg = Config::parse(ctx.instance(), ctx.config())?;
+        // `create` runs inside the context's guard, whose dispatcher forwards
+        // events to the host: hand it to every runtime thread.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads)
+            .max_blocking_threads(MAX_BLOCKING_THREADS)
+            .thread_name("shardport-http")
+            .enable_io()
+            .enable_time()
+            .on_thread_start(move || {
+                let guard = tracing::dispatcher::set_default(&dispatch);
+                THREAD_DISPATCH.with(|g| *g.borrow_mut() = Some(guard));
+            })
+            .on_thread_stop(|| {
+                THREAD_DISPATCH.with(|g| drop(g.borrow_mut().take()));
+            })
+            .build()
+            .map_err(|e| AbiError::io("cannot start the http transport's runtime", &e))?;
+        let stats = Arc::new(Stats::default());
+        let server = Server::start(&cfg, rt.handle(), Arc::clone(&stats))?;
+        let client = Client::new(&cfg, Arc::clone(&stats))?;
+        tracing::info!(
+            target: "http",
+            bound = %server.bound(),
+            advertised = server.advertised(),
+            auth = cfg.auth_token.is_some(),
+            "http transport serving"
+        );
+        Ok(HttpTransport {
+            ctx,
+            rt: Some(rt),
+            server,
+            client,
+            stats,
+            request_timeout: cfg.request_timeout,
+        })
+    }
+
+    fn rt(&self) -> PluginResult<&tokio::runtime::Runtime> {
+        self.rt
+            .as_ref()
+            .ok_or_else(|| AbiError::internal("the http transport's runtime is gone"))
+    }
+
+    fn import_into(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+        let r = self.import_checked(desc, meta, dst);
+        self.count(&r, meta.byte_len);
+        r
+    }
+
+    fn import_checked(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+        let d = check_item(desc, meta, dst.len())?;
+        let _span = tracing::debug_span!(target: "http", "fetch", shard = %d.id, owner = %d.addr).entered();
+        self.rt()?.block_on(self.client.fetch_one(&d, dst))
+    }
+
+    fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
+        let mut results: Vec<Option<PluginResult<ImportInfo>>> = items.iter().map(|_| None).collect();
+        let lens: Vec<u64> = items.iter().map(|i| i.meta.byte_len).collect();
+        // Group the valid items by owner, keeping request order within each.
+        let mut owners: Vec<(String, Vec<Job<'_>>)> = Vec::new();
+        let mut by_addr: HashMap<String, usize> = HashMap::new();
+        for (index, item) in items.iter_mut().enumerate() {
+            let dst = item.dst.as_mut_slice();
+            match check_item(item.desc.as_slice(), item.meta, dst.len()) {
+                Err(e) => results[index] = Some(Err(e)),
+                Ok(d) => {
+                    let slot = *by_addr.entry(d.addr.clone()).or_insert_with(|| {
+                        owners.push((d.addr.clone(), Vec::new()));
+                        owners.len() - 1
+                    });
+                    owners[slot].1.push(Job { index, id: d.id, dst });
+                }
+            }
+        }
+        if !owners.is_empty() {
+            match self.rt() {
+                Ok(rt) => {
+                    let futs = owners
+                        .into_iter()
+                        .map(|(addr, jobs)| async move { self.client.fetch_owner(&addr, jobs).await })
+                        .collect();
+                    for (index, r) in rt.block_on(join_all(futs)).into_iter().flatten() {
+                        results[index] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    for (_, jobs) in owners {
+                        for j in jobs {
+                            results[j.index] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .zip(lens)
+            .map(|(r, len)| {
+                let r = r.unwrap_or_else(|| Err(AbiError::internal("item was never fetched")));
+                self.count(&r, len);
+                r
+            })
+            .collect()
+    }
+
+    fn count(&self, r: &PluginResult<ImportInfo>, len: u64) {
+        match r {
+            Ok(_) => {
+                self.stats.fetches.inc();
+                self.stats.bytes_fetched.add(len);
+            }
+            Err(_) => self.stats.fetch_errors.inc(),
+        }
+    }
+
+    fn health(&self) -> Health {
+        match self.server.stopped() {
+            Some(why) => Health {
+                ok: false,
+                message: format!("not serving on {}: {why}", self.server.bound()).into(),
+            },
+            None => Health {
+                ok: true,
+                message: format!(
+                    "serving on {} (advertised as {})",
+                    self.server.bound(),
+                    self.server.advertised()
+                )
+                .into(),
+            },
+        }
+    }
+}
+
+/// Validates one import: destination length against the metadata, the
+/// descriptor, and the descriptor's length against the metadata.
+fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Descriptor> {
+    if dst_len as u64 != meta.byte_len {
+        return Err(AbiError::invalid_argument(format!(
+            "destination is {dst_len} bytes, meta.byte_len is {}",
+            meta.byte_len
+        )));
+    }
+    let d = Descriptor::decode(desc)?;
+    if d.len != meta.byte_len {
+        return Err(AbiError::invalid_descriptor(format!(
+            "http descriptor field `len`: {} bytes, but meta.byte_len is {}",
+            d.len, meta.byte_len
+        )));
+    }
+    Ok(d)
+}
+
+impl Drop for HttpTransport {
+    fn drop(&mut self) {
+        // Never unwind out of a drop that runs behind the ABI.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            self.server
+                .shutdown(SHUTDOWN_GRACE.min(self.request_timeout));
+            if let Some(rt) = self.rt.take() {
+                rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+            }
+        }));
+    }
+}
+
+impl Transport for HttpTransport {
+    fn describe(&self) -> TransportInfo {
+        TransportInfo {
+            name: TRANSPORT_NAME.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: Capabilities::CPU,
+            needs_identity: IdentityParts::default(),
+        }
+    }
+
+    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
+        self.ctx
+            .guard("export", || self.server.export(&req).map(RVec::from))
+    }
+
+    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
+        self.ctx.guard("unexport", || self.server.unexport(id))
+    }
+
+    fn import_into(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        mut dst: RSliceMut<'_, u8>,
+    ) -> RResult<ImportInfo, AbiError> {
+        self.ctx.guard("import_into", || {
+            HttpTransport::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
+        })
+    }
+
+    fn import_view(&self, _desc: RSlice<'_, u8>, _meta: &ShardMeta) -> RResult<Region, AbiError> {
+        self.ctx.guard("import_view", || {
+            Err(AbiError::unsupported(
+                "the http transport copies (import_into); it has no zero-copy views",
+            ))
+        })
+    }
+
+    fn release(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx.guard("release", || {
+            Err(AbiError::unsupported(format!(
+                "release of token {token}: the http transport hands out no views"
+            )))
+        })
+    }
+
+    fn allocate(&self, id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
+        self.ctx.guard("allocate", || {
+            Err(AbiError::unsupported(format!(
+                "allocate for shard {id}: the http transport has no allocator"
+            )))
+        })
+    }
+
+    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx.guard("free_allocation", || {
+            Err(AbiError::unsupported(format!(
+                "free_allocation of token {token}: the http transport has no allocator"
+            )))
+        })
+    }
+
+    fn stats(&self) -> RVec<Stat> {
+        self.ctx.guard_infallible("stats", RVec::new(), || {
+            let (shards, bytes) = self.server.registry().totals();
+            RVec::from(self.stats.snapshot(shards, bytes))
+        })
+    }
+
+    fn health(&self) -> Health {
+        self.ctx.guard_infallible(
+            "health",
+            Health {
+                ok: false,
+                message: "health check panicked".into(),
+            },
+            || HttpTransport::health(self),
+        )
+    }
+
+    fn import_many(
+        &self,
+        mut items: RSliceMut<'_, ImportItem<'_>>,
+    ) -> RVec<RResult<ImportInfo, AbiError>> {
+        let n = items.len();
+        let r = self.ctx.guard("import_many", || {
+            Ok(HttpTransport::import_many(self, items.as_mut_slice()))
+        });
+        match r {
+            RResult::ROk(v) => v.into_iter().map(RResult::from).collect(),
+            // A panic (already logged by the guard) fails every item.
+            RResult::RErr(e) => (0..n).map(|_| RResult::RErr(e.clone())).collect(),
+        }
+    }
+}
+
+#[allow(unsafe_code)] // the macro emits the library header static and `export_name`
+mod plugin_export {
+    shardport_abi::export_plugin! {
+        name: super::TRANSPORT_NAME,
+        version: env!("CARGO_PKG_VERSION"),
+        new: super::create,
+    }
+}

@@ -1,0 +1,572 @@
+//! The plugin's config table, validated into typed values.
+//!
+//! ```toml
+//! [[plugin]]
+//! name = "http"
+//! path = "libshardport_http.so"
+//! [plugin.config]
+//! bind = "0.0.0.0:7071"
+//! advertise = "node7.cluster.internal:7071"
+//! auth-token-env = "SHARDPORT_TOKEN"
+//! request-timeout = "120s"
+//! ```
+//!
+//! Every key is optional; an unknown key is an error naming it. Durations are
+//! strings with a unit (`"250ms"`, `"5s"`, `"2m"`, `"1h"`).
+
+use std::{
+    fmt,
+    net::{SocketAddr, ToSocketAddrs},
+    time::Duration,
+};
+
+use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
+
+use crate::descriptor::{self, MAX_ADDR_LEN};
+
+/// Default bind address: loopback with an ephemeral port. A transport that
+/// serves shard bytes must never be reachable from other machines unless an
+/// operator says so; the port is chosen by the kernel so two nodes on one
+/// machine never collide.
+pub(crate) const DEFAULT_BIND: &str = "127.0.0.1:0";
+/// Default shards per batch request: 1024 ids are 16 KiB of request body,
+/// enough to fetch a model's tensors from one owner in a handful of round
+/// trips while keeping one request's work bounded.
+pub(crate) const DEFAULT_MAX_BATCH: u64 = 1024;
+/// Largest `max-batch`: 65536 ids are a 1 MiB request body and 640 KiB of
+/// response header table, beyond which one request monopolises a connection.
+pub(crate) const MAX_MAX_BATCH: u64 = 65536;
+/// Default request-head limit: 16 KiB is twice what common servers accept by
+/// default (8 KiB) and far above what our own client sends (< 300 bytes).
+pub(crate) const DEFAULT_MAX_HEADER_BYTES: u64 = 16 << 10;
+/// Smallest `max-header-bytes`: 1 KiB still fits our client's requests with
+/// a long token; anything smaller would refuse legitimate requests.
+pub(crate) const MIN_MAX_HEADER_BYTES: u64 = 1 << 10;
+/// Largest `max-header-bytes`: 1 MiB; headers are buffered in memory per
+/// connection, so this bounds what a hostile client can make us hold.
+pub(crate) const MAX_MAX_HEADER_BYTES: u64 = 1 << 20;
+/// Default request-body limit: 1 MiB holds a batch of 65536 ids, so with the
+/// default `max-batch` it never binds for our own client while bounding what
+/// any request can make the owner buffer.
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: u64 = 1 << 20;
+/// Largest `max-request-bytes`: bodies are buffered whole, so 64 MiB per
+/// request is the most we let a config ask for.
+pub(crate) const MAX_MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Default TCP connect timeout: 5 s covers a SYN retransmit on a lossy
+/// network; an owner that does not answer by then is treated as down.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default idle timeout: 60 s keeps pooled connections warm between the
+/// bursts of an RL or inference step, and frees a connection whose peer made
+/// no progress (a stalled reader) within a minute.
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default request timeout: 120 s. The longest a consumer waits for an owner
+/// to start answering or to send the next bytes of a body, the longest an
+/// owner waits for a request body, and the longest `unexport` waits for
+/// responses still reading the shard. Longer than `idle-timeout`, so with the
+/// defaults a stalled reader is cut off before `unexport` gives up.
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default header timeout: a client has 10 s from its first byte to finish a
+/// request head; slow-header (slowloris) clients are dropped well before
+/// they can tie up `max-connections`.
+pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest accepted duration for any timeout: one day (a typo guard).
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Default pooled connections per owner: 4 parallel streams saturate a
+/// 100 Gb/s link in practice while keeping an owner's fan-in bounded when
+/// hundreds of consumers fetch from it at once.
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_OWNER: u64 = 4;
+/// Largest `max-connections-per-owner`.
+pub(crate) const MAX_MAX_CONNECTIONS_PER_OWNER: u64 = 1024;
+/// Default inbound connection limit of the owner's server: 512 covers 128
+/// consumers with the default per-owner pool; beyond it new connections wait
+/// in the kernel's accept backlog instead of exhausting file descriptors.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: u64 = 512;
+/// Largest `max-connections`.
+pub(crate) const MAX_MAX_CONNECTIONS: u64 = 65536;
+/// Default runtime worker threads: 2. The plugin's runtime only moves bytes
+/// between sockets and memory; two workers keep a 100 Gb/s NIC busy without
+/// competing with the training process for cores.
+pub(crate) const DEFAULT_THREADS: u64 = 2;
+/// Largest `threads`.
+pub(crate) const MAX_THREADS: u64 = 256;
+/// Longest accepted auth token, in bytes (it travels in every request head).
+pub(crate) const MAX_TOKEN_LEN: usize = 4096;
+
+/// A bearer token, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Token(String);
+
+impl Token {
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// Where the advertised address comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Advertise {
+    /// Not configured: advertise the address the server actually bound.
+    Bound,
+    /// `host:port` as configured.
+    Full(String),
+    /// A host without a port: the bound port is appended.
+    HostOnly(String),
+}
+
+/// Validated configuration of one transport instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Config {
+    /// The plugin instance name, for messages.
+    pub instance: String,
+    pub bind: SocketAddr,
+    /// The `bind` text as configured, for messages.
+    pub bind_text: String,
+    pub advertise: Advertise,
+    pub auth_token: Option<Token>,
+    pub max_batch: usize,
+    pub max_header_bytes: usize,
+    pub max_request_bytes: usize,
+    pub connect_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub request_timeout: Duration,
+    pub header_timeout: Duration,
+    pub max_connections_per_owner: usize,
+    pub max_connections: usize,
+    pub threads: usize,
+}
+
+/// Parses a duration: an integer with a unit `ms`, `s`, `m` or `h`
+/// (`"250ms"`, `"5s"`, `"2m"`). A bare number is refused: its unit would be
+/// a guess.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms_per = match unit.trim() {
+        "ms" => 1,
+        "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    n.checked_mul(ms_per).map(Duration::from_millis)
+}
+
+/// Renders a duration the way the config writes it.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+impl Config {
+    /// Parses and validates the config table `text` of plugin `instance`.
+    /// Unknown keys are errors that name the key. Reads the environment when
+    /// `auth-token-env` is set.
+    pub(crate) fn parse(instance: &str, text: &str) -> PluginResult<Config> {
+        Self::parse_with_env(instance, text, |name| std::env::var(name).ok())
+    }
+
+    /// [`parse`](Self::parse) with an injected environment, for tests.
+    pub(crate) fn parse_with_env(
+        instance: &str,
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> PluginResult<Config> {
+        let t = ConfigTable::parse(instance, text)?;
+        let key = |k: &str| format!("plugin.{instance}.config.{k}");
+        let bad = |k: &str, why: String| AbiError::config(format!("`{}`: {why}", key(k)));
+
+        let bind_text = t.string("bind", DEFAULT_BIND)?;
+        let bind = parse_bind(&bind_text).map_err(|why| bad("bind", why))?;
+
+        let advertise = match t.opt_string("advertise")? {
+            None if bind.ip().is_unspecified() => {
+                return Err(bad(
+                    "advertise",
+                    format!(
+                        "required when `bind` is the unspecified address {}: consumers need \
+                         an address that reaches this node, e.g. advertise = \"node7.example:{}\"",
+                        bind.ip(),
+                        if bind.port() == 0 {
+                            7071
+                        } else {
+                            bind.port()
+                        }
+                    ),
+                ))
+            }
+            None => Advertise::Bound,
+            Some(a) => parse_advertise(&a).map_err(|why| bad("advertise", why))?,
+        };
+
+        let token = t.opt_string("auth-token")?;
+        let token_env = t.opt_string("auth-token-env")?;
+        let auth_token = match (token, token_env) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "auth-token",
+                    "set either `auth-token` or `auth-token-env`, not both".to_owned(),
+                ))
+            }
+            (Some(tok), None) => Some(check_token(tok).map_err(|why| bad("auth-token", why))?),
+            (None, Some(var)) => {
+                if var.is_empty() {
+                    return Err(bad(
+                        "auth-token-env",
+                        "expected the name of an environment variable".to_owned(),
+                    ));
+                }
+                let Some(tok) = env(&var) else {
+                    return Err(bad(
+                        "auth-token-env",
+                        format!("environment variable `{var}` is not set (or not UTF-8)"),
+                    ));
+                };
+                Some(check_token(tok).map_err(|why| {
+                    bad(
+                        "auth-token-env",
+                        format!("the token in environment variable `{var}` {why}"),
+                    )
+                })?)
+            }
+            (None, None) => None,
+        };
+
+        let max_batch = t.u64_in("max-batch", 1..=MAX_MAX_BATCH, DEFAULT_MAX_BATCH)?;
+        let max_header_bytes = t.byte_size("max-header-bytes", DEFAULT_MAX_HEADER_BYTES)?;
+        if !(MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES).contains(&max_header_bytes) {
+            return Err(bad(
+                "max-header-bytes",
+                format!(
+                    "{} is out of range {}..={}",
+                    format_byte_size(max_header_bytes),
+                    format_byte_size(MIN_MAX_HEADER_BYTES),
+                    format_byte_size(MAX_MAX_HEADER_BYTES)
+                ),
+            ));
+        }
+        let max_request_bytes = t.byte_size("max-request-bytes", DEFAULT_MAX_REQUEST_BYTES)?;
+        let min_request = crate::wire::batch_request_len(max_batch as usize) as u64;
+        if !(min_request..=MAX_MAX_REQUEST_BYTES).contains(&max_request_bytes) {
+            return Err(bad(
+                "max-request-bytes",
+                format!(
+                    "{} is out of range {}..={} (the lower bound is a batch request of \
+                     `max-batch` = {max_batch} ids)",
+                    format_byte_size(max_request_bytes),
+                    format_byte_size(min_request),
+                    format_byte_size(MAX_MAX_REQUEST_BYTES)
+                ),
+            ));
+        }
+
+        let duration = |k: &str, default: Duration| -> PluginResult<Duration> {
+            let Some(text) = t.opt_string(k)? else {
+                return Ok(default);
+            };
+            let d = parse_duration(&text).ok_or_else(|| {
+                bad(
+                    k,
+                    format!("expected a duration such as \"5s\" or \"250ms\", found \"{text}\""),
+                )
+            })?;
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(bad(
+                    k,
+                    format!(
+                        "{} is out of range 1ms..={}",
+                        format_duration(d),
+                        format_duration(MAX_TIMEOUT)
+                    ),
+                ));
+            }
+            Ok(d)
+        };
+        let connect_timeout = duration("connect-timeout", DEFAULT_CONNECT_TIMEOUT)?;
+        let idle_timeout = duration("idle-timeout", DEFAULT_IDLE_TIMEOUT)?;
+        let request_timeout = duration("request-timeout", DEFAULT_REQUEST_TIMEOUT)?;
+        let header_timeout = duration("header-timeout", DEFAULT_HEADER_TIMEOUT)?;
+
+        let max_connections_per_owner = t.u64_in(
+            "max-connections-per-owner",
+            1..=MAX_MAX_CONNECTIONS_PER_OWNER,
+            DEFAULT_MAX_CONNECTIONS_PER_OWNER,
+        )?;
+        let max_connections = t.u64_in(
+            "max-connections",
+            1..=MAX_MAX_CONNECTIONS,
+            DEFAULT_MAX_CONNECTIONS,
+        )?;
+        let threads = t.u64_in("threads", 1..=MAX_THREADS, DEFAULT_THREADS)?;
+        t.finish()?;
+
+        // Every bound above is far below usize::MAX on the 64-bit targets we build for.
+        Ok(Config {
+            instance: instance.to_owned(),
+            bind,
+            bind_text,
+            advertise,
+            auth_token,
+            max_batch: max_batch as usize,
+            max_header_bytes: max_header_bytes as usize,
+            max_request_bytes: max_request_bytes as usize,
+            connect_timeout,
+            idle_timeout,
+            request_timeout,
+            header_timeout,
+            max_connections_per_owner: max_connections_per_owner as usize,
+            max_connections: max_connections as usize,
+            threads: threads as usize,
+        })
+    }
+
+    /// The address to put into descriptors, given the address actually bound.
+    pub(crate) fn advertised(&self, bound: SocketAddr) -> String {
+        match &self.advertise {
+            Advertise::Bound => bound.to_string(),
+            Advertise::Full(a) => a.clone(),
+            Advertise::HostOnly(h) => format!("{h}:{}", bound.port()),
+        }
+    }
+}
+
+/// `bind`: an IP socket address, or `host:port` resolved once (first address).
+fn parse_bind(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = text.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if descriptor::parse_host_port(text).is_err() {
+        return Err(format!(
+            "expected an address such as \"127.0.0.1:0\" or \"0.0.0.0:7071\", found \"{text}\""
+        ));
+    }
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("\"{text}\" resolves to no address")),
+        Err(e) => Err(format!("cannot resolve \"{text}\": {e}")),
+    }
+}
+
+/// `advertise`: `host:port`, or a host alone (the bound port is appended).
+fn parse_advertise(text: &str) -> Result<Advertise, String> {
+    if text.len() > MAX_ADDR_LEN - 6 {
+        return Err(format!(
+            "at most {} bytes (it travels in every descriptor), found {}",
+            MAX_ADDR_LEN - 6,
+            text.len()
+        ));
+    }
+    match descriptor::parse_host_port(text) {
+        Ok((_, 0)) => Err(format!(
+            "port 0 in \"{text}\" cannot be reached; give the real port, or the host alone \
+             to advertise the bound port"
+        )),
+        Ok(_) => Ok(Advertise::Full(text.to_owned())),
+        Err(_) if descriptor::check_host(text).is_ok() => Ok(Advertise::HostOnly(text.to_owned())),
+        Err(why) => Err(format!(
+            "expected \"host:port\" or a host, such as \"10.0.0.7:7071\" or \
+             \"node7.example\": {why}"
+        )),
+    }
+}
+
+fn check_token(tok: String) -> Result<Token, String> {
+    if tok.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    if tok.len() > MAX_TOKEN_LEN {
+        return Err(format!("is longer than {MAX_TOKEN_LEN} bytes"));
+    }
+    if !tok.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(
+            "must be printable ASCII without spaces (it travels in an HTTP header)".to_owned(),
+        );
+    }
+    Ok(Token(tok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardport_abi::ErrorKind;
+
+    fn parse(text: &str) -> PluginResult<Config> {
+        Config::parse_with_env("http", text, |name| {
+            (name == "SP_TOKEN").then(|| "s3cret-token".to_owned())
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.bind, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(c.advertise, Advertise::Bound);
+        assert_eq!(c.auth_token, None);
+        assert_eq!(c.max_batch, 1024);
+        assert_eq!(c.max_header_bytes, 16 << 10);
+        assert_eq!(c.max_request_bytes, 1 << 20);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.request_timeout, Duration::from_secs(120));
+        assert_eq!(c.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.max_connections_per_owner, 4);
+        assert_eq!(c.max_connections, 512);
+        assert_eq!(c.threads, 2);
+        assert_eq!(
+            c.advertised("127.0.0.1:4567".parse().unwrap()),
+            "127.0.0.1:4567"
+        );
+    }
+
+    #[test]
+    fn every_key() {
+        let c = parse(
+            r#"bind = "0.0.0.0:7071"
+               advertise = "node7.example:80"
+               auth-token-env = "SP_TOKEN"
+               max-batch = 10
+               max-header-bytes = "8KiB"
+               max-request-bytes = 4096
+               connect-timeout = "250ms"
+               idle-timeout = "2m"
+               request-timeout = "1h"
+               header-timeout = "3s"
+               max-connections-per-owner = 2
+               max-connections = 8
+               threads = 3"#,
+        )
+        .unwrap();
+        assert_eq!(c.bind, "0.0.0.0:7071".parse().unwrap());
+        assert_eq!(c.advertise, Advertise::Full("node7.example:80".into()));
+        assert_eq!(c.auth_token.as_ref().unwrap().as_str(), "s3cret-token");
+        assert_eq!(
+            (c.max_batch, c.max_header_bytes, c.max_request_bytes),
+            (10, 8192, 4096)
+        );
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.idle_timeout, Duration::from_secs(120));
+        assert_eq!(c.request_timeout, Duration::from_secs(3600));
+        assert_eq!(c.header_timeout, Duration::from_secs(3));
+        assert_eq!(
+            (c.max_connections_per_owner, c.max_connections, c.threads),
+            (2, 8, 3)
+        );
+        // The token never shows in debug output.
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn advertise_host_only_takes_the_bound_port() {
+        let c = parse("bind = \"[::]:0\"\nadvertise = \"node7.example\"").unwrap();
+        assert_eq!(
+            c.advertised("[::]:4242".parse().unwrap()),
+            "node7.example:4242"
+        );
+        let c = parse("advertise = \"[fe80::1]:99\"").unwrap();
+        assert_eq!(c.advertised("127.0.0.1:1".parse().unwrap()), "[fe80::1]:99");
+        let c = parse("bind = \"[::1]:0\"").unwrap();
+        assert_eq!(c.advertised("[::1]:5".parse().unwrap()), "[::1]:5");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration(" 7 s "), Some(Duration::from_secs(7)));
+        for bad in ["", "5", "s", "5 parsecs", "-1s", "1.5s", "99999999999999999999h"] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("bnd = \"x\"", "unknown key `plugin.http.config.bnd`"),
+            ("bind = \"nowhere\"", "`plugin.http.config.bind`: expected an address"),
+            (
+                "bind = \"0.0.0.0:0\"",
+                "`plugin.http.config.advertise`: required when `bind` is the unspecified address",
+            ),
+            (
+                "advertise = \"host:0\"",
+                "`plugin.http.config.advertise`: port 0",
+            ),
+            (
+                "advertise = \"a b:1\"",
+                "`plugin.http.config.advertise`: expected \"host:port\" or a host",
+            ),
+            (
+                "auth-token = \"x\"\nauth-token-env = \"SP_TOKEN\"",
+                "`plugin.http.config.auth-token`: set either",
+            ),
+            (
+                "auth-token = \"\"",
+                "`plugin.http.config.auth-token`: is empty",
+            ),
+            (
+                "auth-token = \"two words\"",
+                "`plugin.http.config.auth-token`: must be printable ASCII",
+            ),
+            (
+                "auth-token-env = \"NOPE_NOT_SET\"",
+                "`plugin.http.config.auth-token-env`: environment variable `NOPE_NOT_SET` is not set",
+            ),
+            (
+                "max-batch = 0",
+                "`plugin.http.config.max-batch`: 0 is out of range",
+            ),
+            (
+                "max-header-bytes = 100",
+                "`plugin.http.config.max-header-bytes`: 100 B is out of range 1 KiB..=1 MiB",
+            ),
+            (
+                "max-request-bytes = 1000",
+                "`plugin.http.config.max-request-bytes`: 1000 B is out of range 16.0 KiB..=64 MiB",
+            ),
+            (
+                "idle-timeout = 5",
+                "`plugin.http.config.idle-timeout`: expected a string, found integer `5`",
+            ),
+            (
+                "request-timeout = \"5\"",
+                "`plugin.http.config.request-timeout`: expected a duration such as",
+            ),
+            (
+                "connect-timeout = \"0s\"",
+                "`plugin.http.config.connect-timeout`: 0s is out of range",
+            ),
+            (
+                "header-timeout = \"2d\"",
+                "`plugin.http.config.header-timeout`: expected a duration",
+            ),
+            (
+                "threads = 0",
+                "`plugin.http.config.threads`: 0 is out of range",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::CONFIG, "{text}");
+            assert!(e.message.starts_with(want), "{text}: {}", e.message);
+        }
+        // The token is not echoed in errors.
+        let e = parse("auth-token = \"bad token\"").unwrap_err();
+        assert!(!e.message.contains("bad token"), "{}", e.message);
+    }
+}

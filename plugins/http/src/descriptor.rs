@@ -1,0 +1,365 @@
+//! The descriptor: what an owner's `export` returns and a consumer's
+//! `import_*` reads. Compact, versioned, little-endian:
+//!
+//! ```text
+//! offset  size field
+//!      0     4 magic "SPHT"
+//!      4     1 version (1)
+//!      5     1 address length N (1..=255)
+//!      6     N owner address, "host:port" (UTF-8: IPv4, [IPv6] or a DNS name)
+//!    6+N    16 shard id (u128, little-endian)
+//!   22+N     8 len, the shard's byte length
+//!   30+N     4 CRC-32C of bytes 0..30+N
+//! ```
+//!
+//! Nothing may follow. The checksum is there because a descriptor tells the
+//! consumer which machine to connect to: a handle damaged on its way through
+//! an application's RPC must fail loudly (every 1-bit and 2-bit error is
+//! caught), never send the consumer to some other host. Every failure is
+//! `INVALID_DESCRIPTOR` with a message naming the field.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use shardport_abi::{AbiError, PluginResult, ShardId};
+
+/// Identifies an http descriptor.
+pub(crate) const MAGIC: [u8; 4] = *b"SPHT";
+/// Format version this plugin writes and reads.
+pub(crate) const VERSION: u8 = 1;
+/// Longest owner address in a descriptor (the host's handle bounds owner
+/// addresses the same way).
+pub(crate) const MAX_ADDR_LEN: usize = 255;
+/// Bytes of a descriptor besides the address.
+const FIXED_LEN: usize = 4 + 1 + 1 + 16 + 8 + 4;
+/// Longest DNS name (RFC 1035, without the trailing dot).
+const MAX_HOSTNAME_LEN: usize = 253;
+/// Longest DNS label.
+const MAX_LABEL_LEN: usize = 63;
+
+/// A decoded descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Descriptor {
+    /// The owner's advertised `host:port`.
+    pub addr: String,
+    pub id: ShardId,
+    pub len: u64,
+}
+
+fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
+    AbiError::invalid_descriptor(format!("http descriptor field `{field}`: {why}"))
+}
+
+impl Descriptor {
+    /// Serialises the descriptor. `addr` was validated when the config was.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        assert!(
+            !self.addr.is_empty() && self.addr.len() <= MAX_ADDR_LEN,
+            "advertised address length is checked at construction"
+        );
+        let mut v = Vec::with_capacity(FIXED_LEN + self.addr.len());
+        v.extend_from_slice(&MAGIC);
+        v.push(VERSION);
+        v.push(self.addr.len() as u8);
+        v.extend_from_slice(self.addr.as_bytes());
+        v.extend_from_slice(&self.id.as_u128().to_le_bytes());
+        v.extend_from_slice(&self.len.to_le_bytes());
+        let crc = crc32c::crc32c(&v);
+        v.extend_from_slice(&crc.to_le_bytes());
+        v
+    }
+
+    /// Parses and checks a descriptor from another process.
+    pub(crate) fn decode(bytes: &[u8]) -> PluginResult<Descriptor> {
+        if bytes.len() < 4 {
+            return Err(bad(
+                "magic",
+                format!("truncated: descriptor is {} bytes", bytes.len()),
+            ));
+        }
+        if bytes[..4] != MAGIC {
+            return Err(bad(
+                "magic",
+                format!("expected {MAGIC:02x?} (\"SPHT\"), found {:02x?}", &bytes[..4]),
+            ));
+        }
+        let Some(&version) = bytes.get(4) else {
+            return Err(bad("version", "truncated: descriptor is 4 bytes"));
+        };
+        if version != VERSION {
+            return Err(bad(
+                "version",
+                format!("this plugin reads version {VERSION}, found {version}"),
+            ));
+        }
+        let Some(&n) = bytes.get(5) else {
+            return Err(bad("address", "truncated: descriptor is 5 bytes"));
+        };
+        let n = usize::from(n);
+        let want = FIXED_LEN + n;
+        if bytes.len() < want {
+            return Err(bad(
+                "address",
+                format!(
+                    "truncated: a descriptor with a {n}-byte address is {want} bytes, found {}",
+                    bytes.len()
+                ),
+            ));
+        }
+        if bytes.len() > want {
+            return Err(bad(
+                "checksum",
+                format!(
+                    "{} unexpected bytes after the last field",
+                    bytes.len() - want
+                ),
+            ));
+        }
+        let body = &bytes[..want - 4];
+        let stored = u32::from_le_bytes(bytes[want - 4..].try_into().expect("4 bytes"));
+        let computed = crc32c::crc32c(body);
+        if stored != computed {
+            return Err(bad(
+                "checksum",
+                format!(
+                    "CRC-32C {stored:#010x} does not match the content ({computed:#010x}): \
+                     the descriptor was damaged in transit"
+                ),
+            ));
+        }
+        if n == 0 {
+            return Err(bad("address", "empty"));
+        }
+        let addr = std::str::from_utf8(&body[6..6 + n]).map_err(|_| bad("address", "not UTF-8"))?;
+        match parse_host_port(addr) {
+            Ok((_, 0)) => return Err(bad("address", format!("port 0 in {addr:?}"))),
+            Ok(_) => {}
+            Err(why) => return Err(bad("address", format!("{addr:?}: {why}"))),
+        }
+        let id = u128::from_le_bytes(body[6 + n..22 + n].try_into().expect("16 bytes"));
+        let len = u64::from_le_bytes(body[22 + n..30 + n].try_into().expect("8 bytes"));
+        Ok(Descriptor {
+            addr: addr.to_owned(),
+            id: ShardId::from_u128(id),
+            len,
+        })
+    }
+}
+
+/// Splits `host:port` and checks both parts: the host is an IPv4 address, a
+/// bracketed IPv6 address or a DNS name; the port is decimal, at most 65535.
+pub(crate) fn parse_host_port(text: &str) -> Result<(&str, u16), String> {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err("expected host:port".to_owned());
+    };
+    check_host(host)?;
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("port {port:?} is not a decimal number"));
+    }
+    let port: u32 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not a number"))?;
+    let port = u16::try_from(port).map_err(|_| format!("port {port} is above 65535"))?;
+    Ok((host, port))
+}
+
+/// Checks a host: IPv4, `[IPv6]`, or a DNS name (letters, digits, `-`, dots
+/// between labels of at most 63 bytes, at most 253 bytes in all).
+pub(crate) fn check_host(host: &str) -> Result<(), String> {
+    if let Some(inner) = host.strip_prefix('[') {
+        let Some(inner) = inner.strip_suffix(']') else {
+            return Err(format!("unclosed `[` in host {host:?}"));
+        };
+        return inner
+            .parse::<Ipv6Addr>()
+            .map(|_| ())
+            .map_err(|_| format!("{inner:?} is not an IPv6 address"));
+    }
+    if host.parse::<Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    if host.is_empty() {
+        return Err("empty host".to_owned());
+    }
+    if host.len() > MAX_HOSTNAME_LEN {
+        return Err(format!(
+            "host name longer than {MAX_HOSTNAME_LEN} bytes"
+        ));
+    }
+    for label in host.split('.') {
+        let ok = !label.is_empty()
+            && label.len() <= MAX_LABEL_LEN
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "host {host:?} is not an IP address or a DNS name (letters, digits, `-`, \
+                 dots between labels; IPv6 in brackets)"
+            ));
+        }
+    }
+    // A name made of digits and dots that did not parse as IPv4 (`1.2.3`,
+    // `999.1.1.1`) is a typo, not a host name.
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("{host:?} is not a valid IPv4 address"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardport_abi::ErrorKind;
+
+    fn sample() -> Descriptor {
+        Descriptor {
+            addr: "127.0.0.1:7071".into(),
+            id: ShardId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
+            len: 4096,
+        }
+    }
+
+    fn err(bytes: &[u8]) -> String {
+        let e = Descriptor::decode(bytes).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+        e.message.to_string()
+    }
+
+    /// Re-seals a hand-edited descriptor so a test reaches the fields after
+    /// the checksum check.
+    fn reseal(mut b: Vec<u8>) -> Vec<u8> {
+        let n = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn roundtrip() {
+        for addr in [
+            "127.0.0.1:7071",
+            "[::1]:1",
+            "[fe80::1:2]:65535",
+            "node7.cluster.internal:80",
+            "localhost:9",
+            &format!("{}:1", "a".repeat(63)),
+        ] {
+            let d = Descriptor {
+                addr: addr.to_owned(),
+                ..sample()
+            };
+            let b = d.encode();
+            assert_eq!(b.len(), FIXED_LEN + addr.len());
+            assert_eq!(Descriptor::decode(&b).unwrap(), d);
+        }
+        // The id travels little-endian right after the address.
+        let b = sample().encode();
+        assert_eq!(&b[..6], b"SPHT\x01\x0e");
+        assert_eq!(b[20], 0x77);
+    }
+
+    #[test]
+    fn every_truncation_and_extension_fails() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            let m = err(&bytes[..n]);
+            assert!(m.contains("truncated"), "{n}: {m}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(err(&long).contains("unexpected bytes"));
+    }
+
+    #[test]
+    fn every_bit_flip_fails() {
+        let bytes = sample().encode();
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(Descriptor::decode(&b).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn fields_are_named() {
+        let mut b = sample().encode();
+        b[0] = b'X';
+        assert!(err(&b).contains("`magic`"));
+        let mut b = sample().encode();
+        b[4] = 2;
+        assert!(err(&b).contains("`version`"));
+        let mut b = sample().encode();
+        b[10] ^= 1;
+        assert!(err(&b).contains("`checksum`"));
+        for (addr, needle) in [
+            ("127.0.0.1:0", "port 0"),
+            ("127.0.0.1", "expected host:port"),
+            ("a b:1", "not an IP address or a DNS name"),
+            ("999.1.1.1:1", "not a valid IPv4 address"),
+            ("[::1:1", "unclosed"),
+            ("[zz]:1", "not an IPv6 address"),
+            ("::1:80", "not an IP address or a DNS name"),
+            ("host:99999", "above 65535"),
+            ("host:+80", "not a decimal number"),
+            ("-bad.example:1", "not an IP address or a DNS name"),
+            ("x..y:1", "not an IP address or a DNS name"),
+        ] {
+            let mut b = sample().encode();
+            b.truncate(6);
+            b[5] = addr.len() as u8;
+            b.extend_from_slice(addr.as_bytes());
+            b.extend_from_slice(&[0u8; 28]);
+            let m = err(&reseal(b));
+            assert!(m.contains("`address`"), "{addr}: {m}");
+            assert!(m.contains(needle), "{addr}: {m}");
+        }
+        let mut b = sample().encode();
+        b[6] = 0xff;
+        assert!(err(&reseal(b)).contains("UTF-8"));
+        let mut b = sample().encode();
+        b.truncate(6);
+        b[5] = 0;
+        b.extend_from_slice(&[0u8; 28]);
+        assert!(err(&reseal(b)).contains("empty"));
+    }
+
+    #[test]
+    fn hosts() {
+        for ok in ["10.0.0.1", "[::]", "a", "a-b.c9", "node7.example"] {
+            check_host(ok).unwrap();
+        }
+        for bad in ["", "a_b", "a.", ".a", "1.2.3", "[::1", "a/b", "é.example"] {
+            assert!(check_host(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_host(&"a".repeat(64)).is_err());
+        let long = ["a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63)].join(".");
+        assert!(check_host(&long).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_fail_cleanly_or_roundtrip(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            if let Ok(d) = Descriptor::decode(&bytes) {
+                proptest::prop_assert_eq!(d.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_descriptors_fail_cleanly_or_roundtrip(
+            at in proptest::num::usize::ANY,
+            byte in proptest::num::u8::ANY,
+        ) {
+            let mut bytes = sample().encode();
+            let i = at % bytes.len();
+            bytes[i] = byte;
+            match Descriptor::decode(&bytes) {
+                Ok(d) => proptest::prop_assert_eq!(d.encode(), bytes),
+                Err(e) => proptest::prop_assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR),
+            }
+        }
+    }
+}

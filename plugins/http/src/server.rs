@@ -1,0 +1,909 @@
+//! Owner side: the exported shards and the HTTP/1.1 server that serves them.
+//!
+//! # Overview
+//! [`Registry`] maps shard ids to the bytes the host lent to `export`
+//! ([`LentBytes`]); nothing is copied. The server runs on the plugin's own
+//! runtime: an accept loop bounded by `max-connections`, and one task per
+//! connection running hyper's HTTP/1.1 state machine plus a watchdog. A
+//! response body reads the lent memory in place (`Bytes` owning a
+//! [`Reader`](crate::sys::Reader)), so `unexport` can wait for exactly the
+//! responses still reading a shard.
+//!
+//! # Timeouts (a slow or hostile peer never wedges the server)
+//! - a request head must be complete within `header-timeout` of its first
+//!   byte, and fit in `max-header-bytes` (hyper answers 431 otherwise);
+//! - a request body must fit in `max-request-bytes` (413) and arrive within
+//!   `request-timeout` (408);
+//! - a connection with no I/O progress for `idle-timeout` is closed, whether
+//!   it is idle between requests or a peer stopped reading its response;
+//! - at most `max-connections` are served at once; more wait in the kernel's
+//!   accept backlog.
+//!
+//! # Locking
+//! The registry is one `RwLock` (readers: request handlers, which only clone
+//! `Arc`s under it; writers: `export` / `unexport`, which never wait under
+//! it). Each export has its own reader book (see `sys`).
+
+use std::{
+    collections::{HashMap, VecDeque},
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError, RwLock,
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::{
+    body::{Body, Frame, Incoming, SizeHint},
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use shardport_abi::{
+    format_byte_size, AbiError, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{watch, Semaphore},
+};
+use tracing::{debug, warn};
+
+use crate::{
+    config::{format_duration, Config, Token},
+    descriptor::Descriptor,
+    stats::{Held, Stats},
+    sys::{LentBytes, Reader},
+    wire,
+};
+
+/// How long the accept loop pauses after `accept` fails (out of file
+/// descriptors, usually): long enough not to spin, short enough that
+/// service resumes as soon as descriptors free up.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long in-flight responses may finish after the transport is dropped
+/// before their connections are closed (capped by `request-timeout`).
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Finest and coarsest watchdog period: checks run four times per shortest
+/// timeout, within these bounds, so a timeout fires at most 25% late.
+const WATCHDOG_MIN: Duration = Duration::from_millis(10);
+const WATCHDOG_MAX: Duration = Duration::from_secs(1);
+/// hyper's default read/write buffer limit (8 KiB + 100 x 4 KiB); raised only
+/// when `max-header-bytes` needs more room.
+const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
+/// Longest request path quoted back in an error message.
+const MAX_QUOTED_PATH: usize = 96;
+/// Marker for "no request head in progress".
+const NONE: u64 = u64::MAX;
+
+/// The shards this owner exports, by id.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    shards: RwLock<HashMap<ShardId, Arc<LentBytes>>>,
+    bytes: AtomicU64,
+}
+
+impl Registry {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ShardId, Arc<LentBytes>>> {
+        // Critical sections only insert, remove or clone: a panic cannot
+        // leave the map half-updated.
+        self.shards.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<ShardId, Arc<LentBytes>>> {
+        self.shards.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A reader of shard `id`, or `None` when it is not exported.
+    fn reader(&self, id: ShardId) -> Option<Reader> {
+        self.read().get(&id).and_then(LentBytes::reader)
+    }
+
+    /// Readers of every id, taken under one lock so a batch sees one state.
+    fn readers(&self, ids: &[ShardId]) -> Vec<Option<Reader>> {
+        let map = self.read();
+        ids.iter()
+            .map(|id| map.get(id).and_then(LentBytes::reader))
+            .collect()
+    }
+
+    /// Number of exported shards and their total bytes.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        (
+            self.read().len() as u64,
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Limits and identity every connection task needs.
+#[derive(Debug)]
+struct Shared {
+    registry: Arc<Registry>,
+    stats: Arc<Stats>,
+    token: Option<Token>,
+    bound: SocketAddr,
+    advertised: String,
+    max_batch: usize,
+    max_request_bytes: usize,
+    max_header_bytes: usize,
+    request_timeout: Duration,
+    idle_timeout: Duration,
+    header_timeout: Duration,
+    /// Origin of the millisecond clocks in [`Activity`].
+    epoch: Instant,
+    /// Why the accept loop stopped, when it did.
+    stopped: Mutex<Option<String>>,
+}
+
+/// The owner side of one transport instance.
+#[derive(Debug)]
+pub(crate) struct Server {
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    accepting: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Binds `cfg.bind` (a failure names the address) and starts serving on
+    /// `rt`.
+    pub(crate) fn start(
+        cfg: &Config,
+        rt: &tokio::runtime::Handle,
+        stats: Arc<Stats>,
+    ) -> PluginResult<Server> {
+        let listener = std::net::TcpListener::bind(cfg.bind).map_err(|e| {
+            let mut err = AbiError::io(
+                format_args!(
+                    "cannot bind `plugin.{}.config.bind` = \"{}\" ({})",
+                    cfg.instance, cfg.bind_text, cfg.bind
+                ),
+                &e,
+            );
+            if e.kind() == io::ErrorKind::AddrInUse {
+                err.kind = ErrorKind::UNAVAILABLE;
+                err.message.push_str("; another process serves that port (use port 0 for an ephemeral one)");
+            }
+            err
+        })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| AbiError::io(format_args!("cannot read the bound address of {}", cfg.bind), &e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| AbiError::io(format_args!("cannot make {bound} non-blocking"), &e))?;
+        let listener = {
+            let _enter = rt.enter();
+            TcpListener::from_std(listener)
+                .map_err(|e| AbiError::io(format_args!("cannot register {bound} with the runtime"), &e))?
+        };
+        let advertised = cfg.advertised(bound);
+        let shared = Arc::new(Shared {
+            registry: Arc::default(),
+            stats,
+            token: cfg.auth_token.clone(),
+            bound,
+            advertised,
+            max_batch: cfg.max_batch,
+            max_request_bytes: cfg.max_request_bytes,
+            max_header_bytes: cfg.max_header_bytes,
+            request_timeout: cfg.request_timeout,
+            idle_timeout: cfg.idle_timeout,
+            header_timeout: cfg.header_timeout,
+            epoch: Instant::now(),
+            stopped: Mutex::new(None),
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let accepting = Arc::new(AtomicBool::new(true));
+        rt.spawn(accept_loop(
+            Arc::clone(&shared),
+            listener,
+            Arc::new(Semaphore::new(cfg.max_connections)),
+            shutdown_rx,
+            Arc::clone(&accepting),
+        ));
+        debug!(target: "http", bound = %bound, advertised = %shared.advertised, "serving");
+        Ok(Server {
+            shared,
+            shutdown,
+            accepting,
+        })
+    }
+
+    /// The address the server is bound to.
+    pub(crate) fn bound(&self) -> SocketAddr {
+        self.shared.bound
+    }
+
+    /// The address put into descriptors.
+    pub(crate) fn advertised(&self) -> &str {
+        &self.shared.advertised
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    /// `None` while serving, or why the server stopped.
+    pub(crate) fn stopped(&self) -> Option<String> {
+        if self.accepting.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.shared
+                .stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .unwrap_or_else(|| "the server was shut down".to_owned()),
+        )
+    }
+
+    /// Publishes a shard: records the lent bytes (no copy) and returns the
+    /// descriptor.
+    pub(crate) fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        let id = req.id;
+        if req.allocation != 0 {
+            return Err(AbiError::invalid_argument(format!(
+                "export of shard {id}: allocation token {} is not one of ours (the http \
+                 transport has no allocator)",
+                req.allocation
+            )));
+        }
+        if req.meta.device.kind != DeviceKind::CPU {
+            return Err(AbiError::unsupported(format!(
+                "export of shard {id}: the http transport serves host memory only, the \
+                 shard lives on {}",
+                req.meta.device
+            )));
+        }
+        if req.meta.byte_len != req.data.len() as u64 {
+            return Err(AbiError::invalid_argument(format!(
+                "export of shard {id}: meta.byte_len is {} but {} bytes were lent",
+                req.meta.byte_len,
+                req.data.len()
+            )));
+        }
+        if req.data.as_ptr().is_null() && !req.data.is_empty() {
+            return Err(AbiError::invalid_argument(format!(
+                "export of shard {id}: null data pointer for {} bytes",
+                req.data.len()
+            )));
+        }
+        let desc = Descriptor {
+            addr: self.shared.advertised.clone(),
+            id,
+            len: req.meta.byte_len,
+        }
+        .encode();
+        let registry = &self.shared.registry;
+        {
+            let mut map = registry.write();
+            if map.contains_key(&id) {
+                return Err(AbiError::invalid_argument(format!(
+                    "shard {id} is already exported by this http transport"
+                )));
+            }
+            map.insert(id, LentBytes::from_request(req));
+        }
+        registry.bytes.fetch_add(req.meta.byte_len, Ordering::Relaxed);
+        debug!(target: "http", shard = %id, bytes = req.meta.byte_len, "exported");
+        Ok(desc)
+    }
+
+    /// Withdraws a shard: new requests get 404 at once; then waits (up to
+    /// `request-timeout`) until no response reads its bytes any more.
+    pub(crate) fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        let registry = &self.shared.registry;
+        let lent = registry.write().remove(&id).ok_or_else(|| {
+            AbiError::not_found(format!("shard {id} is not exported by this http transport"))
+        })?;
+        registry.bytes.fetch_sub(lent.len() as u64, Ordering::Relaxed);
+        let timeout = self.shared.request_timeout;
+        match lent.withdraw(timeout) {
+            Ok(()) => {
+                debug!(target: "http", shard = %id, "unexported");
+                Ok(())
+            }
+            Err(left) => {
+                self.shared.stats.unexport_timeouts.inc();
+                warn!(
+                    target: "http",
+                    shard = %id,
+                    responses = left,
+                    "unexport timed out waiting for responses still reading the shard"
+                );
+                Err(AbiError::new(
+                    ErrorKind::TIMEOUT,
+                    format!(
+                        "shard {id} is withdrawn (new requests get 404), but {left} response(s) \
+                         still reading its bytes did not finish within request-timeout ({}); \
+                         the bytes must not be freed",
+                        format_duration(timeout)
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Stops accepting, asks every connection to finish its response and
+    /// close, and waits up to `grace` (plus one watchdog period) for them.
+    /// Connections still open then are closed by the runtime's shutdown.
+    pub(crate) fn shutdown(&self, grace: Duration) {
+        let _ = self.shutdown.send(true);
+        let deadline = Instant::now() + grace + WATCHDOG_MAX;
+        while (self.shared.stats.connections_open.get() > 0 || self.accepting.load(Ordering::Acquire))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+    accepting: Arc<AtomicBool>,
+) {
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.changed() => break,
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve_connection(
+                    Arc::clone(&shared),
+                    stream,
+                    peer,
+                    permit,
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                warn!(target: "http", error = %e, addr = %shared.bound, "accept failed");
+                drop(permit);
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+    *shared.stopped.lock().unwrap_or_else(PoisonError::into_inner) =
+        Some("the server was shut down".to_owned());
+    accepting.store(false, Ordering::Release);
+    debug!(target: "http", addr = %shared.bound, "accept loop stopped");
+}
+
+/// Per-connection clocks the watchdog reads (milliseconds since
+/// [`Shared::epoch`]).
+#[derive(Debug)]
+struct Activity {
+    epoch: Instant,
+    /// Last successful read or write.
+    last_io: AtomicU64,
+    /// First byte of a request head not yet complete, or [`NONE`].
+    head_since: AtomicU64,
+    /// Requests whose handler or response body is alive.
+    in_flight: AtomicU64,
+}
+
+impl Activity {
+    fn new(epoch: Instant) -> Activity {
+        let now = epoch.elapsed().as_millis() as u64;
+        Activity {
+            epoch,
+            last_io: AtomicU64::new(now),
+            head_since: AtomicU64::new(NONE),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn on_read(&self) {
+        let now = self.now();
+        self.last_io.store(now, Ordering::Relaxed);
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let _ =
+                self.head_since
+                    .compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    fn on_write(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_since.store(NONE, Ordering::Relaxed);
+    }
+
+    fn request_finished(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Why the connection should be closed now, if it should.
+    fn expired(&self, header_timeout: Duration, idle_timeout: Duration) -> Option<&'static str> {
+        let now = self.now();
+        let idle = now.saturating_sub(self.last_io.load(Ordering::Relaxed));
+        let idle_limit = idle_timeout.as_millis() as u64;
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return (idle >= idle_limit)
+                .then_some("no progress on a request in flight for idle-timeout (stalled peer)");
+        }
+        let head = self.head_since.load(Ordering::Relaxed);
+        if head != NONE && now.saturating_sub(head) >= header_timeout.as_millis() as u64 {
+            return Some("request head not complete within header-timeout");
+        }
+        (idle >= idle_limit).then_some("idle for idle-timeout")
+    }
+}
+
+/// A `TcpStream` that records progress in its connection's [`Activity`].
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.on_read();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        // hyper queues body chunks (no copy) only for vectored writers.
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn watchdog_period(shared: &Shared) -> Duration {
+    (shared.header_timeout.min(shared.idle_timeout) / 4).clamp(WATCHDOG_MIN, WATCHDOG_MAX)
+}
+
+async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _open = Held::new(&shared.stats, |s| &s.connections_open);
+    shared.stats.connections_accepted.inc();
+    let activity = Arc::new(Activity::new(shared.epoch));
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    });
+    let svc = {
+        let (shared, activity) = (Arc::clone(&shared), Arc::clone(&activity));
+        service_fn(move |req| handle(Arc::clone(&shared), Arc::clone(&activity), req))
+    };
+    let conn = http1::Builder::new()
+        .keep_alive(true)
+        .writev(true)
+        .max_header_size(shared.max_header_bytes)
+        .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
+        // Our watchdog enforces header-timeout (from the first byte of a
+        // head) and idle-timeout (between requests) separately.
+        .header_read_timeout(None)
+        .serve_connection(io, svc);
+    tokio::pin!(conn);
+    let period = watchdog_period(&shared);
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(target: "http", peer = %peer, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = tokio::time::sleep(period) => {
+                if let Some(why) = activity.expired(shared.header_timeout, shared.idle_timeout) {
+                    shared.stats.connections_timed_out.inc();
+                    debug!(target: "http", peer = %peer, why, "closing connection");
+                    break;
+                }
+                if drain_until.is_some_and(|t| Instant::now() >= t) {
+                    debug!(target: "http", peer = %peer, "closing connection still busy at shutdown");
+                    break;
+                }
+            }
+            _ = shutdown.changed(), if drain_until.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                drain_until = Some(Instant::now() + SHUTDOWN_GRACE.min(shared.request_timeout));
+            }
+        }
+    }
+}
+
+/// Marks one request in flight on its connection until dropped; the response
+/// body carries it, so it lasts until hyper has taken the last bytes.
+#[derive(Debug)]
+struct InFlight {
+    activity: Arc<Activity>,
+    _gauge: Held,
+}
+
+impl InFlight {
+    fn new(activity: Arc<Activity>, stats: &Arc<Stats>) -> InFlight {
+        activity.request_started();
+        InFlight {
+            activity,
+            _gauge: Held::new(stats, |s| &s.responses_in_flight),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.activity.request_finished();
+    }
+}
+
+/// A response body made of ready chunks (shard bytes read in place, a batch
+/// header table, a JSON error).
+#[derive(Debug, Default)]
+pub(crate) struct Frames {
+    chunks: VecDeque<Bytes>,
+    remaining: u64,
+    in_flight: Option<InFlight>,
+}
+
+impl Frames {
+    fn new(chunks: impl IntoIterator<Item = Bytes>) -> Frames {
+        let chunks: VecDeque<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
+        Frames {
+            chunks,
+            remaining,
+            in_flight: None,
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.remaining
+    }
+}
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        match this.chunks.pop_front() {
+            Some(c) => {
+                this.remaining -= c.len() as u64;
+                Poll::Ready(Some(Ok(Frame::data(c))))
+            }
+            None => {
+                // Done: the connection is no longer busy with this request.
+                this.in_flight = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    activity: Arc<Activity>,
+    req: Request<Incoming>,
+) -> Result<Response<Frames>, Infallible> {
+    let in_flight = InFlight::new(activity, &shared.stats);
+    let mut resp = route(&shared, req).await;
+    if resp.status() == StatusCode::OK {
+        shared.stats.requests_served.inc();
+    } else {
+        shared.stats.requests_failed.inc();
+    }
+    resp.body_mut().in_flight = Some(in_flight);
+    Ok(resp)
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
+    if let Some(token) = &shared.token {
+        let given = req.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes);
+        if !wire::bearer_matches(given, token.as_str()) {
+            shared.stats.auth_failures.inc();
+            let why = if given.is_none() {
+                "missing bearer token: this owner requires `authorization: Bearer <auth-token>`"
+            } else {
+                "wrong bearer token: owner and consumer must share the same auth-token"
+            };
+            let mut r = error(StatusCode::UNAUTHORIZED, "unauthorized", why);
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"shardport\""),
+            );
+            return r;
+        }
+    }
+    let path = req.uri().path();
+    if path == wire::HEALTH_PATH {
+        if req.method() != Method::GET {
+            return method_not_allowed(req.method(), path, "GET");
+        }
+        return health(shared);
+    }
+    if path == wire::BATCH_PATH {
+        if req.method() != Method::POST {
+            return method_not_allowed(req.method(), path, "POST");
+        }
+        return batch(shared, req).await;
+    }
+    if let Some(hex) = path.strip_prefix(wire::SHARD_PATH) {
+        if req.method() != Method::GET {
+            return method_not_allowed(req.method(), path, "GET");
+        }
+        let Some(id) = wire::parse_shard_id(hex) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &format!(
+                    "malformed shard id {:?} in the path: expected 32 hex digits",
+                    quote(hex)
+                ),
+            );
+        };
+        return shard(shared, id);
+    }
+    error(
+        StatusCode::NOT_FOUND,
+        "no_such_endpoint",
+        &format!(
+            "no endpoint {:?}; this owner serves GET /v1/shards/{{id}}, POST /v1/batch, \
+             GET /v1/health",
+            quote(path)
+        ),
+    )
+}
+
+fn shard(shared: &Shared, id: ShardId) -> Response<Frames> {
+    let Some(reader) = shared.registry.reader(id) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!(
+                "shard {id} is not exported by owner {} (it was removed, or never existed here)",
+                shared.advertised
+            ),
+        );
+    };
+    let body = Frames::new([reader.into_bytes()]);
+    let len = body.len();
+    shared.stats.bytes_served.add(len);
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(wire::LEN_HEADER, HeaderValue::from(len));
+    r
+}
+
+async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
+    let limit = shared.max_request_bytes;
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!(
+                "batch request body exceeds max-request-bytes ({})",
+                format_byte_size(limit as u64)
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let collected =
+        tokio::time::timeout(shared.request_timeout, Limited::new(req.into_body(), limit).collect())
+            .await;
+    let body = match collected {
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                &format!(
+                    "the request body did not arrive within request-timeout ({})",
+                    format_duration(shared.request_timeout)
+                ),
+            )
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &format!("cannot read the request body: {e}"),
+            )
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    let ids = match wire::decode_batch_request(&body, shared.max_batch) {
+        Ok(ids) => ids,
+        Err(wire::BatchRequestError::Malformed(why)) => {
+            return error(StatusCode::BAD_REQUEST, "bad_request", &why)
+        }
+        Err(wire::BatchRequestError::TooMany { count, max }) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "batch_too_large",
+                &format!("batch of {count} shards exceeds this owner's max-batch ({max})"),
+            )
+        }
+    };
+    let readers = shared.registry.readers(&ids);
+    let mut entries = Vec::with_capacity(ids.len());
+    let mut data = Vec::with_capacity(ids.len() + 1);
+    for reader in readers {
+        match reader {
+            Some(r) => {
+                let b = r.into_bytes();
+                entries.push(wire::BatchEntry {
+                    status: wire::ITEM_OK,
+                    len: b.len() as u64,
+                });
+                data.push(b);
+            }
+            None => entries.push(wire::BatchEntry {
+                status: wire::ITEM_NOT_FOUND,
+                len: 0,
+            }),
+        }
+    }
+    let head = Bytes::from(wire::encode_batch_head(&entries));
+    let served: u64 = data.iter().map(|b| b.len() as u64).sum();
+    shared.stats.bytes_served.add(served);
+    shared.stats.batches_served.inc();
+    let body = Frames::new(std::iter::once(head).chain(data));
+    let len = body.len();
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    r
+}
+
+fn health(shared: &Shared) -> Response<Frames> {
+    let (shards, bytes) = shared.registry.totals();
+    let mut body = String::from("{\"status\":\"ok\",\"bound\":\"");
+    body.push_str(&shared.bound.to_string());
+    body.push_str("\",\"advertised\":\"");
+    // Validated at construction: no characters JSON would need escaped.
+    body.push_str(&shared.advertised);
+    body.push_str(&format!(
+        "\",\"shards\":{shards},\"bytes\":{bytes},\"version\":\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    ));
+    json(StatusCode::OK, body)
+}
+
+fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<Frames> {
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        &format!("{method} is not allowed on {}; use {allow}", quote(path)),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Frames> {
+    json(status, wire::error_body(code, message))
+}
+
+fn json(status: StatusCode, body: String) -> Response<Frames> {
+    let body = Frames::new([Bytes::from(body)]);
+    let len = body.len();
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    r
+}
+
+/// A peer-supplied string shortened for an error message.
+fn quote(s: &str) -> String {
+    if s.len() <= MAX_QUOTED_PATH {
+        return s.to_owned();
+    }
+    let mut end = MAX_QUOTED_PATH;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}

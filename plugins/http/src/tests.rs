@@ -1,0 +1,1 @@
+//! Whole-instance tests (filled in below).
