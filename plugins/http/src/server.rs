@@ -582,8 +582,9 @@ async fn serve_connection(
     }
 }
 
-/// Marks one request in flight on its connection until dropped; the response
-/// body carries it, so it lasts until hyper has taken the last bytes.
+/// Marks one request in flight on its connection until dropped. Every
+/// chunk of the response body holds a clone, so it lasts until hyper has
+/// written (or dropped) the last byte, not just until it took the last chunk.
 #[derive(Debug)]
 struct InFlight {
     activity: Arc<Activity>,
@@ -606,13 +607,26 @@ impl Drop for InFlight {
     }
 }
 
+/// A body chunk tied to its request's [`InFlight`] marker.
+struct TrackedChunk {
+    bytes: Bytes,
+    _in_flight: Arc<InFlight>,
+}
+
+impl AsRef<[u8]> for TrackedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// A response body made of ready chunks (shard bytes read in place, a batch
 /// header table, a JSON error).
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
     chunks: VecDeque<Bytes>,
     remaining: u64,
-    in_flight: Option<InFlight>,
+    /// Kept until the body ends, for bodies without chunks.
+    in_flight: Option<Arc<InFlight>>,
 }
 
 impl Frames {
@@ -629,6 +643,20 @@ impl Frames {
     fn len(&self) -> u64 {
         self.remaining
     }
+
+    /// Ties every chunk to `in_flight` (no copy: the chunk moves into the
+    /// new `Bytes`' owner).
+    fn track(&mut self, in_flight: InFlight) {
+        let in_flight = Arc::new(in_flight);
+        for c in self.chunks.iter_mut() {
+            let bytes = std::mem::take(c);
+            *c = Bytes::from_owner(TrackedChunk {
+                bytes,
+                _in_flight: Arc::clone(&in_flight),
+            });
+        }
+        self.in_flight = Some(in_flight);
+    }
 }
 
 impl Body for Frames {
@@ -643,10 +671,13 @@ impl Body for Frames {
         match this.chunks.pop_front() {
             Some(c) => {
                 this.remaining -= c.len() as u64;
+                if this.chunks.is_empty() {
+                    // The chunks carry the marker from here on.
+                    this.in_flight = None;
+                }
                 Poll::Ready(Some(Ok(Frame::data(c))))
             }
             None => {
-                // Done: the connection is no longer busy with this request.
                 this.in_flight = None;
                 Poll::Ready(None)
             }
@@ -674,7 +705,7 @@ async fn handle(
     } else {
         shared.stats.requests_failed.inc();
     }
-    resp.body_mut().in_flight = Some(in_flight);
+    resp.body_mut().track(in_flight);
     Ok(resp)
 }
 
