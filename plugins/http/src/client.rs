@@ -61,6 +61,9 @@ const USER_AGENT: &str = concat!("shardport-http/", env!("CARGO_PKG_VERSION"));
 
 type Body = Full<Bytes>;
 
+/// Results of a batch: `(item index, outcome)` per job.
+type ItemResults = Vec<(usize, PluginResult<ImportInfo>)>;
+
 /// A connection idle in its pool.
 struct IdleConn {
     sender: SendRequest<Body>,
@@ -175,14 +178,20 @@ impl Client {
 
     /// Fetches one shard into `dst` (`dst.len() == desc.len`, checked by
     /// the caller).
-    pub(crate) async fn fetch_one(&self, desc: &Descriptor, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+    pub(crate) async fn fetch_one(
+        &self,
+        desc: &Descriptor,
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
         let pool = self.pool(&desc.addr);
         let path = wire::shard_path(desc.id);
         let (resp, mut co) = self.send(&pool, Method::GET, &path, Bytes::new()).await?;
         let reused = co.reused;
         let status = resp.status();
         if status != StatusCode::OK {
-            let e = self.error_response(&pool, resp, &mut co, &format!("shard {}", desc.id)).await;
+            let e = self
+                .error_response(&pool, resp, &mut co, &format!("shard {}", desc.id))
+                .await;
             return Err(e);
         }
         let declared = content_length(&resp);
@@ -217,11 +226,7 @@ impl Client {
     /// Fetches every job from owner `addr`, in batches of `max-batch` spread
     /// over up to `max-connections-per-owner` connections. Returns one result
     /// per job (by its `index`).
-    pub(crate) async fn fetch_owner<'a>(
-        &self,
-        addr: &str,
-        jobs: Vec<Job<'a>>,
-    ) -> Vec<(usize, PluginResult<ImportInfo>)> {
+    pub(crate) async fn fetch_owner<'a>(&self, addr: &str, jobs: Vec<Job<'a>>) -> ItemResults {
         let pool = self.pool(addr);
         let mut chunks: Vec<Vec<Job<'a>>> = Vec::new();
         for job in jobs {
@@ -245,7 +250,11 @@ impl Client {
                 out
             }
         });
-        join_all(futs.collect()).await.into_iter().flatten().collect()
+        join_all(futs.collect())
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// One `POST /v1/batch` for `jobs`; a 413 splits the batch in two.
@@ -253,7 +262,7 @@ impl Client {
         &'s self,
         pool: Arc<OwnerPool>,
         mut jobs: Vec<Job<'a>>,
-    ) -> Pin<Box<dyn Future<Output = Vec<(usize, PluginResult<ImportInfo>)>> + 's>> {
+    ) -> Pin<Box<dyn Future<Output = ItemResults> + 's>> {
         Box::pin(async move {
             let fail_all = |jobs: Vec<Job<'a>>, e: AbiError| {
                 jobs.into_iter()
@@ -263,7 +272,8 @@ impl Client {
             let ids: Vec<ShardId> = jobs.iter().map(|j| j.id).collect();
             self.stats.batch_requests.inc();
             let body = Bytes::from(wire::encode_batch_request(&ids));
-            let (resp, mut co) = match self.send(&pool, Method::POST, wire::BATCH_PATH, body).await {
+            let (resp, mut co) = match self.send(&pool, Method::POST, wire::BATCH_PATH, body).await
+            {
                 Ok(r) => r,
                 Err(e) => return fail_all(jobs, e),
             };
@@ -388,7 +398,9 @@ impl Client {
                 self.stats.client_connections_reused.inc();
             }
             let Some(sender) = co.sender.as_mut() else {
-                return Err(AbiError::internal("checked-out connection without a sender"));
+                return Err(AbiError::internal(
+                    "checked-out connection without a sender",
+                ));
             };
             match tokio::time::timeout_at(deadline.into(), sender.send_request(req)).await {
                 Ok(Ok(resp)) => return Ok((resp, co)),
@@ -443,20 +455,21 @@ impl Client {
 
     /// A connection to `pool`'s owner, pooled or new, with a permit.
     async fn checkout(&self, pool: &Arc<OwnerPool>, deadline: Instant) -> PluginResult<Checkout> {
-        let permit = tokio::time::timeout_at(deadline.into(), Arc::clone(&pool.permits).acquire_owned())
-            .await
-            .map_err(|_| {
-                AbiError::new(
-                    ErrorKind::TIMEOUT,
-                    format!(
-                        "all {} connections to owner {} stayed busy for request-timeout ({})",
-                        self.max_conns,
-                        pool.addr,
-                        format_duration(self.request_timeout)
-                    ),
-                )
-            })?
-            .map_err(|_| AbiError::internal("connection pool semaphore closed"))?;
+        let permit =
+            tokio::time::timeout_at(deadline.into(), Arc::clone(&pool.permits).acquire_owned())
+                .await
+                .map_err(|_| {
+                    AbiError::new(
+                        ErrorKind::TIMEOUT,
+                        format!(
+                            "all {} connections to owner {} stayed busy for request-timeout ({})",
+                            self.max_conns,
+                            pool.addr,
+                            format_duration(self.request_timeout)
+                        ),
+                    )
+                })?
+                .map_err(|_| AbiError::internal("connection pool semaphore closed"))?;
         loop {
             let candidate = pool.idle().pop();
             let Some(mut idle) = candidate else { break };
@@ -498,16 +511,16 @@ impl Client {
                 ),
             )
         };
-        let addrs: Vec<_> = match tokio::time::timeout_at(deadline, tokio::net::lookup_host(addr)).await
-        {
-            Err(_) => return Err(timed_out()),
-            Ok(Err(e)) => {
-                return Err(AbiError::unavailable(format!(
-                    "cannot resolve owner address {addr}: {e}"
-                )))
-            }
-            Ok(Ok(a)) => a.collect(),
-        };
+        let addrs: Vec<_> =
+            match tokio::time::timeout_at(deadline, tokio::net::lookup_host(addr)).await {
+                Err(_) => return Err(timed_out()),
+                Ok(Err(e)) => {
+                    return Err(AbiError::unavailable(format!(
+                        "cannot resolve owner address {addr}: {e}"
+                    )))
+                }
+                Ok(Ok(a)) => a.collect(),
+            };
         let mut last: Option<io::Error> = None;
         let mut stream = None;
         for a in &addrs {

@@ -198,11 +198,7 @@ impl Config {
                         "required when `bind` is the unspecified address {}: consumers need \
                          an address that reaches this node, e.g. advertise = \"node7.example:{}\"",
                         bind.ip(),
-                        if bind.port() == 0 {
-                            7071
-                        } else {
-                            bind.port()
-                        }
+                        if bind.port() == 0 { 7071 } else { bind.port() }
                     ),
                 ))
             }
@@ -487,7 +483,15 @@ mod tests {
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
         assert_eq!(parse_duration(" 7 s "), Some(Duration::from_secs(7)));
-        for bad in ["", "5", "s", "5 parsecs", "-1s", "1.5s", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "5",
+            "s",
+            "5 parsecs",
+            "-1s",
+            "1.5s",
+            "99999999999999999999h",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad:?}");
         }
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");

@@ -79,7 +79,10 @@ impl Descriptor {
         if bytes[..4] != MAGIC {
             return Err(bad(
                 "magic",
-                format!("expected {MAGIC:02x?} (\"SPHT\"), found {:02x?}", &bytes[..4]),
+                format!(
+                    "expected {MAGIC:02x?} (\"SPHT\"), found {:02x?}",
+                    &bytes[..4]
+                ),
             ));
         }
         let Some(&version) = bytes.get(4) else {
@@ -181,9 +184,7 @@ pub(crate) fn check_host(host: &str) -> Result<(), String> {
         return Err("empty host".to_owned());
     }
     if host.len() > MAX_HOSTNAME_LEN {
-        return Err(format!(
-            "host name longer than {MAX_HOSTNAME_LEN} bytes"
-        ));
+        return Err(format!("host name longer than {MAX_HOSTNAME_LEN} bytes"));
     }
     for label in host.split('.') {
         let ok = !label.is_empty()
@@ -334,7 +335,13 @@ mod tests {
             assert!(check_host(bad).is_err(), "{bad:?}");
         }
         assert!(check_host(&"a".repeat(64)).is_err());
-        let long = ["a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63)].join(".");
+        let long = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(63),
+        ]
+        .join(".");
         assert!(check_host(&long).is_err());
     }
 

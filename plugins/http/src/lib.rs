@@ -160,20 +160,32 @@ impl HttpTransport {
             .ok_or_else(|| AbiError::internal("the http transport's runtime is gone"))
     }
 
-    fn import_into(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+    fn import_into(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
         let r = self.import_checked(desc, meta, dst);
         self.count(&r, meta.byte_len);
         r
     }
 
-    fn import_checked(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+    fn import_checked(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
         let d = check_item(desc, meta, dst.len())?;
-        let _span = tracing::debug_span!(target: "http", "fetch", shard = %d.id, owner = %d.addr).entered();
+        let _span =
+            tracing::debug_span!(target: "http", "fetch", shard = %d.id, owner = %d.addr).entered();
         self.rt()?.block_on(self.client.fetch_one(&d, dst))
     }
 
     fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
-        let mut results: Vec<Option<PluginResult<ImportInfo>>> = items.iter().map(|_| None).collect();
+        let mut results: Vec<Option<PluginResult<ImportInfo>>> =
+            items.iter().map(|_| None).collect();
         let lens: Vec<u64> = items.iter().map(|i| i.meta.byte_len).collect();
         // Group the valid items by owner, keeping request order within each.
         let mut owners: Vec<(String, Vec<Job<'_>>)> = Vec::new();
@@ -187,17 +199,24 @@ impl HttpTransport {
                         owners.push((d.addr.clone(), Vec::new()));
                         owners.len() - 1
                     });
-                    owners[slot].1.push(Job { index, id: d.id, dst });
+                    owners[slot].1.push(Job {
+                        index,
+                        id: d.id,
+                        dst,
+                    });
                 }
             }
         }
         if !owners.is_empty() {
             match self.rt() {
                 Ok(rt) => {
-                    let futs = owners
-                        .into_iter()
-                        .map(|(addr, jobs)| async move { self.client.fetch_owner(&addr, jobs).await })
-                        .collect();
+                    let futs =
+                        owners
+                            .into_iter()
+                            .map(|(addr, jobs)| async move {
+                                self.client.fetch_owner(&addr, jobs).await
+                            })
+                            .collect();
                     for (index, r) in rt.block_on(join_all(futs)).into_iter().flatten() {
                         results[index] = Some(r);
                     }
@@ -233,7 +252,7 @@ impl HttpTransport {
     }
 
     fn health(&self) -> Health {
-        match self.server.stopped() {
+        match self.server.unhealthy() {
             Some(why) => Health {
                 ok: false,
                 message: format!("not serving on {}: {why}", self.server.bound()).into(),
@@ -277,7 +296,13 @@ impl Drop for HttpTransport {
             self.server
                 .shutdown(SHUTDOWN_GRACE.min(self.request_timeout));
             if let Some(rt) = self.rt.take() {
-                rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    // Dropped from inside an async context of the same tokio
+                    // (an rlib user), where blocking would panic.
+                    rt.shutdown_background();
+                } else {
+                    rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+                }
             }
         }));
     }

@@ -60,7 +60,7 @@ use tracing::{debug, warn};
 
 use crate::{
     config::{format_duration, Config, Token},
-    descriptor::Descriptor,
+    descriptor::{parse_host_port, Descriptor, MAX_ADDR_LEN},
     stats::{Held, Stats},
     sys::{LentBytes, Reader},
     wire,
@@ -73,6 +73,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long in-flight responses may finish after the transport is dropped
 /// before their connections are closed (capped by `request-timeout`).
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long an `accept` failure keeps `health()` not ok.
+const ACCEPT_ERROR_WINDOW: Duration = Duration::from_secs(10);
 /// Finest and coarsest watchdog period: checks run four times per shortest
 /// timeout, within these bounds, so a timeout fires at most 25% late.
 const WATCHDOG_MIN: Duration = Duration::from_millis(10);
@@ -118,10 +120,7 @@ impl Registry {
 
     /// Number of exported shards and their total bytes.
     pub(crate) fn totals(&self) -> (u64, u64) {
-        (
-            self.read().len() as u64,
-            self.bytes.load(Ordering::Relaxed),
-        )
+        (self.read().len() as u64, self.bytes.load(Ordering::Relaxed))
     }
 }
 
@@ -143,6 +142,8 @@ struct Shared {
     epoch: Instant,
     /// Why the accept loop stopped, when it did.
     stopped: Mutex<Option<String>>,
+    /// The last `accept` failure and when it happened.
+    accept_error: Mutex<Option<(Instant, String)>>,
 }
 
 /// The owner side of one transport instance.
@@ -171,22 +172,44 @@ impl Server {
             );
             if e.kind() == io::ErrorKind::AddrInUse {
                 err.kind = ErrorKind::UNAVAILABLE;
-                err.message.push_str("; another process serves that port (use port 0 for an ephemeral one)");
+                err.message.push_str(
+                    "; another process serves that port (use port 0 for an ephemeral one)",
+                );
             }
             err
         })?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| AbiError::io(format_args!("cannot read the bound address of {}", cfg.bind), &e))?;
+        let bound = listener.local_addr().map_err(|e| {
+            AbiError::io(
+                format_args!("cannot read the bound address of {}", cfg.bind),
+                &e,
+            )
+        })?;
         listener
             .set_nonblocking(true)
             .map_err(|e| AbiError::io(format_args!("cannot make {bound} non-blocking"), &e))?;
         let listener = {
             let _enter = rt.enter();
-            TcpListener::from_std(listener)
-                .map_err(|e| AbiError::io(format_args!("cannot register {bound} with the runtime"), &e))?
+            TcpListener::from_std(listener).map_err(|e| {
+                AbiError::io(format_args!("cannot register {bound} with the runtime"), &e)
+            })?
         };
         let advertised = cfg.advertised(bound);
+        // The bound address can be one consumers cannot parse (an IPv6
+        // scope id): refuse it now rather than hand out bad descriptors.
+        if advertised.len() > MAX_ADDR_LEN {
+            return Err(AbiError::config(format!(
+                "`plugin.{}.config.advertise`: the advertised address {advertised:?} is longer \
+                 than {MAX_ADDR_LEN} bytes",
+                cfg.instance
+            )));
+        }
+        if let Err(why) = parse_host_port(&advertised) {
+            return Err(AbiError::config(format!(
+                "`plugin.{}.config.advertise`: the bound address {advertised} cannot go into \
+                 descriptors ({why}); set `advertise` to an address consumers can reach",
+                cfg.instance
+            )));
+        }
         let shared = Arc::new(Shared {
             registry: Arc::default(),
             stats,
@@ -201,6 +224,7 @@ impl Server {
             header_timeout: cfg.header_timeout,
             epoch: Instant::now(),
             stopped: Mutex::new(None),
+            accept_error: Mutex::new(None),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let accepting = Arc::new(AtomicBool::new(true));
@@ -233,10 +257,19 @@ impl Server {
         &self.shared.registry
     }
 
-    /// `None` while serving, or why the server stopped.
-    pub(crate) fn stopped(&self) -> Option<String> {
+    /// `None` while serving, or why the server stopped or cannot accept
+    /// connections right now.
+    pub(crate) fn unhealthy(&self) -> Option<String> {
         if self.accepting.load(Ordering::Acquire) {
-            return None;
+            let recent = self
+                .shared
+                .accept_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < ACCEPT_ERROR_WINDOW)
+                .map(|(_, e)| e.clone());
+            return recent.map(|e| format!("accepting connections failed recently: {e}"));
         }
         Some(
             self.shared
@@ -295,7 +328,9 @@ impl Server {
             }
             map.insert(id, LentBytes::from_request(req));
         }
-        registry.bytes.fetch_add(req.meta.byte_len, Ordering::Relaxed);
+        registry
+            .bytes
+            .fetch_add(req.meta.byte_len, Ordering::Relaxed);
         debug!(target: "http", shard = %id, bytes = req.meta.byte_len, "exported");
         Ok(desc)
     }
@@ -307,7 +342,9 @@ impl Server {
         let lent = registry.write().remove(&id).ok_or_else(|| {
             AbiError::not_found(format!("shard {id} is not exported by this http transport"))
         })?;
-        registry.bytes.fetch_sub(lent.len() as u64, Ordering::Relaxed);
+        registry
+            .bytes
+            .fetch_sub(lent.len() as u64, Ordering::Relaxed);
         let timeout = self.shared.request_timeout;
         match lent.withdraw(timeout) {
             Ok(()) => {
@@ -341,7 +378,8 @@ impl Server {
     pub(crate) fn shutdown(&self, grace: Duration) {
         let _ = self.shutdown.send(true);
         let deadline = Instant::now() + grace + WATCHDOG_MAX;
-        while (self.shared.stats.connections_open.get() > 0 || self.accepting.load(Ordering::Acquire))
+        while (self.shared.stats.connections_open.get() > 0
+            || self.accepting.load(Ordering::Acquire))
             && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(2));
@@ -381,13 +419,25 @@ async fn accept_loop(
             }
             Err(e) => {
                 warn!(target: "http", error = %e, addr = %shared.bound, "accept failed");
+                let hint = if e.raw_os_error() == Some(24) || e.raw_os_error() == Some(23) {
+                    " (out of file descriptors: raise `ulimit -n` or lower max-connections)"
+                } else {
+                    ""
+                };
+                *shared
+                    .accept_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) =
+                    Some((Instant::now(), format!("{e}{hint}")));
                 drop(permit);
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
     }
-    *shared.stopped.lock().unwrap_or_else(PoisonError::into_inner) =
-        Some("the server was shut down".to_owned());
+    *shared
+        .stopped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some("the server was shut down".to_owned());
     accepting.store(false, Ordering::Release);
     debug!(target: "http", addr = %shared.bound, "accept loop stopped");
 }
@@ -711,7 +761,10 @@ async fn handle(
 
 async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
     if let Some(token) = &shared.token {
-        let given = req.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes);
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
         if !wire::bearer_matches(given, token.as_str()) {
             shared.stats.auth_failures.inc();
             let why = if given.is_none() {
@@ -812,9 +865,11 @@ async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
-    let collected =
-        tokio::time::timeout(shared.request_timeout, Limited::new(req.into_body(), limit).collect())
-            .await;
+    let collected = tokio::time::timeout(
+        shared.request_timeout,
+        Limited::new(req.into_body(), limit).collect(),
+    )
+    .await;
     let body = match collected {
         Err(_) => {
             return error(

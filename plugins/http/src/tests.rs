@@ -16,7 +16,7 @@ use std::{
 
 use shardport_abi::{
     testing, AbiError, Device, ErrorKind, ExportRequest, ImportItem, PluginContext, RSlice,
-    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, TransportBox, TD_Opaque,
+    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, TD_Opaque, TransportBox,
 };
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
@@ -90,7 +90,11 @@ fn stat(t: &SharedTransport, name: &str) -> u64 {
 }
 
 #[track_caller]
-fn assert_kind<T: std::fmt::Debug>(r: Result<T, AbiError>, kind: ErrorKind, needle: &str) -> AbiError {
+fn assert_kind<T: std::fmt::Debug>(
+    r: Result<T, AbiError>,
+    kind: ErrorKind,
+    needle: &str,
+) -> AbiError {
     let e = r.expect_err("expected an error");
     assert_eq!(e.kind, kind, "{e}");
     assert!(e.message.contains(needle), "expected {needle:?} in: {e}");
@@ -118,8 +122,12 @@ impl RawResponse {
 
     fn json(&self) -> (String, String) {
         assert_eq!(self.header("content-type"), Some("application/json"));
-        wire::parse_error_body(&self.body)
-            .unwrap_or_else(|| panic!("not a JSON error: {:?}", String::from_utf8_lossy(&self.body)))
+        wire::parse_error_body(&self.body).unwrap_or_else(|| {
+            panic!(
+                "not a JSON error: {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 }
 
@@ -176,7 +184,11 @@ fn read_response(s: &mut TcpStream) -> RawResponse {
     while body.len() < len {
         let mut chunk = vec![0u8; (len - body.len()).min(1 << 20)];
         let n = s.read(&mut chunk).expect("read body");
-        assert!(n > 0, "connection closed after {} of {len} body bytes", body.len());
+        assert!(
+            n > 0,
+            "connection closed after {} of {len} body bytes",
+            body.len()
+        );
         body.extend_from_slice(&chunk[..n]);
     }
     r.body = body;
@@ -233,7 +245,11 @@ fn serves_shards_over_plain_http() {
     let desc = export(&owner.t, 0xabc, &data).unwrap();
     let d = Descriptor::decode(&desc).unwrap();
     assert_eq!(d.addr, owner.addr.to_string());
-    let r = get(owner.addr, &wire::shard_path(ShardId::from_u128(0xabc)), None);
+    let r = get(
+        owner.addr,
+        &wire::shard_path(ShardId::from_u128(0xabc)),
+        None,
+    );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-shardport-len"), Some("100003"));
     assert_eq!(r.header("content-type"), Some("application/octet-stream"));
@@ -270,7 +286,11 @@ fn protocol_errors_are_json_with_the_right_status() {
     let r = get(owner.addr, "/v1/shards/xyz", None);
     assert_eq!(r.status, 400);
     assert_eq!(r.json().0, "bad_request");
-    let r = get(owner.addr, "/v1/shards/+0000000000000000000000000000001", None);
+    let r = get(
+        owner.addr,
+        "/v1/shards/+0000000000000000000000000000001",
+        None,
+    );
     assert_eq!(r.status, 400);
 
     let r = get(owner.addr, "/nope", None);
@@ -297,7 +317,12 @@ fn protocol_errors_are_json_with_the_right_status() {
 
     // Over max-batch: 413 naming the limit.
     let ids: Vec<ShardId> = (0..5).map(ShardId::from_u128).collect();
-    let r = post(owner.addr, "/v1/batch", &wire::encode_batch_request(&ids), None);
+    let r = post(
+        owner.addr,
+        "/v1/batch",
+        &wire::encode_batch_request(&ids),
+        None,
+    );
     assert_eq!(r.status, 413);
     let (code, message) = r.json();
     assert_eq!(code, "batch_too_large");
@@ -318,7 +343,8 @@ fn request_bodies_over_the_limit_are_413() {
     assert_eq!(r.status, 413);
     assert_eq!(r.json().0, "payload_too_large");
     // Chunked, no length: refused once the limit is crossed.
-    let mut req = b"POST /v1/batch HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /v1/batch HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
     for _ in 0..3 {
         req.extend_from_slice(b"40\r\n");
         req.extend_from_slice(&[0u8; 64]);
@@ -335,7 +361,12 @@ fn every_endpoint_requires_the_token() {
     let owner = node("auth-token = \"right-token\"");
     export(&owner.t, 1, &data).unwrap();
     let path = wire::shard_path(ShardId::from_u128(1));
-    for auth in [None, Some("Bearer wrong-token"), Some("Bearer right-toke"), Some("Basic right-token")] {
+    for auth in [
+        None,
+        Some("Bearer wrong-token"),
+        Some("Bearer right-toke"),
+        Some("Basic right-token"),
+    ] {
         for r in [
             get(owner.addr, &path, auth),
             get(owner.addr, "/v1/health", auth),
@@ -348,7 +379,10 @@ fn every_endpoint_requires_the_token() {
             ),
         ] {
             assert_eq!(r.status, 401, "{auth:?}");
-            assert_eq!(r.header("www-authenticate"), Some("Bearer realm=\"shardport\""));
+            assert_eq!(
+                r.header("www-authenticate"),
+                Some("Bearer realm=\"shardport\"")
+            );
             let (code, message) = r.json();
             assert_eq!(code, "unauthorized");
             assert!(!message.contains("right-token"), "{message}");
@@ -357,7 +391,10 @@ fn every_endpoint_requires_the_token() {
     let r = get(owner.addr, &path, Some("Bearer right-token"));
     assert_eq!(r.status, 200);
     assert_eq!(r.body, data);
-    assert_eq!(get(owner.addr, &path, Some("bearer right-token")).status, 200);
+    assert_eq!(
+        get(owner.addr, &path, Some("bearer right-token")).status,
+        200
+    );
     assert_eq!(stat(&owner.t, "auth_failures"), 16);
     owner.t.unexport(ShardId::from_u128(1)).unwrap();
 }
@@ -371,13 +408,24 @@ fn batch_responses_frame_found_and_missing_items() {
     export(&owner.t, 1, &a).unwrap();
     export(&owner.t, 2, &b).unwrap();
     export(&owner.t, 3, &c).unwrap();
-    let ids: Vec<ShardId> = [3u128, 9, 1, 2, 3].into_iter().map(ShardId::from_u128).collect();
-    let r = post(owner.addr, "/v1/batch", &wire::encode_batch_request(&ids), None);
+    let ids: Vec<ShardId> = [3u128, 9, 1, 2, 3]
+        .into_iter()
+        .map(ShardId::from_u128)
+        .collect();
+    let r = post(
+        owner.addr,
+        "/v1/batch",
+        &wire::encode_batch_request(&ids),
+        None,
+    );
     assert_eq!(r.status, 200);
     let head_len = wire::batch_head_len(5);
     let entries = wire::decode_batch_head(&r.body[..head_len], 5).unwrap();
     let statuses: Vec<(u16, u64)> = entries.iter().map(|e| (e.status, e.len)).collect();
-    assert_eq!(statuses, [(200, 70_000), (404, 0), (200, 5), (200, 0), (200, 70_000)]);
+    assert_eq!(
+        statuses,
+        [(200, 70_000), (404, 0), (200, 5), (200, 0), (200, 70_000)]
+    );
     let mut expected = Vec::new();
     expected.extend_from_slice(&c);
     expected.extend_from_slice(&a);
@@ -405,11 +453,16 @@ fn hostile_clients_do_not_wedge_the_server() {
 
     // Garbage: hyper answers 400 (or closes); the server lives on.
     let mut g = connect(owner.addr);
-    g.write_all(b"\x00\x01\x02 not http at all\r\n\r\n").unwrap();
+    g.write_all(b"\x00\x01\x02 not http at all\r\n\r\n")
+        .unwrap();
     let mut buf = Vec::new();
     let _ = g.read_to_end(&mut buf);
     if !buf.is_empty() {
-        assert!(buf.starts_with(b"HTTP/1.1 400"), "{:?}", String::from_utf8_lossy(&buf));
+        assert!(
+            buf.starts_with(b"HTTP/1.1 400"),
+            "{:?}",
+            String::from_utf8_lossy(&buf)
+        );
     }
     // A truncated request: head promises a body that never comes, then the
     // client goes away.
@@ -452,7 +505,10 @@ fn idle_connections_are_closed_and_the_consumer_reconnects() {
     // dropped or retried).
     assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
     let mut probe = connect(owner.addr);
-    assert!(closed_by_peer(&mut probe), "idle-timeout has passed for the pooled one too");
+    assert!(
+        closed_by_peer(&mut probe),
+        "idle-timeout has passed for the pooled one too"
+    );
     assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
     assert!(stat(&consumer.t, "client_connections_opened") >= 1);
     owner.t.unexport(ShardId::from_u128(5)).unwrap();
@@ -477,7 +533,8 @@ fn unexport_waits_for_a_response_still_reading_the_shard() {
     let (tx, rx) = mpsc::channel();
     let t = Arc::clone(&owner.t);
     let waiter = std::thread::spawn(move || {
-        tx.send(t.unexport(ShardId::from_u128(11)).into_result()).unwrap();
+        tx.send(t.unexport(ShardId::from_u128(11)).into_result())
+            .unwrap();
     });
     // The reader holds the bytes: unexport cannot have returned...
     assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
@@ -610,14 +667,19 @@ fn constructor_errors_name_the_key_or_address() {
     let port = taken.local_addr().unwrap().port();
     let e = try_node(&format!("bind = \"127.0.0.1:{port}\"")).unwrap_err();
     assert!(
-        e.message.contains(&format!("cannot bind `plugin.http.config.bind` = \"127.0.0.1:{port}\"")),
+        e.message.contains(&format!(
+            "cannot bind `plugin.http.config.bind` = \"127.0.0.1:{port}\""
+        )),
         "{e}"
     );
     assert!(e.message.contains("use port 0"), "{e}");
     let e = try_node("threads = \"two\"").unwrap_err();
     assert_eq!(e.kind, ErrorKind::CONFIG);
     let e = try_node("bogus = 1").unwrap_err();
-    assert!(e.message.contains("unknown key `plugin.http.config.bogus`"), "{e}");
+    assert!(
+        e.message.contains("unknown key `plugin.http.config.bogus`"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -627,7 +689,8 @@ fn health_names_the_bound_and_advertised_address() {
     assert!(h.ok);
     assert!(h.message.contains(&n.addr.to_string()), "{}", h.message);
     assert!(
-        h.message.contains(&format!("node7.example:{}", n.addr.port())),
+        h.message
+            .contains(&format!("node7.example:{}", n.addr.port())),
         "{}",
         h.message
     );
@@ -686,23 +749,38 @@ fn errors_map_to_kinds_the_host_acts_on() {
     let addr = owner.addr.to_string();
 
     let anonymous = node("");
-    let e = assert_kind(fetch(&anonymous.t, &desc, 100), ErrorKind::PERMISSION_DENIED, &addr);
+    let e = assert_kind(
+        fetch(&anonymous.t, &desc, 100),
+        ErrorKind::PERMISSION_DENIED,
+        &addr,
+    );
     assert!(e.message.contains("HTTP 401"), "{e}");
     assert!(e.message.contains("missing bearer token"), "{e}");
     let wrong = node("auth-token = \"tok-b\"");
-    assert_kind(fetch(&wrong.t, &desc, 100), ErrorKind::PERMISSION_DENIED, "same auth-token");
+    assert_kind(
+        fetch(&wrong.t, &desc, 100),
+        ErrorKind::PERMISSION_DENIED,
+        "same auth-token",
+    );
     let right = node("auth-token = \"tok-a\"");
     assert_eq!(fetch(&right.t, &desc, 100).unwrap(), data);
 
     owner.t.unexport(ShardId::from_u128(1)).unwrap();
     let e = assert_kind(fetch(&right.t, &desc, 100), ErrorKind::NOT_FOUND, &addr);
-    assert!(e.message.contains(&ShardId::from_u128(1).to_string()), "{e}");
+    assert!(
+        e.message.contains(&ShardId::from_u128(1).to_string()),
+        "{e}"
+    );
 
     // The owner goes away: UNAVAILABLE naming it, on the pooled connection
     // (retried on a fresh one, refused) as on a new one.
     drop(owner);
     assert_kind(fetch(&right.t, &desc, 100), ErrorKind::UNAVAILABLE, &addr);
-    assert_kind(fetch(&right.t, &desc, 100), ErrorKind::UNAVAILABLE, "nothing listens there");
+    assert_kind(
+        fetch(&right.t, &desc, 100),
+        ErrorKind::UNAVAILABLE,
+        "nothing listens there",
+    );
     assert!(stat(&right.t, "fetch_errors") >= 3);
 }
 
@@ -724,7 +802,11 @@ fn a_closed_port_fails_unavailable_quickly() {
     let e = assert_kind(fetch(&consumer.t, &desc, 10), ErrorKind::UNAVAILABLE, &addr);
     assert!(e.message.contains("nothing listens there"), "{e}");
     // Refused, not timed out: far below the configured timeouts.
-    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -752,7 +834,9 @@ fn a_silent_owner_times_out_instead_of_hanging() {
             dst: RSliceMut::from_mut_slice(b),
         })
         .collect();
-    let results = consumer.t.import_many(RSliceMut::from_mut_slice(&mut items));
+    let results = consumer
+        .t
+        .import_many(RSliceMut::from_mut_slice(&mut items));
     for r in results.into_iter() {
         assert_eq!(r.into_result().unwrap_err().kind, ErrorKind::TIMEOUT);
     }
@@ -791,7 +875,9 @@ fn run_many(consumer: &SharedTransport, items: &[(Vec<u8>, ShardMeta, usize, Wan
 
 #[test]
 fn import_many_batches_per_owner_and_fails_only_bad_items() {
-    let a_data: Vec<Vec<u8>> = (0..9).map(|i| pattern([0, 1, 4097, 100_003][i % 4], i as u8)).collect();
+    let a_data: Vec<Vec<u8>> = (0..9)
+        .map(|i| pattern([0, 1, 4097, 100_003][i % 4], i as u8))
+        .collect();
     let b_data: Vec<Vec<u8>> = (0..5).map(|i| pattern(3000 + i, 100 + i as u8)).collect();
     let owner_a = node("");
     let owner_b = node("");
@@ -799,28 +885,64 @@ fn import_many_batches_per_owner_and_fails_only_bad_items() {
     let mut items = Vec::new();
     for (i, d) in a_data.iter().enumerate() {
         let desc = export(&owner_a.t, i as u128, d).unwrap();
-        items.push((desc, ShardMeta::bytes(d.len() as u64), d.len(), Want::Bytes(d.clone())));
+        items.push((
+            desc,
+            ShardMeta::bytes(d.len() as u64),
+            d.len(),
+            Want::Bytes(d.clone()),
+        ));
     }
     for (i, d) in b_data.iter().enumerate() {
         let desc = export(&owner_b.t, 100 + i as u128, d).unwrap();
         // Interleave the owners.
-        items.insert(2 * i + 1, (desc, ShardMeta::bytes(d.len() as u64), d.len(), Want::Bytes(d.clone())));
+        items.insert(
+            2 * i + 1,
+            (
+                desc,
+                ShardMeta::bytes(d.len() as u64),
+                d.len(),
+                Want::Bytes(d.clone()),
+            ),
+        );
     }
     // One shard withdrawn before the batch: only its item fails.
     owner_a.t.unexport(ShardId::from_u128(2)).unwrap();
-    let gone = items.iter().position(|(d, ..)| Descriptor::decode(d).unwrap().id == ShardId::from_u128(2)).unwrap();
+    let gone = items
+        .iter()
+        .position(|(d, ..)| Descriptor::decode(d).unwrap().id == ShardId::from_u128(2))
+        .unwrap();
     items[gone].3 = Want::Kind(ErrorKind::NOT_FOUND);
     // Items broken on the consumer side.
     let good = items[0].0.clone();
     let good_len = items[0].2;
-    items.push((b"garbage".to_vec(), ShardMeta::bytes(5), 5, Want::Kind(ErrorKind::INVALID_DESCRIPTOR)));
-    items.push((good, ShardMeta::bytes(good_len as u64), good_len + 1, Want::Kind(ErrorKind::INVALID_ARGUMENT)));
+    items.push((
+        b"garbage".to_vec(),
+        ShardMeta::bytes(5),
+        5,
+        Want::Kind(ErrorKind::INVALID_DESCRIPTOR),
+    ));
+    items.push((
+        good,
+        ShardMeta::bytes(good_len as u64),
+        good_len + 1,
+        Want::Kind(ErrorKind::INVALID_ARGUMENT),
+    ));
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let dead = Descriptor { addr: closed, id: ShardId::from_u128(1), len: 8 }.encode();
-    items.push((dead, ShardMeta::bytes(8), 8, Want::Kind(ErrorKind::UNAVAILABLE)));
+    let dead = Descriptor {
+        addr: closed,
+        id: ShardId::from_u128(1),
+        len: 8,
+    }
+    .encode();
+    items.push((
+        dead,
+        ShardMeta::bytes(8),
+        8,
+        Want::Kind(ErrorKind::UNAVAILABLE),
+    ));
 
     run_many(&consumer.t, &items);
     // 9 items of owner A in batches of 4 (3 requests), 5 of B (2), 1 to the
@@ -851,7 +973,12 @@ fn import_many_splits_batches_an_owner_refuses_as_too_large() {
         .enumerate()
         .map(|(i, d)| {
             let desc = export(&owner.t, i as u128, d).unwrap();
-            (desc, ShardMeta::bytes(d.len() as u64), d.len(), Want::Bytes(d.clone()))
+            (
+                desc,
+                ShardMeta::bytes(d.len() as u64),
+                d.len(),
+                Want::Bytes(d.clone()),
+            )
         })
         .collect();
     run_many(&consumer.t, &items);
@@ -870,9 +997,19 @@ fn import_many_with_auth_and_empty_input() {
     let consumer = node("auth-token = \"t0k\"");
     let stranger = node("");
     let desc = export(&owner.t, 1, &data).unwrap();
-    let items = vec![(desc.clone(), ShardMeta::bytes(10), 10, Want::Bytes(data.clone()))];
+    let items = vec![(
+        desc.clone(),
+        ShardMeta::bytes(10),
+        10,
+        Want::Bytes(data.clone()),
+    )];
     run_many(&consumer.t, &items);
-    let items = vec![(desc, ShardMeta::bytes(10), 10, Want::Kind(ErrorKind::PERMISSION_DENIED))];
+    let items = vec![(
+        desc,
+        ShardMeta::bytes(10),
+        10,
+        Want::Kind(ErrorKind::PERMISSION_DENIED),
+    )];
     run_many(&stranger.t, &items);
     run_many(&consumer.t, &[]);
     owner.t.unexport(ShardId::from_u128(1)).unwrap();

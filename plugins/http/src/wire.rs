@@ -342,10 +342,7 @@ mod tests {
         let p = shard_path(id);
         assert_eq!(p, "/v1/shards/00ff000000000000000000000000abcd");
         assert_eq!(parse_shard_id(&p[SHARD_PATH.len()..]), Some(id));
-        assert_eq!(
-            parse_shard_id("00FF000000000000000000000000ABCD"),
-            Some(id)
-        );
+        assert_eq!(parse_shard_id("00FF000000000000000000000000ABCD"), Some(id));
         for bad in [
             "",
             "abcd",
@@ -360,7 +357,9 @@ mod tests {
 
     #[test]
     fn batch_request_roundtrip_and_limits() {
-        let ids: Vec<ShardId> = (0..5u128).map(|i| ShardId::from_u128(i << 100 | i)).collect();
+        let ids: Vec<ShardId> = (0..5u128)
+            .map(|i| ShardId::from_u128(i << 100 | i))
+            .collect();
         let body = encode_batch_request(&ids);
         assert_eq!(body.len(), batch_request_len(5));
         assert_eq!(&body[..5], &[1, 0, 0, 0, 5]);
@@ -369,7 +368,10 @@ mod tests {
             decode_batch_request(&body, 4),
             Err(BatchRequestError::TooMany { count: 5, max: 4 })
         );
-        assert_eq!(decode_batch_request(&encode_batch_request(&[]), 4), Ok(vec![]));
+        assert_eq!(
+            decode_batch_request(&encode_batch_request(&[]), 4),
+            Ok(vec![])
+        );
         for n in 0..body.len() {
             assert!(matches!(
                 decode_batch_request(&body[..n], 5),
@@ -417,7 +419,9 @@ mod tests {
         let head = encode_batch_head(&entries);
         assert_eq!(head.len(), batch_head_len(3));
         assert_eq!(decode_batch_head(&head, 3).unwrap(), entries);
-        assert!(decode_batch_head(&head, 2).unwrap_err().contains("for 2 items"));
+        assert!(decode_batch_head(&head, 2)
+            .unwrap_err()
+            .contains("for 2 items"));
         let mut v2 = head.clone();
         v2[0] = 2;
         assert!(decode_batch_head(&v2, 3).unwrap_err().contains("version 2"));
@@ -430,7 +434,9 @@ mod tests {
             status: ITEM_NOT_FOUND,
             len: 9,
         }]);
-        assert!(decode_batch_head(&lying, 1).unwrap_err().contains("status 404"));
+        assert!(decode_batch_head(&lying, 1)
+            .unwrap_err()
+            .contains("status 404"));
         let overflow = encode_batch_head(&[
             BatchEntry {
                 status: ITEM_OK,
@@ -441,7 +447,9 @@ mod tests {
                 len: 1,
             },
         ]);
-        assert!(decode_batch_head(&overflow, 2).unwrap_err().contains("overflow"));
+        assert!(decode_batch_head(&overflow, 2)
+            .unwrap_err()
+            .contains("overflow"));
     }
 
     #[test]
@@ -454,10 +462,19 @@ mod tests {
             Some(("not_found".into(), msg.into()))
         );
         assert_eq!(
-            parse_error_body(b" { \"message\" : \"m\\u0041\\/\", \"extra\": \"x\", \"code\":\"c\" } "),
+            parse_error_body(
+                b" { \"message\" : \"m\\u0041\\/\", \"extra\": \"x\", \"code\":\"c\" } "
+            ),
             Some(("c".into(), "mA/".into()))
         );
-        for bad in [&b""[..], b"{", b"{\"code\":1}", b"[]", b"{\"code\":\"x\"}", b"\xff"] {
+        for bad in [
+            &b""[..],
+            b"{",
+            b"{\"code\":1}",
+            b"[]",
+            b"{\"code\":\"x\"}",
+            b"\xff",
+        ] {
             assert_eq!(parse_error_body(bad), None);
         }
     }
