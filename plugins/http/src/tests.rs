@@ -1014,3 +1014,162 @@ fn import_many_with_auth_and_empty_input() {
     run_many(&consumer.t, &[]);
     owner.t.unexport(ShardId::from_u128(1)).unwrap();
 }
+
+#[test]
+fn a_stalled_reader_is_cut_off_and_unexport_then_succeeds() {
+    let data = pattern(BIG, 8);
+    // The default relation: idle-timeout well below request-timeout.
+    let owner = node("idle-timeout = \"300ms\"\nrequest-timeout = \"60s\"");
+    export(&owner.t, 14, &data).unwrap();
+    let mut stalled = connect(owner.addr);
+    let path = wire::shard_path(ShardId::from_u128(14));
+    stalled
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    let (r, _) = read_head(&mut stalled);
+    assert_eq!(r.status, 200);
+    // The owner closes the connection that makes no progress, which
+    // releases the shard: unexport returns Ok well within request-timeout.
+    owner.t.unexport(ShardId::from_u128(14)).unwrap();
+    assert_eq!(stat(&owner.t, "unexport_timeouts"), 0);
+    assert!(stat(&owner.t, "connections_timed_out") >= 1);
+    assert!(closed_by_peer(&mut stalled));
+}
+
+/// A fake owner: answers the first request on one connection with
+/// `response`, then closes. Returns its address.
+fn fake_owner(response: Vec<u8>) -> (String, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(GENEROUS)).unwrap();
+        // Read the head and the body it announces.
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while buf.len() < end + len {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let _ = s.write_all(&response);
+    });
+    (addr, h)
+}
+
+fn desc_for(addr: &str, id: u128, len: u64) -> Vec<u8> {
+    Descriptor {
+        addr: addr.to_owned(),
+        id: ShardId::from_u128(id),
+        len,
+    }
+    .encode()
+}
+
+#[test]
+fn the_consumer_checks_what_an_owner_sends() {
+    let consumer = node("request-timeout = \"30s\"");
+    // Ends the body early.
+    let (addr, h) =
+        fake_owner(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789".to_vec());
+    let e = assert_kind(
+        fetch(&consumer.t, &desc_for(&addr, 1, 1000), 1000),
+        ErrorKind::UNAVAILABLE,
+        &addr,
+    );
+    assert!(
+        e.message.contains("10 bytes of the response received"),
+        "{e}"
+    );
+    h.join().unwrap();
+    // Serves another length than the descriptor says.
+    let (addr, h) = fake_owner(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nabcd".to_vec());
+    assert_kind(
+        fetch(&consumer.t, &desc_for(&addr, 1, 5), 5),
+        ErrorKind::INVALID_DESCRIPTOR,
+        "serves 4 bytes for shard",
+    );
+    h.join().unwrap();
+    // A server error.
+    let (addr, h) = fake_owner(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 43\r\ncontent-type: application/json\r\n\r\n{\"code\":\"overloaded\",\"message\":\"try later\"}"
+            .to_vec(),
+    );
+    let e = assert_kind(
+        fetch(&consumer.t, &desc_for(&addr, 1, 5), 5),
+        ErrorKind::UNAVAILABLE,
+        "HTTP 503",
+    );
+    assert!(e.message.contains("try later (overloaded)"), "{e}");
+    h.join().unwrap();
+    // A batch response whose header table disagrees with the request.
+    let entry = wire::BatchEntry {
+        status: wire::ITEM_OK,
+        len: 3,
+    };
+    let mut body = wire::encode_batch_head(&[entry, entry]);
+    body[1..5].copy_from_slice(&3u32.to_be_bytes());
+    body.extend_from_slice(b"abcdef");
+    let mut resp =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    resp.extend_from_slice(&body);
+    let (addr, h) = fake_owner(resp);
+    let items: Vec<_> = (0..2)
+        .map(|i| {
+            (
+                desc_for(&addr, i, 3),
+                ShardMeta::bytes(3),
+                3,
+                Want::Kind(ErrorKind::INTERNAL),
+            )
+        })
+        .collect();
+    run_many(&consumer.t, &items);
+    h.join().unwrap();
+    // A batch item whose length differs from its descriptor fails alone;
+    // the next item is still read from the right place.
+    let mut body = wire::encode_batch_head(&[
+        wire::BatchEntry {
+            status: wire::ITEM_OK,
+            len: 4,
+        },
+        wire::BatchEntry {
+            status: wire::ITEM_OK,
+            len: 3,
+        },
+    ]);
+    body.extend_from_slice(b"wxyzabc");
+    let mut resp =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    resp.extend_from_slice(&body);
+    let (addr, h) = fake_owner(resp);
+    let items = vec![
+        (
+            desc_for(&addr, 1, 3),
+            ShardMeta::bytes(3),
+            3,
+            Want::Kind(ErrorKind::INVALID_DESCRIPTOR),
+        ),
+        (
+            desc_for(&addr, 2, 3),
+            ShardMeta::bytes(3),
+            3,
+            Want::Bytes(b"abc".to_vec()),
+        ),
+    ];
+    run_many(&consumer.t, &items);
+    h.join().unwrap();
+}
