@@ -270,6 +270,16 @@ impl HttpTransport {
     }
 }
 
+/// What `describe` reports: CPU shards to any node, copies only.
+fn info() -> TransportInfo {
+    TransportInfo {
+        name: TRANSPORT_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        capabilities: Capabilities::CPU,
+        needs_identity: IdentityParts::default(),
+    }
+}
+
 /// Validates one import: destination length against the metadata, the
 /// descriptor, and the descriptor's length against the metadata.
 fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Descriptor> {
@@ -310,12 +320,7 @@ impl Drop for HttpTransport {
 
 impl Transport for HttpTransport {
     fn describe(&self) -> TransportInfo {
-        TransportInfo {
-            name: TRANSPORT_NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            capabilities: Capabilities::CPU,
-            needs_identity: IdentityParts::default(),
-        }
+        self.ctx.guard_infallible("describe", info(), info)
     }
 
     fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {

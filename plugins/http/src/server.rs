@@ -496,19 +496,37 @@ impl Activity {
 
     /// Why the connection should be closed now, if it should.
     fn expired(&self, header_timeout: Duration, idle_timeout: Duration) -> Option<&'static str> {
-        let now = self.now();
-        let idle = now.saturating_sub(self.last_io.load(Ordering::Relaxed));
-        let idle_limit = idle_timeout.as_millis() as u64;
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return (idle >= idle_limit)
-                .then_some("no progress on a request in flight for idle-timeout (stalled peer)");
-        }
-        let head = self.head_since.load(Ordering::Relaxed);
-        if head != NONE && now.saturating_sub(head) >= header_timeout.as_millis() as u64 {
-            return Some("request head not complete within header-timeout");
-        }
-        (idle >= idle_limit).then_some("idle for idle-timeout")
+        expired_at(
+            self.now(),
+            self.last_io.load(Ordering::Relaxed),
+            self.head_since.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+            header_timeout,
+            idle_timeout,
+        )
     }
+}
+
+/// The watchdog's decision, a pure function of the connection's clocks (all
+/// in milliseconds since the same origin; `head_since` is [`NONE`] when no
+/// request head is in progress): why to close it now, or `None`.
+fn expired_at(
+    now: u64,
+    last_io: u64,
+    head_since: u64,
+    in_flight: u64,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+) -> Option<&'static str> {
+    let idle = now.saturating_sub(last_io) >= idle_timeout.as_millis() as u64;
+    if in_flight > 0 {
+        return idle
+            .then_some("no progress on a request in flight for idle-timeout (stalled peer)");
+    }
+    if head_since != NONE && now.saturating_sub(head_since) >= header_timeout.as_millis() as u64 {
+        return Some("request head not complete within header-timeout");
+    }
+    idle.then_some("idle for idle-timeout")
 }
 
 /// A `TcpStream` that records progress in its connection's [`Activity`].
@@ -992,4 +1010,36 @@ fn quote(s: &str) -> String {
         end -= 1;
     }
     format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_rules() {
+        let (head, idle) = (Duration::from_millis(100), Duration::from_millis(1000));
+        let at = |now, last_io, head_since, in_flight| {
+            expired_at(now, last_io, head_since, in_flight, head, idle)
+        };
+        // Idle between requests: closed after idle-timeout, not before.
+        assert_eq!(at(999, 0, NONE, 0), None);
+        assert_eq!(at(1000, 0, NONE, 0), Some("idle for idle-timeout"));
+        // A head in progress: header-timeout from its first byte, even while
+        // bytes keep trickling in.
+        assert_eq!(at(150, 140, 60, 0), None);
+        assert_eq!(
+            at(160, 159, 60, 0),
+            Some("request head not complete within header-timeout")
+        );
+        // A response in flight: only a lack of progress counts, however long
+        // the transfer takes, and header-timeout does not apply.
+        assert_eq!(at(1_000_000, 999_500, 60, 1), None);
+        assert_eq!(
+            at(1_000_000, 999_000, NONE, 2),
+            Some("no progress on a request in flight for idle-timeout (stalled peer)")
+        );
+        // Clocks read out of order never underflow.
+        assert_eq!(at(5, 10, 20, 0), None);
+    }
 }
