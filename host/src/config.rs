@@ -1126,8 +1126,14 @@ mod tests {
     #[test]
     fn shipped_configs_are_valid_without_warnings() {
         for (name, text) in [
-            ("single-node.toml", include_str!("../../configs/single-node.toml")),
-            ("multi-node.toml", include_str!("../../configs/multi-node.toml")),
+            (
+                "single-node.toml",
+                include_str!("../../configs/single-node.toml"),
+            ),
+            (
+                "multi-node.toml",
+                include_str!("../../configs/multi-node.toml"),
+            ),
         ] {
             let c = parse_str(text, text_origin()).unwrap_or_else(|e| panic!("{name}:\n{e}"));
             assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);

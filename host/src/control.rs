@@ -49,16 +49,19 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// A running control server; stops accepting when dropped.
+/// A running control server; stops accepting when dropped. It holds the
+/// node only weakly, so dropping the node's last owner shuts the node down.
 #[derive(Debug)]
 pub struct ControlServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    accept: Option<thread::JoinHandle<()>>,
 }
 
 impl ControlServer {
     /// Binds `bind` and serves `node` on a background thread.
-    pub fn start(node: Node, bind: &str, token: Option<String>) -> std::io::Result<ControlServer> {
+    pub fn start(node: &Node, bind: &str, token: Option<String>) -> std::io::Result<ControlServer> {
+        let node = node.downgrade();
         let listener = TcpListener::bind(bind).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -70,7 +73,7 @@ impl ControlServer {
         let active = Arc::new(AtomicUsize::new(0));
         let token = token.map(Arc::<str>::from);
         let stop2 = Arc::clone(&stop);
-        thread::Builder::new()
+        let accept = thread::Builder::new()
             .name("shardport-control".into())
             .spawn(move || {
                 for conn in listener.incoming() {
@@ -86,8 +89,16 @@ impl ControlServer {
                         );
                         continue;
                     }
+                    let Some(node) = node.upgrade() else {
+                        let _ = respond(
+                            &mut stream,
+                            503,
+                            &err_body("shutting_down", "the node is shutting down"),
+                        );
+                        break;
+                    };
                     active.fetch_add(1, Ordering::Relaxed);
-                    let (node, token, active) = (node.clone(), token.clone(), Arc::clone(&active));
+                    let (token, active) = (token.clone(), Arc::clone(&active));
                     let spawned = thread::Builder::new()
                         .name("shardport-control-conn".into())
                         .spawn(move || {
@@ -100,7 +111,11 @@ impl ControlServer {
                 }
             })?;
         tracing::info!(target: "control", %addr, "control endpoint listening");
-        Ok(ControlServer { addr, stop })
+        Ok(ControlServer {
+            addr,
+            stop,
+            accept: Some(accept),
+        })
     }
 
     /// The bound address.
@@ -112,8 +127,11 @@ impl ControlServer {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wake the accept loop so it sees the flag.
+        // Wake the accept loop so it sees the flag, and wait for it.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -330,7 +348,7 @@ fn handle(
                     node.remove(&[h.id]);
                     Err(e)
                 }
-                (Err(e), Some(r)) if matches!(e, crate::HostError::InvalidShard(_)) => Err(r),
+                (Err(crate::HostError::InvalidShard(_)), Some(r)) => Err(r),
                 (Err(e), _) => Err((400, "put_failed", e.to_string())),
                 (Ok(h), None) => json_out(json!({
                     "id": h.id.to_string(),

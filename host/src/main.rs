@@ -408,7 +408,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 Failure::from((EXIT_FAILURE, format!("cannot install signal handlers: {e}")))
             })?;
             let node = start_node(cfg)?;
-            let server = shardport_host::control::ControlServer::start(node.clone(), &bind, token)
+            let server = shardport_host::control::ControlServer::start(&node, &bind, token)
                 .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
             println!("control: {}", server.addr());
             println!(
@@ -425,8 +425,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let sig = signals.forever().next();
             tracing::info!(target: "node", signal = ?sig, "shutting down");
             drop(server);
-            node.clear();
-            drop(node);
+            if !node.shutdown(shardport_host::control::IO_TIMEOUT * 2) {
+                tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
+            }
             println!("stopped");
             Ok(())
         }

@@ -260,7 +260,40 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A non-owning reference to a [`Node`] (for servers that must not keep a
+/// node alive after its owner shut it down).
+#[derive(Clone, Debug)]
+pub struct WeakNode(std::sync::Weak<Inner>);
+
+impl WeakNode {
+    /// The node, unless it has been dropped.
+    pub fn upgrade(&self) -> Option<Node> {
+        self.0.upgrade().map(|inner| Node { inner })
+    }
+}
+
 impl Node {
+    /// A reference that does not keep the node alive.
+    pub fn downgrade(&self) -> WeakNode {
+        WeakNode(Arc::downgrade(&self.inner))
+    }
+
+    /// Removes every shard, waits up to `grace` for other holders of this
+    /// node (in-flight control requests) to let go, then drops it, which
+    /// unloads nothing but drops every transport instance (their segments,
+    /// servers and runtimes go with them). Returns false when other holders
+    /// were still alive after `grace` (the node then lives until they end).
+    pub fn shutdown(self, grace: Duration) -> bool {
+        self.clear();
+        let deadline = Instant::now() + grace;
+        while Arc::strong_count(&self.inner) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alone = Arc::strong_count(&self.inner) == 1;
+        drop(self);
+        alone
+    }
+
     /// Starts a node: loads the configured plugins (all failures collected;
     /// fails only when a `required` plugin did not load).
     pub fn start(config: Config) -> Result<Node, HostError> {

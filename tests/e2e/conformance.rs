@@ -51,3 +51,23 @@ mod spool_dir {
     }
     shardport_abi::conformance_suite!(pair);
 }
+
+mod http {
+    fn pair() -> shardport_abi::conformance::Pair {
+        super::pair_from(&format!(
+            "[[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:0\"\n",
+            crate::util::plugin_lib("shardport-http").display()
+        ))
+    }
+    shardport_abi::conformance_suite!(pair);
+}
+
+mod http_with_token {
+    fn pair() -> shardport_abi::conformance::Pair {
+        super::pair_from(&format!(
+            "[[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:0\"\nauth-token = \"e2e-token\"\n",
+            crate::util::plugin_lib("shardport-http").display()
+        ))
+    }
+    shardport_abi::conformance_suite!(pair);
+}

@@ -10,5 +10,6 @@ mod util;
 mod conformance;
 mod cross_process;
 mod loader;
+mod netns;
 mod nodes;
 mod serve;

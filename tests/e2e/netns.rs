@@ -70,7 +70,9 @@ impl Drop for Netns {
 
 fn in_ns(ns: &str, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(util::shardport_bin()).args(args);
+    c.args(["netns", "exec", ns])
+        .arg(util::shardport_bin())
+        .args(args);
     c
 }
 
@@ -115,7 +117,12 @@ fn two_namespaces_http_across_shm_within() {
         }
     };
     let dir = util::temp_dir("netns");
-    let owner_cfg = config(dir.path(), "owner-a", &format!("{}:7070", net.addr_a), &format!("{}:0", net.addr_a));
+    let owner_cfg = config(
+        dir.path(),
+        "owner-a",
+        &format!("{}:7070", net.addr_a),
+        &format!("{}:0", net.addr_a),
+    );
     let consumer_b = config(dir.path(), "consumer-b", "127.0.0.1:7070", "127.0.0.1:0");
     let consumer_a = config(dir.path(), "consumer-a", "127.0.0.1:7070", "127.0.0.1:0");
 
@@ -125,33 +132,76 @@ fn two_namespaces_http_across_shm_within() {
         .unwrap();
     let mut lines = BufReader::new(owner.stdout.take().unwrap()).lines();
     let owner = Killed(owner);
-    let control = lines.next().unwrap().unwrap().strip_prefix("control: ").unwrap().to_owned();
+    let control = lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .strip_prefix("control: ")
+        .unwrap()
+        .to_owned();
     std::thread::spawn(move || for _ in lines {});
 
-    let put = in_ns(&net.a, &["put", "--node", &control, "--size", "3MiB", "--seed", "11"])
-        .output()
-        .unwrap();
+    let put = in_ns(
+        &net.a,
+        &["put", "--node", &control, "--size", "3MiB", "--seed", "11"],
+    )
+    .output()
+    .unwrap();
     assert!(put.status.success(), "{}", stdout_of(&put));
     let handle = String::from_utf8(put.stdout).unwrap().trim().to_owned();
 
     // Namespace B: another address; identity agrees (same kernel, same
     // /dev/shm), but the owner's address is not local, so http.
-    let b = in_ns(&net.b, &["fetch", "--config", &consumer_b, "--handle", &handle, "--mode", "view", "--verify-seed", "11"])
-        .output()
-        .unwrap();
+    let b = in_ns(
+        &net.b,
+        &[
+            "fetch",
+            "--config",
+            &consumer_b,
+            "--handle",
+            &handle,
+            "--mode",
+            "view",
+            "--verify-seed",
+            "11",
+        ],
+    )
+    .output()
+    .unwrap();
     let text = stdout_of(&b);
     assert!(b.status.success(), "{text}");
     assert!(text.contains("via http"), "{text}");
-    assert!(text.contains("reason: reaches any node, copy (no zero-copy)"), "{text}");
+    assert!(
+        text.contains("reason: reaches any node, copy (no zero-copy)"),
+        "{text}"
+    );
     assert!(text.contains("verified: pattern seed 11"), "{text}");
 
     // Namespace A: same address space, shared memory, zero-copy.
-    let a = in_ns(&net.a, &["fetch", "--config", &consumer_a, "--handle", &handle, "--mode", "view", "--verify-seed", "11"])
-        .output()
-        .unwrap();
+    let a = in_ns(
+        &net.a,
+        &[
+            "fetch",
+            "--config",
+            &consumer_a,
+            "--handle",
+            &handle,
+            "--mode",
+            "view",
+            "--verify-seed",
+            "11",
+        ],
+    )
+    .output()
+    .unwrap();
     let text = stdout_of(&a);
     assert!(a.status.success(), "{text}");
     assert!(text.contains("via posix-shm"), "{text}");
-    assert!(text.contains("reason: owner on this node (address local, identity agrees), zero-copy view"), "{text}");
+    assert!(
+        text.contains(
+            "reason: owner on this node (address local, identity agrees), zero-copy view"
+        ),
+        "{text}"
+    );
     drop(owner);
 }

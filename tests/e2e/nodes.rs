@@ -194,20 +194,13 @@ fn a_hostile_handle_claiming_a_huge_shard_is_refused_before_any_allocation() {
     );
 }
 
-#[test]
-fn batch_failover_fetches_only_the_shards_still_missing() {
-    // The owner exports through posix-shm (one segment per shard) and the
-    // spool-dir transport. Half of the shm segments vanish behind its back, so
-    // the shm path fails part-way through the batch; spool-dir must complete
-    // exactly the remainder.
-    let dir = util::temp_dir("failover");
-    let spool = format!(
-        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
-        util::plugin_lib("shardport-spool-transport").display(),
-        dir.path().display()
-    );
+/// The owner exports through posix-shm (one segment per shard) and a second
+/// transport. Half of the shm segments vanish behind its back, so the shm
+/// path fails part-way through the batch; `fallback` must complete exactly
+/// the remainder.
+fn failover_fetches_only_what_is_missing(fallback_table: &str, fallback: &str) {
     let owner = Node::start(util::parse(&format!(
-        "{}{spool}",
+        "{}{fallback_table}",
         util::shm_plugin("allocation = \"segment-per-shard\"")
     )))
     .unwrap();
@@ -225,7 +218,7 @@ fn batch_failover_fetches_only_the_shards_still_missing() {
         std::fs::remove_file(std::path::Path::new("/dev/shm").join(name)).unwrap();
     }
     let c = Node::start(util::parse(&format!(
-        "{}{spool}",
+        "{}{fallback_table}",
         util::shm_plugin("pool-size = \"1MiB\"")
     )))
     .unwrap();
@@ -235,7 +228,7 @@ fn batch_failover_fetches_only_the_shards_still_missing() {
         let f = r.as_ref().expect("every shard arrives");
         assert!(f.data.iter().all(|&x| x == v), "shard {v}");
         *via.entry(f.selection.transport.clone()).or_default() += 1;
-        if f.selection.transport == "spool-dir" {
+        if f.selection.transport == fallback {
             assert!(f.selection.downgraded);
             assert!(
                 f.selection.reason.ends_with("; after posix-shm failed"),
@@ -249,14 +242,34 @@ fn batch_failover_fetches_only_the_shards_still_missing() {
     }
     assert_eq!(
         via,
-        [("posix-shm".to_owned(), 4), ("spool-dir".to_owned(), 4)].into()
+        [("posix-shm".to_owned(), 4), (fallback.to_owned(), 4)].into()
     );
     let stats = c.stats();
     assert_eq!(
-        stats.transports["spool-dir"].fetches, 4,
-        "spool-dir fetched more than the remainder"
+        stats.transports[fallback].fetches, 4,
+        "{fallback} fetched more than the remainder"
     );
     assert_eq!(stats.transports["posix-shm"].fetches, 4);
     assert_eq!(stats.transports["posix-shm"].errors, 4);
     assert_eq!(stats.downgrades, 4);
+}
+
+#[test]
+fn batch_failover_to_spool_dir_fetches_only_the_missing_shards() {
+    let dir = util::temp_dir("failover");
+    let spool = format!(
+        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
+        util::plugin_lib("shardport-spool-transport").display(),
+        dir.path().display()
+    );
+    failover_fetches_only_what_is_missing(&spool, "spool-dir");
+}
+
+#[test]
+fn batch_failover_to_http_fetches_only_the_missing_shards() {
+    let http = format!(
+        "[[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:0\"\n",
+        util::plugin_lib("shardport-http").display()
+    );
+    failover_fetches_only_what_is_missing(&http, "http");
 }

@@ -13,6 +13,7 @@ use crate::util;
 
 struct Served {
     child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
     control: String,
     tag: String,
     _dir: tempfile::TempDir,
@@ -38,8 +39,18 @@ fn serve(test: &str, extra: &str) -> Served {
         .args(["serve", "--config"])
         .arg(&cfg)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (sink, err_pipe) = (std::sync::Arc::clone(&stderr), child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let control = lines.next().unwrap().unwrap();
     let control = control
@@ -57,6 +68,7 @@ fn serve(test: &str, extra: &str) -> Served {
     std::thread::spawn(move || for _ in lines {});
     Served {
         child,
+        stderr,
         control,
         tag,
         _dir: dir,
@@ -123,7 +135,12 @@ fn put_fetch_stats_and_clean_shutdown() {
         .success());
     let mut s = s;
     let status = s.child.wait().unwrap();
-    assert!(status.success(), "serve exited with {status}");
+    std::thread::sleep(std::time::Duration::from_millis(100)); // let stderr drain
+    assert!(
+        status.success(),
+        "serve exited with {status}; stderr:\n{}",
+        s.stderr.lock().unwrap()
+    );
     assert_eq!(util::shm_segments(&s.tag), Vec::<String>::new());
 }
 
