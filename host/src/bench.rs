@@ -283,5 +283,171 @@ pub fn run_bench(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         ratio: Some(put / memcpy),
         target: ">= 0.8x memcpy".into(),
     });
+    if node.plugins().iter().any(|p| p.name.as_str() == "http") {
+        bench_http(opts, &node, &mut lines)?;
+    }
     Ok(BenchReport { lines })
+}
+
+/// Raw TCP loopback throughput with our own socket pair: one thread writes
+/// `len` bytes from a warm buffer in 1 MiB writes, the other reads them into
+/// a warm buffer. GB/s, median of `reps`.
+pub fn tcp_loopback_gbps(len: usize, reps: usize) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let rounds = reps.max(3) + 1;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let src = vec![7u8; 1 << 20];
+        for _ in 0..rounds {
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(src.len());
+                s.write_all(&src[..n])?;
+                left -= n;
+            }
+        }
+        Ok(())
+    });
+    let mut s = std::net::TcpStream::connect(addr)?;
+    let mut dst = vec![0u8; len];
+    let mut rates = Vec::new();
+    for round in 0..rounds {
+        let t = Instant::now();
+        s.read_exact(&mut dst)?;
+        if round > 0 {
+            rates.push(gbps(len as u64, t.elapsed())); // round 0 warms up
+        }
+    }
+    writer
+        .join()
+        .map_err(|_| std::io::Error::other("writer thread panicked"))??;
+    Ok(median(&mut rates))
+}
+
+fn http_only(mut h: Handle) -> Result<Handle, BenchError> {
+    h.exports.retain(|e| e.transport.as_str() == "http");
+    if h.exports.is_empty() {
+        return Err(BenchError::Other(
+            "the owner did not export through http".into(),
+        ));
+    }
+    Ok(h)
+}
+
+/// The http transport: large-shard throughput vs raw TCP loopback, 4 KiB
+/// latency on a kept-alive connection, a 1000 x 4 KiB batch, and the
+/// consumer's peak RSS while fetching a large shard.
+fn bench_http(
+    opts: &BenchOptions,
+    node: &Node,
+    lines: &mut Vec<BenchLine>,
+) -> Result<(), BenchError> {
+    let large = opts.large;
+    let mut owner = WorkerProcess::spawn("owner", &opts.exe, &opts.config_args)?;
+
+    let (id, h) = put_remote(&mut owner, large, 21)?;
+    let h = http_only(h)?;
+    let mut dst = vec![0u8; large as usize];
+    node.fetch_into(&h, &mut dst)?; // warm buffer and connection
+    let mut rates: Vec<f64> = (0..opts.reps)
+        .map(|_| {
+            let t = Instant::now();
+            node.fetch_into(&h, &mut dst)
+                .map(|_| gbps(large, t.elapsed()))
+        })
+        .collect::<Result<_, _>>()?;
+    let tcp = tcp_loopback_gbps(large as usize, opts.reps)
+        .map_err(|e| BenchError::Other(format!("raw TCP loopback: {e}")))?;
+    let rate = median(&mut rates);
+    lines.push(BenchLine {
+        name: format!("http fetch {} (warm dst)", crate::demo::size_label(large)),
+        value: rate,
+        unit: "GB/s".into(),
+        baseline: Some(("raw TCP loopback GB/s".into(), tcp)),
+        ratio: Some(rate / tcp),
+        target: ">= 0.8x TCP loopback".into(),
+    });
+    drop(dst);
+
+    // Consumer peak RSS: a fresh consumer process fetching the large shard.
+    let mut consumer = WorkerProcess::spawn("consumer", &opts.exe, &opts.config_args)?;
+    let before = consumer.call(&Request::Stats)?.peak_rss.unwrap_or(0);
+    let handle_hex = hex::encode(h.to_bytes());
+    consumer.call(&Request::Fetch {
+        handle: handle_hex,
+        mode: Some(FetchMode::Copy),
+        seed: Some(21),
+        hold: false,
+        only: Some("http".into()),
+    })?;
+    let peak = consumer.call(&Request::Stats)?.peak_rss.unwrap_or(0);
+    consumer.exit()?;
+    lines.push(BenchLine {
+        name: format!(
+            "http consumer peak RSS, {} fetch",
+            crate::demo::size_label(large)
+        ),
+        value: peak as f64 / large as f64,
+        unit: "x size".into(),
+        baseline: Some((
+            "RSS before fetch MiB".into(),
+            before as f64 / (1 << 20) as f64,
+        )),
+        ratio: None,
+        target: "<= 1.2x shard size".into(),
+    });
+    owner.call(&Request::Remove { ids: vec![id] })?;
+
+    // 4 KiB latency on a kept-alive connection.
+    let (id, h) = put_remote(&mut owner, 4 << 10, 22)?;
+    let h = http_only(h)?;
+    let mut small = vec![0u8; 4 << 10];
+    let mut lat = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let t = Instant::now();
+        node.fetch_into(&h, &mut small)?;
+        lat.push(t.elapsed().as_nanos() as f64 / 1e3);
+    }
+    let p99 = percentile(&mut lat, 0.99);
+    lines.push(BenchLine {
+        name: "http fetch p50, 4 KiB (kept-alive)".into(),
+        value: percentile(&mut lat, 0.5),
+        unit: "us".into(),
+        baseline: Some(("p99 us".into(), p99)),
+        ratio: None,
+        target: "<= 60 us".into(),
+    });
+    owner.call(&Request::Remove { ids: vec![id] })?;
+
+    // 1000 x 4 KiB in one batch.
+    let mut ids = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..1000 {
+        let (id, h) = put_remote(&mut owner, 4 << 10, 100 + i)?;
+        ids.push(id);
+        handles.push(http_only(h)?);
+    }
+    let mut rates = Vec::new();
+    for _ in 0..opts.reps.max(3) {
+        let t = Instant::now();
+        let results = node.fetch_many(&handles, FetchMode::Copy)?;
+        let elapsed = t.elapsed();
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            return Err(e.into());
+        }
+        rates.push(1000.0 / elapsed.as_secs_f64());
+    }
+    lines.push(BenchLine {
+        name: "http batch, 1000 x 4 KiB".into(),
+        value: median(&mut rates) / 1e3,
+        unit: "k/s".into(),
+        baseline: None,
+        ratio: None,
+        target: ">= 50k shards/s".into(),
+    });
+    owner.call(&Request::Remove { ids })?;
+    owner.exit()?;
+    Ok(())
 }

@@ -129,6 +129,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
                 mode: Some(mode),
                 seed: Some(seed),
                 hold: false,
+                only: None,
             })?;
             rows.push(row(size, &mode.to_string(), &r)?);
         }

@@ -58,6 +58,9 @@ pub enum Request {
         /// Keep the fetched shard until `release`.
         #[serde(default)]
         hold: bool,
+        /// Use only this transport's export (drops the handle's others).
+        #[serde(default)]
+        only: Option<String>,
     },
     /// Verify a held fetch result against the pattern for `seed`.
     Check {
@@ -120,6 +123,17 @@ pub struct Reply {
     /// Stats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<serde_json::Value>,
+    /// Stats: this process's peak resident set size in bytes (VmHWM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss: Option<u64>,
+}
+
+/// This process's peak resident set size in bytes (`VmHWM`), if readable.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Reply {
@@ -254,6 +268,7 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
             mode,
             seed,
             hold,
+            only,
         } => {
             let h = match hex::decode(&handle)
                 .map_err(|e| e.to_string())
@@ -262,6 +277,13 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
                 Ok(h) => h,
                 Err(e) => return Reply::err(format!("bad handle: {e}")),
             };
+            let mut h = h;
+            if let Some(only) = &only {
+                h.exports.retain(|e| e.transport.as_str() == only);
+                if h.exports.is_empty() {
+                    return Reply::err(format!("the handle has no `{only}` export"));
+                }
+            }
             let mode = mode.unwrap_or(node.config().fetch.mode);
             match node.fetch_mode(&h, mode) {
                 Ok(f) => {
@@ -328,6 +350,7 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
         Request::Stats => match serde_json::to_value(node.stats()) {
             Ok(v) => Reply {
                 stats: Some(v),
+                peak_rss: peak_rss(),
                 ..Reply::ok()
             },
             Err(e) => Reply::err(e),

@@ -63,6 +63,7 @@ fn fetch(
         mode: Some(mode),
         seed: Some(seed),
         hold,
+        only: None,
     })
     .map_err(|e| e.to_string())
 }
