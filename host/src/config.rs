@@ -1065,6 +1065,72 @@ fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     bytes.try_into().ok()
 }
 
+/// The effective routing table, one line per route in match order, then the
+/// default order (what `shardport config check` prints).
+pub fn routing_table(cfg: &Config) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("  routing (first match wins):\n");
+    for (i, r) in cfg.routes.iter().enumerate() {
+        let w = &r.when;
+        let mut conds = Vec::new();
+        if let Some(l) = w.local {
+            conds.push(if l {
+                "local".to_owned()
+            } else {
+                "remote".to_owned()
+            });
+        }
+        if let Some(d) = w.device {
+            conds.push(format!(
+                "device={}",
+                if d == DeviceSel::Cpu { "cpu" } else { "cuda" }
+            ));
+        }
+        match (w.min_size, w.max_size) {
+            (Some(lo), Some(hi)) => conds.push(format!(
+                "size {}..={}",
+                shardport_abi::format_byte_size(lo),
+                shardport_abi::format_byte_size(hi)
+            )),
+            (Some(lo), None) => {
+                conds.push(format!("size >= {}", shardport_abi::format_byte_size(lo)))
+            }
+            (None, Some(hi)) => {
+                conds.push(format!("size <= {}", shardport_abi::format_byte_size(hi)))
+            }
+            (None, None) => {}
+        }
+        for (k, v) in &w.tags {
+            conds.push(format!("tag {k}={v}"));
+        }
+        if let Some(p) = &w.owner {
+            conds.push(format!("owner ~ {}", p.as_str()));
+        }
+        let when = if conds.is_empty() {
+            "any shard".to_owned()
+        } else {
+            conds.join(", ")
+        };
+        let via: Vec<&str> = r.transports.iter().map(TransportName::as_str).collect();
+        let _ = writeln!(
+            out,
+            "    {}. {:<14} {:<40} -> {}",
+            i + 1,
+            r.name,
+            when,
+            via.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "    {}. {:<14} {:<40} -> same-node transports first (per locality.same-node), zero-copy first for views, then the owner's export order",
+        cfg.routes.len() + 1,
+        "default",
+        "no route matched"
+    );
+    out
+}
+
 /// Errors of [`load`].
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -1270,6 +1336,20 @@ mod tests {
             e.message,
             "`route[0].device`: expected \"cpu\" or \"cuda\", found \"tpu\""
         );
+    }
+
+    #[test]
+    fn routing_table_lists_routes_then_the_default() {
+        let c = parse_str(include_str!("../../configs/multi-node.toml"), text_origin()).unwrap();
+        let t = routing_table(&c);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 5, "{t}");
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["1.", "same-machine", "local", "->", "posix-shm,", "http"]
+        );
+        assert!(lines[2].contains("tag kind=kv, owner ~ 10.0.1.*"), "{t}");
+        assert!(lines[4].trim_start().starts_with("4. default"), "{t}");
     }
 
     #[test]

@@ -366,9 +366,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     if p.required { ", required" } else { "" }
                 );
             }
-            println!(
-                "  selection   same-node transports first (identity must agree), zero-copy first for views, then the owner's export order"
-            );
+            println!("  same-node   {:?} (locality.same-node)", cfg.same_node);
+            println!("  control     {}", cfg.control.bind);
+            print!("{}", shardport_host::config::routing_table(&cfg));
             Ok(())
         }
         Command::Bench {
