@@ -371,6 +371,16 @@ pub trait Transport: Send + Sync {
         }
         out
     }
+
+    /// Maintenance: reclaims what dead processes left behind (segments of
+    /// owners that died, leases held by consumers that died) and returns
+    /// counters of what was reclaimed. Never touches a live process's
+    /// resources. Called by `shardport gc` and periodically by the host.
+    /// Appended after the last prefix method: the default reports
+    /// `UNSUPPORTED` (nothing to sweep).
+    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
+        RResult::RErr(AbiError::unsupported("this transport has nothing to sweep"))
+    }
 }
 
 /// The trait object a plugin's constructor returns.
