@@ -160,7 +160,9 @@ struct RawPut {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 struct RawCache {
-    policy: Option<Spanned<String>>,
+    policy: Option<Spanned<toml::Value>>,
+    max_bytes: Option<Spanned<toml::Value>>,
+    ttl: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -276,15 +278,6 @@ pub enum ChecksumPolicy {
     Crc32c,
     /// XXH3-64.
     Xxh3,
-}
-
-/// Consumer cache policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CachePolicy {
-    /// Nothing is cached; every fetch goes to the owner.
-    None,
-    /// Fetched shards stay cached until `drain(ids)` or `clear()`.
-    Explicit,
 }
 
 /// Which evidence makes an owner "same node" for same-node transports.
@@ -492,7 +485,7 @@ pub struct Config {
     /// Put settings.
     pub put: PutConfig,
     /// Consumer cache policy.
-    pub cache: CachePolicy,
+    pub cache: crate::cache::Policy,
     /// Same-node evidence.
     pub same_node: SameNodeMatch,
     /// Plugins to load, in config order.
@@ -778,15 +771,101 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     )?;
 
     let cache_raw = raw.cache.unwrap_or_default();
-    let cache = ctx.choice(
-        "cache.policy",
-        &cache_raw.policy,
-        &[
-            ("none", CachePolicy::None),
-            ("explicit", CachePolicy::Explicit),
-        ],
-        CachePolicy::None,
-    )?;
+    let cache = {
+        let mut kinds: Vec<Spanned<String>> = Vec::new();
+        if let Some(p) = &cache_raw.policy {
+            let span = p.span();
+            let bad = || {
+                ctx.error(
+                    Some(span.clone()),
+                    format!(
+                        "`cache.policy`: expected \"none\", \"explicit\", \"lru\", \"ttl\" or a list of them, found {}",
+                        p.get_ref()
+                    ),
+                    Some("example: policy = [\"lru\", \"ttl\"]"),
+                )
+            };
+            match p.get_ref() {
+                toml::Value::String(s) => kinds.push(Spanned::new(span.clone(), s.clone())),
+                toml::Value::Array(items) => {
+                    for it in items {
+                        kinds.push(Spanned::new(
+                            span.clone(),
+                            it.as_str().ok_or_else(bad)?.to_owned(),
+                        ));
+                    }
+                }
+                _ => return Err(bad()),
+            }
+        }
+        let mut policy = crate::cache::Policy::default();
+        let (mut lru, mut ttl) = (false, false);
+        for k in &kinds {
+            match k.get_ref().as_str() {
+                "none" if kinds.len() == 1 => {}
+                "explicit" => policy.enabled = true,
+                "lru" => (policy.enabled, lru) = (true, true),
+                "ttl" => (policy.enabled, ttl) = (true, true),
+                other => {
+                    return Err(ctx.error(
+                        Some(k.span()),
+                        format!("`cache.policy`: unknown or misplaced policy \"{other}\" (\"none\" stands alone)"),
+                        Some("example: policy = [\"lru\", \"ttl\"]"),
+                    ))
+                }
+            }
+        }
+        let span_of = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
+        if lru {
+            let Some(v) = &cache_raw.max_bytes else {
+                return Err(ctx.error(
+                    cache_raw.policy.as_ref().map(Spanned::span),
+                    "`cache.policy` includes \"lru\", which needs `cache.max-bytes`".to_owned(),
+                    Some("example: max-bytes = \"8GiB\""),
+                ));
+            };
+            let n = match v.get_ref() {
+                toml::Value::Integer(i) if *i > 0 => Some(*i as u64),
+                toml::Value::String(s) => parse_byte_size(s).filter(|&n| n > 0),
+                _ => None,
+            };
+            policy.max_bytes = Some(n.ok_or_else(|| {
+                ctx.error(
+                    Some(v.span()),
+                    format!(
+                        "`cache.max-bytes`: expected a positive byte size, found {}",
+                        v.get_ref()
+                    ),
+                    Some("example: max-bytes = \"8GiB\""),
+                )
+            })?);
+        } else if cache_raw.max_bytes.is_some() {
+            warnings.push(
+                "`cache.max-bytes` has no effect unless `cache.policy` includes \"lru\"".to_owned(),
+            );
+        }
+        if ttl {
+            let Some(v) = &cache_raw.ttl else {
+                return Err(ctx.error(
+                    cache_raw.policy.as_ref().map(Spanned::span),
+                    "`cache.policy` includes \"ttl\", which needs `cache.ttl`".to_owned(),
+                    Some("example: ttl = \"30s\""),
+                ));
+            };
+            policy.ttl = Some(parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
+                ctx.error(
+                    span_of(&cache_raw.ttl),
+                    format!("`cache.ttl`: expected a duration such as \"30s\" or \"500ms\", found \"{}\"", v.get_ref()),
+                    Some("example: ttl = \"30s\""),
+                )
+            })?);
+        } else if cache_raw.ttl.is_some() {
+            warnings.push(
+                "`cache.ttl` has no effect unless `cache.policy` includes \"ttl\"".to_owned(),
+            );
+        }
+        policy
+    };
     let same_node = ctx.choice(
         "locality.same-node",
         &raw.locality.unwrap_or_default().same_node,
@@ -1161,6 +1240,22 @@ pub fn default_config() -> Config {
     parse_str(DEFAULT_CONFIG, Origin::embedded()).expect("the embedded default config is valid")
 }
 
+/// Parses a duration: an integer with `ms`, `s`, `m` or `h` (`250ms`, `30s`).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_millis(ms))
+}
+
 /// Parses a byte size for CLI flags (`256MiB`).
 pub fn byte_size_arg(s: &str) -> Result<u64, String> {
     parse_byte_size(s).ok_or_else(|| format!("expected a byte size such as 256MiB, found `{s}`"))
@@ -1361,6 +1456,48 @@ mod tests {
         assert!(!p("10.*").matches("110.0.0.1:1"));
         assert!(p("*:7070").matches("[::1]:7070"));
         assert!(!p("a*b*c").matches(&"ab".repeat(1000)));
+    }
+
+    #[test]
+    fn cache_policies_combine_and_need_their_parameters() {
+        let c = parse_str(
+            "[cache]\npolicy = [\"lru\", \"ttl\"]\nmax-bytes = \"1GiB\"\nttl = \"30s\"\n",
+            text_origin(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.cache,
+            crate::cache::Policy {
+                enabled: true,
+                max_bytes: Some(1 << 30),
+                ttl: Some(std::time::Duration::from_secs(30))
+            }
+        );
+        let e = parse_str("[cache]\npolicy = \"lru\"\n", text_origin()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`cache.policy` includes \"lru\", which needs `cache.max-bytes`"
+        );
+        assert_eq!((e.line, e.col), (2, 10));
+        let e =
+            parse_str("[cache]\npolicy = \"ttl\"\nttl = \"soon\"\n", text_origin()).unwrap_err();
+        assert!(
+            e.message.starts_with("`cache.ttl`: expected a duration"),
+            "{}",
+            e.message
+        );
+        let e = parse_str("[cache]\npolicy = [\"none\", \"lru\"]\n", text_origin()).unwrap_err();
+        assert!(e.message.contains("\"none\" stands alone"), "{}", e.message);
+        assert!(!parse_str("", text_origin()).unwrap().cache.enabled);
+        assert_eq!(
+            parse_duration("250ms"),
+            Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(
+            parse_duration("2h"),
+            Some(std::time::Duration::from_secs(7200))
+        );
+        assert_eq!(parse_duration("5 parsecs"), None);
     }
 
     #[test]

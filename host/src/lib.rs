@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod cache;
 pub mod config;
 pub mod control;
 pub mod demo;

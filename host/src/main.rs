@@ -351,7 +351,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 cfg.fetch.verify_checksum,
                 cfg.fetch.max_batch
             );
-            println!("  cache       {:?}", cfg.cache);
+            println!(
+                "  cache       {}",
+                if !cfg.cache.enabled {
+                    "none".to_owned()
+                } else {
+                    format!(
+                        "kept until drained; lru max-bytes {:?}; ttl {:?}",
+                        cfg.cache.max_bytes, cfg.cache.ttl
+                    )
+                }
+            );
             for p in &cfg.plugins {
                 let found = p.paths.iter().find(|c| c.is_file());
                 println!(

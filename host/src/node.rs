@@ -33,7 +33,8 @@ use shardport_abi::{
 };
 
 use crate::{
-    config::{CachePolicy, ChecksumPolicy, Config, FetchMode, OnDowngrade, Storage, TransportName},
+    cache::{Cache, CacheStats},
+    config::{ChecksumPolicy, Config, FetchMode, OnDowngrade, Storage, TransportName},
     error::HostError,
     handle::{Export, Handle, Owner},
     identity::{new_node_tag, NodeIdentity},
@@ -206,6 +207,8 @@ pub struct NodeStats {
     pub cache_entries: usize,
     /// Consumer cache bytes.
     pub cache_bytes: u64,
+    /// Consumer cache details (oldest age, held entries, evictions, hits).
+    pub cache: CacheStats,
     /// Loaded plugins.
     pub plugins: Vec<PluginStats>,
     /// Plugins that failed to load (one line each).
@@ -234,7 +237,8 @@ struct Inner {
     id_prefix: u64,
     next_id: AtomicU64,
     shards: Mutex<HashMap<ShardId, OwnedShard>>,
-    cache: Mutex<HashMap<ShardId, (ShardMeta, Arc<ShardBytes>)>>,
+    cache: Mutex<Cache>,
+    clock: Arc<dyn Clock>,
     metrics: Metrics,
 }
 
@@ -359,7 +363,8 @@ impl Node {
                 id_prefix: u64::from_le_bytes(rnd) ^ epoch,
                 next_id: AtomicU64::new(1),
                 shards: Mutex::default(),
-                cache: Mutex::default(),
+                cache: Mutex::new(Cache::new(config.cache)),
+                clock: Arc::clone(&clock),
                 metrics,
                 config,
             }),
@@ -595,7 +600,7 @@ impl Node {
             self.inner.unexport_all(id, shard);
         }
         // Leases end outside the lock (release is a plugin call).
-        let cached: Vec<_> = lock(&self.inner.cache).drain().collect();
+        let cached = lock(&self.inner.cache).clear();
         drop(cached);
     }
 
@@ -607,10 +612,7 @@ impl Node {
     /// Drops cached fetched shards (their leases end when no caller holds them).
     /// Returns how many entries were dropped.
     pub fn drain(&self, ids: &[ShardId]) -> usize {
-        let removed: Vec<_> = {
-            let mut cache = lock(&self.inner.cache);
-            ids.iter().filter_map(|id| cache.remove(id)).collect()
-        };
+        let removed = lock(&self.inner.cache).drain(ids);
         // Leases end here, outside the lock (release is a plugin call).
         removed.len()
     }
@@ -1030,22 +1032,16 @@ impl Node {
 
     /// A cache hit for `handle` in `mode`, if the policy keeps results.
     fn cached(&self, handle: &Handle, mode: FetchMode, start: Instant) -> Option<Fetched> {
-        if self.inner.config.cache != CachePolicy::Explicit {
-            return None;
-        }
-        let (meta, data) = lock(&self.inner.cache)
-            .get(&handle.id)
-            .filter(|(meta, data)| {
-                *meta == handle.meta && data.is_view() == (mode == FetchMode::View)
-            })
-            .cloned()?;
+        let now = self.inner.clock.monotonic_nanos();
+        let data =
+            lock(&self.inner.cache).get(handle.id, &handle.meta, mode == FetchMode::View, now)?;
         Some(Fetched {
             id: handle.id,
-            meta,
+            meta: handle.meta.clone(),
             data,
             selection: Selection {
                 transport: "cache".to_owned(),
-                reason: "consumer cache hit (cache.policy = \"explicit\")".to_owned(),
+                reason: "consumer cache hit".to_owned(),
                 downgraded: false,
                 mode,
                 failures: Vec::new(),
@@ -1054,14 +1050,29 @@ impl Node {
         })
     }
 
-    /// Keeps a fetched shard when the cache policy says so.
+    /// Keeps a fetched shard when the cache policy says so, and applies the
+    /// policy's eviction.
     fn remember(&self, handle: &Handle, data: &Arc<ShardBytes>) {
-        if self.inner.config.cache == CachePolicy::Explicit {
-            let replaced =
-                lock(&self.inner.cache).insert(handle.id, (handle.meta.clone(), Arc::clone(data)));
-            // A replaced entry's lease ends here, outside the lock.
-            drop(replaced);
+        let now = self.inner.clock.monotonic_nanos();
+        let removed = lock(&self.inner.cache).insert(handle.id, handle.meta.clone(), data, now);
+        // Evicted leases end here, outside the lock (release is a plugin call).
+        if !removed.is_empty() {
+            tracing::debug!(target: "cache", evicted = removed.len(), "cache eviction");
         }
+        drop(removed);
+    }
+
+    /// Applies the cache policy now (TTL expiry happens here and at each
+    /// insert); returns how many entries left.
+    pub fn evict_expired(&self) -> usize {
+        let now = self.inner.clock.monotonic_nanos();
+        let removed = lock(&self.inner.cache).evict(now);
+        removed.len()
+    }
+
+    /// Cache counters and gauges.
+    pub fn cache_stats(&self) -> CacheStats {
+        lock(&self.inner.cache).stats(self.inner.clock.monotonic_nanos())
     }
 
     /// A snapshot of the node's state and its plugins' stats.
@@ -1073,10 +1084,7 @@ impl Node {
                 shards.values().map(|s| s.stored.bytes().len() as u64).sum(),
             )
         };
-        let (cache_entries, cache_bytes) = {
-            let cache = lock(&self.inner.cache);
-            (cache.len(), cache.values().map(|(m, _)| m.byte_len).sum())
-        };
+        let cache = self.cache_stats();
         let plugins = self
             .inner
             .plugins
@@ -1118,8 +1126,9 @@ impl Node {
             tag: self.inner.tag.clone(),
             shards_owned,
             bytes_owned,
-            cache_entries,
-            cache_bytes,
+            cache_entries: cache.entries,
+            cache_bytes: cache.bytes,
+            cache,
             plugins,
             load_failures: self.inner.load_failures.clone(),
             transports: self.inner.metrics.snapshot(),
@@ -1253,7 +1262,7 @@ impl Drop for Inner {
         for (id, shard) in shards {
             self.unexport_all(id, shard);
         }
-        let cached: Vec<_> = lock(&self.cache).drain().collect();
+        let cached = lock(&self.cache).clear();
         drop(cached);
     }
 }

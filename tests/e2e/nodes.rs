@@ -273,3 +273,110 @@ fn batch_failover_to_http_fetches_only_the_missing_shards() {
     );
     failover_fetches_only_what_is_missing(&http, "http");
 }
+
+/// A clock the test moves by hand.
+#[derive(Debug, Default)]
+struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    fn advance(&self, d: std::time::Duration) {
+        self.0
+            .fetch_add(d.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl shardport_host::services::Clock for ManualClock {
+    fn now_unix_nanos(&self) -> u64 {
+        1_700_000_000_000_000_000 + self.monotonic_nanos()
+    }
+    fn monotonic_nanos(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn leases_on_owner(owner: &Node) -> u64 {
+    owner.stats().plugins[0].stats["leases_held_on_owner"]
+}
+
+#[test]
+fn ttl_expires_views_without_sleeping_but_never_a_held_one() {
+    let owner = node("pool-size = \"1MiB\"");
+    let h = owner
+        .put(&[3u8; 4096], &TensorSpec::bytes(4096), Default::default())
+        .unwrap();
+    let clock = std::sync::Arc::new(ManualClock::default());
+    let c = Node::start_with_clock(
+        util::parse(&format!(
+            "[cache]\npolicy = \"ttl\"\nttl = \"30s\"\n{}",
+            util::shm_plugin("pool-size = \"1MiB\"")
+        )),
+        clock.clone(),
+    )
+    .unwrap();
+    let held = c.fetch_mode(&h, FetchMode::View).unwrap();
+    assert_eq!(leases_on_owner(&owner), 1);
+    clock.advance(std::time::Duration::from_secs(31));
+    assert_eq!(
+        c.evict_expired(),
+        0,
+        "a view the caller still holds was evicted"
+    );
+    assert_eq!(c.cache_stats().held, 1);
+    assert_eq!(c.cache_stats().oldest_age_ms, 31_000);
+    drop(held);
+    assert_eq!(c.evict_expired(), 1);
+    assert_eq!(c.cache_stats().entries, 0);
+    // The lease went with the entry: the owner sees it released.
+    assert_eq!(leases_on_owner(&owner), 0);
+}
+
+#[test]
+fn lru_keeps_the_cache_within_its_byte_budget() {
+    let owner = node("pool-size = \"1MiB\"");
+    let hs: Vec<_> = (0..3u8)
+        .map(|v| {
+            owner
+                .put(&[v; 4000], &TensorSpec::bytes(4000), Default::default())
+                .unwrap()
+        })
+        .collect();
+    let clock = std::sync::Arc::new(ManualClock::default());
+    let c = Node::start_with_clock(
+        util::parse(&format!(
+            "[cache]\npolicy = \"lru\"\nmax-bytes = 10000\n{}",
+            util::shm_plugin("pool-size = \"1MiB\"")
+        )),
+        clock.clone(),
+    )
+    .unwrap();
+    for h in &hs[..2] {
+        drop(c.fetch_mode(h, FetchMode::Copy).unwrap());
+        clock.advance(std::time::Duration::from_millis(1));
+    }
+    // Touch the first so the second is least recently used.
+    assert_eq!(
+        c.fetch_mode(&hs[0], FetchMode::Copy)
+            .unwrap()
+            .selection
+            .transport,
+        "cache"
+    );
+    clock.advance(std::time::Duration::from_millis(1));
+    drop(c.fetch_mode(&hs[2], FetchMode::Copy).unwrap());
+    let s = c.cache_stats();
+    assert_eq!((s.entries, s.bytes, s.evicted), (2, 8000, 1));
+    assert_eq!(
+        c.fetch_mode(&hs[0], FetchMode::Copy)
+            .unwrap()
+            .selection
+            .transport,
+        "cache"
+    );
+    assert_eq!(
+        c.fetch_mode(&hs[1], FetchMode::Copy)
+            .unwrap()
+            .selection
+            .transport,
+        "posix-shm"
+    );
+}
