@@ -32,6 +32,11 @@ pub const PLUGIN_DIR_ENV: &str = "SHARDPORT_PLUGIN_DIR";
 /// try to allocate exabytes.
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 64 << 30;
 
+/// Default sweep period of a serving node: dead consumers' leases and dead
+/// owners' segments come back within half a minute, for a directory listing
+/// and a few `/proc` reads each time.
+pub const DEFAULT_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Default bound on shards per `fetch_many` call: large enough for a layer's
 /// worth of shards, small enough that one request cannot pin unbounded memory.
 pub const DEFAULT_MAX_BATCH: usize = 4096;
@@ -137,6 +142,7 @@ struct RawNode {
     name: Option<Spanned<String>>,
     advertise: Option<Spanned<String>>,
     max_shard_size: Option<Spanned<toml::Value>>,
+    sweep_interval: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -398,6 +404,8 @@ pub struct NodeConfig {
     pub advertise: String,
     /// Largest shard this node puts or fetches.
     pub max_shard_size: u64,
+    /// How often `shardport serve` sweeps (dead processes' leftovers, cache expiry).
+    pub sweep_interval: std::time::Duration,
 }
 
 /// Fetch settings.
@@ -676,6 +684,16 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 a.into_inner()
             }
             None => "127.0.0.1:0".to_owned(),
+        },
+        sweep_interval: match &node_raw.sweep_interval {
+            None => DEFAULT_SWEEP_INTERVAL,
+            Some(v) => parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
+                ctx.error(
+                    Some(v.span()),
+                    format!("`node.sweep-interval`: expected a duration such as \"30s\", found \"{}\"", v.get_ref()),
+                    Some("example: sweep-interval = \"30s\""),
+                )
+            })?,
         },
         max_shard_size: match node_raw.max_shard_size {
             None => DEFAULT_MAX_SHARD_SIZE,

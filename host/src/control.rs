@@ -8,6 +8,9 @@
 //! - `POST /v1/put?dtype=bf16&shape=4,8&tag.k=v` with the raw bytes as body
 //!   -> `{"id", "handle" (hex of the binary form), "handle_json"}`
 //! - `POST /v1/remove` with `{"ids": ["<32 hex>", ...]}` -> `{"missing": [...]}`
+//! - `POST /v1/drain` with `{"ids": [...]}` or `{"all": true}` -> `{"drained": n}`:
+//!   drops this node's cached copies (and their leases) of those shards
+//! - `POST /v1/sweep` -> per transport, what was reclaimed from dead processes
 //!
 //! Bounded everywhere: header block [`MAX_HEADER_BYTES`], JSON bodies
 //! [`MAX_JSON_BODY`], put bodies `node.max-shard-size`, [`MAX_CONNECTIONS`]
@@ -27,7 +30,7 @@ use std::{
 };
 
 use serde_json::json;
-use shardport_abi::{DType, Device};
+use shardport_abi::{DType, Device, ShardId};
 
 use crate::{node::Node, node::TensorSpec, worker::parse_id};
 
@@ -358,42 +361,84 @@ fn handle(
             }
         }
         ("POST", "/v1/remove") => {
-            let len = content_length(&req, MAX_JSON_BODY as u64)?;
-            let mut body = vec![0u8; len as usize];
-            reader
-                .read_exact(&mut body)
-                .map_err(|e| (400, "bad_request", format!("reading the body: {e}")))?;
-            #[derive(serde::Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Ids {
-                ids: Vec<String>,
-            }
-            let ids: Ids = serde_json::from_slice(&body).map_err(|e| {
-                (
-                    400,
-                    "bad_request",
-                    format!("expected {{\"ids\": [...]}}: {e}"),
-                )
-            })?;
-            let parsed = ids
-                .ids
-                .iter()
-                .map(|s| parse_id(s))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| (400, "bad_request", e))?;
-            let missing: Vec<String> = node
-                .remove(&parsed)
-                .iter()
-                .map(ToString::to_string)
-                .collect();
+            let ids = read_ids(&req, reader)?;
+            let Some(ids) = ids else {
+                return Err((400, "bad_request", "expected {\"ids\": [...]}".to_owned()));
+            };
+            let missing: Vec<String> = node.remove(&ids).iter().map(ToString::to_string).collect();
             json_out(json!({ "missing": missing }))
         }
-        (_, "/v1/health" | "/v1/stats" | "/v1/put" | "/v1/remove") => Err((
-            405,
-            "method_not_allowed",
-            format!("{} is not allowed on {}", req.method, req.path),
-        )),
+        ("POST", "/v1/drain") => {
+            let drained = match read_ids(&req, reader)? {
+                Some(ids) => node.drain(&ids),
+                None => node.drain_all(),
+            };
+            tracing::info!(target: "control", drained, "drain");
+            json_out(json!({ "drained": drained }))
+        }
+        ("POST", "/v1/sweep") => {
+            let report: serde_json::Map<String, serde_json::Value> = node
+                .sweep()
+                .into_iter()
+                .map(|(t, r)| {
+                    let v = match r {
+                        Ok(stats) => json!(stats),
+                        Err(e) => json!({ "error": e }),
+                    };
+                    (t, v)
+                })
+                .collect();
+            json_out(serde_json::Value::Object(report))
+        }
+        (_, "/v1/health" | "/v1/stats" | "/v1/put" | "/v1/remove" | "/v1/drain" | "/v1/sweep") => {
+            Err((
+                405,
+                "method_not_allowed",
+                format!("{} is not allowed on {}", req.method, req.path),
+            ))
+        }
         (_, path) => Err((404, "not_found", format!("no endpoint {path}"))),
+    }
+}
+
+/// A `{"ids": [...]}` body (`Some`) or `{"all": true}` (`None`).
+fn read_ids(
+    req: &Request,
+    reader: &mut BufReader<TcpStream>,
+) -> Result<Option<Vec<ShardId>>, Refusal> {
+    let len = content_length(req, MAX_JSON_BODY as u64)?;
+    let mut body = vec![0u8; len as usize];
+    reader
+        .read_exact(&mut body)
+        .map_err(|e| (400, "bad_request", format!("reading the body: {e}")))?;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Ids {
+        #[serde(default)]
+        ids: Option<Vec<String>>,
+        #[serde(default)]
+        all: bool,
+    }
+    let ids: Ids = serde_json::from_slice(&body).map_err(|e| {
+        (
+            400,
+            "bad_request",
+            format!("expected {{\"ids\": [...]}} or {{\"all\": true}}: {e}"),
+        )
+    })?;
+    match (ids.ids, ids.all) {
+        (Some(list), false) => list
+            .iter()
+            .map(|s| parse_id(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+            .map_err(|e| (400, "bad_request", e)),
+        (None, true) => Ok(None),
+        _ => Err((
+            400,
+            "bad_request",
+            "give exactly one of \"ids\" and \"all\": true".to_owned(),
+        )),
     }
 }
 

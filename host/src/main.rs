@@ -136,6 +136,34 @@ enum Command {
         #[arg(long)]
         verify_seed: Option<u64>,
     },
+    /// Tell running nodes to drop their cached copies of shards (and the
+    /// leases those hold), one call per node.
+    Drain {
+        /// Control endpoints of the consumer nodes (repeatable).
+        #[arg(long = "node", required = true)]
+        nodes: Vec<String>,
+        /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
+        #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Shard ids (32 hex digits), comma separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            conflicts_with = "all",
+            required_unless_present = "all"
+        )]
+        ids: Vec<String>,
+        /// Drop every cached shard.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Sweep what dead processes left behind (shared-memory segments of dead
+    /// owners, leases of dead consumers). Never touches a live process's.
+    Gc {
+        /// Config file (default: the embedded default config).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Print a running node's stats (JSON).
     Stats {
         /// The node's control endpoint.
@@ -227,6 +255,39 @@ fn current_exe() -> Result<PathBuf, Failure> {
         )
             .into()
     })
+}
+
+/// Sweeps `node` every `node.sweep-interval` until the returned flag is set
+/// or the node is gone.
+fn spawn_sweeper(node: &Node) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (weak, flag, every) = (
+        node.downgrade(),
+        std::sync::Arc::clone(&stop),
+        node.config().node.sweep_interval,
+    );
+    let step = std::time::Duration::from_millis(200).min(every);
+    let spawned = std::thread::Builder::new()
+        .name("shardport-sweep".into())
+        .spawn(move || {
+            let mut waited = std::time::Duration::ZERO;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(step);
+                waited += step;
+                if waited < every {
+                    continue;
+                }
+                waited = std::time::Duration::ZERO;
+                match weak.upgrade() {
+                    Some(n) => drop(n.sweep()),
+                    None => break,
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "cleanup", error = %e, "cannot start the periodic sweep");
+    }
+    stop
 }
 
 /// Prints a report as pretty JSON or as its table.
@@ -420,6 +481,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let node = start_node(cfg)?;
             let server = shardport_host::control::ControlServer::start(&node, &bind, token)
                 .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+            let sweeper = spawn_sweeper(&node);
             println!("control: {}", server.addr());
             println!(
                 "node: {} advertising {} (tag {})",
@@ -435,6 +497,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let sig = signals.forever().next();
             tracing::info!(target: "node", signal = ?sig, "shutting down");
             drop(server);
+            sweeper.store(true, std::sync::atomic::Ordering::Relaxed);
             if !node.shutdown(shardport_host::control::IO_TIMEOUT * 2) {
                 tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
             }
@@ -577,6 +640,76 @@ reason: {}",
                         format!("cannot write {}: {e}", path.display()),
                     ))
                 })?;
+            }
+            Ok(())
+        }
+        Command::Drain {
+            nodes,
+            token,
+            ids,
+            all,
+        } => {
+            let body = if all {
+                serde_json::json!({ "all": true })
+            } else {
+                serde_json::json!({ "ids": ids })
+            };
+            let body = body.to_string();
+            let mut failed = Vec::new();
+            for n in &nodes {
+                match shardport_host::control::client::call(
+                    n,
+                    "POST",
+                    "/v1/drain",
+                    token.as_deref(),
+                    body.as_bytes(),
+                    std::time::Duration::from_secs(10),
+                ) {
+                    Ok(r) => println!("{n}: drained {}", r["drained"]),
+                    Err(e) => {
+                        println!("{n}: FAILED: {e}");
+                        failed.push(n.clone());
+                    }
+                }
+            }
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                Err((
+                    EXIT_FAILURE,
+                    format!("drain failed on {}", failed.join(", ")),
+                )
+                    .into())
+            }
+        }
+        Command::Gc { config } => {
+            let cfg = load_config(config.as_deref())?;
+            // Starting the node already sweeps (plugins sweep on start); the
+            // explicit sweep reports what is reclaimed and catches the rest.
+            let node = start_node(cfg)?;
+            let report = node.sweep();
+            if report.is_empty() {
+                println!("no loaded transport has anything to sweep");
+            }
+            let mut errors = 0;
+            for (t, r) in report {
+                match r {
+                    Ok(stats) => println!(
+                        "{t}: {}",
+                        stats
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                    Err(e) => {
+                        errors += 1;
+                        println!("{t}: FAILED: {e}");
+                    }
+                }
+            }
+            if errors > 0 {
+                return Err((EXIT_FAILURE, "some transports failed to sweep").into());
             }
             Ok(())
         }

@@ -1075,6 +1075,41 @@ impl Node {
         lock(&self.inner.cache).stats(self.inner.clock.monotonic_nanos())
     }
 
+    /// Runs every transport's `sweep` (reclaiming what dead processes left
+    /// behind) and the cache's expiry. Returns, per transport, its reclaim
+    /// counters, or why it could not sweep; transports with nothing to sweep
+    /// are left out.
+    pub fn sweep(&self) -> Vec<(String, Result<BTreeMap<String, u64>, String>)> {
+        self.evict_expired();
+        let mut out = Vec::new();
+        for p in &self.inner.plugins {
+            match p.transport.sweep().into_result() {
+                Ok(stats) => {
+                    let stats: BTreeMap<String, u64> = stats
+                        .into_iter()
+                        .map(|s| (s.name.to_string(), s.value))
+                        .collect();
+                    if stats.values().any(|&v| v > 0) {
+                        tracing::info!(target: "cleanup", transport = %p.name, ?stats, "swept");
+                    }
+                    out.push((p.name.to_string(), Ok(stats)));
+                }
+                Err(e) if e.kind == ErrorKind::UNSUPPORTED => {}
+                Err(e) => {
+                    tracing::warn!(target: "cleanup", transport = %p.name, error = %e, "sweep failed");
+                    out.push((p.name.to_string(), Err(e.to_string())));
+                }
+            }
+        }
+        out
+    }
+
+    /// Drops every cached fetched shard; returns how many.
+    pub fn drain_all(&self) -> usize {
+        let removed = lock(&self.inner.cache).clear();
+        removed.len()
+    }
+
     /// A snapshot of the node's state and its plugins' stats.
     pub fn stats(&self) -> NodeStats {
         let (shards_owned, bytes_owned) = {

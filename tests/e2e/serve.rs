@@ -193,3 +193,66 @@ fn the_control_endpoint_checks_tokens_and_survives_bad_requests() {
         "a truncated put left a shard behind"
     );
 }
+
+#[test]
+fn cluster_drain_empties_every_consumers_cache_and_releases_leases() {
+    use shardport_host::{control::ControlServer, FetchMode, Node, TensorSpec};
+    let owner = Node::start(util::parse(&util::shm_plugin("pool-size = \"1MiB\""))).unwrap();
+    let handles: Vec<_> = (0..3u8)
+        .map(|v| {
+            owner
+                .put(&[v; 2048], &TensorSpec::bytes(2048), Default::default())
+                .unwrap()
+        })
+        .collect();
+    let consumer = || {
+        Node::start(util::parse(&format!(
+            "[cache]\npolicy = \"explicit\"\n{}",
+            util::shm_plugin("pool-size = \"1MiB\"")
+        )))
+        .unwrap()
+    };
+    let (a, b) = (consumer(), consumer());
+    for n in [&a, &b] {
+        for h in &handles {
+            drop(n.fetch_mode(h, FetchMode::View).unwrap());
+        }
+    }
+    let leases = || owner.stats().plugins[0].stats["leases_held_on_owner"];
+    assert_eq!(leases(), 6, "cached views hold their leases");
+    let sa = ControlServer::start(&a, "127.0.0.1:0", Some("tok".into())).unwrap();
+    let sb = ControlServer::start(&b, "127.0.0.1:0", Some("tok".into())).unwrap();
+    let ids = format!("{},{}", handles[0].id, handles[1].id);
+    let (na, nb) = (sa.addr().to_string(), sb.addr().to_string());
+    let out = shardport(&[
+        "drain", "--node", &na, "--node", &nb, "--token", "tok", "--ids", &ids,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("{na}: drained 2")) && text.contains(&format!("{nb}: drained 2")),
+        "{text}"
+    );
+    assert_eq!((a.cache_stats().entries, b.cache_stats().entries), (1, 1));
+    assert_eq!(leases(), 2);
+    let out = shardport(&[
+        "drain", "--node", &na, "--node", &nb, "--token", "tok", "--all",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(leases(), 0);
+    // A node that cannot be reached is reported, and the exit status says so.
+    let out = shardport(&["drain", "--node", "127.0.0.1:1", "--token", "tok", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("127.0.0.1:1: FAILED"));
+    // Wrong token: refused, nothing drained.
+    for h in &handles {
+        drop(a.fetch_mode(h, FetchMode::View).unwrap());
+    }
+    let out = shardport(&["drain", "--node", &na, "--token", "bad", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(a.cache_stats().entries, 3);
+}
