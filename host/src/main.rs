@@ -173,12 +173,29 @@ enum Command {
         #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Put -> fetch from another process -> drain -> remove, many times;
+    /// prints both processes' RSS and the /dev/shm entry count at the start
+    /// and at the end (they must stay flat).
+    Soak {
+        /// Config file (default: the embedded default config).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Steps after the warm-up.
+        #[arg(long, default_value_t = 2000)]
+        steps: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// A node driven by JSON lines on stdin (used by demo, bench and tests).
     #[command(hide = true)]
     Worker {
         /// Config file (default: the embedded default config).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Keep fetched shards until drained (cache policy "explicit").
+        #[arg(long)]
+        cache_explicit: bool,
     },
 }
 
@@ -726,8 +743,35 @@ reason: {}",
             println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
             Ok(())
         }
-        Command::Worker { config } => {
-            let cfg = load_config(config.as_deref())?;
+        Command::Soak {
+            config,
+            steps,
+            json,
+        } => {
+            let opts = shardport_host::soak::SoakOptions {
+                exe: current_exe()?,
+                config_args: config_args(config.as_deref())?,
+                steps,
+            };
+            let report = shardport_host::soak::run_soak(&opts, |s| eprintln!("soak: step {s}"))
+                .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+            print_report(json, &report);
+            if !json {
+                println!();
+            }
+            if !report.flat() {
+                return Err((EXIT_FAILURE, "the soak leaked (see the table)").into());
+            }
+            Ok(())
+        }
+        Command::Worker {
+            config,
+            cache_explicit,
+        } => {
+            let mut cfg = load_config(config.as_deref())?;
+            if cache_explicit {
+                cfg.cache.enabled = true;
+            }
             let node = start_node(cfg)?;
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();

@@ -79,6 +79,14 @@ pub enum Request {
         /// Shard ids (hex).
         ids: Vec<String>,
     },
+    /// Drop cached fetched shards (`ids`, or all when empty).
+    Drain {
+        /// Shard ids (hex); empty drains everything.
+        #[serde(default)]
+        ids: Vec<String>,
+    },
+    /// Run every transport's sweep now.
+    Sweep,
     /// Node stats.
     Stats,
     /// Exit cleanly.
@@ -126,12 +134,37 @@ pub struct Reply {
     /// Stats: this process's peak resident set size in bytes (VmHWM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss: Option<u64>,
+    /// Stats: this process's resident set size in bytes (VmRSS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss: Option<u64>,
+    /// Stats: private (anonymous) resident bytes (RssAnon): heap growth shows here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_anon: Option<u64>,
+    /// Stats: resident shared-memory bytes (RssShmem): mapped pool pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_shmem: Option<u64>,
+    /// Drain: entries dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<usize>,
+    /// Sweep: per transport, what was reclaimed (or the error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swept: Option<serde_json::Value>,
 }
 
 /// This process's peak resident set size in bytes (`VmHWM`), if readable.
 pub fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// This process's resident set size in bytes (`VmRSS`), if readable.
+pub fn rss() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A `/proc/self/status` size field (`VmRSS:`, `RssAnon:`...) in bytes.
+pub fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -347,10 +380,49 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
                 ..Reply::ok()
             }
         }
+        Request::Drain { ids } => {
+            if ids.is_empty() {
+                return Reply {
+                    drained: Some(node.drain_all()),
+                    ..Reply::ok()
+                };
+            }
+            match ids
+                .iter()
+                .map(|s| parse_id(s))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(ids) => Reply {
+                    drained: Some(node.drain(&ids)),
+                    ..Reply::ok()
+                },
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::Sweep => {
+            let swept: serde_json::Map<String, serde_json::Value> = node
+                .sweep()
+                .into_iter()
+                .map(|(t, r)| {
+                    let v = match r {
+                        Ok(stats) => serde_json::json!(stats),
+                        Err(e) => serde_json::json!({ "error": e }),
+                    };
+                    (t, v)
+                })
+                .collect();
+            Reply {
+                swept: Some(serde_json::Value::Object(swept)),
+                ..Reply::ok()
+            }
+        }
         Request::Stats => match serde_json::to_value(node.stats()) {
             Ok(v) => Reply {
                 stats: Some(v),
                 peak_rss: peak_rss(),
+                rss: rss(),
+                rss_anon: status_bytes("RssAnon:"),
+                rss_shmem: status_bytes("RssShmem:"),
                 ..Reply::ok()
             },
             Err(e) => Reply::err(e),

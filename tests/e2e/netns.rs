@@ -90,12 +90,12 @@ fn config(dir: &std::path::Path, name: &str, advertise: &str, http_bind: &str) -
     path.display().to_string()
 }
 
+/// A `serve` process stopped cleanly (SIGTERM) when dropped.
 struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        util::terminate(&mut self.0);
     }
 }
 

@@ -21,8 +21,7 @@ struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        util::terminate(&mut self.child);
     }
 }
 

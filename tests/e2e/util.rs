@@ -104,3 +104,23 @@ pub fn shm_segments(needle: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Stops a child the way an operator would: SIGTERM, then up to 10 s for a
+/// clean exit (a node removes its segments), and SIGKILL only after that.
+pub fn terminate(child: &mut std::process::Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
