@@ -8,6 +8,7 @@
 mod util;
 
 mod conformance;
+mod crash;
 mod cross_process;
 mod loader;
 mod netns;

@@ -1,0 +1,169 @@
+//! Crash safety with real processes and `kill -9`: nothing leaks, nobody hangs.
+
+use shardport_host::{
+    worker::{Reply, Request, WorkerProcess},
+    FetchMode,
+};
+
+use crate::util;
+
+fn spawn(dir: &std::path::Path, role: &str, text: &str) -> WorkerProcess {
+    let sub = dir.join(role);
+    std::fs::create_dir_all(&sub).unwrap();
+    let (path, _) = util::write_config(&sub, text);
+    WorkerProcess::spawn(
+        role,
+        &util::shardport_bin(),
+        &["--config".into(), path.into_os_string()],
+    )
+    .unwrap()
+}
+
+fn with_http(shm: &str) -> String {
+    format!(
+        "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}[[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:0\"\nconnect-timeout = \"2s\"\nrequest-timeout = \"5s\"\n",
+        util::shm_plugin(shm),
+        util::plugin_lib("shardport-http").display()
+    )
+}
+
+fn put(w: &mut WorkerProcess, len: u64, seed: u64) -> Reply {
+    w.call(&Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })
+    .unwrap()
+}
+
+fn fetch(
+    w: &mut WorkerProcess,
+    handle: &str,
+    mode: FetchMode,
+    hold: bool,
+    only: Option<&str>,
+) -> Result<Reply, String> {
+    w.call(&Request::Fetch {
+        handle: handle.to_owned(),
+        mode: Some(mode),
+        seed: None,
+        hold,
+        only: only.map(str::to_owned),
+    })
+    .map_err(|e| e.to_string())
+}
+
+fn owner_tag(w: &mut WorkerProcess) -> String {
+    w.call(&Request::Stats).unwrap().stats.unwrap()["tag"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn a_consumer_killed_while_holding_a_lease_gives_the_space_back() {
+    let dir = util::temp_dir("crash-consumer");
+    let cfg = with_http("pool-size = \"8MiB\"");
+    let mut owner = spawn(dir.path(), "owner", &cfg);
+    let mut consumer = spawn(dir.path(), "consumer", &cfg);
+    let four = 4 << 20;
+    let a = put(&mut owner, four, 1);
+    let r = fetch(
+        &mut consumer,
+        a.handle.as_ref().unwrap(),
+        FetchMode::View,
+        true,
+        None,
+    )
+    .unwrap();
+    assert_eq!(r.mode, Some(FetchMode::View));
+    owner
+        .call(&Request::Remove {
+            ids: vec![a.id.unwrap()],
+        })
+        .unwrap();
+    put(&mut owner, four, 2);
+    let full = owner
+        .call(&Request::Put {
+            len: four,
+            seed: 3,
+            dtype: None,
+            tags: Default::default(),
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        full.contains("pool is full") || full.contains("resource_exhausted"),
+        "{full}"
+    );
+
+    consumer.kill().unwrap(); // SIGKILL: no release, no goodbye
+    let swept = owner.call(&Request::Sweep).unwrap().swept.unwrap();
+    assert!(
+        swept["posix-shm"]["leases_reclaimed"].as_u64().unwrap() >= 1,
+        "{swept}"
+    );
+    let c = put(&mut owner, four, 3);
+    assert!(c.handle.is_some());
+    owner.exit().unwrap();
+}
+
+#[test]
+fn an_owner_killed_leaves_consumers_a_clear_error_and_its_segments_are_swept() {
+    let dir = util::temp_dir("crash-owner");
+    let cfg = with_http("pool-size = \"8MiB\"");
+    let mut owner = spawn(dir.path(), "owner", &cfg);
+    let mut consumer = spawn(dir.path(), "consumer", &cfg);
+    let tag = owner_tag(&mut owner);
+    let pid = owner.pid();
+    let h = put(&mut owner, 1 << 20, 4).handle.unwrap();
+    assert!(fetch(&mut consumer, &h, FetchMode::Copy, false, None).is_ok());
+    assert!(!util::shm_segments(&tag).is_empty());
+
+    owner.kill().unwrap();
+    let err = fetch(&mut consumer, &h, FetchMode::Copy, false, None).unwrap_err();
+    assert!(err.contains("every transport failed"), "{err}");
+    assert!(
+        err.contains(&format!("owner process {pid} has exited")),
+        "{err}"
+    );
+    assert!(
+        err.contains("http:") && (err.contains("(unavailable)") || err.contains("(timeout)")),
+        "{err}"
+    );
+    // The segments outlive the owner until someone sweeps...
+    assert!(!util::shm_segments(&tag).is_empty());
+    // ...and a node starting on this machine does.
+    let restarted = spawn(dir.path(), "restarted", &cfg);
+    assert_eq!(util::shm_segments(&tag), Vec::<String>::new());
+    restarted.exit().unwrap();
+    consumer.exit().unwrap();
+}
+
+#[test]
+fn an_owner_killed_mid_transfer_never_hangs_its_consumer() {
+    let dir = util::temp_dir("crash-transfer");
+    let cfg = with_http("pool-size = \"300MiB\"");
+    let mut owner = spawn(dir.path(), "owner", &cfg);
+    let mut consumer = spawn(dir.path(), "consumer", &cfg);
+    let h = put(&mut owner, 256 << 20, 5).handle.unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        owner.kill().unwrap();
+    });
+    // Whatever the race: the fetch ends, with all the bytes or an error.
+    let first = fetch(&mut consumer, &h, FetchMode::Copy, false, Some("http"));
+    killer.join().unwrap();
+    if let Err(e) = &first {
+        assert!(e.contains("http:"), "{e}");
+    }
+    let again = fetch(&mut consumer, &h, FetchMode::Copy, false, Some("http")).unwrap_err();
+    assert!(
+        again.contains("(unavailable)") || again.contains("(timeout)"),
+        "{again}"
+    );
+    // The killed owner's segments: swept by the next node to start.
+    consumer.call(&Request::Sweep).unwrap();
+    consumer.exit().unwrap();
+}
