@@ -1,7 +1,7 @@
 //! The lease board: a small shared segment through which consumers tell the
-//! owner which pool bytes they are reading.
+//! owner which pool bytes they are reading, and who they are.
 //!
-//! # Layout
+//! # Layout (version 2)
 //! Every field is one little-endian `u64` word accessed only atomically
 //! (`SeqCst`), in every process:
 //!
@@ -12,21 +12,30 @@
 //!                    state (0 free, 1 reserved, 2 live, 3 retired),
 //!                    generation, offset, len
 //! leases  (8 words each, max_leases of them)
-//!                    state (0 free, 1 claiming, 2 held), shard slot,
-//!                    generation, offset, len, holder pid,
-//!                    holder process start time (clock ticks since boot), reserved
+//!                    claim word: sequence << 2 | state (0 free, 1 claiming, 2 held),
+//!                    shard slot, generation, offset, len,
+//!                    holder pid | low 32 bits of the claim's sequence << 32,
+//!                    holder process start time (clock ticks since boot),
+//!                    holder namespaces: PID-namespace inode | time-namespace inode << 32
 //! ```
 //!
+//! Version 1 had no sequence and a reserved last word. A consumer refuses a
+//! board of another version ([`AttachError::Version`]); an owner's board
+//! carries its version, so a consumer of another version refuses it too:
+//! owner and consumer must run the same layout.
+//!
 //! # Protocol
-//! A consumer **leases** a shard by claiming a free lease slot (CAS free ->
-//! claiming), writing what it is about to read (shard slot, generation,
-//! offset, len, pid, start time), marking the slot held, and only then
-//! re-reading the shard's entry: it must still be live with the same
-//! generation, offset and length, or the consumer frees the slot and reports
-//! the shard as removed. The owner **retires** a shard by setting its entry to
-//! retired first and only then scanning the lease slots for one overlapping
-//! the shard's bytes; without one it frees the bytes at once, with one it
-//! keeps them occupied and re-scans on later calls.
+//! A consumer **leases** a shard by claiming a free lease slot (CAS
+//! `free(s - 1)` -> `claiming(s)`), zeroing its range, writing who it is
+//! (start time, namespaces, then pid tagged with `s`), then what it is about
+//! to read (shard slot, generation, offset, len), marking the slot `held(s)`,
+//! and only then re-reading the shard's entry: it must still be live with the
+//! same generation, offset and length, or the consumer frees the slot and
+//! reports the shard as removed. It frees the slot with one CAS, `held(s)` ->
+//! `free(s)`. The owner **retires** a shard by setting its entry to retired
+//! first and only then scanning the lease slots for one overlapping the
+//! shard's bytes; without one it frees the bytes at once, with one it keeps
+//! them occupied and re-scans on later calls.
 //!
 //! Why no lease is ever missed: both sides write, then read the other's
 //! location, all `SeqCst`, so in the single total order either the
@@ -37,22 +46,43 @@
 //! consumer's re-check too. A consumer that finds a reused entry sees a new
 //! generation (generations only grow), never the old one.
 //!
+//! # Reclaiming the leases of dead consumers
+//! Only the owner reclaims, under its books lock. [`Board::scan_leases`]
+//! reads a taken slot's claim word, its other words, then the claim word
+//! again. Each claim word value occurs once (the sequence only grows), and a
+//! later claimer writes only after its own CAS changed the word, so the same
+//! value twice means every word read belongs to that claim or to an earlier
+//! one; a pid word tagged with that claim's sequence was written by it, and
+//! so were the start time and namespaces, written before it. Such a holder,
+//! if provably dead (see `liveness`), loses the slot: [`Board::reclaim`]
+//! CASes exactly that claim word to `free`. A dead holder never writes again
+//! and only the holder otherwise moves a taken slot, so the CAS cannot race
+//! with anything but a holder wrongly judged dead, and then exactly one of
+//! them wins: a release never touches a slot it no longer holds. A consumer
+//! that died before tagging its pid (a window of a few instructions) keeps
+//! its slot taken, with a zero range. Reclaiming a live holder's lease would
+//! let the owner overwrite bytes it reads, which is why death must be
+//! proved, never guessed.
+//!
 //! # Failure modes
 //! Consumers map the board read-write; a hostile one can claim slots or write
 //! nonsense ranges. The owner keeps its own books in process memory and only
 //! reads lease ranges from the board (with saturating arithmetic), so the
-//! worst a bad consumer can do is keep pool space occupied. A consumer that
-//! dies holding a lease keeps the leased bytes occupied until the owner
-//! exits; the pid and start time in the slot are recorded so a later sweep
-//! can free them (it must check the consumer's PID namespace first).
+//! worst a bad consumer can do is keep pool space occupied, or write another
+//! process's identity into its slot (which then counts as that process's).
 
-use crate::sys::OwnedSegment;
-use std::sync::atomic::Ordering::SeqCst;
+use std::{fmt, sync::atomic::Ordering::SeqCst};
+
+use crate::{
+    liveness::{Namespaces, ProcessRecord},
+    sys::OwnedSegment,
+};
 
 /// `"SPSHMBRD"`: identifies a lease board.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"SPSHMBRD");
-/// Bumped on any change to the layout above.
-pub(crate) const LAYOUT_VERSION: u64 = 1;
+/// Bumped on any change to the layout above. 2: claim sequence and holder
+/// namespaces in lease slots.
+pub(crate) const LAYOUT_VERSION: u64 = 2;
 
 const HEADER_WORDS: usize = 8;
 const ENTRY_WORDS: usize = 4;
@@ -80,6 +110,7 @@ const L_OFFSET: usize = 3;
 const L_LEN: usize = 4;
 const L_PID: usize = 5;
 const L_START_TIME: usize = 6;
+const L_NAMESPACES: usize = 7;
 
 /// State of a shard-table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +131,32 @@ pub(crate) enum EntryState {
 const LEASE_FREE: u64 = 0;
 const LEASE_CLAIMING: u64 = 1;
 const LEASE_HELD: u64 = 2;
+const LEASE_STATE_BITS: u32 = 2;
+const LEASE_STATE_MASK: u64 = (1 << LEASE_STATE_BITS) - 1;
+
+/// A lease slot's claim word: the claim's sequence and the slot's state.
+fn claim_word(seq: u64, state: u64) -> u64 {
+    seq << LEASE_STATE_BITS | state
+}
+
+fn claim_state(word: u64) -> u64 {
+    word & LEASE_STATE_MASK
+}
+
+fn claim_seq(word: u64) -> u64 {
+    word >> LEASE_STATE_BITS
+}
+
+/// The holder pid word: the pid, tagged with the low half of its claim's
+/// sequence.
+fn pid_word(pid: u32, seq: u64) -> u64 {
+    u64::from(pid) | u64::from(seq as u32) << 32
+}
+
+/// `(pid, tag)` of a pid word.
+fn split_pid_word(w: u64) -> (u32, u32) {
+    (w as u32, (w >> 32) as u32)
+}
 
 /// Table sizes of a board.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +184,27 @@ impl Layout {
     }
 }
 
+/// Who holds a lease, as recorded in its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Holder {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub ns: Namespaces,
+}
+
+impl Holder {
+    /// The holder of a lease on a board of this boot (a board is kernel
+    /// memory of the boot it was created in).
+    pub(crate) fn record(&self, boot: u128) -> ProcessRecord {
+        ProcessRecord {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+            ns: self.ns,
+            boot,
+        }
+    }
+}
+
 /// What a consumer is about to read, recorded in its lease slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LeaseRequest {
@@ -134,8 +212,47 @@ pub(crate) struct LeaseRequest {
     pub generation: u64,
     pub offset: u64,
     pub len: u64,
-    pub pid: u32,
-    pub start_time: u64,
+    pub holder: Holder,
+}
+
+/// A lease slot this consumer claimed: the slot and its claim's sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseSlot {
+    pub index: u32,
+    seq: u64,
+}
+
+/// One taken lease slot as the owner's scan saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScannedLease {
+    pub index: u32,
+    /// The claim word read before and after the other words.
+    word: u64,
+    /// `[start, end)` of the leased bytes (saturating).
+    pub range: (u64, u64),
+    /// `None` while the identity is incomplete or changed during the scan.
+    pub holder: Option<Holder>,
+}
+
+/// Why a consumer cannot use a board.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AttachError {
+    /// The owner writes another layout version.
+    Version { found: u64 },
+    /// The header is malformed or disagrees with the real sizes.
+    Invalid(String),
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::Version { found } => write!(
+                f,
+                "board layout version is {found}, this plugin uses version {LAYOUT_VERSION}"
+            ),
+            AttachError::Invalid(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Why a lease was not granted.
@@ -178,38 +295,37 @@ impl Board {
         data_size: u64,
         max_shards_limit: u64,
         max_leases_limit: u64,
-    ) -> Result<Board, String> {
+    ) -> Result<Board, AttachError> {
+        let invalid = |why: String| Err(AttachError::Invalid(why));
         let header_bytes = 8 * HEADER_WORDS as u64;
         if seg.size() < header_bytes {
-            return Err(format!(
+            return invalid(format!(
                 "board is {} bytes, smaller than its {header_bytes}-byte header",
                 seg.size()
             ));
         }
         let read = |i: usize| seg.atomic_u64(i).load(SeqCst);
         if read(H_MAGIC) != MAGIC {
-            return Err("board magic is wrong (not a posix-shm lease board)".into());
+            return invalid("board magic is wrong (not a posix-shm lease board)".into());
         }
         let version = read(H_VERSION);
         if version != LAYOUT_VERSION {
-            return Err(format!(
-                "board layout version is {version}, this plugin reads {LAYOUT_VERSION}"
-            ));
+            return Err(AttachError::Version { found: version });
         }
         let max_shards = read(H_MAX_SHARDS);
         if !(1..=max_shards_limit).contains(&max_shards) {
-            return Err(format!("board max_shards {max_shards} is out of range"));
+            return invalid(format!("board max_shards {max_shards} is out of range"));
         }
         let max_leases = read(H_MAX_LEASES);
         if !(1..=max_leases_limit).contains(&max_leases) {
-            return Err(format!("board max_leases {max_leases} is out of range"));
+            return invalid(format!("board max_leases {max_leases} is out of range"));
         }
         let layout = Layout {
             max_shards: max_shards as u32,
             max_leases: max_leases as u32,
         };
         if seg.size() < layout.size_bytes() {
-            return Err(format!(
+            return invalid(format!(
                 "board is {} bytes, its header needs {}",
                 seg.size(),
                 layout.size_bytes()
@@ -217,7 +333,7 @@ impl Board {
         }
         let header_data = read(H_DATA_SIZE);
         if header_data != data_size {
-            return Err(format!(
+            return invalid(format!(
                 "board data_size {header_data} differs from the data segment's real size {data_size}"
             ));
         }
@@ -262,26 +378,67 @@ impl Board {
             .store(state as u64, SeqCst);
     }
 
+    /// Every taken lease slot: its range and, where complete and stable
+    /// during the read, its holder (see "Reclaiming" above).
+    pub(crate) fn scan_leases(&self) -> Vec<ScannedLease> {
+        let l = self.layout;
+        let mut out = Vec::new();
+        for i in 0..l.max_leases {
+            let word = self.word(l.lease(i, L_STATE)).load(SeqCst);
+            if claim_state(word) == LEASE_FREE {
+                continue;
+            }
+            let r = |f: usize| self.word(l.lease(i, f)).load(SeqCst);
+            let offset = r(L_OFFSET);
+            let len = r(L_LEN);
+            let (pid, tag) = split_pid_word(r(L_PID));
+            let start_ticks = r(L_START_TIME);
+            let ns = Namespaces::from_word(r(L_NAMESPACES));
+            let stable = r(L_STATE) == word;
+            let holder = (stable && pid != 0 && tag == claim_seq(word) as u32).then_some(Holder {
+                pid,
+                start_ticks,
+                ns,
+            });
+            out.push(ScannedLease {
+                index: i,
+                word,
+                range: (offset, offset.saturating_add(len)),
+                holder,
+            });
+        }
+        out
+    }
+
     /// Byte ranges `[start, end)` of every claimed or held lease. Read after
     /// retiring an entry (see the protocol above).
     pub(crate) fn leased_ranges(&self) -> Vec<(u64, u64)> {
-        let l = self.layout;
-        (0..l.max_leases)
-            .filter(|&i| self.word(l.lease(i, L_STATE)).load(SeqCst) != LEASE_FREE)
-            .map(|i| {
-                let off = self.word(l.lease(i, L_OFFSET)).load(SeqCst);
-                let len = self.word(l.lease(i, L_LEN)).load(SeqCst);
-                (off, off.saturating_add(len))
-            })
-            .collect()
+        self.scan_leases().iter().map(|l| l.range).collect()
     }
 
     /// Number of lease slots not free.
     pub(crate) fn leases_held(&self) -> u64 {
         let l = self.layout;
         (0..l.max_leases)
-            .filter(|&i| self.word(l.lease(i, L_STATE)).load(SeqCst) != LEASE_FREE)
+            .filter(|&i| claim_state(self.word(l.lease(i, L_STATE)).load(SeqCst)) != LEASE_FREE)
             .count() as u64
+    }
+
+    /// Frees the slot `lease` describes, whose holder is proved dead, by one
+    /// CAS of exactly the claim word the scan saw. `false` when the scan saw
+    /// no stable holder or the slot changed since (which only its holder,
+    /// so a live one, could have done).
+    pub(crate) fn reclaim(&self, lease: &ScannedLease) -> bool {
+        lease.holder.is_some()
+            && self
+                .word(self.layout.lease(lease.index, L_STATE))
+                .compare_exchange(
+                    lease.word,
+                    claim_word(claim_seq(lease.word), LEASE_FREE),
+                    SeqCst,
+                    SeqCst,
+                )
+                .is_ok()
     }
 
     /// Marks the pool closed (its owner is going away): consumers drop their
@@ -299,25 +456,37 @@ impl Board {
 
     /// Claims a lease slot for `req`, searching from `hint`, then re-checks
     /// the shard entry. Returns the lease slot.
-    pub(crate) fn lease(&self, req: &LeaseRequest, hint: u32) -> Result<u32, LeaseRefused> {
+    pub(crate) fn lease(&self, req: &LeaseRequest, hint: u32) -> Result<LeaseSlot, LeaseRefused> {
         let l = self.layout;
         let n = l.max_leases;
         let slot = (0..n)
             .map(|k| ((u64::from(hint) + u64::from(k)) % u64::from(n)) as u32)
-            .find(|&i| {
-                self.word(l.lease(i, L_STATE))
-                    .compare_exchange(LEASE_FREE, LEASE_CLAIMING, SeqCst, SeqCst)
-                    .is_ok()
+            .find_map(|i| {
+                let w = self.word(l.lease(i, L_STATE));
+                let free = w.load(SeqCst);
+                if claim_state(free) != LEASE_FREE {
+                    return None;
+                }
+                let seq = claim_seq(free).wrapping_add(1) & (u64::MAX >> LEASE_STATE_BITS);
+                w.compare_exchange(free, claim_word(seq, LEASE_CLAIMING), SeqCst, SeqCst)
+                    .ok()
+                    .map(|_| LeaseSlot { index: i, seq })
             })
             .ok_or(LeaseRefused::TableFull)?;
-        let w = |f: usize, v: u64| self.word(l.lease(slot, f)).store(v, SeqCst);
+        let w = |f: usize, v: u64| self.word(l.lease(slot.index, f)).store(v, SeqCst);
+        // No stale range from an earlier claim while this one is claiming.
+        w(L_OFFSET, 0);
+        w(L_LEN, 0);
+        // Identity, the pid word last: tagged with this claim, it says the
+        // identity is complete (see "Reclaiming").
+        w(L_START_TIME, req.holder.start_ticks);
+        w(L_NAMESPACES, req.holder.ns.to_word());
+        w(L_PID, pid_word(req.holder.pid, slot.seq));
         w(L_SLOT, u64::from(req.shard_slot));
         w(L_GENERATION, req.generation);
         w(L_OFFSET, req.offset);
         w(L_LEN, req.len);
-        w(L_PID, u64::from(req.pid));
-        w(L_START_TIME, req.start_time);
-        w(L_STATE, LEASE_HELD);
+        w(L_STATE, claim_word(slot.seq, LEASE_HELD));
         if self.entry_is_live(req.shard_slot, req.generation, req.offset, req.len) {
             Ok(slot)
         } else {
@@ -337,10 +506,19 @@ impl Board {
             && self.word(l.entry(slot, E_LEN)).load(SeqCst) == len
     }
 
-    /// Frees lease slot `slot` (after the last read of the leased bytes).
-    pub(crate) fn release(&self, slot: u32) {
-        self.word(self.layout.lease(slot, L_STATE))
-            .store(LEASE_FREE, SeqCst);
+    /// Frees lease slot `slot` (after the last read of the leased bytes):
+    /// one CAS `held` -> `free` of this claim. Returns `false`, having changed
+    /// nothing, when the owner had reclaimed the slot (it judged this process
+    /// dead: an identity recorded wrongly, e.g. by a forked child).
+    pub(crate) fn release(&self, slot: LeaseSlot) -> bool {
+        self.word(self.layout.lease(slot.index, L_STATE))
+            .compare_exchange(
+                claim_word(slot.seq, LEASE_HELD),
+                claim_word(slot.seq, LEASE_FREE),
+                SeqCst,
+                SeqCst,
+            )
+            .is_ok()
     }
 }
 
@@ -360,27 +538,36 @@ mod tests {
         max_leases: 2,
     };
 
+    const HOLDER: Holder = Holder {
+        pid: 1,
+        start_ticks: 2,
+        ns: Namespaces { pid: 3, time: 4 },
+    };
+
     fn req(slot: u32, generation: u64) -> LeaseRequest {
         LeaseRequest {
             shard_slot: slot,
             generation,
             offset: 64,
             len: 100,
-            pid: 1,
-            start_time: 2,
+            holder: HOLDER,
         }
+    }
+
+    fn attach(name: &str) -> Board {
+        Board::attach(
+            OwnedSegment::open(name, Access::ReadWrite).unwrap(),
+            4096,
+            1 << 22,
+            1 << 20,
+        )
+        .unwrap()
     }
 
     #[test]
     fn lease_needs_a_live_entry_with_the_same_generation() {
         let (owner, name) = board("a", LAYOUT);
-        let consumer = Board::attach(
-            OwnedSegment::open(&name, Access::ReadWrite).unwrap(),
-            4096,
-            1 << 22,
-            1 << 20,
-        )
-        .unwrap();
+        let consumer = attach(&name);
         owner.reserve_entry(1, 7, 64, 100);
         assert_eq!(consumer.lease(&req(1, 7), 0), Err(LeaseRefused::Removed));
         owner.set_entry_state(1, EntryState::Live);
@@ -392,8 +579,9 @@ mod tests {
         assert_eq!(owner.leases_held(), 2);
         owner.set_entry_state(1, EntryState::Retired);
         assert_eq!(owner.leased_ranges(), vec![(64, 164), (64, 164)]);
-        consumer.release(a);
-        consumer.release(b);
+        assert!(consumer.release(a));
+        assert!(consumer.release(b));
+        assert!(!consumer.release(b), "a second release changes nothing");
         assert!(owner.leased_ranges().is_empty());
         assert!(!consumer.is_closed());
         owner.close();
@@ -401,23 +589,95 @@ mod tests {
     }
 
     #[test]
+    fn scans_see_whole_holders_and_reclaim_only_that_claim() {
+        let (owner, name) = board("c", LAYOUT);
+        let consumer = attach(&name);
+        owner.reserve_entry(0, 1, 64, 100);
+        owner.set_entry_state(0, EntryState::Live);
+        let a = consumer.lease(&req(0, 1), 0).unwrap();
+        let scan = owner.scan_leases();
+        assert_eq!(scan.len(), 1);
+        assert_eq!(scan[0].index, a.index);
+        assert_eq!(scan[0].range, (64, 164));
+        assert_eq!(scan[0].holder, Some(HOLDER));
+        assert_eq!(
+            HOLDER.record(9),
+            ProcessRecord {
+                pid: 1,
+                start_ticks: 2,
+                ns: Namespaces { pid: 3, time: 4 },
+                boot: 9
+            }
+        );
+
+        // The holder released and the slot was claimed again: the old scan
+        // no longer describes it, so reclaiming it changes nothing.
+        assert!(consumer.release(a));
+        let again = consumer.lease(&req(0, 1), a.index).unwrap();
+        assert_eq!(again.index, a.index);
+        assert!(!owner.reclaim(&scan[0]));
+        assert_eq!(owner.leases_held(), 1);
+
+        // Reclaiming the current claim frees the slot; its holder's release
+        // then fails without touching the slot, even once it is claimed anew.
+        let now = owner.scan_leases();
+        assert!(owner.reclaim(&now[0]));
+        assert_eq!(owner.leases_held(), 0);
+        assert!(owner.leased_ranges().is_empty());
+        let next = consumer.lease(&req(0, 1), a.index).unwrap();
+        assert!(!consumer.release(again));
+        assert_eq!(owner.leases_held(), 1);
+        assert!(consumer.release(next));
+
+        // A claim whose pid is not tagged with its sequence (a consumer that
+        // died before writing it) has no holder and is never reclaimed.
+        let l = owner.layout;
+        let w = owner.word(l.lease(1, L_STATE));
+        w.store(
+            claim_word(claim_seq(w.load(SeqCst)) + 1, LEASE_CLAIMING),
+            SeqCst,
+        );
+        owner
+            .word(l.lease(1, L_PID))
+            .store(pid_word(77, 12345), SeqCst);
+        let stuck = owner.scan_leases();
+        assert_eq!(stuck.len(), 1);
+        assert_eq!(stuck[0].holder, None);
+        assert!(!owner.reclaim(&stuck[0]));
+        w.store(claim_word(0, LEASE_FREE), SeqCst);
+    }
+
+    #[test]
+    fn attach_rejects_other_layout_versions() {
+        let (owner, name) = board("d", LAYOUT);
+        for found in [1, 3] {
+            owner.word(H_VERSION).store(found, SeqCst);
+            let e = Board::attach(
+                OwnedSegment::open(&name, Access::ReadWrite).unwrap(),
+                4096,
+                1 << 22,
+                1 << 20,
+            )
+            .unwrap_err();
+            assert_eq!(e, AttachError::Version { found });
+            assert_eq!(
+                e.to_string(),
+                format!("board layout version is {found}, this plugin uses version 2")
+            );
+        }
+    }
+
+    #[test]
     fn attach_rejects_bad_headers() {
         let (owner, name) = board("b", LAYOUT);
         let open = || OwnedSegment::open(&name, Access::ReadWrite).unwrap();
-        assert!(Board::attach(open(), 4095, 1 << 22, 1 << 20)
-            .unwrap_err()
-            .contains("data_size"));
-        assert!(Board::attach(open(), 4096, 3, 1 << 20)
-            .unwrap_err()
-            .contains("max_shards"));
+        let err = |r: Result<Board, AttachError>| r.unwrap_err().to_string();
+        assert!(err(Board::attach(open(), 4095, 1 << 22, 1 << 20)).contains("data_size"));
+        assert!(err(Board::attach(open(), 4096, 3, 1 << 20)).contains("max_shards"));
         owner.word(H_MAGIC).store(1, SeqCst);
-        assert!(Board::attach(open(), 4096, 1 << 22, 1 << 20)
-            .unwrap_err()
-            .contains("magic"));
+        assert!(err(Board::attach(open(), 4096, 1 << 22, 1 << 20)).contains("magic"));
         owner.word(H_MAGIC).store(MAGIC, SeqCst);
         owner.word(H_MAX_LEASES).store(1000, SeqCst);
-        assert!(Board::attach(open(), 4096, 1 << 22, 1 << 20)
-            .unwrap_err()
-            .contains("needs"));
+        assert!(err(Board::attach(open(), 4096, 1 << 22, 1 << 20)).contains("needs"));
     }
 }

@@ -11,6 +11,7 @@
 //! segment-prefix = "shardport"
 //! max-leases = 4096
 //! max-shards = 65536
+//! sweep-on-start = true
 //! ```
 
 use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
@@ -48,6 +49,12 @@ pub(crate) const DEFAULT_MAX_SHARDS: u64 = 65536;
 /// Upper bound for `max-shards`: 4 Mi entries (128 MiB of board), beyond
 /// which per-shard bookkeeping, not the table, is the problem.
 pub(crate) const MAX_MAX_SHARDS: u64 = 1 << 22;
+/// Default: sweep dead owners' segments when an instance starts. An owner
+/// killed by the OOM killer or `SIGKILL` leaves its pool in `/dev/shm`,
+/// holding memory until reboot; a job that restarts sweeps them before it
+/// creates its own pool, so a crash loop cannot fill `/dev/shm`. Only
+/// segments of provably dead owners are removed, so it is safe to leave on.
+pub(crate) const DEFAULT_SWEEP_ON_START: bool = true;
 
 /// How the owner places shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +85,8 @@ pub(crate) struct Config {
     pub segment_prefix: String,
     pub max_leases: u32,
     pub max_shards: u32,
+    /// Sweep dead owners' segments (with our prefix) at construction.
+    pub sweep_on_start: bool,
 }
 
 impl Config {
@@ -120,6 +129,7 @@ impl Config {
             .map_err(|why| AbiError::config(format!("`{}`: {why}", key("segment-prefix"))))?;
         let max_leases = t.u64_in("max-leases", 1..=MAX_MAX_LEASES, DEFAULT_MAX_LEASES)?;
         let max_shards = t.u64_in("max-shards", 1..=MAX_MAX_SHARDS, DEFAULT_MAX_SHARDS)?;
+        let sweep_on_start = t.bool("sweep-on-start", DEFAULT_SWEEP_ON_START)?;
         t.finish()?;
         Ok(Config {
             instance: instance.to_owned(),
@@ -130,6 +140,7 @@ impl Config {
             // Both bounds are far below u32::MAX.
             max_leases: max_leases as u32,
             max_shards: max_shards as u32,
+            sweep_on_start,
         })
     }
 
@@ -153,6 +164,7 @@ mod tests {
         assert_eq!(c.segment_prefix, "shardport");
         assert_eq!(c.max_leases, 4096);
         assert_eq!(c.max_shards, 65536);
+        assert!(c.sweep_on_start);
     }
 
     #[test]
@@ -164,7 +176,8 @@ mod tests {
                on-full = "spill"
                segment-prefix = "job_7-a"
                max-leases = 16
-               max-shards = 32"#,
+               max-shards = 32
+               sweep-on-start = false"#,
         )
         .unwrap();
         assert_eq!(c.allocation, Allocation::SegmentPerShard);
@@ -172,6 +185,7 @@ mod tests {
         assert_eq!(c.on_full, OnFull::Spill);
         assert_eq!(c.segment_prefix, "job_7-a");
         assert_eq!((c.max_leases, c.max_shards), (16, 32));
+        assert!(!c.sweep_on_start);
     }
 
     #[test]
@@ -208,6 +222,14 @@ mod tests {
             (
                 "max-shards = -1",
                 "`plugin.shm.config.max-shards`: expected a non-negative integer",
+            ),
+            (
+                "sweep-on-start = \"yes\"",
+                "`plugin.shm.config.sweep-on-start`: expected true or false",
+            ),
+            (
+                "sweep_on_start = false",
+                "unknown key `plugin.shm.config.sweep_on_start`",
             ),
         ];
         for (text, want) in cases {

@@ -16,13 +16,23 @@
 //! against the segment's real size (`fstat`), the board header against the
 //! board's real size, and the shard slot against the board's table size.
 //!
+//! # Dead owners
+//! Segment names carry their owner's pid, start time, namespaces and boot
+//! (see `names`). Before touching a shard the consumer asks its owner
+//! [`Watcher`] whether that process is provably dead (see `liveness`; a
+//! pidfd makes the check one non-blocking `poll`). If so the import fails
+//! `NOT_FOUND` naming the dead pid, and cached mappings of its pools are
+//! dropped, instead of serving bytes from an orphaned segment. Nothing here
+//! ever waits on an owner, dead or alive.
+//!
 //! # Failure modes
 //! A segment that no longer exists is `NOT_FOUND` (the owner removed the
 //! shard, or exited). A shard whose board entry changed is `NOT_FOUND` too.
-//! A full lease table is `RESOURCE_EXHAUSTED` naming `max-leases`. When an
-//! owner closes its pool, cached mappings of it are dropped at the next
-//! import; an owner that crashed is only noticed when its shards' entries
-//! stop matching or its segments disappear.
+//! A full lease table is `RESOURCE_EXHAUSTED` naming `max-leases`. A board of
+//! another layout version is `UNAVAILABLE` (owner and consumer run different
+//! plugin versions). When an owner closes its pool, cached mappings of it
+//! are dropped at the next import; those of an owner that died, at the next
+//! import from it, `stats` or `sweep`.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -35,10 +45,12 @@ use std::{
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, Region, ShardMeta};
 
 use crate::{
-    board::{Board, LeaseRefused, LeaseRequest},
+    board::{AttachError, Board, Holder, LeaseRefused, LeaseRequest, LeaseSlot},
     config::{MAX_MAX_LEASES, MAX_MAX_SHARDS},
     descriptor::{Descriptor, Mode},
-    errors, lock,
+    errors,
+    liveness::{Here, Verdict, Watcher},
+    lock,
     names::{self, Kind},
     stats::Counters,
     sys::{Access, OwnedSegment},
@@ -61,12 +73,20 @@ pub(crate) struct PeerPool {
 #[derive(Debug)]
 struct PoolLease {
     pool: Arc<PeerPool>,
-    slot: u32,
+    slot: LeaseSlot,
 }
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
-        self.pool.board.release(self.slot);
+        if !self.pool.board.release(self.slot) {
+            tracing::warn!(
+                target: "posix_shm",
+                board = %self.pool.board.name(),
+                slot = self.slot.index,
+                "lease slot was reclaimed by its owner while still held: the owner judged \
+                 this process dead (an identity recorded by another process?)"
+            );
+        }
     }
 }
 
@@ -112,6 +132,8 @@ struct State {
     tick: u64,
     next_token: u64,
     views: HashMap<u64, Held>,
+    /// Liveness of the owners we fetch from.
+    owners: Watcher,
 }
 
 /// Consumer-side gauges for `stats`.
@@ -125,22 +147,9 @@ pub(crate) struct ConsumerStats {
 #[derive(Debug)]
 pub(crate) struct Consumer {
     prefix: String,
-    pid: u32,
-    start_time: u64,
+    /// Who this process is: recorded in every lease slot it takes.
+    here: Here,
     state: Mutex<State>,
-}
-
-/// This process's start time in clock ticks since boot (`/proc/self/stat`
-/// field 22): with the pid it identifies a lease holder across pid reuse.
-pub(crate) fn process_start_time() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    parse_start_time(&stat)
-}
-
-fn parse_start_time(stat: &str) -> Option<u64> {
-    // Field 2 (comm) is parenthesised and may contain spaces or `)`.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
@@ -148,21 +157,51 @@ fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
 }
 
 impl Consumer {
-    /// A consumer that accepts names with `prefix`.
-    pub(crate) fn new(prefix: &str) -> Consumer {
-        let start_time = process_start_time().unwrap_or_else(|| {
-            tracing::warn!(target: "posix_shm", "cannot read the process start time from /proc/self/stat");
-            0
-        });
+    /// A consumer that accepts names with `prefix`, in the process `here`.
+    pub(crate) fn new(prefix: &str, here: Here) -> Consumer {
         Consumer {
             prefix: prefix.to_owned(),
-            pid: std::process::id(),
-            start_time,
+            here,
             state: Mutex::new(State {
                 next_token: 1,
                 ..State::default()
             }),
         }
+    }
+
+    /// Fails `NOT_FOUND` when the owner that `segment`'s name records is
+    /// provably dead, and drops our cached mappings of its pools. Names of
+    /// another shape (not a host node tag) carry no owner to judge.
+    fn check_owner(&self, st: &mut State, segment: &str) -> PluginResult<()> {
+        let Some(name) = names::parse_owned(segment, &self.prefix) else {
+            return Ok(());
+        };
+        match st.owners.verdict(&name.owner, &self.here) {
+            Verdict::Dead(death) => {
+                let base = names::owner_base(segment);
+                st.pools.retain(|pool, _| names::owner_base(pool) != base);
+                tracing::debug!(target: "posix_shm", segment, pid = name.owner.pid, %death, "owner is dead");
+                Err(errors::owner_dead(name.owner.pid, death, segment))
+            }
+            Verdict::Alive | Verdict::Unknown(_) => Ok(()),
+        }
+    }
+
+    /// Drops cached pools whose owner closed them, whose data segment is
+    /// gone or whose owner is provably dead: a cached mapping would
+    /// otherwise pin the dead pool's memory until this consumer exits.
+    /// Leases keep their own pool alive.
+    fn forget_gone_pools(&self, st: &mut State) {
+        let State { pools, owners, .. } = st;
+        pools.retain(|name, c| {
+            let dead = names::parse_owned(name, &self.prefix)
+                .is_some_and(|n| matches!(owners.verdict(&n.owner, &self.here), Verdict::Dead(_)));
+            let keep = !dead && !c.pool.board.is_closed() && OwnedSegment::exists(name);
+            if !keep {
+                tracing::debug!(target: "posix_shm", pool = %name, dead, "dropping cached mapping of a closed or orphaned pool");
+            }
+            keep
+        });
     }
 
     /// The mapped pool named by `d`, from the cache or freshly opened.
@@ -196,8 +235,13 @@ impl Consumer {
             .map_err(|e| errors::open_failed(Kind::PoolData, &d.segment, e))?;
         let board_seg = OwnedSegment::open(&d.board, Access::ReadWrite)
             .map_err(|e| errors::open_failed(Kind::Board, &d.board, e))?;
-        let board = Board::attach(board_seg, data.size(), MAX_MAX_SHARDS, MAX_MAX_LEASES)
-            .map_err(|why| bad("board", format!("{}: {why}", d.board)))?;
+        let board =
+            Board::attach(board_seg, data.size(), MAX_MAX_SHARDS, MAX_MAX_LEASES).map_err(|e| {
+                match e {
+                    AttachError::Version { found } => errors::board_version(&d.board, found),
+                    AttachError::Invalid(why) => bad("board", format!("{}: {why}", d.board)),
+                }
+            })?;
         if board.is_closed() {
             return Err(AbiError::not_found(format!(
                 "pool {} was closed by its owner",
@@ -239,6 +283,7 @@ impl Consumer {
         meta: &ShardMeta,
         counters: &Counters,
     ) -> PluginResult<Held> {
+        self.here.check_not_forked()?;
         let d = Descriptor::decode(desc, &self.prefix)?;
         if d.len != meta.byte_len {
             return Err(bad(
@@ -255,6 +300,7 @@ impl Consumer {
                 format!("{} bytes do not fit this address space", d.len),
             ));
         }
+        self.check_owner(st, &d.segment)?;
         // `decode` proved `offset + len` does not overflow.
         let end = d.offset + d.len;
         match d.mode {
@@ -307,12 +353,16 @@ impl Consumer {
                     generation: d.generation,
                     offset: d.offset,
                     len: d.len,
-                    pid: self.pid,
-                    start_time: self.start_time,
+                    holder: Holder {
+                        pid: self.here.process.pid,
+                        start_ticks: self.here.process.start_ticks,
+                        ns: self.here.process.ns,
+                    },
                 };
                 match pool.board.lease(&req, pool.hint.load(Relaxed)) {
                     Ok(slot) => {
-                        pool.hint.store((slot + 1) % layout.max_leases, Relaxed);
+                        pool.hint
+                            .store((slot.index + 1) % layout.max_leases, Relaxed);
                         counters.leases_granted.inc();
                         Ok(Held::Pool {
                             lease: PoolLease { pool, slot },
@@ -398,6 +448,13 @@ impl Consumer {
         })
     }
 
+    /// `Transport::sweep`, consumer side: drops cached mappings of pools
+    /// whose owner is dead or gone.
+    pub(crate) fn sweep(&self) {
+        let mut st = lock(&self.state);
+        self.forget_gone_pools(&mut st);
+    }
+
     /// `Transport::release`.
     pub(crate) fn release(&self, token: u64) -> PluginResult<()> {
         let held = lock(&self.state).views.remove(&token);
@@ -413,18 +470,11 @@ impl Consumer {
         }
     }
 
-    /// Gauges. Also drops cached pools whose owner closed them or whose data
-    /// segment is gone (an owner that was killed): a cached mapping would
-    /// otherwise pin the dead pool's memory until this consumer exits.
+    /// Gauges. Also drops cached pools that are gone (see
+    /// [`forget_gone_pools`](Self::forget_gone_pools)).
     pub(crate) fn stats(&self) -> ConsumerStats {
         let mut st = lock(&self.state);
-        st.pools.retain(|name, c| {
-            let keep = !c.pool.board.is_closed() && OwnedSegment::exists(name);
-            if !keep {
-                tracing::debug!(target: "posix_shm", pool = %name, "dropping cached mapping of a closed pool");
-            }
-            keep
-        });
+        self.forget_gone_pools(&mut st);
         let mut pools: HashSet<*const PeerPool> =
             st.pools.values().map(|c| Arc::as_ptr(&c.pool)).collect();
         let mut per_shard = 0;
@@ -440,19 +490,5 @@ impl Consumer {
             leases_active: st.views.len() as u64,
             segments_mapped: 2 * pools.len() as u64 + per_shard,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn start_time_is_field_22() {
-        let stat =
-            "7560 (c a) t) R 7556 7556 6613 0 -1 4194304 99 0 0 0 0 0 0 0 20 0 1 0 72317 3133440";
-        assert_eq!(parse_start_time(stat), Some(72317));
-        assert_eq!(parse_start_time("1 (x) R"), None);
-        assert!(process_start_time().is_some());
     }
 }

@@ -3,7 +3,7 @@
 use rustix::io::Errno;
 use shardport_abi::{format_byte_size, AbiError, ErrorKind};
 
-use crate::{names::Kind, sys::SysError};
+use crate::{board::LAYOUT_VERSION, liveness::Death, names::Kind, sys::SysError};
 
 /// What to tell someone whose `/dev/shm` ran out.
 const SHM_FULL_HINT: &str = "/dev/shm is full (or the system is out of memory); \
@@ -72,6 +72,32 @@ pub(crate) fn open_failed(kind: Kind, name: &str, e: SysError) -> AbiError {
     }
 }
 
+/// The process that owns the shard's segments (per their names) is provably
+/// gone: whatever is still in `/dev/shm` is an orphan, not a shard.
+pub(crate) fn owner_dead(pid: u32, death: Death, segment: &str) -> AbiError {
+    let how = match death {
+        Death::Exited => String::new(),
+        Death::PidReused => format!("; pid {pid} now belongs to another process"),
+    };
+    AbiError::not_found(format!(
+        "owner process {pid} has exited; its shards are gone ({segment}{how})"
+    ))
+}
+
+/// The owner's lease board has another layout version than this plugin.
+pub(crate) fn board_version(board: &str, found: u64) -> AbiError {
+    let who = if found < LAYOUT_VERSION {
+        "an older"
+    } else {
+        "a newer"
+    };
+    AbiError::unavailable(format!(
+        "lease board {board} has layout version {found} but this posix-shm plugin uses \
+         version {LAYOUT_VERSION}: the owner runs {who} posix-shm plugin; run the same \
+         plugin version on both sides (another transport can serve this shard meanwhile)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +144,30 @@ mod tests {
         );
         assert_eq!(e.kind, ErrorKind::NOT_FOUND);
         assert!(e.message.contains("removed by its owner"));
+    }
+
+    #[test]
+    fn dead_owner_and_version_messages() {
+        let e = owner_dead(1234, Death::Exited, "/shardport-x-p0");
+        assert_eq!(e.kind, ErrorKind::NOT_FOUND);
+        assert_eq!(
+            e.message.as_str(),
+            "owner process 1234 has exited; its shards are gone (/shardport-x-p0)"
+        );
+        let e = owner_dead(1234, Death::PidReused, "/shardport-x-s3");
+        assert_eq!(
+            e.message.as_str(),
+            "owner process 1234 has exited; its shards are gone (/shardport-x-s3; \
+             pid 1234 now belongs to another process)"
+        );
+        let e = board_version("/shardport-x-b1", 1);
+        assert_eq!(e.kind, ErrorKind::UNAVAILABLE);
+        assert_eq!(
+            e.message.as_str(),
+            "lease board /shardport-x-b1 has layout version 1 but this posix-shm plugin uses \
+             version 2: the owner runs an older posix-shm plugin; run the same plugin version \
+             on both sides (another transport can serve this shard meanwhile)"
+        );
+        assert!(board_version("/b", 3).message.contains("a newer"));
     }
 }

@@ -22,9 +22,16 @@
 //! takes a lease through the board, and copies (`import_into`) or maps
 //! (`import_view`). Leased bytes are never reclaimed or overwritten.
 //!
+//! Crash safety: segment names and lease slots record the process that made
+//! them, so the leases of consumers that died are reclaimed by their owner,
+//! the segments of owners that died are swept (`Transport::sweep`, and at
+//! construction), and a consumer refuses shards of a dead owner. Death is
+//! always proved, never guessed (`liveness`).
+//!
 //! ## Where to start reading
 //! `owner` (allocation and reclaim), `consumer` (validation and leases),
-//! `board` (the cross-process lease protocol), `descriptor` (the wire
+//! `board` (the cross-process lease protocol), `liveness` (when a process is
+//! provably dead), `sweep` (the dead-owner sweep), `descriptor` (the wire
 //! format), `alloc` (the bump allocator), and `sys`, the only module with
 //! `unsafe`. The README has the operator's view: config keys, failure modes.
 
@@ -36,12 +43,16 @@ mod config;
 mod consumer;
 mod descriptor;
 mod errors;
+mod liveness;
 mod names;
 mod owner;
 mod stats;
+mod sweep;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(test)]
+mod crash_tests;
 #[cfg(test)]
 mod tests;
 
@@ -53,7 +64,9 @@ use shardport_abi::{
     Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
 };
 
-use crate::{config::Config, consumer::Consumer, owner::Owner, stats::Counters};
+use crate::{
+    config::Config, consumer::Consumer, liveness::Here, owner::Owner, stats::Counters, sweep::Swept,
+};
 
 /// The transport's name, the key its descriptors are filed under.
 pub const TRANSPORT_NAME: &str = "posix-shm";
@@ -71,6 +84,9 @@ struct ShmTransport {
     owner: Owner,
     consumer: Consumer,
     counters: Counters,
+    /// The configured `segment-prefix`: the only names the sweep considers.
+    prefix: String,
+    here: Here,
 }
 
 impl std::fmt::Debug for ShmTransport {
@@ -82,26 +98,63 @@ impl std::fmt::Debug for ShmTransport {
 }
 
 /// Builds a transport instance from the host context: parses and validates
-/// the config table (unknown keys are errors) and, in pool mode, creates the
-/// pool. This is the constructor the plugin exports.
+/// the config table (unknown keys are errors), sweeps dead owners' segments
+/// (`sweep-on-start`) and, in pool mode, creates the pool. This is the
+/// constructor the plugin exports.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
+    create_as(ctx, Here::current())
+}
+
+/// [`create`] for the process identity `here` (tests fabricate one to play a
+/// process whose pid was reused).
+pub(crate) fn create_as(ctx: PluginContext, here: Here) -> PluginResult<TransportBox> {
     let cfg = Config::parse(ctx.instance(), ctx.config())?;
     names::validate_node_tag(ctx.node_tag()).map_err(|why| {
         AbiError::internal(format!(
             "the host passed an unusable node tag for segment names: {why}"
         ))
     })?;
-    let consumer = Consumer::new(&cfg.segment_prefix);
-    let owner = Owner::new(cfg, ctx.node_tag());
+    let counters = Counters::default();
+    if cfg.sweep_on_start {
+        // Before our own pool is created, so the space it frees is there for it.
+        match sweep_segments(&cfg.segment_prefix, &here, &counters) {
+            Ok(s) if s.segments > 0 => tracing::info!(
+                target: "posix_shm",
+                segments = s.segments,
+                bytes = s.bytes,
+                "start-up sweep removed segments of dead owners"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                target: "posix_shm",
+                error = %e,
+                "start-up sweep skipped: cannot list {}",
+                sweep::SHM_DIR
+            ),
+        }
+    }
+    let prefix = cfg.segment_prefix.clone();
+    let consumer = Consumer::new(&prefix, here);
+    let owner = Owner::new(cfg, ctx.node_tag(), here);
     Ok(TransportBox::from_value(
         ShmTransport {
             ctx,
             owner,
             consumer,
-            counters: Counters::default(),
+            counters,
+            prefix,
+            here,
         },
         TD_Opaque,
     ))
+}
+
+/// Sweeps dead owners' segments with `prefix` into `counters`.
+fn sweep_segments(prefix: &str, here: &Here, counters: &Counters) -> std::io::Result<Swept> {
+    let s = sweep::sweep_dead_owners(prefix, here)?;
+    counters.segments_swept.add(s.segments);
+    counters.bytes_swept.add(s.bytes);
+    Ok(s)
 }
 
 impl Transport for ShmTransport {
@@ -124,7 +177,8 @@ impl Transport for ShmTransport {
     }
 
     fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || self.owner.unexport(id))
+        self.ctx
+            .guard("unexport", || self.owner.unexport(id, &self.counters))
     }
 
     fn import_into(
@@ -156,13 +210,14 @@ impl Transport for ShmTransport {
     }
 
     fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx
-            .guard("free_allocation", || self.owner.free_allocation(token))
+        self.ctx.guard("free_allocation", || {
+            self.owner.free_allocation(token, &self.counters)
+        })
     }
 
     fn stats(&self) -> RVec<Stat> {
         self.ctx.guard_infallible("stats", RVec::new(), || {
-            let o = self.owner.stats();
+            let o = self.owner.stats(&self.counters);
             let c = self.consumer.stats();
             let k = &self.counters;
             RVec::from(vec![
@@ -181,6 +236,9 @@ impl Transport for ShmTransport {
                 Stat::counter("imports_copy", k.imports_copy.get()),
                 Stat::counter("imports_view", k.imports_view.get()),
                 Stat::counter("spills", k.spills.get()),
+                Stat::counter("leases_reclaimed", k.leases_reclaimed.get()),
+                Stat::counter("segments_swept", k.segments_swept.get()),
+                Stat::counter("bytes_swept", k.bytes_swept.get()),
             ])
         })
     }
@@ -203,6 +261,25 @@ impl Transport for ShmTransport {
                 },
             },
         )
+    }
+
+    /// Reclaims the lease slots of dead consumers on this owner's board (and
+    /// the pool space they kept), drops cached mappings of dead owners'
+    /// pools, and unlinks the segments of dead owners with our prefix.
+    /// Returns what this call reclaimed; `stats` reports running totals
+    /// under the same names.
+    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
+        self.ctx.guard("sweep", || {
+            let leases = self.owner.sweep_leases(&self.counters);
+            self.consumer.sweep();
+            let swept = sweep_segments(&self.prefix, &self.here, &self.counters)
+                .map_err(|e| AbiError::io(format_args!("cannot list {}", sweep::SHM_DIR), &e))?;
+            Ok(RVec::from(vec![
+                Stat::counter("segments_swept", swept.segments),
+                Stat::counter("bytes_swept", swept.bytes),
+                Stat::counter("leases_reclaimed", leases),
+            ]))
+        })
     }
 }
 

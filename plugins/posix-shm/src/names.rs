@@ -1,23 +1,40 @@
-//! Segment names: how owners make them and how consumers check them.
+//! Segment names: how owners make them, how consumers check them, and how
+//! the dead-owner sweep reads their owner out of them.
 //!
-//! A name is `/{prefix}-{node_tag}-{kind}{counter}`: the configured prefix,
-//! the host's per-node-instance tag, one letter for the segment's role and a
-//! per-transport counter. Node tags are unique per host node instance, names
-//! are created `O_EXCL`, so two owners never share a name; a consumer accepts
-//! only names with its own prefix and this exact shape.
+//! A name is `/{prefix}-{identity}-{node_tag}-{kind}{counter}`:
+//! - `prefix`: the configured `segment-prefix`;
+//! - `identity`: `{pid ns}_{time ns}_{boot id}`, the owner process's PID and
+//!   time namespace inodes (decimal) and the kernel boot id (32 lowercase hex
+//!   digits), so a sweep can tell whether the pid in the name means the same
+//!   process to it as to the owner (see `liveness`);
+//! - `node_tag`: the host's per-node-instance tag, `{pid}-{start ticks}-{random}`
+//!   (the owner's pid and process start time, see the host's `new_node_tag`);
+//! - `kind`: one letter for the segment's role, and a per-transport counter.
+//!
+//! Node tags are unique per host node instance and names are created
+//! `O_EXCL`, so two owners never share a name. A consumer accepts only names
+//! with its own prefix and this shape (everything between the prefix and the
+//! last `-` is the owner's part, opaque to it). The sweep is stricter: it
+//! touches only names that [`parse_owned`] reads completely; a node tag of
+//! another shape (the test harness's) makes a name the sweep never touches.
 
 use std::{
     fmt,
     sync::atomic::{AtomicU64, Ordering::Relaxed},
 };
 
+use crate::liveness::{Namespaces, ProcessRecord};
+
 /// Longest `segment-prefix`: leaves room for the node tag and counter under
 /// the kernel's 255-byte name limit.
 pub(crate) const MAX_PREFIX_LEN: usize = 32;
 /// Longest node tag accepted from the host (it sends ~30 characters).
-pub(crate) const MAX_NODE_TAG_LEN: usize = 128;
-/// Longest segment name, slash included: 1 + 32 + 1 + 128 + 1 + 1 + 20 = 184
-/// fits, and stays below Linux's `NAME_MAX` (255) for `/dev/shm` entries.
+pub(crate) const MAX_NODE_TAG_LEN: usize = 64;
+/// Longest identity part: two 10-digit namespace inodes, two `_` and 32 hex
+/// digits of boot id.
+const MAX_IDENTITY_LEN: usize = 10 + 1 + 10 + 1 + 32;
+/// Longest segment name, slash included: 1 + 32 + 1 + 54 + 1 + 64 + 1 + 1 + 20
+/// = 175 fits, and stays below Linux's `NAME_MAX` (255) for `/dev/shm` entries.
 pub(crate) const MAX_NAME_LEN: usize = 200;
 /// Digits of a `u64` counter.
 const MAX_COUNTER_DIGITS: usize = 20;
@@ -97,20 +114,26 @@ pub(crate) fn validate_node_tag(tag: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The identity part of our names for process `me`: `{pid ns}_{time ns}_{boot id}`.
+pub(crate) fn identity(me: &ProcessRecord) -> String {
+    format!("{}_{}_{:032x}", me.ns.pid, me.ns.time, me.boot)
+}
+
 /// Makes this transport's segment names. Owned by the owner side (no
 /// globals); the counter is atomic so segments are created without a lock.
 #[derive(Debug)]
 pub(crate) struct NameGen {
-    /// `/{prefix}-{node_tag}-`
+    /// `/{prefix}-{identity}-{node_tag}-`
     base: String,
     next: AtomicU64,
 }
 
 impl NameGen {
-    /// A generator for `prefix` (validated) and `node_tag` (validated).
-    pub(crate) fn new(prefix: &str, node_tag: &str) -> Self {
+    /// A generator for `prefix` (validated) and `node_tag` (validated), in
+    /// process `me`.
+    pub(crate) fn new(prefix: &str, node_tag: &str, me: &ProcessRecord) -> Self {
         NameGen {
-            base: format!("/{prefix}-{node_tag}-"),
+            base: format!("/{prefix}-{}-{node_tag}-", identity(me)),
             next: AtomicU64::new(0),
         }
     }
@@ -169,36 +192,212 @@ pub(crate) fn check_name(name: &str, prefix: &str, kind: Kind) -> Result<(), Str
 }
 
 /// The owner part of a checked name: everything up to its last `-`
-/// (`/{prefix}-{node_tag}-`). Segments of one owner share it.
+/// (`/{prefix}-{identity}-{node_tag}-`). Segments of one owner share it.
 pub(crate) fn owner_base(name: &str) -> &str {
     name.rfind('-').map_or(name, |i| &name[..=i])
+}
+
+/// A segment name read completely: its owner and its role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnedName {
+    /// The owner process as the name records it.
+    pub owner: ProcessRecord,
+    pub kind: Kind,
+}
+
+/// Reads `name` (with or without its leading `/`) as a name this plugin made
+/// with `prefix` for a host node tag: exactly
+/// `{prefix}-{pid ns}_{time ns}_{boot id}-{pid}-{start ticks}-{random}-{kind}{counter}`,
+/// numbers in canonical decimal (no sign, no leading zero), the boot id as 32
+/// lowercase hex digits, the random part `[a-z0-9]+`. Anything else is
+/// `None`: another prefix, an older name shape, a node tag of another shape.
+/// The part counts are exact, so a name matches at most one prefix.
+pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
+    let name = name.strip_prefix('/').unwrap_or(name);
+    if name.len() + 1 > MAX_NAME_LEN {
+        return None;
+    }
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let mut parts = rest.split('-');
+    let (Some(identity), Some(pid), Some(start), Some(random), Some(last), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    if identity.len() > MAX_IDENTITY_LEN {
+        return None;
+    }
+    let mut ids = identity.split('_');
+    let (Some(pid_ns), Some(time_ns), Some(boot), None) =
+        (ids.next(), ids.next(), ids.next(), ids.next())
+    else {
+        return None;
+    };
+    let boot = (boot.len() == 32
+        && boot
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then(|| u128::from_str_radix(boot, 16).ok())??;
+    if random.is_empty()
+        || !random
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return None;
+    }
+    let mut last = last.chars();
+    let kind = match last.next()? {
+        'p' => Kind::PoolData,
+        'b' => Kind::Board,
+        's' => Kind::Shard,
+        _ => return None,
+    };
+    decimal(last.as_str(), MAX_COUNTER_DIGITS)?;
+    Some(OwnedName {
+        owner: ProcessRecord {
+            pid: u32::try_from(decimal(pid, 10)?).ok()?,
+            start_ticks: decimal(start, 20)?,
+            ns: Namespaces {
+                pid: u32::try_from(decimal(pid_ns, 10)?).ok()?,
+                time: u32::try_from(decimal(time_ns, 10)?).ok()?,
+            },
+            boot,
+        },
+        kind,
+    })
+}
+
+/// `s` as a canonical decimal number of at most `max_digits` digits.
+fn decimal(s: &str, max_digits: usize) -> Option<u64> {
+    let canonical = !s.is_empty()
+        && s.len() <= max_digits
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok())?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ME: ProcessRecord = ProcessRecord {
+        pid: 1234,
+        start_ticks: 56789,
+        ns: Namespaces {
+            pid: 4026531836,
+            time: 4026531834,
+        },
+        boot: 0x6b2ad925_277a_4541_9847_21082ff9412d,
+    };
+
     #[test]
     fn generated_names_pass_the_check() {
-        let g = NameGen::new("shardport", "t12-0-abc");
+        let g = NameGen::new("shardport", "t12-0-abc", &ME);
         let p = g.next(Kind::PoolData);
         let b = g.next(Kind::Board);
         let s = g.next(Kind::Shard);
-        assert_eq!(p, "/shardport-t12-0-abc-p0");
-        assert_eq!(b, "/shardport-t12-0-abc-b1");
-        assert_eq!(s, "/shardport-t12-0-abc-s2");
+        let id = "4026531836_4026531834_6b2ad925277a4541984721082ff9412d";
+        assert_eq!(p, format!("/shardport-{id}-t12-0-abc-p0"));
+        assert_eq!(b, format!("/shardport-{id}-t12-0-abc-b1"));
+        assert_eq!(s, format!("/shardport-{id}-t12-0-abc-s2"));
         check_name(&p, "shardport", Kind::PoolData).unwrap();
         check_name(&b, "shardport", Kind::Board).unwrap();
         check_name(&s, "shardport", Kind::Shard).unwrap();
         assert!(check_name(&p, "shardport", Kind::Board).is_err());
         assert_eq!(owner_base(&p), g.base());
         assert_eq!(owner_base(&p), owner_base(&b));
-        let long = NameGen::new(&"a".repeat(32), &"z".repeat(128)).next(Kind::Shard);
-        let g = NameGen::new(&"a".repeat(32), &"z".repeat(128));
+        let widest = ProcessRecord {
+            ns: Namespaces {
+                pid: u32::MAX,
+                time: u32::MAX,
+            },
+            boot: u128::MAX,
+            ..ME
+        };
+        assert_eq!(identity(&widest).len(), MAX_IDENTITY_LEN);
+        let g = NameGen::new(&"a".repeat(32), &"z".repeat(64), &widest);
         g.next.store(u64::MAX, Relaxed);
         let longest = g.next(Kind::Shard);
         assert!(longest.len() <= MAX_NAME_LEN, "{}", longest.len());
-        check_name(&long, &"a".repeat(32), Kind::Shard).unwrap();
+        check_name(&longest, &"a".repeat(32), Kind::Shard).unwrap();
+    }
+
+    #[test]
+    fn owned_names_parse_back_to_their_owner() {
+        // A host node tag: `{pid}-{start ticks}-{random}`.
+        let g = NameGen::new("job_7-a", "1234-56789-9f3eae460", &ME);
+        for (kind, name) in [
+            (Kind::PoolData, g.next(Kind::PoolData)),
+            (Kind::Board, g.next(Kind::Board)),
+            (Kind::Shard, g.next(Kind::Shard)),
+        ] {
+            let parsed = parse_owned(&name, "job_7-a").unwrap();
+            assert_eq!(parsed, OwnedName { owner: ME, kind });
+            assert_eq!(parse_owned(&name[1..], "job_7-a"), Some(parsed));
+            // Exact parts: never read under a shorter or longer prefix.
+            assert_eq!(parse_owned(&name, "job_7"), None);
+            assert_eq!(parse_owned(&name, "job_7-a-4026531836"), None);
+        }
+        let unknown_time = NameGen::new(
+            "shardport",
+            "1-2-x",
+            &ProcessRecord {
+                ns: Namespaces { pid: 5, time: 0 },
+                ..ME
+            },
+        )
+        .next(Kind::Shard);
+        assert_eq!(
+            parse_owned(&unknown_time, "shardport").unwrap().owner.ns,
+            Namespaces { pid: 5, time: 0 }
+        );
+    }
+
+    #[test]
+    fn foreign_names_do_not_parse() {
+        let id = "4026531836_4026531834_6b2ad925277a4541984721082ff9412d";
+        let good = format!("shardport-{id}-1234-56789-9f3eae460-p0");
+        assert!(parse_owned(&good, "shardport").is_some());
+        for bad in [
+            // Another prefix, or ours extended.
+            format!("other-{id}-1234-56789-9f3eae460-p0"),
+            format!("shardportx-{id}-1234-56789-9f3eae460-p0"),
+            // The older shape, without an identity.
+            "shardport-1234-56789-9f3eae460-p0".to_owned(),
+            // The test harness's node tags.
+            format!("shardport-{id}-t1234-0-17ab-p0"),
+            // Parts missing, extra or malformed.
+            format!("shardport-{id}-1234-56789-9f3eae460-x-p0"),
+            format!("shardport-{id}-1234-56789-p0"),
+            format!("shardport-{id}-1234-56789-9f3eae460-q0"),
+            format!("shardport-{id}-1234-56789-9f3eae460-p"),
+            format!("shardport-{id}-1234-56789-9f3eae460-p01"),
+            format!("shardport-{id}-1234-56789-9F3EAE460-p0"),
+            format!("shardport-{id}-01234-56789-9f3eae460-p0"),
+            format!("shardport-{id}-+1234-56789-9f3eae460-p0"),
+            format!("shardport-{id}-12345678901-56789-9f3eae460-p0"),
+            format!("shardport-{id}-1234--9f3eae460-p0"),
+            format!("shardport-{id}-1234-56789-9f3eae460-p0.tmp"),
+            "shardport-4026531836_4026531834-1234-56789-9f3eae460-p0".to_owned(),
+            "shardport-4026531836_4026531834_6B2AD925277A4541984721082FF9412D-1234-56789-9f3eae460-p0"
+                .to_owned(),
+            "shardport-4026531836_4026531834_6b2ad925277a4541984721082ff9412-1234-56789-9f3eae460-p0"
+                .to_owned(),
+            "shardport-4026531836_4026531834_6b2ad925277a4541984721082ff9412d_1-1234-56789-9f3eae460-p0"
+                .to_owned(),
+            "shardport-99999999999_1_6b2ad925277a4541984721082ff9412d-1234-56789-9f3eae460-p0"
+                .to_owned(),
+            format!("shardport-{id}-1234-56789-{}-p0", "a".repeat(200)),
+            String::new(),
+            "/".to_owned(),
+        ] {
+            assert_eq!(parse_owned(&bad, "shardport"), None, "{bad}");
+        }
     }
 
     #[test]
@@ -244,6 +443,7 @@ mod tests {
         assert!(validate_node_tag("").is_err());
         assert!(validate_node_tag("T1").is_err());
         assert!(validate_node_tag("a/b").is_err());
-        assert!(validate_node_tag(&"a".repeat(129)).is_err());
+        assert!(validate_node_tag(&"a".repeat(65)).is_err());
+        validate_node_tag(&"a".repeat(64)).unwrap();
     }
 }

@@ -15,6 +15,17 @@
 //! retired list, re-checked on every `allocate`, `unexport` and `stats`.
 //! Leased space is never handed out again until released.
 //!
+//! # Leases of dead consumers
+//! Each lease slot records its holder's pid, start time and namespaces. The
+//! same re-checks free the slots of holders that are provably dead (see
+//! `liveness`: our PID namespace, and no such process or a reused pid), so
+//! space a killed consumer leased comes back. `allocate`, `free_allocation`
+//! and `unexport` do this while retired ranges wait on leases (the scan they
+//! make anyway); `stats` and `Transport::sweep` always do, which also frees
+//! the lease slots dead consumers held on live shards. A live holder's lease
+//! is never reclaimed; a holder that cannot be judged (another PID
+//! namespace) keeps its lease.
+//!
 //! # Locking
 //! One mutex guards the books (allocator, shard maps, retired list). It is
 //! held only to decide; work proportional to a shard's size runs unlocked:
@@ -36,10 +47,12 @@ use shardport_abi::{
 
 use crate::{
     alloc::BumpAllocator,
-    board::{Board, EntryState, Layout},
+    board::{Board, EntryState, Holder, Layout},
     config::{self, Config, OnFull},
     descriptor::{Descriptor, Mode},
-    errors, lock,
+    errors,
+    liveness::{Here, Verdict, Watcher},
+    lock,
     names::{Kind, NameGen},
     stats::Counters,
     sys::OwnedSegment,
@@ -95,6 +108,17 @@ struct Books {
     live: HashMap<ShardId, Reservation>,
     /// Retired pool ranges `(offset, len)` still overlapped by a lease.
     retired: Vec<(u64, u64)>,
+    /// Liveness of the consumers holding leases on our board.
+    holders: Watcher,
+}
+
+/// How much a sweep point does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    /// Only while retired ranges wait on leases (`allocate`, `unexport`).
+    IfRetired,
+    /// Every lease slot (`stats`, `Transport::sweep`).
+    Always,
 }
 
 /// Owner-side gauges for `stats`.
@@ -114,14 +138,24 @@ pub(crate) struct OwnerStats {
 #[derive(Debug)]
 pub(crate) struct Owner {
     cfg: Config,
+    /// This process, for judging lease holders and refusing use after fork.
+    here: Here,
     names: NameGen,
     /// `Some` in pool mode: the pool, or why it could not be created.
     pool: Option<Result<Pool, AbiError>>,
     books: Mutex<Books>,
 }
 
-/// Creates a segment under the next free name of `kind`.
-fn create_segment(names: &NameGen, kind: Kind, size: u64) -> PluginResult<OwnedSegment> {
+/// Creates a segment under the next free name of `kind`. Names record the
+/// process that created the instance: refused in a forked child, where they
+/// would name the parent, whose death would get them swept.
+fn create_segment(
+    here: &Here,
+    names: &NameGen,
+    kind: Kind,
+    size: u64,
+) -> PluginResult<OwnedSegment> {
+    here.check_not_forked()?;
     let mut last = None;
     for _ in 0..CREATE_ATTEMPTS {
         let name = names.next(kind);
@@ -145,23 +179,23 @@ fn create_segment(names: &NameGen, kind: Kind, size: u64) -> PluginResult<OwnedS
 
 /// A per-shard segment with its pages reserved (a full /dev/shm fails here,
 /// not with SIGBUS when the host writes the bytes).
-fn create_shard_segment(names: &NameGen, len: u64) -> PluginResult<Arc<OwnedSegment>> {
-    let mut seg = create_segment(names, Kind::Shard, len)?;
+fn create_shard_segment(here: &Here, names: &NameGen, len: u64) -> PluginResult<Arc<OwnedSegment>> {
+    let mut seg = create_segment(here, names, Kind::Shard, len)?;
     seg.reserve(0, len)
         .map_err(|e| errors::create_failed(Kind::Shard, seg.name(), len, e))?;
     seg.close_fd();
     Ok(Arc::new(seg))
 }
 
-fn create_pool(cfg: &Config, names: &NameGen) -> PluginResult<Pool> {
+fn create_pool(cfg: &Config, here: &Here, names: &NameGen) -> PluginResult<Pool> {
     // Sparse: no page of the data segment is touched here.
-    let data = create_segment(names, Kind::PoolData, cfg.pool_size)?;
+    let data = create_segment(here, names, Kind::PoolData, cfg.pool_size)?;
     let layout = Layout {
         max_shards: cfg.max_shards,
         max_leases: cfg.max_leases,
     };
     let size = layout.size_bytes();
-    let mut board = create_segment(names, Kind::Board, size)?;
+    let mut board = create_segment(here, names, Kind::Board, size)?;
     // The board is small and written by consumers: back it now so a full
     // /dev/shm cannot SIGBUS a consumer taking a lease.
     board
@@ -193,11 +227,11 @@ impl Owner {
     /// Builds the owner side; in pool mode creates the pool. A pool that
     /// cannot be created leaves the instance usable as a consumer, reported
     /// by `health` and by every owner-side call.
-    pub(crate) fn new(cfg: Config, node_tag: &str) -> Owner {
-        let names = NameGen::new(&cfg.segment_prefix, node_tag);
+    pub(crate) fn new(cfg: Config, node_tag: &str, here: Here) -> Owner {
+        let names = NameGen::new(&cfg.segment_prefix, node_tag, &here.process);
         let (pool, alloc, free_slots) = match cfg.allocation {
             config::Allocation::Pool => {
-                let pool = create_pool(&cfg, &names).inspect_err(|e| {
+                let pool = create_pool(&cfg, &here, &names).inspect_err(|e| {
                     tracing::error!(target: "posix_shm", error = %e.message, "pool creation failed");
                 });
                 let slots = (0..cfg.max_shards).rev().collect();
@@ -216,8 +250,10 @@ impl Owner {
                 creating: 0,
                 live: HashMap::new(),
                 retired: Vec::new(),
+                holders: Watcher::default(),
             }),
             cfg,
+            here,
             names,
             pool,
         }
@@ -239,13 +275,48 @@ impl Owner {
         }
     }
 
-    /// Frees retired ranges no lease overlaps any more.
-    fn sweep(&self, b: &mut Books) {
-        if b.retired.is_empty() {
-            return;
+    /// Frees the lease slots of provably dead holders, then the retired
+    /// ranges no lease overlaps any more. Returns the leases reclaimed.
+    fn sweep(&self, b: &mut Books, mode: Sweep, counters: &Counters) -> u64 {
+        if mode == Sweep::IfRetired && b.retired.is_empty() {
+            return 0;
         }
-        let Ok(Some(pool)) = self.pool() else { return };
-        let leased = pool.board.leased_ranges();
+        let Ok(Some(pool)) = self.pool() else {
+            return 0;
+        };
+        // One verdict per holder per sweep, however many slots it holds.
+        let mut verdicts: HashMap<Holder, Verdict> = HashMap::new();
+        let mut leased = Vec::new();
+        let mut reclaimed = 0;
+        for lease in pool.board.scan_leases() {
+            if let Some(holder) = lease.holder {
+                let verdict = *verdicts.entry(holder).or_insert_with(|| {
+                    b.holders
+                        .verdict(&holder.record(self.here.process.boot), &self.here)
+                });
+                if let Verdict::Dead(death) = verdict {
+                    if pool.board.reclaim(&lease) {
+                        reclaimed += 1;
+                        tracing::info!(
+                            target: "posix_shm",
+                            board = %pool.board.name(),
+                            slot = lease.index,
+                            pid = holder.pid,
+                            %death,
+                            offset = lease.range.0,
+                            len = lease.range.1 - lease.range.0,
+                            "reclaimed the lease of a dead consumer"
+                        );
+                        continue;
+                    }
+                }
+            }
+            leased.push(lease.range);
+        }
+        counters.leases_reclaimed.add(reclaimed);
+        if b.retired.is_empty() {
+            return reclaimed;
+        }
         let before = b.retired.len();
         let retired = std::mem::take(&mut b.retired);
         for (offset, len) in retired {
@@ -259,6 +330,14 @@ impl Owner {
         if b.retired.len() != before {
             tracing::debug!(target: "posix_shm", freed = before - b.retired.len(), still_leased = b.retired.len(), "swept retired ranges");
         }
+        reclaimed
+    }
+
+    /// `Transport::sweep`, owner side: reclaims every lease slot of a dead
+    /// holder and the space it kept. Returns the leases reclaimed.
+    pub(crate) fn sweep_leases(&self, counters: &Counters) -> u64 {
+        let mut b = lock(&self.books);
+        self.sweep(&mut b, Sweep::Always, counters)
     }
 
     /// Withdraws a reservation: retire its entry, then free or keep its space.
@@ -382,9 +461,10 @@ impl Owner {
         internal: bool,
         counters: &Counters,
     ) -> PluginResult<(u64, NonNull<u8>)> {
+        self.here.check_not_forked()?;
         let pool_place = {
             let mut b = lock(&self.books);
-            self.sweep(&mut b);
+            self.sweep(&mut b, Sweep::IfRetired, counters);
             if b.live.contains_key(&id) {
                 return Err(AbiError::invalid_argument(format!(
                     "shard {id} is already exported"
@@ -449,7 +529,7 @@ impl Owner {
                 (token, ptr)
             }
             None => {
-                let created = create_shard_segment(&self.names, len);
+                let created = create_shard_segment(&self.here, &self.names, len);
                 let mut b = lock(&self.books);
                 b.creating -= 1;
                 b.pending_ids.remove(&id);
@@ -508,7 +588,7 @@ impl Owner {
     }
 
     /// `Transport::free_allocation`.
-    pub(crate) fn free_allocation(&self, token: u64) -> PluginResult<()> {
+    pub(crate) fn free_allocation(&self, token: u64, counters: &Counters) -> PluginResult<()> {
         let mut b = lock(&self.books);
         match b.pending.get(&token) {
             Some(r) if !r.internal => {}
@@ -521,7 +601,7 @@ impl Owner {
         let r = b.pending.remove(&token).expect("checked above");
         b.pending_ids.remove(&r.id);
         self.retire(&mut b, r);
-        self.sweep(&mut b);
+        self.sweep(&mut b, Sweep::IfRetired, counters);
         Ok(())
     }
 
@@ -650,7 +730,7 @@ impl Owner {
     }
 
     /// `Transport::unexport`.
-    pub(crate) fn unexport(&self, id: ShardId) -> PluginResult<()> {
+    pub(crate) fn unexport(&self, id: ShardId, counters: &Counters) -> PluginResult<()> {
         let mut b = lock(&self.books);
         let Some(r) = b.live.remove(&id) else {
             return Err(AbiError::not_found(format!(
@@ -659,14 +739,15 @@ impl Owner {
             )));
         };
         self.retire(&mut b, r);
-        self.sweep(&mut b);
+        self.sweep(&mut b, Sweep::IfRetired, counters);
         Ok(())
     }
 
-    /// Gauges (sweeps first, so freed space shows at once).
-    pub(crate) fn stats(&self) -> OwnerStats {
+    /// Gauges (sweeps first, dead holders' leases included, so freed space
+    /// shows at once).
+    pub(crate) fn stats(&self, counters: &Counters) -> OwnerStats {
         let mut b = lock(&self.books);
-        self.sweep(&mut b);
+        self.sweep(&mut b, Sweep::Always, counters);
         let pool = self.pool().ok().flatten();
         let segments = b
             .live

@@ -36,4 +36,10 @@ pub(crate) struct Counters {
     pub imports_copy: Counter,
     /// Completed `import_view` calls.
     pub imports_view: Counter,
+    /// Lease slots of dead consumers this owner freed.
+    pub leases_reclaimed: Counter,
+    /// Segments of dead owners this instance unlinked.
+    pub segments_swept: Counter,
+    /// `/dev/shm` space those segments occupied (allocated pages).
+    pub bytes_swept: Counter,
 }

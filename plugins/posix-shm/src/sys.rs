@@ -23,6 +23,10 @@
 //! - Consumers map peers' data segments read-only; only the lease board is
 //!   mapped writable on both sides.
 //!
+//! The process probes the crash-safety sweeps rely on ([`process_exists`],
+//! [`PidFd`]) and the sweep's [`unlink_segment`] are safe calls; they live
+//! here so that every system call of the crate is in one module.
+//!
 //! # Failure modes
 //! Every system call failure comes back as a [`SysError`] naming the call;
 //! callers turn it into an actionable `AbiError` (see `errors`). A peer that
@@ -33,10 +37,12 @@
 use std::{ffi::c_void, fmt, ptr::NonNull, sync::atomic::AtomicU64};
 
 use rustix::{
+    event::{PollFd, PollFlags, Timespec},
     fd::OwnedFd,
     fs::{self, FallocateFlags, Mode},
     io::Errno,
     mm::{self, MapFlags, ProtFlags},
+    process::{self, Pid, PidfdFlags},
     shm,
 };
 use shardport_abi::ExportRequest;
@@ -375,6 +381,80 @@ impl Drop for OwnedSegment {
     }
 }
 
+/// Unlinks the shared-memory object `name` (`/...`) that a sweep judged
+/// orphaned. Only the dead-owner sweep calls this; owners unlink their own
+/// names by dropping their [`OwnedSegment`].
+pub(crate) fn unlink_segment(name: &str) -> Result<(), SysError> {
+    shm::unlink(name).map_err(fail("shm_unlink"))
+}
+
+/// This process's effective user id (the sweep only removes segments it owns).
+pub(crate) fn effective_uid() -> u32 {
+    process::geteuid().as_raw()
+}
+
+/// Whether a process with id `pid` exists in this process's PID namespace,
+/// by `kill(pid, 0)` (no signal is sent). `Some(false)` only on `ESRCH`, the
+/// kernel's proof that no such process exists; `EPERM` means it exists but
+/// belongs to someone else. `None` for 0 and ids above `i32::MAX`, which
+/// `kill` would read as process groups, and for any other error.
+pub(crate) fn process_exists(pid: u32) -> Option<bool> {
+    let pid = i32::try_from(pid).ok().and_then(Pid::from_raw)?;
+    match process::test_kill_process(pid) {
+        Ok(()) | Err(Errno::PERM) => Some(true),
+        Err(Errno::SRCH) => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// A pidfd (`pidfd_open`, Linux 5.3+): a descriptor bound to one process,
+/// which stays bound to it when its pid is reused, and becomes readable when
+/// it exits. Checking it is one non-blocking `poll`, much cheaper than
+/// reading `/proc/<pid>/stat`.
+#[derive(Debug)]
+pub(crate) struct PidFd(OwnedFd);
+
+impl PidFd {
+    /// Opens a pidfd on the process that has id `pid` in this process's PID
+    /// namespace now. `ESRCH`: no such process; `EINVAL`: `pid` is a thread,
+    /// not a process; `ENOSYS`/`EPERM`: an old kernel or a sandbox.
+    pub(crate) fn open(pid: u32) -> Result<PidFd, SysError> {
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or(SysError {
+                op: "pidfd_open",
+                errno: Errno::INVAL,
+            })?;
+        process::pidfd_open(pid, PidfdFlags::empty())
+            .map(PidFd)
+            .map_err(fail("pidfd_open"))
+    }
+
+    /// `Some(true)` once the process has exited (the pidfd polls readable,
+    /// or hung up once it was reaped), `Some(false)` while it runs, `None`
+    /// when `poll` fails. Never blocks: the timeout is zero.
+    pub(crate) fn has_exited(&self) -> Option<bool> {
+        let mut fds = [PollFd::new(&self.0, PollFlags::IN)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(0) => Some(false),
+            Ok(_) => {
+                let r = fds[0].revents();
+                if r.intersects(PollFlags::ERR | PollFlags::NVAL) {
+                    None
+                } else {
+                    Some(r.intersects(PollFlags::IN | PollFlags::HUP))
+                }
+            }
+            Err(_) => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,5 +517,37 @@ mod tests {
         assert!(OwnedSegment::exists(&n));
         drop(owner);
         assert!(!OwnedSegment::exists(&n));
+    }
+
+    #[test]
+    fn process_probes() {
+        let me = std::process::id();
+        assert_eq!(process_exists(me), Some(true));
+        assert_eq!(process_exists(0), None, "0 would mean our process group");
+        assert_eq!(process_exists(u32::MAX), None, "negative pids are groups");
+        let fd = PidFd::open(me).unwrap();
+        assert_eq!(fd.has_exited(), Some(false));
+
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "no-such-test", "-q"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let fd = PidFd::open(pid).unwrap();
+        child.wait().unwrap();
+        assert_eq!(fd.has_exited(), Some(true), "readable once it exited");
+        assert_eq!(process_exists(pid), Some(false), "reaped: ESRCH");
+        assert_eq!(PidFd::open(pid).unwrap_err().errno, Errno::SRCH);
+    }
+
+    #[test]
+    fn unlink_segment_removes_a_name() {
+        let n = name("e");
+        let seg = OwnedSegment::create(&n, 8).unwrap();
+        unlink_segment(&n).unwrap();
+        assert!(!OwnedSegment::exists(&n));
+        assert_eq!(unlink_segment(&n).unwrap_err().errno, Errno::NOENT);
+        drop(seg);
     }
 }

@@ -16,14 +16,17 @@ use shardport_abi::{
 
 use crate::{
     descriptor::{Descriptor, Mode},
+    liveness::Here,
+    names::{Kind, NameGen},
     sys::OwnedSegment,
 };
 
-/// One transport instance and its node tag.
+/// One transport instance, its segment prefix and its node tag.
 /// On drop, asserts that the instance left nothing in /dev/shm.
-struct Node {
+pub(crate) struct Node {
     t: Option<SharedTransport>,
-    tag: String,
+    pub(crate) prefix: String,
+    pub(crate) tag: String,
 }
 
 impl Drop for Node {
@@ -36,31 +39,40 @@ impl Drop for Node {
 }
 
 impl Node {
-    fn new(config: &str) -> Node {
+    pub(crate) fn new(config: &str) -> Node {
         Node::try_new(config).unwrap()
     }
 
-    fn try_new(config: &str) -> Result<Node, AbiError> {
-        let ctx = testing::context("shm", config);
-        let tag = ctx.node_tag.to_string();
-        let t = crate::create(PluginContext::new(ctx))?;
+    pub(crate) fn try_new(config: &str) -> Result<Node, AbiError> {
+        let tag = testing::unique_node_tag();
+        Node::build(config, &tag, Here::current())
+    }
+
+    /// An instance with node tag `tag` that believes it is the process `here`.
+    pub(crate) fn build(config: &str, tag: &str, here: Here) -> Result<Node, AbiError> {
+        let mut ctx = testing::context("shm", config);
+        ctx.node_tag = tag.into();
+        let prefix = crate::config::Config::parse("shm", config)
+            .map_or_else(|_| "shardport".to_owned(), |c| c.segment_prefix);
+        let t = crate::create_as(PluginContext::new(ctx), here)?;
         Ok(Node {
             t: Some(Arc::new(t)),
-            tag,
+            prefix,
+            tag: tag.to_owned(),
         })
     }
 
-    fn t(&self) -> &SharedTransport {
+    pub(crate) fn t(&self) -> &SharedTransport {
         self.t.as_ref().expect("alive")
     }
 
     /// Names in /dev/shm that belong to this node.
-    fn segments(&self) -> Vec<String> {
-        segments_of(&self.tag)
+    pub(crate) fn segments(&self) -> Vec<String> {
+        segments_of(&self.prefix, &self.tag)
     }
 
     /// Exports `bytes` by copy.
-    fn put(&self, id: u128, bytes: &[u8]) -> Result<Vec<u8>, AbiError> {
+    pub(crate) fn put(&self, id: u128, bytes: &[u8]) -> Result<Vec<u8>, AbiError> {
         self.t()
             .export(ExportRequest {
                 id: ShardId::from_u128(id),
@@ -74,7 +86,11 @@ impl Node {
 
     /// Writes `bytes` into an allocation and exports it in place. The guard
     /// must outlive the shard's unexport (the host's side of the contract).
-    fn put_in_place(&self, id: u128, bytes: &[u8]) -> Result<(Vec<u8>, AllocationGuard), AbiError> {
+    pub(crate) fn put_in_place(
+        &self,
+        id: u128,
+        bytes: &[u8],
+    ) -> Result<(Vec<u8>, AllocationGuard), AbiError> {
         let sid = ShardId::from_u128(id);
         let mut g = AllocationGuard::allocate(self.t(), sid, bytes.len() as u64)?;
         g.as_mut_slice().copy_from_slice(bytes);
@@ -92,11 +108,11 @@ impl Node {
         Ok((desc, g))
     }
 
-    fn unexport(&self, id: u128) -> Result<(), AbiError> {
+    pub(crate) fn unexport(&self, id: u128) -> Result<(), AbiError> {
         self.t().unexport(ShardId::from_u128(id)).into_result()
     }
 
-    fn copy(&self, desc: &[u8], len: u64) -> Result<Vec<u8>, AbiError> {
+    pub(crate) fn copy(&self, desc: &[u8], len: u64) -> Result<Vec<u8>, AbiError> {
         let mut buf = vec![0u8; len as usize];
         self.t()
             .import_into(
@@ -108,11 +124,11 @@ impl Node {
         Ok(buf)
     }
 
-    fn view(&self, desc: &[u8], len: u64) -> Result<LeasedView, AbiError> {
+    pub(crate) fn view(&self, desc: &[u8], len: u64) -> Result<LeasedView, AbiError> {
         LeasedView::import(self.t(), desc, &ShardMeta::bytes(len))
     }
 
-    fn stat(&self, name: &str) -> u64 {
+    pub(crate) fn stat(&self, name: &str) -> u64 {
         self.t()
             .stats()
             .iter()
@@ -122,12 +138,14 @@ impl Node {
     }
 }
 
-fn segments_of(tag: &str) -> Vec<String> {
-    let start = format!("shardport-{tag}-");
+/// Names in /dev/shm with `prefix` whose node tag is `tag`.
+pub(crate) fn segments_of(prefix: &str, tag: &str) -> Vec<String> {
+    let start = format!("{prefix}-");
+    let tag = format!("-{tag}-");
     let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&start))
+        .filter(|n| n.starts_with(&start) && n.contains(&tag))
         .collect();
     v.sort();
     v
@@ -148,13 +166,13 @@ impl Pair {
     }
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
-fn decode(desc: &[u8]) -> Descriptor {
+pub(crate) fn decode(desc: &[u8]) -> Descriptor {
     Descriptor::decode(desc, "shardport").unwrap()
 }
 
@@ -499,7 +517,7 @@ fn a_dropped_owner_leaves_views_valid_and_shards_not_found() {
     let view = consumer.view(&da, 2000).unwrap();
     let tag = owner.tag.clone();
     drop(owner);
-    assert_eq!(segments_of(&tag), Vec::<String>::new());
+    assert_eq!(segments_of("shardport", &tag), Vec::<String>::new());
     assert_eq!(&*view, &a[..], "a view outlives its owner");
     let e = consumer.copy(&db, 2000).unwrap_err();
     assert_eq!(e.kind, ErrorKind::NOT_FOUND, "{e}");
@@ -541,7 +559,11 @@ fn drop_removes_every_segment() {
         assert!(n.segments().len() >= 3, "{:?}", n.segments());
         let tag = n.tag.clone();
         drop(n);
-        assert_eq!(segments_of(&tag), Vec::<String>::new(), "{config}");
+        assert_eq!(
+            segments_of("shardport", &tag),
+            Vec::<String>::new(),
+            "{config}"
+        );
     }
 }
 
@@ -560,7 +582,8 @@ fn two_instances_never_collide() {
     assert_eq!(b.segments().len(), 2);
     let (ta, tb) = (a.tag.clone(), b.tag.clone());
     drop((a, b));
-    assert!(segments_of(&ta).is_empty() && segments_of(&tb).is_empty());
+    assert!(segments_of("shardport", &ta).is_empty());
+    assert!(segments_of("shardport", &tb).is_empty());
 }
 
 #[test]
@@ -568,13 +591,14 @@ fn a_name_already_taken_is_skipped() {
     // A leftover segment with the name our pool would get.
     let ctx = testing::context("shm", SMALL_POOL);
     let tag = ctx.node_tag.to_string();
-    let squatter = OwnedSegment::create(&format!("/shardport-{tag}-p0"), 8).unwrap();
+    let first = NameGen::new("shardport", &tag, &Here::current().process).next(Kind::PoolData);
+    let squatter = OwnedSegment::create(&first, 8).unwrap();
     let t = crate::create(PluginContext::new(ctx)).unwrap();
     assert!(t.health().ok);
-    let names = segments_of(&tag);
+    let names = segments_of("shardport", &tag);
     assert_eq!(names.len(), 3, "{names:?}");
     drop(t);
-    assert_eq!(segments_of(&tag), [format!("shardport-{tag}-p0")]);
+    assert_eq!(segments_of("shardport", &tag), [first[1..].to_owned()]);
     drop(squatter);
 }
 
@@ -586,7 +610,7 @@ fn hostile_descriptors_are_invalid() {
     let d = decode(&good);
     let s = decode(&spilled);
     assert_eq!(s.mode, Mode::Segment);
-    let base = format!("/shardport-{}-", p.owner.tag);
+    let base = crate::names::owner_base(&d.segment).to_owned();
     // A board-shaped segment with a garbage header.
     let fake_board = OwnedSegment::create(&format!("{base}b999"), 4096).unwrap();
 
