@@ -331,6 +331,44 @@ fn a_killed_owner_is_not_found_and_its_segments_are_swept() {
 }
 
 #[test]
+fn a_killed_owner_not_reaped_yet_is_dead_too() {
+    // A zombie keeps its pid and start time in /proc; the pidfd knows better.
+    let prefix = prefix("zombie");
+    let cfg = format!("segment-prefix = \"{prefix}\"\nallocation = \"segment-per-shard\"");
+    let consumer = Node::new(&cfg);
+    let mut child = Child::spawn("owner", &prefix, None);
+    let pid = child.pid;
+    let desc = unhex(child.payload.split(' ').next().unwrap());
+    let len = OWNER_SHARDS[0] as u64;
+    assert!(consumer.copy(&desc, len).is_ok());
+    child.proc.kill().unwrap(); // SIGKILL, not reaped
+                                // The signal takes effect asynchronously: bounded retries until it has.
+    let deadline = Instant::now() + CHILD_WAIT;
+    let err = loop {
+        match consumer.copy(&desc, len) {
+            Err(e) if e.kind == ErrorKind::NOT_FOUND => break e,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            other => panic!("owner {pid} still serving after SIGKILL: {other:?}"),
+        }
+    };
+    assert!(
+        err.message
+            .contains(&format!("owner process {pid} has exited")),
+        "{}",
+        err.message
+    );
+    // Still a zombie: in /proc, with its start time, in state Z.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .next();
+    assert_eq!(state, Some("Z"), "{stat}");
+    assert_eq!(sweep(&consumer)["segments_swept"], 3);
+    assert_eq!(segments_of_pid(&prefix, pid), Vec::<String>::new());
+    child.kill();
+}
+
+#[test]
 fn live_owners_segments_are_never_swept() {
     let prefix = prefix("live");
     let here = Here::current();

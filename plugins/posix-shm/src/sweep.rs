@@ -6,7 +6,8 @@
 //! [`names::parse_owned`] reads completely with *our* configured prefix:
 //! another prefix, an older name shape or a node tag of another shape is
 //! never touched. Names are grouped by the owner they record (pid, start
-//! time, namespaces, boot), each owner is judged once (see `liveness`), and
+//! time, namespaces, boot), each owner is judged once (see `liveness`; a
+//! pidfd also catches an owner that exited but is not reaped yet), and
 //! a segment is unlinked only when its owner is provably dead: the owner
 //! recorded our boot and our PID namespace, and no process has its pid, or
 //! a process with a later start time does. A live owner's segments, and
@@ -35,7 +36,7 @@ use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path};
 use rustix::io::Errno;
 
 use crate::{
-    liveness::{judge, Death, Here, Probe, ProcessRecord, System, Verdict},
+    liveness::{Death, Here, ProcessRecord, Verdict, Watcher},
     names,
     sys::{self},
 };
@@ -63,13 +64,12 @@ pub(crate) struct Orphan {
 }
 
 /// Decides which of `entries` (names in `/dev/shm`) are orphans of dead
-/// owners with `prefix`, judging each owner once with `probe`. Pure but for
-/// the probe, so the decision is tested with fabricated processes.
+/// owners with `prefix`, asking `verdict` once per owner. Pure but for
+/// `verdict`, so the decision is tested with fabricated processes.
 pub(crate) fn orphans<'a>(
     entries: impl IntoIterator<Item = &'a str>,
     prefix: &str,
-    here: &Here,
-    probe: &impl Probe,
+    mut verdict: impl FnMut(&ProcessRecord) -> Verdict,
 ) -> Vec<Orphan> {
     let mut by_owner: HashMap<ProcessRecord, Vec<&str>> = HashMap::new();
     for entry in entries {
@@ -79,7 +79,7 @@ pub(crate) fn orphans<'a>(
     }
     let mut out = Vec::new();
     for (owner, entries) in by_owner {
-        match judge(&owner, here, probe) {
+        match verdict(&owner) {
             Verdict::Dead(death) => out.extend(entries.into_iter().map(|e| Orphan {
                 entry: e.to_owned(),
                 owner,
@@ -104,7 +104,13 @@ pub(crate) fn sweep_dead_owners(prefix: &str, here: &Here) -> std::io::Result<Sw
         .collect();
     let uid = sys::effective_uid();
     let mut swept = Swept::default();
-    for orphan in orphans(entries.iter().map(String::as_str), prefix, here, &System) {
+    // A watcher, not bare `judge`: its pidfd also sees an exited owner that
+    // its parent has not reaped yet (a zombie) as dead.
+    let mut watcher = Watcher::default();
+    let found = orphans(entries.iter().map(String::as_str), prefix, |owner| {
+        watcher.verdict(owner, here)
+    });
+    for orphan in found {
         let meta = match std::fs::symlink_metadata(dir.join(&orphan.entry)) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -144,7 +150,7 @@ pub(crate) fn sweep_dead_owners(prefix: &str, here: &Here) -> std::io::Result<Sw
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::liveness::{tests::Fake, Namespaces, ProcStart};
+    use crate::liveness::{judge, tests::Fake, Namespaces, ProcStart};
     use crate::names::{identity, NameGen};
     use std::cell::Cell;
 
@@ -196,14 +202,10 @@ mod tests {
             start: ProcStart::Missing,
             asked_start: Cell::new(false),
         };
-        let found = orphans(
-            entries.iter().map(String::as_str),
-            "shardport",
-            &HERE,
-            &gone,
-        );
+        let entries = || entries.iter().map(String::as_str);
+        let found = orphans(entries(), "shardport", |o| judge(o, &HERE, &gone));
         let got: Vec<&str> = found.iter().map(|o| o.entry.as_str()).collect();
-        let mut want = entries[..3].iter().map(String::as_str).collect::<Vec<_>>();
+        let mut want = entries().take(3).collect::<Vec<_>>();
         want.sort();
         assert_eq!(got, want);
         assert!(found
@@ -216,13 +218,7 @@ mod tests {
             start: ProcStart::Ticks(900),
             asked_start: Cell::new(false),
         };
-        assert!(orphans(
-            entries.iter().map(String::as_str),
-            "shardport",
-            &HERE,
-            &alive
-        )
-        .is_empty());
+        assert!(orphans(entries(), "shardport", |o| judge(o, &HERE, &alive)).is_empty());
 
         // Its pid reused by a later process: dead.
         let reused = Fake {
@@ -230,12 +226,7 @@ mod tests {
             start: ProcStart::Ticks(901),
             asked_start: Cell::new(false),
         };
-        let found = orphans(
-            entries.iter().map(String::as_str),
-            "shardport",
-            &HERE,
-            &reused,
-        );
+        let found = orphans(entries(), "shardport", |o| judge(o, &HERE, &reused));
         assert_eq!(found.len(), 3);
         assert!(found.iter().all(|o| o.death == Death::PidReused));
     }
