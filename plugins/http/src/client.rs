@@ -1,52 +1,53 @@
-//! Consumer side: pooled HTTP/1.1 connections to owners, and fetches that
-//! stream response bodies straight into the host's destination buffers.
+//! Consumer side: a blocking HTTP/1.1 client on `std::net::TcpStream`, run
+//! on the calling host thread, that reads response bodies straight into the
+//! host's destination buffers.
 //!
 //! # Overview
 //! One [`OwnerPool`] per owner address holds idle kept-alive connections
-//! and a semaphore of `max-connections-per-owner` permits; a request holds a
-//! permit for its whole exchange, so at most that many connections to one
-//! owner are ever open. A pooled connection found closed is dropped; a
-//! request that fails on a reused connection before any response arrives is
-//! retried once on a fresh one (both requests are idempotent reads).
+//! and counts the connections checked out; a request holds one of
+//! `max-connections-per-owner` slots for its whole exchange, so at most that
+//! many connections to one owner are ever open. A pooled connection found
+//! closed (or idle longer than `idle-timeout`) is dropped; a request that
+//! fails on a reused connection before any response byte arrived is retried
+//! once on a fresh one (both requests are idempotent reads).
 //!
-//! Bodies are read frame by frame and each frame is copied once, into its
-//! place in the destination: no intermediate buffer, no growth per response.
+//! There is no runtime hop: the thread that calls `import_into` writes the
+//! request, parses the response head ([`crate::head`]) and reads the body.
+//! Each connection has a small buffer for response heads; body bytes that
+//! arrived with the head are copied out of it, the rest of a body goes from
+//! the socket straight into the destination (one copy, kernel to final
+//! place). Only pieces smaller than the buffer (small batch items) are read
+//! through it, so a batch of many small shards costs few system calls.
+//!
 //! `import_many` groups items by owner, sends one `POST /v1/batch` per
 //! `max-batch` items, runs owners (and up to `max-connections-per-owner`
-//! batches per owner) concurrently, and fails only the items that failed.
+//! batches per owner) on scoped threads (the calling thread is one of them;
+//! a single batch runs on it alone), and fails only the items that failed.
 //!
 //! # Timeouts
-//! Resolving and connecting: `connect-timeout`. Waiting for a pool permit,
-//! for a response head, and between two body frames: `request-timeout`. A
-//! dead owner therefore costs at most one of these, never a hang.
+//! Resolving and connecting: `connect-timeout`. Waiting for a pool slot,
+//! for a response head, and between two reads of a body: `request-timeout`
+//! (the socket's read and write timeouts). A dead owner therefore costs at
+//! most one of these, never a hang.
 
 use std::{
-    collections::HashMap,
-    future::Future,
-    io,
-    pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
-    task::Poll,
+    collections::{HashMap, VecDeque},
+    fmt,
+    io::{self, Read, Write},
+    net::{SocketAddr, TcpStream, ToSocketAddrs},
+    sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{
-    body::Incoming,
-    client::conn::http1::{self, SendRequest},
-    header::{self, HeaderValue},
-    Method, Request, Response, StatusCode,
-};
-use hyper_util::rt::TokioIo;
+use hyper::StatusCode;
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
-use tokio::{net::TcpStream, sync::Semaphore};
 use tracing::debug;
 
 use crate::{
     config::{format_duration, Config, Token},
     descriptor::Descriptor,
-    stats::Stats,
+    head::{self, ResponseHead},
+    stats::{Held, Stats},
     wire,
 };
 
@@ -56,58 +57,17 @@ const MAX_ERROR_BODY: usize = 64 << 10;
 /// Owner pools kept before idle ones are forgotten: bounds the memory of a
 /// long-lived consumer that fetched from many short-lived owners.
 const MAX_IDLE_POOLS: usize = 256;
-/// Sent with every request, so an owner's logs say who asked.
-const USER_AGENT: &str = concat!("shardport-http/", env!("CARGO_PKG_VERSION"));
-
-type Body = Full<Bytes>;
+/// Read buffer of one connection: holds a response head (so it is at least
+/// [`head::MAX_RESPONSE_HEAD`]) and batches the reads of pieces smaller than
+/// itself; larger pieces are read straight into their destination.
+const READ_BUF: usize = head::MAX_RESPONSE_HEAD;
+/// Most threads one `import_many` call uses (the calling thread included).
+/// Each runs one batch at a time; per-owner parallelism is bounded by
+/// `max-connections-per-owner` anyway, this bounds fan-out to many owners.
+const MAX_IMPORT_THREADS: usize = 32;
 
 /// Results of a batch: `(item index, outcome)` per job.
-type ItemResults = Vec<(usize, PluginResult<ImportInfo>)>;
-
-/// A connection idle in its pool.
-struct IdleConn {
-    sender: SendRequest<Body>,
-    since: Instant,
-}
-
-/// Connections to one owner.
-struct OwnerPool {
-    addr: String,
-    permits: Arc<Semaphore>,
-    idle: Mutex<Vec<IdleConn>>,
-}
-
-impl OwnerPool {
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<IdleConn>> {
-        // Only pushes and pops happen under this lock.
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A connection checked out of its pool with a permit; returned to the pool
-/// on drop when the exchange left it reusable.
-struct Checkout {
-    pool: Arc<OwnerPool>,
-    /// Always `Some` until dropped.
-    sender: Option<SendRequest<Body>>,
-    reused: bool,
-    reusable: bool,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        match self.sender.take() {
-            Some(sender) if self.reusable && !sender.is_closed() => {
-                self.pool.idle().push(IdleConn {
-                    sender,
-                    since: Instant::now(),
-                });
-            }
-            _ => {}
-        }
-    }
-}
+pub(crate) type ItemResults = Vec<(usize, PluginResult<ImportInfo>)>;
 
 /// One shard to fetch: where its bytes go.
 pub(crate) struct Job<'a> {
@@ -117,10 +77,338 @@ pub(crate) struct Job<'a> {
     pub dst: &'a mut [u8],
 }
 
+/// One open connection to an owner.
+struct Conn {
+    stream: TcpStream,
+    /// Bytes received but not consumed yet are `buf[pos..end]`.
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    /// Scratch for the request being written.
+    req: Vec<u8>,
+    /// When it was last returned to its pool.
+    idle_since: Instant,
+    /// Holds one unit of `client_connections_open`.
+    _open: Held,
+}
+
+impl Conn {
+    fn buffered(&self) -> usize {
+        self.end - self.pos
+    }
+
+    /// Copies buffered bytes into `dst`; returns how many.
+    fn take_buffered(&mut self, dst: &mut [u8]) -> usize {
+        let n = self.buffered().min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        n
+    }
+
+    /// Discards up to `n` buffered bytes; returns how many.
+    fn drop_buffered(&mut self, n: u64) -> usize {
+        let k = (self.buffered() as u64).min(n) as usize;
+        self.pos += k;
+        k
+    }
+
+    /// Reads at most `max` bytes into the (empty) buffer.
+    fn fill(&mut self, max: usize) -> io::Result<usize> {
+        debug_assert_eq!(self.buffered(), 0);
+        self.pos = 0;
+        self.end = 0;
+        let want = max.min(self.buf.len());
+        let n = read_retrying(&mut self.stream, &mut self.buf[..want])?;
+        self.end = n;
+        Ok(n)
+    }
+
+    /// Whether a pooled connection can carry a request: the owner has not
+    /// closed it and sent nothing unasked (one non-blocking peek).
+    fn looks_alive(&self) -> bool {
+        if self.buffered() != 0 {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        match rustix::net::recv(
+            &self.stream,
+            &mut probe[..],
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
+            // Closed (0), or bytes nobody asked for.
+            Ok(_) => false,
+        }
+    }
+}
+
+fn read_retrying(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Checked-out connections and idle ones of one owner.
+#[derive(Default)]
+struct PoolState {
+    /// Requests holding a slot now (each with its own connection).
+    busy: usize,
+    /// Kept-alive connections, most recently used last.
+    idle: Vec<Conn>,
+}
+
+/// Connections to one owner.
+struct OwnerPool {
+    addr: String,
+    state: Mutex<PoolState>,
+    /// Signalled when a slot is given back.
+    freed: Condvar,
+}
+
+impl OwnerPool {
+    fn state(&self) -> MutexGuard<'_, PoolState> {
+        // Only counter updates and pushes and pops happen under this lock.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A slot of an owner's pool and, once connected, its connection; gives
+/// the slot back on drop, and the connection to the idle list when the
+/// exchange left it reusable.
+struct Checkout {
+    pool: Arc<OwnerPool>,
+    conn: Option<Conn>,
+    reused: bool,
+    reusable: bool,
+    idle_timeout: Duration,
+}
+
+impl Checkout {
+    fn conn(&mut self) -> &mut Conn {
+        self.conn
+            .as_mut()
+            .expect("a checkout is connected before use")
+    }
+
+    fn kind(&self) -> &'static str {
+        if self.reused {
+            "pooled"
+        } else {
+            "new"
+        }
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let keep = self
+            .conn
+            .take()
+            .filter(|c| self.reusable && c.buffered() == 0);
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        {
+            let mut st = self.pool.state();
+            if let Some(mut c) = keep {
+                c.idle_since = now;
+                st.idle.push(c);
+            }
+            // Forget connections the owner has closed by now (its
+            // idle-timeout): closing happens after the lock is released.
+            let timeout = self.idle_timeout;
+            let mut i = 0;
+            while i < st.idle.len() {
+                if now.duration_since(st.idle[i].idle_since) >= timeout {
+                    expired.push(st.idle.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            st.busy -= 1;
+        }
+        self.pool.freed.notify_one();
+        drop(expired);
+    }
+}
+
+/// What a body read is receiving, for messages.
+#[derive(Debug, Clone, Copy)]
+enum What {
+    Shard(ShardId),
+    BatchHead,
+    ErrorBody,
+}
+
+impl fmt::Display for What {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            What::Shard(id) => write!(f, "shard {id}"),
+            What::BatchHead => f.write_str("the batch header table"),
+            What::ErrorBody => f.write_str("an error body"),
+        }
+    }
+}
+
+/// Reads the body of one response (`content-length` bytes) from its
+/// connection: buffered bytes first, then straight into destinations.
+struct Body<'c> {
+    conn: &'c mut Conn,
+    addr: &'c str,
+    timeout: Duration,
+    /// Body bytes not handed out yet (buffered ones included).
+    unread: u64,
+    /// Body bytes handed out so far.
+    received: u64,
+    /// The announced length.
+    total: u64,
+}
+
+impl<'c> Body<'c> {
+    fn new(conn: &'c mut Conn, addr: &'c str, timeout: Duration, total: u64) -> Self {
+        Body {
+            conn,
+            addr,
+            timeout,
+            unread: total,
+            received: 0,
+            total,
+        }
+    }
+
+    fn failed(&self, e: &io::Error, what: What) -> AbiError {
+        if is_timeout(e) {
+            AbiError::new(
+                ErrorKind::TIMEOUT,
+                format!(
+                    "owner {} sent nothing for request-timeout ({}) while sending {what} \
+                     ({} bytes of the response received)",
+                    self.addr,
+                    format_duration(self.timeout),
+                    self.received
+                ),
+            )
+        } else {
+            AbiError::unavailable(format!(
+                "connection to owner {} failed while receiving {what} ({} bytes of the \
+                 response received): {e}",
+                self.addr, self.received
+            ))
+        }
+    }
+
+    fn ended(&self, what: What) -> AbiError {
+        AbiError::unavailable(format!(
+            "connection to owner {} closed while receiving {what}: the owner ended the \
+             response after {} of {} bytes ({} bytes of the response received)",
+            self.addr, self.received, self.total, self.received
+        ))
+    }
+
+    /// Fills `dst` exactly: buffered bytes first, then reads straight into
+    /// `dst` (through the buffer only for pieces smaller than it).
+    fn read_exact(&mut self, dst: &mut [u8], what: What) -> PluginResult<()> {
+        if dst.len() as u64 > self.unread {
+            return Err(AbiError::internal(format!(
+                "reading {what} past the end of the response of owner {}",
+                self.addr
+            )));
+        }
+        let mut filled = self.conn.take_buffered(dst);
+        self.count(filled);
+        while filled < dst.len() {
+            let rest = dst.len() - filled;
+            let r = if rest >= self.conn.buf.len() {
+                read_retrying(&mut self.conn.stream, &mut dst[filled..])
+            } else {
+                // Read ahead within this body only: the next piece is likely
+                // small too.
+                let max = self.unread.min(READ_BUF as u64) as usize;
+                self.conn.fill(max).map(|n| {
+                    if n == 0 {
+                        0
+                    } else {
+                        self.conn.take_buffered(&mut dst[filled..])
+                    }
+                })
+            };
+            match r {
+                Ok(0) => return Err(self.ended(what)),
+                Ok(n) => {
+                    filled += n;
+                    self.count(n);
+                }
+                Err(e) => return Err(self.failed(&e, what)),
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, n: usize) {
+        self.unread -= n as u64;
+        self.received += n as u64;
+    }
+
+    /// Discards `n` bytes of the body.
+    fn skip(&mut self, mut n: u64, what: What) -> PluginResult<()> {
+        while n > 0 {
+            let k = self.conn.drop_buffered(n);
+            self.count(k);
+            n -= k as u64;
+            if n == 0 {
+                break;
+            }
+            let max = self.unread.min(READ_BUF as u64) as usize;
+            match self.conn.fill(max) {
+                Ok(0) => return Err(self.ended(what)),
+                Ok(_) => {}
+                Err(e) => return Err(self.failed(&e, what)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole body was read and nothing beyond it arrived: the
+    /// connection may carry the next request.
+    fn complete(&self) -> bool {
+        self.unread == 0 && self.conn.buffered() == 0
+    }
+}
+
+/// A request to send.
+struct Request<'r> {
+    method: &'static str,
+    path: &'r str,
+    body: &'r [u8],
+}
+
+/// Why an exchange failed before a response head was parsed.
+enum SendError {
+    /// Nothing of a response arrived (write failed, or the connection was
+    /// closed or reset first): a reused connection is retried.
+    NoResponse(io::Error),
+    /// Reading the head timed out.
+    Timeout,
+    /// Part of a head arrived, then the connection failed.
+    Broken(io::Error, usize),
+    /// The head is not something this client reads.
+    Malformed(String),
+}
+
 /// The consumer side of one transport instance.
 pub(crate) struct Client {
     pools: Mutex<HashMap<String, Arc<OwnerPool>>>,
-    token: Option<HeaderValue>,
+    /// `Bearer <token>`, sent as `authorization`.
+    auth: Option<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
     idle_timeout: Duration,
@@ -129,26 +417,29 @@ pub(crate) struct Client {
     stats: Arc<Stats>,
 }
 
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
             .field("max_conns", &self.max_conns)
             .finish_non_exhaustive()
     }
 }
 
-fn auth_value(token: &Token) -> PluginResult<HeaderValue> {
-    let mut v = HeaderValue::from_str(&format!("Bearer {}", token.as_str()))
-        .map_err(|_| AbiError::config("the auth token cannot travel in an HTTP header"))?;
-    v.set_sensitive(true);
-    Ok(v)
+fn auth_value(token: &Token) -> PluginResult<String> {
+    let t = token.as_str();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(AbiError::config(
+            "the auth token cannot travel in an HTTP header",
+        ));
+    }
+    Ok(format!("Bearer {t}"))
 }
 
 impl Client {
     pub(crate) fn new(cfg: &Config, stats: Arc<Stats>) -> PluginResult<Client> {
         Ok(Client {
             pools: Mutex::default(),
-            token: cfg.auth_token.as_ref().map(auth_value).transpose()?,
+            auth: cfg.auth_token.as_ref().map(auth_value).transpose()?,
             connect_timeout: cfg.connect_timeout,
             request_timeout: cfg.request_timeout,
             idle_timeout: cfg.idle_timeout,
@@ -165,12 +456,12 @@ impl Client {
         }
         if pools.len() >= MAX_IDLE_POOLS {
             // Forget pools nobody uses: no idle connection, no request out.
-            pools.retain(|_, p| Arc::strong_count(p) > 1 || !p.idle().is_empty());
+            pools.retain(|_, p| Arc::strong_count(p) > 1 || !p.state().idle.is_empty());
         }
         let p = Arc::new(OwnerPool {
             addr: addr.to_owned(),
-            permits: Arc::new(Semaphore::new(self.max_conns)),
-            idle: Mutex::default(),
+            state: Mutex::default(),
+            freed: Condvar::new(),
         });
         pools.insert(addr.to_owned(), Arc::clone(&p));
         p
@@ -178,29 +469,20 @@ impl Client {
 
     /// Fetches one shard into `dst` (`dst.len() == desc.len`, checked by
     /// the caller).
-    pub(crate) async fn fetch_one(
-        &self,
-        desc: &Descriptor,
-        dst: &mut [u8],
-    ) -> PluginResult<ImportInfo> {
+    pub(crate) fn fetch_one(&self, desc: &Descriptor, dst: &mut [u8]) -> PluginResult<ImportInfo> {
         let pool = self.pool(&desc.addr);
         let path = wire::shard_path(desc.id);
-        let (resp, mut co) = self.send(&pool, Method::GET, &path, Bytes::new()).await?;
-        let reused = co.reused;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let e = self
-                .error_response(&pool, resp, &mut co, &format!("shard {}", desc.id))
-                .await;
-            return Err(e);
+        let req = Request {
+            method: "GET",
+            path: &path,
+            body: &[],
+        };
+        let (mut co, head) = self.exchange(&pool, &req)?;
+        if head.status != 200 {
+            return Err(self.error_response(&pool, &head, &mut co, &format!("shard {}", desc.id)));
         }
-        let declared = content_length(&resp);
-        let len_header = resp
-            .headers()
-            .get(wire::LEN_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        for n in [declared, len_header].into_iter().flatten() {
+        let declared = head.content_length.unwrap_or_default();
+        for n in [Some(declared), head.shard_len].into_iter().flatten() {
             if n != desc.len {
                 return Err(AbiError::invalid_descriptor(format!(
                     "owner {} serves {n} bytes for shard {}, the descriptor says {}",
@@ -208,258 +490,364 @@ impl Client {
                 )));
             }
         }
-        let mut body = BodyReader::new(resp.into_body(), &pool.addr, self.request_timeout);
-        body.read_exact(dst, desc.id).await?;
-        body.expect_end(desc.id).await?;
-        co.reusable = true;
+        let kind = co.kind();
+        let mut body = Body::new(co.conn(), &pool.addr, self.request_timeout, declared);
+        body.read_exact(dst, What::Shard(desc.id))?;
+        co.reusable = body.complete() && !head.close;
         Ok(ImportInfo {
-            note: format!(
-                "GET {} from {} ({} connection)",
-                path,
-                pool.addr,
-                if reused { "pooled" } else { "new" }
-            )
-            .into(),
+            note: format!("GET {path} from {} ({kind} connection)", pool.addr).into(),
         })
     }
 
-    /// Fetches every job from owner `addr`, in batches of `max-batch` spread
-    /// over up to `max-connections-per-owner` connections. Returns one result
-    /// per job (by its `index`).
-    pub(crate) async fn fetch_owner<'a>(&self, addr: &str, jobs: Vec<Job<'a>>) -> ItemResults {
-        let pool = self.pool(addr);
-        let mut chunks: Vec<Vec<Job<'a>>> = Vec::new();
-        for job in jobs {
-            match chunks.last_mut() {
-                Some(c) if c.len() < self.max_batch => c.push(job),
-                _ => chunks.push(vec![job]),
+    /// Fetches every job, grouped by owner address: one batch per
+    /// `max-batch` jobs, up to `max-connections-per-owner` batches of one
+    /// owner at once, owners in parallel. Returns one result per job (by
+    /// its `index`).
+    pub(crate) fn fetch_many<'a>(&self, owners: Vec<(String, Vec<Job<'a>>)>) -> ItemResults {
+        // Per owner: its batches spread round-robin over its lanes; a lane
+        // runs its batches one after another on one connection.
+        let mut per_owner: Vec<VecDeque<Lane<'a>>> = Vec::with_capacity(owners.len());
+        for (addr, jobs) in owners {
+            let pool = self.pool(&addr);
+            let mut chunks: Vec<Vec<Job<'a>>> = Vec::new();
+            for job in jobs {
+                match chunks.last_mut() {
+                    Some(c) if c.len() < self.max_batch => c.push(job),
+                    _ => chunks.push(vec![job]),
+                }
+            }
+            let lanes = chunks.len().clamp(1, self.max_conns);
+            let mut owner_lanes: VecDeque<Lane<'a>> = (0..lanes)
+                .map(|_| Lane {
+                    pool: Arc::clone(&pool),
+                    batches: Vec::new(),
+                })
+                .collect();
+            for (i, c) in chunks.into_iter().enumerate() {
+                owner_lanes[i % lanes].batches.push(c);
+            }
+            per_owner.push(owner_lanes);
+        }
+        // Interleave owners so the first lanes taken reach different owners.
+        let mut queue: VecDeque<Lane<'a>> = VecDeque::new();
+        while per_owner.iter().any(|o| !o.is_empty()) {
+            for o in &mut per_owner {
+                queue.extend(o.pop_front());
             }
         }
-        let lanes = chunks.len().min(self.max_conns).max(1);
-        let mut per_lane: Vec<Vec<Vec<Job<'a>>>> = (0..lanes).map(|_| Vec::new()).collect();
-        for (i, c) in chunks.into_iter().enumerate() {
-            per_lane[i % lanes].push(c);
+        let threads = queue.len().min(MAX_IMPORT_THREADS);
+        if threads <= 1 {
+            return queue.into_iter().flat_map(|l| self.run_lane(l)).collect();
         }
-        let futs = per_lane.into_iter().map(|lane| {
-            let pool = Arc::clone(&pool);
-            async move {
-                let mut out = Vec::new();
-                for chunk in lane {
-                    out.extend(self.fetch_batch(Arc::clone(&pool), chunk).await);
+        let queue = Mutex::new(queue);
+        let work = || {
+            let mut out = Vec::new();
+            loop {
+                let next = queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front();
+                let Some(lane) = next else { break out };
+                out.extend(self.run_lane(lane));
+            }
+        };
+        // Events of the helper threads reach the host like the caller's.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..threads)
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("shardport-http-fetch".into())
+                        .spawn_scoped(scope, || tracing::dispatcher::with_default(&dispatch, work))
+                        .ok()
+                })
+                .collect();
+            let mut out = work();
+            for h in helpers {
+                match h.join() {
+                    Ok(v) => out.extend(v),
+                    Err(panic) => std::panic::resume_unwind(panic),
                 }
-                out
-            }
-        });
-        join_all(futs.collect())
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    /// One `POST /v1/batch` for `jobs`; a 413 splits the batch in two.
-    fn fetch_batch<'s, 'a: 's>(
-        &'s self,
-        pool: Arc<OwnerPool>,
-        mut jobs: Vec<Job<'a>>,
-    ) -> Pin<Box<dyn Future<Output = ItemResults> + 's>> {
-        Box::pin(async move {
-            let fail_all = |jobs: Vec<Job<'a>>, e: AbiError| {
-                jobs.into_iter()
-                    .map(|j| (j.index, Err(e.clone())))
-                    .collect::<Vec<_>>()
-            };
-            let ids: Vec<ShardId> = jobs.iter().map(|j| j.id).collect();
-            self.stats.batch_requests.inc();
-            let body = Bytes::from(wire::encode_batch_request(&ids));
-            let (resp, mut co) = match self.send(&pool, Method::POST, wire::BATCH_PATH, body).await
-            {
-                Ok(r) => r,
-                Err(e) => return fail_all(jobs, e),
-            };
-            let status = resp.status();
-            if status != StatusCode::OK {
-                let what = format!("a batch of {} shards", jobs.len());
-                let e = self.error_response(&pool, resp, &mut co, &what).await;
-                drop(co);
-                if status == StatusCode::PAYLOAD_TOO_LARGE && jobs.len() > 1 {
-                    debug!(target: "http", owner = %pool.addr, shards = jobs.len(), "batch too large for the owner, splitting");
-                    let second = jobs.split_off(jobs.len() / 2);
-                    let mut out = self.fetch_batch(Arc::clone(&pool), jobs).await;
-                    out.extend(self.fetch_batch(pool, second).await);
-                    return out;
-                }
-                return fail_all(jobs, e);
-            }
-            let declared = content_length(&resp);
-            let n = jobs.len();
-            let mut body = BodyReader::new(resp.into_body(), &pool.addr, self.request_timeout);
-            let mut head = vec![0u8; wire::batch_head_len(n)];
-            if let Err(e) = body.read_exact(&mut head, BATCH_HEAD).await {
-                return fail_all(jobs, e);
-            }
-            let entries = match wire::decode_batch_head(&head, n) {
-                Ok(e) => e,
-                Err(why) => {
-                    return fail_all(
-                        jobs,
-                        AbiError::internal(format!(
-                            "owner {} sent a malformed batch response: {why}",
-                            pool.addr
-                        )),
-                    )
-                }
-            };
-            let total: u64 = head.len() as u64 + entries.iter().map(|e| e.len).sum::<u64>();
-            if declared.is_some_and(|d| d != total) {
-                return fail_all(
-                    jobs,
-                    AbiError::internal(format!(
-                        "owner {} sent a batch response of {} bytes whose header table \
-                         announces {total}",
-                        pool.addr,
-                        declared.unwrap_or_default()
-                    )),
-                );
-            }
-            let mut out = Vec::with_capacity(n);
-            let mut broken: Option<AbiError> = None;
-            for (job, entry) in jobs.into_iter().zip(entries) {
-                if let Some(e) = &broken {
-                    out.push((job.index, Err(e.clone())));
-                    continue;
-                }
-                let r = match entry.status {
-                    wire::ITEM_OK if entry.len == job.dst.len() as u64 => {
-                        match body.read_exact(job.dst, job.id).await {
-                            Ok(()) => Ok(ImportInfo {
-                                note: format!(
-                                    "POST /v1/batch of {n} to {} ({} connection)",
-                                    pool.addr,
-                                    if co.reused { "pooled" } else { "new" }
-                                )
-                                .into(),
-                            }),
-                            Err(e) => {
-                                broken = Some(e.clone());
-                                Err(e)
-                            }
-                        }
-                    }
-                    wire::ITEM_OK => {
-                        if let Err(e) = body.skip(entry.len, job.id).await {
-                            broken = Some(e);
-                        }
-                        Err(AbiError::invalid_descriptor(format!(
-                            "owner {} serves {} bytes for shard {}, the descriptor says {}",
-                            pool.addr,
-                            entry.len,
-                            job.id,
-                            job.dst.len()
-                        )))
-                    }
-                    wire::ITEM_NOT_FOUND => Err(AbiError::not_found(format!(
-                        "shard {} is not exported by owner {} (it was removed, or the owner \
-                         restarted)",
-                        job.id, pool.addr
-                    ))),
-                    s => Err(AbiError::new(
-                        ErrorKind::IO,
-                        format!(
-                            "owner {} answered item status {s} for shard {}",
-                            pool.addr, job.id
-                        ),
-                    )),
-                };
-                out.push((job.index, r));
-            }
-            if broken.is_none() && body.expect_end(BATCH_HEAD).await.is_ok() {
-                co.reusable = true;
             }
             out
         })
     }
 
-    /// Sends one request, retrying once on a fresh connection when a pooled
-    /// one fails before answering.
-    async fn send(
+    fn run_lane(&self, lane: Lane<'_>) -> ItemResults {
+        let mut out = Vec::new();
+        for batch in lane.batches {
+            out.extend(self.fetch_batch(&lane.pool, batch));
+        }
+        out
+    }
+
+    /// One `POST /v1/batch` for `jobs`; a 413 splits the batch in two.
+    fn fetch_batch(&self, pool: &Arc<OwnerPool>, mut jobs: Vec<Job<'_>>) -> ItemResults {
+        let fail_all = |jobs: Vec<Job<'_>>, e: AbiError| -> ItemResults {
+            jobs.into_iter()
+                .map(|j| (j.index, Err(e.clone())))
+                .collect()
+        };
+        let n = jobs.len();
+        let ids: Vec<ShardId> = jobs.iter().map(|j| j.id).collect();
+        self.stats.batch_requests.inc();
+        let body = wire::encode_batch_request(&ids);
+        let req = Request {
+            method: "POST",
+            path: wire::BATCH_PATH,
+            body: &body,
+        };
+        let (mut co, head) = match self.exchange(pool, &req) {
+            Ok(r) => r,
+            Err(e) => return fail_all(jobs, e),
+        };
+        if head.status != 200 {
+            let e = self.error_response(pool, &head, &mut co, &format!("a batch of {n} shards"));
+            drop(co);
+            if head.status == StatusCode::PAYLOAD_TOO_LARGE.as_u16() && n > 1 {
+                debug!(target: "http", owner = %pool.addr, shards = n, "batch too large for the owner, splitting");
+                let second = jobs.split_off(n / 2);
+                let mut out = self.fetch_batch(pool, jobs);
+                out.extend(self.fetch_batch(pool, second));
+                return out;
+            }
+            return fail_all(jobs, e);
+        }
+        let declared = head.content_length.unwrap_or_default();
+        let table_len = wire::batch_head_len(n);
+        if declared < table_len as u64 {
+            return fail_all(
+                jobs,
+                AbiError::internal(format!(
+                    "owner {} sent a batch response of {declared} bytes, shorter than the \
+                     {table_len}-byte header table of {n} items",
+                    pool.addr
+                )),
+            );
+        }
+        let kind = co.kind();
+        let mut body = Body::new(co.conn(), &pool.addr, self.request_timeout, declared);
+        let mut table = vec![0u8; table_len];
+        if let Err(e) = body.read_exact(&mut table, What::BatchHead) {
+            return fail_all(jobs, e);
+        }
+        let entries = match wire::decode_batch_head(&table, n) {
+            Ok(e) => e,
+            Err(why) => {
+                return fail_all(
+                    jobs,
+                    AbiError::internal(format!(
+                        "owner {} sent a malformed batch response: {why}",
+                        pool.addr
+                    )),
+                )
+            }
+        };
+        let total = entries
+            .iter()
+            .try_fold(table_len as u64, |t, e| t.checked_add(e.len));
+        if total != Some(declared) {
+            return fail_all(
+                jobs,
+                AbiError::internal(format!(
+                    "owner {} sent a batch response of {declared} bytes whose header table \
+                     announces {}",
+                    pool.addr,
+                    total.map_or_else(|| "more than 2^64".to_owned(), |t| t.to_string())
+                )),
+            );
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut broken: Option<AbiError> = None;
+        for (job, entry) in jobs.into_iter().zip(entries) {
+            if let Some(e) = &broken {
+                out.push((job.index, Err(e.clone())));
+                continue;
+            }
+            let r = match entry.status {
+                wire::ITEM_OK if entry.len == job.dst.len() as u64 => {
+                    match body.read_exact(job.dst, What::Shard(job.id)) {
+                        Ok(()) => Ok(ImportInfo {
+                            note: format!(
+                                "POST /v1/batch of {n} to {} ({kind} connection)",
+                                pool.addr
+                            )
+                            .into(),
+                        }),
+                        Err(e) => {
+                            broken = Some(e.clone());
+                            Err(e)
+                        }
+                    }
+                }
+                wire::ITEM_OK => {
+                    if let Err(e) = body.skip(entry.len, What::Shard(job.id)) {
+                        broken = Some(e);
+                    }
+                    Err(AbiError::invalid_descriptor(format!(
+                        "owner {} serves {} bytes for shard {}, the descriptor says {}",
+                        pool.addr,
+                        entry.len,
+                        job.id,
+                        job.dst.len()
+                    )))
+                }
+                wire::ITEM_NOT_FOUND => Err(AbiError::not_found(format!(
+                    "shard {} is not exported by owner {} (it was removed, or the owner \
+                     restarted)",
+                    job.id, pool.addr
+                ))),
+                s => Err(AbiError::new(
+                    ErrorKind::IO,
+                    format!(
+                        "owner {} answered item status {s} for shard {}",
+                        pool.addr, job.id
+                    ),
+                )),
+            };
+            out.push((job.index, r));
+        }
+        co.reusable = broken.is_none() && body.complete() && !head.close;
+        out
+    }
+
+    /// Sends one request and reads its response head, retrying once on a
+    /// fresh connection when a pooled one fails before any response byte.
+    fn exchange(
         &self,
         pool: &Arc<OwnerPool>,
-        method: Method,
-        path: &str,
-        body: Bytes,
-    ) -> PluginResult<(Response<Incoming>, Checkout)> {
-        let deadline = Instant::now() + self.request_timeout;
-        let mut co = self.checkout(pool, deadline).await?;
+        req: &Request<'_>,
+    ) -> PluginResult<(Checkout, ResponseHead)> {
+        let mut co = self.checkout(pool)?;
         loop {
-            let req = self.request(pool, &method, path, body.clone())?;
             self.stats.requests_sent.inc();
             if co.reused {
                 self.stats.client_connections_reused.inc();
             }
-            let Some(sender) = co.sender.as_mut() else {
-                return Err(AbiError::internal(
-                    "checked-out connection without a sender",
-                ));
+            let r = self.send(&pool.addr, co.conn(), req);
+            let e = match r {
+                Ok(head) => return Ok((co, head)),
+                Err(e) => e,
             };
-            match tokio::time::timeout_at(deadline.into(), sender.send_request(req)).await {
-                Ok(Ok(resp)) => return Ok((resp, co)),
-                Ok(Err(e)) if co.reused => {
+            match e {
+                SendError::NoResponse(e) if co.reused && !is_timeout(&e) => {
                     // The owner closed an idle connection as we picked it up
                     // (its idle-timeout), or it restarted: try a fresh one.
                     debug!(target: "http", owner = %pool.addr, error = %e, "pooled connection failed, retrying on a new one");
                     self.stats.retries.inc();
-                    co.sender = Some(self.connect(pool).await?);
+                    co.conn = None;
+                    co.conn = Some(self.connect(&pool.addr)?);
                     co.reused = false;
                 }
-                Ok(Err(e)) => return Err(request_failed(&pool.addr, &e)),
-                Err(_) => {
+                SendError::NoResponse(e) => {
+                    return Err(AbiError::new(
+                        if is_timeout(&e) {
+                            ErrorKind::TIMEOUT
+                        } else {
+                            ErrorKind::UNAVAILABLE
+                        },
+                        format!(
+                            "request {} {} to owner {} failed: {e}",
+                            req.method, req.path, pool.addr
+                        ),
+                    ))
+                }
+                SendError::Timeout => {
                     return Err(AbiError::new(
                         ErrorKind::TIMEOUT,
                         format!(
-                            "owner {} did not answer {method} {path} within request-timeout ({})",
+                            "owner {} did not answer {} {} within request-timeout ({})",
                             pool.addr,
+                            req.method,
+                            req.path,
                             format_duration(self.request_timeout)
                         ),
                     ))
+                }
+                SendError::Broken(e, got) => {
+                    return Err(AbiError::unavailable(format!(
+                        "connection to owner {} failed after {got} bytes of the response head \
+                         to {} {}: {e}",
+                        pool.addr, req.method, req.path
+                    )))
+                }
+                SendError::Malformed(why) => {
+                    return Err(AbiError::internal(format!(
+                        "owner {} sent a response to {} {} this consumer cannot read: {why} \
+                         (is something other than a shardport owner listening there?)",
+                        pool.addr, req.method, req.path
+                    )))
                 }
             }
         }
     }
 
-    fn request(
+    /// Writes `req` and reads the response head into the connection's
+    /// buffer (body bytes read along with it stay buffered).
+    fn send(
         &self,
-        pool: &OwnerPool,
-        method: &Method,
-        path: &str,
-        body: Bytes,
-    ) -> PluginResult<Request<Body>> {
-        let mut b = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .header(header::HOST, pool.addr.as_str())
-            .header(header::USER_AGENT, USER_AGENT);
-        if let Some(t) = &self.token {
-            b = b.header(header::AUTHORIZATION, t.clone());
+        addr: &str,
+        conn: &mut Conn,
+        req: &Request<'_>,
+    ) -> Result<ResponseHead, SendError> {
+        let mut out = std::mem::take(&mut conn.req);
+        head::write_request(
+            &mut out,
+            req.method,
+            req.path,
+            addr,
+            self.auth.as_deref(),
+            req.body,
+        );
+        let written = conn.stream.write_all(&out);
+        conn.req = out;
+        written.map_err(SendError::NoResponse)?;
+        conn.pos = 0;
+        conn.end = 0;
+        loop {
+            let got = conn.end;
+            let n = match read_retrying(&mut conn.stream, &mut conn.buf[got..]) {
+                Ok(0) if got == 0 => {
+                    return Err(SendError::NoResponse(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the connection was closed before a response arrived",
+                    )))
+                }
+                Ok(0) => {
+                    return Err(SendError::Broken(
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the owner closed the connection inside the response head",
+                        ),
+                        got,
+                    ))
+                }
+                Ok(n) => n,
+                Err(e) if is_timeout(&e) => return Err(SendError::Timeout),
+                Err(e) if got == 0 => return Err(SendError::NoResponse(e)),
+                Err(e) => return Err(SendError::Broken(e, got)),
+            };
+            conn.end += n;
+            match head::parse_response_head(&conn.buf[..conn.end]) {
+                Ok(Some((h, len))) => {
+                    conn.pos = len;
+                    return Ok(h);
+                }
+                Ok(None) => {}
+                Err(why) => return Err(SendError::Malformed(why)),
+            }
         }
-        if !body.is_empty() {
-            b = b.header(header::CONTENT_TYPE, "application/octet-stream");
-        }
-        b.body(Full::new(body)).map_err(|e| {
-            AbiError::internal(format!(
-                "cannot build the request {method} {path} to {}: {e}",
-                pool.addr
-            ))
-        })
     }
 
-    /// A connection to `pool`'s owner, pooled or new, with a permit.
-    async fn checkout(&self, pool: &Arc<OwnerPool>, deadline: Instant) -> PluginResult<Checkout> {
-        let permit =
-            tokio::time::timeout_at(deadline.into(), Arc::clone(&pool.permits).acquire_owned())
-                .await
-                .map_err(|_| {
-                    AbiError::new(
+    /// A slot of `pool` and a connection, pooled or new.
+    fn checkout(&self, pool: &Arc<OwnerPool>) -> PluginResult<Checkout> {
+        let deadline = Instant::now() + self.request_timeout;
+        {
+            let mut st = pool.state();
+            while st.busy >= self.max_conns {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(AbiError::new(
                         ErrorKind::TIMEOUT,
                         format!(
                             "all {} connections to owner {} stayed busy for request-timeout ({})",
@@ -467,40 +855,41 @@ impl Client {
                             pool.addr,
                             format_duration(self.request_timeout)
                         ),
-                    )
-                })?
-                .map_err(|_| AbiError::internal("connection pool semaphore closed"))?;
-        loop {
-            let candidate = pool.idle().pop();
-            let Some(mut idle) = candidate else { break };
-            if idle.sender.is_closed() || idle.since.elapsed() >= self.idle_timeout {
-                continue;
+                    ));
+                }
+                st = pool
+                    .freed
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
-            let ready = tokio::time::timeout_at(deadline.into(), idle.sender.ready()).await;
-            if matches!(ready, Ok(Ok(()))) {
-                return Ok(Checkout {
-                    pool: Arc::clone(pool),
-                    sender: Some(idle.sender),
-                    reused: true,
-                    reusable: false,
-                    _permit: permit,
-                });
-            }
+            st.busy += 1;
         }
-        let sender = self.connect(pool).await?;
-        Ok(Checkout {
+        // From here on, dropping `co` gives the slot back.
+        let mut co = Checkout {
             pool: Arc::clone(pool),
-            sender: Some(sender),
+            conn: None,
             reused: false,
             reusable: false,
-            _permit: permit,
-        })
+            idle_timeout: self.idle_timeout,
+        };
+        loop {
+            let candidate = pool.state().idle.pop();
+            let Some(c) = candidate else { break };
+            if c.idle_since.elapsed() < self.idle_timeout && c.looks_alive() {
+                co.conn = Some(c);
+                co.reused = true;
+                return Ok(co);
+            }
+            debug!(target: "http", owner = %pool.addr, "dropping a pooled connection the owner closed");
+        }
+        co.conn = Some(self.connect(&pool.addr)?);
+        Ok(co)
     }
 
-    /// Opens a new connection to `pool`'s owner within `connect-timeout`.
-    async fn connect(&self, pool: &OwnerPool) -> PluginResult<SendRequest<Body>> {
-        let addr = pool.addr.as_str();
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+    /// Opens a new connection to `addr` within `connect-timeout`.
+    fn connect(&self, addr: &str) -> PluginResult<Conn> {
+        let deadline = Instant::now() + self.connect_timeout;
         let timed_out = || {
             AbiError::new(
                 ErrorKind::TIMEOUT,
@@ -511,92 +900,100 @@ impl Client {
                 ),
             )
         };
-        let addrs: Vec<_> =
-            match tokio::time::timeout_at(deadline, tokio::net::lookup_host(addr)).await {
-                Err(_) => return Err(timed_out()),
-                Ok(Err(e)) => {
-                    return Err(AbiError::unavailable(format!(
-                        "cannot resolve owner address {addr}: {e}"
-                    )))
-                }
-                Ok(Ok(a)) => a.collect(),
-            };
+        let addrs = resolve(addr, self.connect_timeout).map_err(|e| match e {
+            None => timed_out(),
+            Some(e) => AbiError::unavailable(format!("cannot resolve owner address {addr}: {e}")),
+        })?;
         let mut last: Option<io::Error> = None;
         let mut stream = None;
         for a in &addrs {
-            match tokio::time::timeout_at(deadline, TcpStream::connect(a)).await {
-                Err(_) => return Err(timed_out()),
-                Ok(Ok(s)) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            match TcpStream::connect_timeout(a, left) {
+                Ok(s) => {
                     stream = Some(s);
                     break;
                 }
-                Ok(Err(e)) => last = Some(e),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(timed_out()),
+                Err(e) => last = Some(e),
             }
         }
         let Some(stream) = stream else {
             let e = last.unwrap_or_else(|| io::Error::other("the name resolved to no address"));
             return Err(connect_failed(addr, &e));
         };
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = match tokio::time::timeout_at(
-            deadline,
-            http1::Builder::new()
-                .writev(true)
-                .handshake::<_, Body>(TokioIo::new(stream)),
-        )
-        .await
-        {
-            Err(_) => return Err(timed_out()),
-            Ok(Err(e)) => return Err(request_failed(addr, &e)),
-            Ok(Ok(x)) => x,
-        };
+        let setup = stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_read_timeout(Some(self.request_timeout)))
+            .and_then(|()| stream.set_write_timeout(Some(self.request_timeout)));
+        if let Err(e) = setup {
+            return Err(AbiError::io(
+                format!("cannot configure the connection to owner {addr}"),
+                &e,
+            ));
+        }
         self.stats.client_connections_opened.inc();
-        self.stats.client_connections_open.add(1);
-        let stats = Arc::clone(&self.stats);
-        let owner = addr.to_owned();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(target: "http", owner = %owner, error = %e, "connection to owner ended with an error");
-            }
-            stats.client_connections_open.sub(1);
-        });
         debug!(target: "http", owner = %addr, "connected");
-        Ok(sender)
+        Ok(Conn {
+            stream,
+            buf: vec![0u8; READ_BUF].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+            req: Vec::new(),
+            idle_since: Instant::now(),
+            _open: Held::new(&self.stats, |s| &s.client_connections_open),
+        })
     }
 
     /// Turns a non-200 response into an error, reading its JSON body (small,
     /// bounded); the connection is reused when the body was read whole.
-    async fn error_response(
+    fn error_response(
         &self,
         pool: &OwnerPool,
-        resp: Response<Incoming>,
+        head: &ResponseHead,
         co: &mut Checkout,
         what: &str,
     ) -> AbiError {
-        let status = resp.status();
-        let mut body = resp.into_body();
-        let mut text = Vec::new();
-        let mut complete = false;
-        while text.len() <= MAX_ERROR_BODY {
-            match tokio::time::timeout(self.request_timeout, body.frame()).await {
-                Ok(Some(Ok(f))) => {
-                    if let Ok(d) = f.into_data() {
-                        text.extend_from_slice(&d);
+        let text = match head.content_length {
+            Some(n) if n <= MAX_ERROR_BODY as u64 => {
+                let mut text = vec![0u8; n as usize];
+                let mut body = Body::new(co.conn(), &pool.addr, self.request_timeout, n);
+                match body.read_exact(&mut text, What::ErrorBody) {
+                    Ok(()) => {
+                        co.reusable = body.complete() && !head.close;
+                        text
+                    }
+                    Err(_) => {
+                        text.truncate(body.received as usize);
+                        text
                     }
                 }
-                Ok(None) => {
-                    complete = true;
-                    break;
-                }
-                _ => break,
             }
-        }
-        co.reusable = complete;
+            // Longer than we read, or delimited by the end of the
+            // connection: read a bounded prefix, never reuse.
+            _ => {
+                let conn = co.conn();
+                let mut text = conn.buf[conn.pos..conn.end].to_vec();
+                conn.pos = conn.end;
+                let mut chunk = [0u8; 4096];
+                while text.len() < MAX_ERROR_BODY {
+                    match read_retrying(&mut conn.stream, &mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => text.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                text.truncate(MAX_ERROR_BODY);
+                text
+            }
+        };
         let message = match wire::parse_error_body(&text) {
             Some((code, msg)) => format!("{msg} ({code})"),
             None => String::from_utf8_lossy(&text[..text.len().min(200)]).into_owned(),
         };
         let addr = &pool.addr;
+        let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let (kind, hint) = match status {
             StatusCode::NOT_FOUND => (ErrorKind::NOT_FOUND, ""),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => (
@@ -615,163 +1012,49 @@ impl Client {
             ),
             _ => (ErrorKind::IO, ""),
         };
+        let shown = if status.as_u16() == head.status {
+            status.to_string()
+        } else {
+            head.status.to_string()
+        };
         AbiError::new(
             kind,
-            format!("owner {addr} refused {what} with HTTP {status}: {message}{hint}"),
+            format!("owner {addr} refused {what} with HTTP {shown}: {message}{hint}"),
         )
     }
 }
 
-/// Marker for "the batch header table" in messages of [`BodyReader`].
-const BATCH_HEAD: ShardId = ShardId { hi: 0, lo: 0 };
-
-/// Reads a response body frame by frame, each frame copied once into its
-/// destination; `pending` keeps the tail of a frame that spans two items.
-struct BodyReader<'p> {
-    body: Incoming,
-    pending: Bytes,
-    addr: &'p str,
-    timeout: Duration,
-    received: u64,
+/// The batches of one owner that run one after another on one connection.
+struct Lane<'a> {
+    pool: Arc<OwnerPool>,
+    batches: Vec<Vec<Job<'a>>>,
 }
 
-impl<'p> BodyReader<'p> {
-    fn new(body: Incoming, addr: &'p str, timeout: Duration) -> Self {
-        BodyReader {
-            body,
-            pending: Bytes::new(),
-            addr,
-            timeout,
-            received: 0,
-        }
+/// Resolves `addr` (`host:port`). An IP address needs no lookup; a name is
+/// looked up on a helper thread so the wait is bounded by `timeout` (the
+/// system resolver has no timeout of its own). `Err(None)`: timed out.
+fn resolve(addr: &str, timeout: Duration) -> Result<Vec<SocketAddr>, Option<io::Error>> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(vec![a]);
     }
-
-    fn what(id: ShardId) -> String {
-        if id == BATCH_HEAD {
-            "the batch header table".to_owned()
-        } else {
-            format!("shard {id}")
-        }
-    }
-
-    /// The next non-empty chunk, or `None` at the end of the body.
-    async fn next_chunk(&mut self, id: ShardId) -> PluginResult<Option<Bytes>> {
-        if !self.pending.is_empty() {
-            return Ok(Some(std::mem::take(&mut self.pending)));
-        }
-        loop {
-            match tokio::time::timeout(self.timeout, self.body.frame()).await {
-                Err(_) => {
-                    return Err(AbiError::new(
-                        ErrorKind::TIMEOUT,
-                        format!(
-                            "owner {} sent nothing for request-timeout ({}) while sending {} \
-                             ({} bytes of the response received)",
-                            self.addr,
-                            format_duration(self.timeout),
-                            Self::what(id),
-                            self.received
-                        ),
-                    ))
-                }
-                Ok(None) => return Ok(None),
-                Ok(Some(Err(e))) => {
-                    return Err(AbiError::unavailable(format!(
-                        "connection to owner {} failed while receiving {} ({} bytes of the \
-                         response received): {}",
-                        self.addr,
-                        Self::what(id),
-                        self.received,
-                        error_chain(&e)
-                    )))
-                }
-                Ok(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        if !data.is_empty() {
-                            self.received += data.len() as u64;
-                            return Ok(Some(data));
-                        }
-                    }
-                }
+    let (tx, rx) = mpsc::channel();
+    let name = addr.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("shardport-http-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(name.to_socket_addrs().map(Iterator::collect));
+        });
+    match spawned {
+        Ok(_) => match rx.recv_timeout(timeout) {
+            Ok(r) => r.map_err(Some),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(Some(io::Error::other("the resolver thread failed")))
             }
-        }
+        },
+        // No thread to spare: resolve here, unbounded.
+        Err(_) => addr.to_socket_addrs().map(Iterator::collect).map_err(Some),
     }
-
-    /// Fills `dst` exactly.
-    async fn read_exact(&mut self, dst: &mut [u8], id: ShardId) -> PluginResult<()> {
-        let mut filled = 0;
-        while filled < dst.len() {
-            let Some(mut chunk) = self.next_chunk(id).await? else {
-                return Err(AbiError::unavailable(format!(
-                    "owner {} ended the response after {filled} of {} bytes of {}",
-                    self.addr,
-                    dst.len(),
-                    Self::what(id)
-                )));
-            };
-            let take = chunk.len().min(dst.len() - filled);
-            dst[filled..filled + take].copy_from_slice(&chunk[..take]);
-            filled += take;
-            if take < chunk.len() {
-                self.pending = chunk.split_off(take);
-            }
-        }
-        Ok(())
-    }
-
-    /// Discards `n` bytes.
-    async fn skip(&mut self, mut n: u64, id: ShardId) -> PluginResult<()> {
-        while n > 0 {
-            let Some(mut chunk) = self.next_chunk(id).await? else {
-                return Err(AbiError::unavailable(format!(
-                    "owner {} ended the response inside {}",
-                    self.addr,
-                    Self::what(id)
-                )));
-            };
-            let take = (chunk.len() as u64).min(n) as usize;
-            n -= take as u64;
-            if take < chunk.len() {
-                self.pending = chunk.split_off(take);
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks that nothing follows.
-    async fn expect_end(&mut self, id: ShardId) -> PluginResult<()> {
-        match self.next_chunk(id).await? {
-            None => Ok(()),
-            Some(extra) => Err(AbiError::internal(format!(
-                "owner {} sent at least {} bytes more than announced after {}",
-                self.addr,
-                extra.len(),
-                Self::what(id)
-            ))),
-        }
-    }
-}
-
-fn content_length(resp: &Response<Incoming>) -> Option<u64> {
-    resp.headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-}
-
-/// The message of `e` and of every error it wraps.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let t = inner.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        source = inner.source();
-    }
-    s
 }
 
 /// A TCP connect failure, with the kind the host acts on.
@@ -790,41 +1073,44 @@ fn connect_failed(addr: &str, e: &io::Error) -> AbiError {
     AbiError::new(kind, format!("cannot connect to owner {addr}: {e}{hint}"))
 }
 
-/// A request that failed before a response head arrived.
-fn request_failed(addr: &str, e: &hyper::Error) -> AbiError {
-    let kind = if e.is_timeout() {
-        ErrorKind::TIMEOUT
-    } else {
-        ErrorKind::UNAVAILABLE
-    };
-    AbiError::new(
-        kind,
-        format!("request to owner {addr} failed: {}", error_chain(e)),
-    )
-}
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
 
-/// Polls every future to completion on the current task; outputs in order.
-pub(crate) async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futs.iter_mut().zip(outs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outs.into_iter()
-        .map(|o| o.expect("every future completed"))
-        .collect()
+    use super::*;
+
+    #[test]
+    fn a_request_waits_for_a_slot_at_most_request_timeout() {
+        let cfg = Config::parse(
+            "http",
+            "max-connections-per-owner = 1\nrequest-timeout = \"200ms\"",
+        )
+        .unwrap();
+        let client = Client::new(&cfg, Arc::default()).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let pool = client.pool(&l.local_addr().unwrap().to_string());
+        let held = client.checkout(&pool).unwrap();
+        let start = Instant::now();
+        let e = client.checkout(&pool).err().expect("no slot is free");
+        assert_eq!(e.kind, ErrorKind::TIMEOUT);
+        assert!(
+            e.message.contains("all 1 connections to owner")
+                && e.message
+                    .contains("stayed busy for request-timeout (200ms)"),
+            "{e}"
+        );
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        // A slot given back is taken by a waiter.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| client.checkout(&pool).map(|_| ()));
+            std::thread::sleep(Duration::from_millis(20));
+            drop(held);
+            waiter.join().unwrap().unwrap();
+        });
+        assert_eq!(pool.state().busy, 0);
+        assert_eq!(client.stats.client_connections_opened.get(), 2);
+        // Neither exchange completed: nothing was pooled.
+        assert!(pool.state().idle.is_empty());
+        assert_eq!(client.stats.client_connections_open.get(), 0);
+    }
 }

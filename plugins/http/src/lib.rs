@@ -18,16 +18,19 @@
 //!
 //! The owner serves exported shards straight from the memory the host lent
 //! to `export` (no copy); `unexport` waits until no response still reads
-//! them. A consumer streams each response body into the host's destination
-//! buffer frame by frame over pooled kept-alive connections, and batches
-//! `import_many` into one request per owner. The plugin owns a tokio runtime
-//! (`threads` workers); the ABI stays synchronous: host threads block on it.
+//! them. A consumer is a blocking client that runs on the calling host
+//! thread (no runtime hop): it reads each response body from the socket
+//! straight into the host's destination buffer over pooled kept-alive
+//! connections, and batches `import_many` into one request per owner (owners
+//! in parallel on scoped threads). The owner's server runs on the plugin's
+//! own tokio runtime (`threads` workers); the ABI stays synchronous.
 //!
 //! ## Where to start reading
 //! `server` (owner side: registry, HTTP handlers, timeouts), `client`
-//! (consumer side: pool, streaming, batches), `wire` (the protocol's
-//! framings), `descriptor`, `config`, and `sys`, the only module with
-//! `unsafe`. The README has the operator's view: config keys, the wire
+//! (consumer side: pool, reads into destinations, batches), `head` (the
+//! consumer's request heads and response-head parser), `wire` (the
+//! protocol's framings), `descriptor`, `config`, and `sys`, the only module
+//! with `unsafe`. The README has the operator's view: config keys, the wire
 //! protocol, failure modes.
 
 #![deny(unsafe_code)]
@@ -35,6 +38,7 @@
 mod client;
 mod config;
 mod descriptor;
+mod head;
 mod server;
 mod stats;
 #[allow(unsafe_code)]
@@ -59,7 +63,7 @@ use shardport_abi::{
 };
 
 use crate::{
-    client::{join_all, Client, Job},
+    client::{Client, Job},
     config::Config,
     descriptor::Descriptor,
     server::{Server, SHUTDOWN_GRACE},
@@ -73,18 +77,19 @@ pub const TRANSPORT_NAME: &str = "http";
 /// server's own drain (connections are closed by then; this covers tasks
 /// that are mid-poll).
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
-/// Blocking threads of the runtime: only name resolution uses them.
+/// Blocking threads of the server's runtime (it has no blocking work; this
+/// only bounds what a future change could start).
 const MAX_BLOCKING_THREADS: usize = 4;
 
 thread_local! {
     /// The host's log forwarding, installed on every runtime thread so
-    /// events from server and client tasks reach the host.
+    /// events from server tasks reach the host.
     static THREAD_DISPATCH: RefCell<Option<tracing::dispatcher::DefaultGuard>> =
         const { RefCell::new(None) };
 }
 
-/// One http transport instance: an owner side (server) and a consumer side
-/// (client pool) sharing one runtime.
+/// One http transport instance: an owner side (server, on the runtime) and
+/// a consumer side (blocking client pool, on the calling threads).
 struct HttpTransport {
     ctx: PluginContext,
     /// `Some` until dropped.
@@ -154,12 +159,6 @@ impl HttpTransport {
         })
     }
 
-    fn rt(&self) -> PluginResult<&tokio::runtime::Runtime> {
-        self.rt
-            .as_ref()
-            .ok_or_else(|| AbiError::internal("the http transport's runtime is gone"))
-    }
-
     fn import_into(
         &self,
         desc: &[u8],
@@ -180,7 +179,7 @@ impl HttpTransport {
         let d = check_item(desc, meta, dst.len())?;
         let _span =
             tracing::debug_span!(target: "http", "fetch", shard = %d.id, owner = %d.addr).entered();
-        self.rt()?.block_on(self.client.fetch_one(&d, dst))
+        self.client.fetch_one(&d, dst)
     }
 
     fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
@@ -207,28 +206,8 @@ impl HttpTransport {
                 }
             }
         }
-        if !owners.is_empty() {
-            match self.rt() {
-                Ok(rt) => {
-                    let futs =
-                        owners
-                            .into_iter()
-                            .map(|(addr, jobs)| async move {
-                                self.client.fetch_owner(&addr, jobs).await
-                            })
-                            .collect();
-                    for (index, r) in rt.block_on(join_all(futs)).into_iter().flatten() {
-                        results[index] = Some(r);
-                    }
-                }
-                Err(e) => {
-                    for (_, jobs) in owners {
-                        for j in jobs {
-                            results[j.index] = Some(Err(e.clone()));
-                        }
-                    }
-                }
-            }
+        for (index, r) in self.client.fetch_many(owners) {
+            results[index] = Some(r);
         }
         results
             .into_iter()

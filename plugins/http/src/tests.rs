@@ -1173,3 +1173,233 @@ fn the_consumer_checks_what_an_owner_sends() {
     run_many(&consumer.t, &items);
     h.join().unwrap();
 }
+
+/// Reads one request (its head and the body it announces) from a raw
+/// connection; false when the peer closed the connection first.
+fn read_request(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(0) | Err(_) => return false,
+            Ok(_) => buf.push(byte[0]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).is_ok()
+}
+
+/// What a scripted owner does with one request.
+enum Answer {
+    /// Sends these parts, pausing briefly between two (so they arrive in
+    /// separate reads of the consumer, in practice).
+    Parts(Vec<Vec<u8>>),
+    /// Closes the connection without answering.
+    Close,
+}
+
+/// A fake owner serving `script`: one entry per connection it accepts (in
+/// order), each the answers to that connection's requests.
+fn scripted_owner(script: Vec<Vec<Answer>>) -> (String, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        for answers in script {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(GENEROUS)).unwrap();
+            s.set_nodelay(true).unwrap();
+            for a in answers {
+                assert!(read_request(&mut s), "the consumer closed the connection");
+                match a {
+                    Answer::Close => break,
+                    Answer::Parts(parts) => {
+                        for (i, p) in parts.iter().enumerate() {
+                            if i > 0 {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            s.write_all(p).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    });
+    (addr, h)
+}
+
+fn ok_head(len: usize) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {len}\r\n\
+         x-shardport-len: {len}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+#[test]
+fn body_bytes_that_arrive_with_the_head_land_in_place() {
+    let consumer = node("request-timeout = \"30s\"");
+    let small = pattern(3, 1);
+    let medium = pattern(100_000, 2);
+    let large = pattern(3 << 20, 3);
+    let with_head = |data: &[u8], first: usize| {
+        let mut p = ok_head(data.len());
+        p.extend_from_slice(&data[..first]);
+        vec![p, data[first..].to_vec()]
+    };
+    // One connection, kept alive across the four responses.
+    let (addr, h) = scripted_owner(vec![vec![
+        // Head and whole body in one write.
+        Answer::Parts(vec![[ok_head(3), small.clone()].concat()]),
+        // Head plus part of the body, then the rest.
+        Answer::Parts(with_head(&medium, 5000)),
+        Answer::Parts(with_head(&large, 10)),
+        // Head alone, then the body.
+        Answer::Parts(with_head(&medium, 0)),
+    ]]);
+    assert!(fetch(&consumer.t, &desc_for(&addr, 1, 3), 3).unwrap() == small);
+    assert!(fetch(&consumer.t, &desc_for(&addr, 2, 100_000), 100_000).unwrap() == medium);
+    assert!(fetch(&consumer.t, &desc_for(&addr, 3, 3 << 20), 3 << 20).unwrap() == large);
+    assert!(fetch(&consumer.t, &desc_for(&addr, 2, 100_000), 100_000).unwrap() == medium);
+    h.join().unwrap();
+    assert_eq!(stat(&consumer.t, "client_connections_opened"), 1);
+    assert_eq!(stat(&consumer.t, "client_connections_reused"), 3);
+
+    // A batch whose whole response arrives in one write, and one split
+    // inside its header table and inside an item.
+    let a = pattern(7, 4);
+    let b = pattern(40_000, 5);
+    let mut body = wire::encode_batch_head(&[
+        wire::BatchEntry {
+            status: wire::ITEM_OK,
+            len: 7,
+        },
+        wire::BatchEntry {
+            status: wire::ITEM_NOT_FOUND,
+            len: 0,
+        },
+        wire::BatchEntry {
+            status: wire::ITEM_OK,
+            len: 40_000,
+        },
+    ]);
+    body.extend_from_slice(&a);
+    body.extend_from_slice(&b);
+    let mut whole =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    whole.extend_from_slice(&body);
+    let head_len = whole.len() - body.len();
+    let (addr, h) = scripted_owner(vec![vec![
+        Answer::Parts(vec![whole.clone()]),
+        Answer::Parts(vec![
+            whole[..head_len + 12].to_vec(),
+            whole[head_len + 12..head_len + 40].to_vec(),
+            whole[head_len + 40..].to_vec(),
+        ]),
+    ]]);
+    let items = || {
+        vec![
+            (
+                desc_for(&addr, 1, 7),
+                ShardMeta::bytes(7),
+                7,
+                Want::Bytes(a.clone()),
+            ),
+            (
+                desc_for(&addr, 2, 9),
+                ShardMeta::bytes(9),
+                9,
+                Want::Kind(ErrorKind::NOT_FOUND),
+            ),
+            (
+                desc_for(&addr, 3, 40_000),
+                ShardMeta::bytes(40_000),
+                40_000,
+                Want::Bytes(b.clone()),
+            ),
+        ]
+    };
+    run_many(&consumer.t, &items());
+    run_many(&consumer.t, &items());
+    h.join().unwrap();
+}
+
+#[test]
+fn responses_the_consumer_cannot_frame_are_refused() {
+    let consumer = node("request-timeout = \"30s\"");
+    let cases: [(&[u8], &str); 4] = [
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "transfer-encoding `chunked` is not supported",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\r\nabc",
+            "without content-length",
+        ),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "does not start with `HTTP/`"),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabc",
+            "conflicting content-length",
+        ),
+    ];
+    for (response, needle) in cases {
+        let (addr, h) = scripted_owner(vec![vec![Answer::Parts(vec![response.to_vec()])]]);
+        let e = assert_kind(
+            fetch(&consumer.t, &desc_for(&addr, 1, 3), 3),
+            ErrorKind::INTERNAL,
+            needle,
+        );
+        assert!(e.message.contains(&addr), "{e}");
+        h.join().unwrap();
+    }
+    // An error without a length is read up to the end of the connection.
+    let (addr, h) = scripted_owner(vec![vec![Answer::Parts(vec![
+        b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\n".to_vec(),
+        b"{\"code\":\"busy\",\"message\":\"later\"}".to_vec(),
+    ])]]);
+    let e = assert_kind(
+        fetch(&consumer.t, &desc_for(&addr, 1, 3), 3),
+        ErrorKind::UNAVAILABLE,
+        "HTTP 503 Service Unavailable: later (busy)",
+    );
+    assert!(e.message.contains(&addr), "{e}");
+    h.join().unwrap();
+    // Nothing was pooled from these connections.
+    assert_eq!(stat(&consumer.t, "client_connections_open"), 0);
+}
+
+#[test]
+fn a_pooled_connection_that_fails_before_answering_is_retried_once() {
+    let data = pattern(1000, 6);
+    let consumer = node("request-timeout = \"30s\"");
+    let answer = || Answer::Parts(vec![[ok_head(1000), data.clone()].concat()]);
+    // The first connection answers once, then closes on the next request
+    // (an owner restarting, or closing an idle connection as it is reused).
+    let (addr, h) = scripted_owner(vec![vec![answer(), Answer::Close], vec![answer()]]);
+    let desc = desc_for(&addr, 1, 1000);
+    assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
+    assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
+    h.join().unwrap();
+    assert_eq!(stat(&consumer.t, "retries"), 1);
+    assert_eq!(stat(&consumer.t, "client_connections_opened"), 2);
+    assert_eq!(stat(&consumer.t, "requests_sent"), 3);
+    // Once only: a fresh connection that fails is an error, not a retry.
+    let (addr, h) = scripted_owner(vec![vec![answer(), Answer::Close], vec![Answer::Close]]);
+    let desc = desc_for(&addr, 1, 1000);
+    assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
+    let e = assert_kind(
+        fetch(&consumer.t, &desc, 1000),
+        ErrorKind::UNAVAILABLE,
+        &addr,
+    );
+    assert!(
+        e.message.contains("closed before a response arrived"),
+        "{e}"
+    );
+    h.join().unwrap();
+    assert_eq!(stat(&consumer.t, "retries"), 2);
+}
