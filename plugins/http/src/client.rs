@@ -61,6 +61,9 @@ const MAX_IDLE_POOLS: usize = 256;
 /// [`head::MAX_RESPONSE_HEAD`]) and batches the reads of pieces smaller than
 /// itself; larger pieces are read straight into their destination.
 const READ_BUF: usize = head::MAX_RESPONSE_HEAD;
+// A head that fills the buffer is refused by the parser, so reading a head
+// never asks the socket for zero bytes.
+const _: () = assert!(READ_BUF >= head::MAX_RESPONSE_HEAD);
 /// Most threads one `import_many` call uses (the calling thread included).
 /// Each runs one batch at a time; per-owner parallelism is bounded by
 /// `max-connections-per-owner` anyway, this bounds fan-out to many owners.
@@ -455,8 +458,23 @@ impl Client {
             return Arc::clone(p);
         }
         if pools.len() >= MAX_IDLE_POOLS {
-            // Forget pools nobody uses: no idle connection, no request out.
-            pools.retain(|_, p| Arc::strong_count(p) > 1 || !p.state().idle.is_empty());
+            // Forget pools nobody uses: no request out, and no idle
+            // connection the owner may not have closed yet.
+            let timeout = self.idle_timeout;
+            let mut closing = Vec::new();
+            pools.retain(|_, p| {
+                if Arc::strong_count(p) > 1 {
+                    return true;
+                }
+                let mut st = p.state();
+                let (fresh, expired) = std::mem::take(&mut st.idle)
+                    .into_iter()
+                    .partition(|c| c.idle_since.elapsed() < timeout);
+                st.idle = fresh;
+                closing.push(expired);
+                !st.idle.is_empty()
+            });
+            drop(closing);
         }
         let p = Arc::new(OwnerPool {
             addr: addr.to_owned(),
@@ -1112,5 +1130,35 @@ mod tests {
         // Neither exchange completed: nothing was pooled.
         assert!(pool.state().idle.is_empty());
         assert_eq!(client.stats.client_connections_open.get(), 0);
+    }
+
+    #[test]
+    fn unused_pools_are_forgotten_with_their_expired_connections() {
+        let cfg = Config::parse("http", "idle-timeout = \"50ms\"").unwrap();
+        let client = Client::new(&cfg, Arc::default()).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let pool = client.pool(&addr);
+        let mut co = client.checkout(&pool).unwrap();
+        co.reusable = true;
+        drop((co, pool));
+        assert_eq!(client.stats.client_connections_open.get(), 1);
+        let known = |a: &str| client.pools.lock().unwrap().contains_key(a);
+        let fill = |tag: u32| {
+            for i in 0..MAX_IDLE_POOLS as u32 {
+                client.pool(&format!("10.{tag}.{}.{}:1", i >> 8, i & 255));
+            }
+        };
+        // Pools without a request or an idle connection are forgotten; the
+        // one holding a fresh idle connection is kept.
+        fill(1);
+        assert!(known(&addr));
+        assert!(!known("10.1.0.0:1"));
+        // Once its connection expired, it goes too, closing the connection.
+        std::thread::sleep(Duration::from_millis(60));
+        fill(2);
+        assert!(!known(&addr));
+        assert_eq!(client.stats.client_connections_open.get(), 0);
+        assert!(client.pools.lock().unwrap().len() <= MAX_IDLE_POOLS);
     }
 }
