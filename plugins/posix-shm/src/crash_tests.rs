@@ -114,10 +114,13 @@ fn dead_pid() -> u32 {
     pid
 }
 
-/// A child process playing a role; killed (`SIGKILL`) and reaped on drop.
+/// A child process playing a role; killed (`SIGKILL`) and reaped on drop,
+/// and then whatever it left with its prefix swept, so even a failing test
+/// leaves nothing in /dev/shm.
 struct Child {
     proc: std::process::Child,
     pid: u32,
+    prefix: String,
     /// What it printed after [`READY`].
     payload: String,
 }
@@ -154,6 +157,7 @@ impl Child {
         let mut child = Child {
             proc,
             pid,
+            prefix: prefix.to_owned(),
             payload: String::new(),
         };
         loop {
@@ -180,6 +184,7 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         self.kill();
+        let _ = crate::sweep::sweep_dead_owners(&self.prefix, &Here::current());
     }
 }
 
@@ -513,6 +518,34 @@ fn pid_reuse_counts_as_dead() {
     assert_eq!(owner.stat("leases_held_on_owner"), 0);
     assert_eq!(owner.stat("leases_reclaimed"), 1);
     assert_eq!(owner.stat("pool_bytes_used"), 0);
+}
+
+#[test]
+fn a_node_tag_naming_another_process_is_refused() {
+    let me = Here::current().process;
+    let theirs = format!("{}-{}-ab0", dead_pid(), me.start_ticks);
+    let reused = format!("{}-{}-ab0", me.pid, me.start_ticks + 1);
+    for tag in [theirs, reused] {
+        let e = Node::build("allocation = \"segment-per-shard\"", &tag, Here::current())
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ErrorKind::INTERNAL);
+        assert!(
+            e.message
+                .starts_with(&format!("the host's node tag {tag} names process ")),
+            "{}",
+            e.message
+        );
+    }
+    // A tag with an unknown start time names us by pid alone.
+    drop(
+        Node::build(
+            "allocation = \"segment-per-shard\"",
+            &format!("{}-0-ab0", me.pid),
+            Here::current(),
+        )
+        .unwrap(),
+    );
 }
 
 fn testing_tag() -> String {

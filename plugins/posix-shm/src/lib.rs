@@ -114,6 +114,7 @@ pub(crate) fn create_as(ctx: PluginContext, here: Here) -> PluginResult<Transpor
             "the host passed an unusable node tag for segment names: {why}"
         ))
     })?;
+    check_tag_names_us(ctx.node_tag(), &here)?;
     let counters = Counters::default();
     if cfg.sweep_on_start {
         // Before our own pool is created, so the space it frees is there for it.
@@ -147,6 +148,26 @@ pub(crate) fn create_as(ctx: PluginContext, here: Here) -> PluginResult<Transpor
         },
         TD_Opaque,
     ))
+}
+
+/// Refuses a node tag of the host's shape that names another process: our
+/// segments would carry it, and be swept as orphans once that process is
+/// gone. A tag of another shape names nobody (its segments are never swept).
+fn check_tag_names_us(tag: &str, here: &Here) -> PluginResult<()> {
+    let Some((pid, start)) = names::parse_node_tag(tag) else {
+        return Ok(());
+    };
+    let me = here.process;
+    let known = start != 0 && me.start_ticks != 0;
+    if pid == me.pid && (!known || start == me.start_ticks) {
+        return Ok(());
+    }
+    Err(AbiError::internal(format!(
+        "the host's node tag {tag} names process {pid} (started at tick {start}), but this is \
+         process {} (started at tick {}): segments named by it would be swept as orphans \
+         once that process exits",
+        me.pid, me.start_ticks
+    )))
 }
 
 /// Sweeps dead owners' segments with `prefix` into `counters`.

@@ -243,13 +243,7 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
     .then(|| u128::from_str_radix(boot, 16).ok())??;
-    if random.is_empty()
-        || !random
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    {
-        return None;
-    }
+    let (pid, start_ticks) = parse_node_tag_parts(pid, start, random)?;
     let mut last = last.chars();
     let kind = match last.next()? {
         'p' => Kind::PoolData,
@@ -260,8 +254,8 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
     decimal(last.as_str(), MAX_COUNTER_DIGITS)?;
     Some(OwnedName {
         owner: ProcessRecord {
-            pid: u32::try_from(decimal(pid, 10)?).ok()?,
-            start_ticks: decimal(start, 20)?,
+            pid,
+            start_ticks,
             ns: Namespaces {
                 pid: u32::try_from(decimal(pid_ns, 10)?).ok()?,
                 time: u32::try_from(decimal(time_ns, 10)?).ok()?,
@@ -270,6 +264,27 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
         },
         kind,
     })
+}
+
+/// The owner pid and start ticks of a node tag of the host's shape,
+/// `{pid}-{start ticks}-{random}`; `None` for any other tag.
+pub(crate) fn parse_node_tag(tag: &str) -> Option<(u32, u64)> {
+    let mut parts = tag.split('-');
+    let (Some(pid), Some(start), Some(random), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    parse_node_tag_parts(pid, start, random)
+}
+
+fn parse_node_tag_parts(pid: &str, start: &str, random: &str) -> Option<(u32, u64)> {
+    let random_ok = !random.is_empty()
+        && random
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    random_ok.then_some(())?;
+    Some((u32::try_from(decimal(pid, 10)?).ok()?, decimal(start, 20)?))
 }
 
 /// `s` as a canonical decimal number of at most `max_digits` digits.
@@ -356,6 +371,21 @@ mod tests {
             parse_owned(&unknown_time, "shardport").unwrap().owner.ns,
             Namespaces { pid: 5, time: 0 }
         );
+    }
+
+    #[test]
+    fn node_tags_of_the_hosts_shape() {
+        assert_eq!(parse_node_tag("1234-56789-9f3eae460"), Some((1234, 56789)));
+        assert_eq!(parse_node_tag("1234-0-ab"), Some((1234, 0)));
+        for other in [
+            "t1234-0-17ab",
+            "1234-56789",
+            "1234-56789-ab-c",
+            "1234-56789-AB",
+            "",
+        ] {
+            assert_eq!(parse_node_tag(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -543,6 +543,37 @@ fn cached_pools_of_a_vanished_owner_are_dropped() {
 }
 
 #[test]
+fn a_board_of_another_layout_version_is_refused() {
+    let p = Pair::new(SMALL_POOL);
+    let d = decode(&p.owner.put(1, &[1; 64]).unwrap());
+    // As if the owner ran the plugin version that wrote board layout 1.
+    let board = OwnedSegment::open(&d.board, crate::sys::Access::ReadWrite).unwrap();
+    board
+        .atomic_u64(1)
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    for e in [
+        p.consumer.copy(&d.encode(), 64).unwrap_err(),
+        p.consumer.view(&d.encode(), 64).unwrap_err(),
+    ] {
+        assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{e}");
+        assert!(
+            e.message.contains(&format!(
+                "lease board {} has layout version 1 but this posix-shm plugin uses version 2",
+                d.board
+            )),
+            "{}",
+            e.message
+        );
+    }
+    board
+        .atomic_u64(1)
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(p.consumer.copy(&d.encode(), 64).unwrap(), [1; 64]);
+    drop(board);
+    p.owner.unexport(1).unwrap();
+}
+
+#[test]
 fn drop_removes_every_segment() {
     for config in [
         "pool-size = 4096\non-full = \"spill\"",
@@ -955,6 +986,9 @@ fn stats_are_snake_case_and_complete() {
         "imports_copy",
         "imports_view",
         "spills",
+        "leases_reclaimed",
+        "segments_swept",
+        "bytes_swept",
     ] {
         assert!(names.contains(&want), "missing {want}");
     }
