@@ -18,12 +18,14 @@
 //!
 //! # Dead owners
 //! Segment names carry their owner's pid, start time, namespaces and boot
-//! (see `names`). Before touching a shard the consumer asks its owner
-//! [`Watcher`] whether that process is provably dead (see `liveness`; a
-//! pidfd makes the check one non-blocking `poll`). If so the import fails
-//! `NOT_FOUND` naming the dead pid, and cached mappings of its pools are
-//! dropped, instead of serving bytes from an orphaned segment. Nothing here
-//! ever waits on an owner, dead or alive.
+//! (see `names`; a cached pool keeps its owner's record). Before touching a
+//! shard the consumer asks its owner [`Watcher`] whether that process is
+//! provably dead (see `liveness`; a pidfd makes the check one non-blocking
+//! `poll`, done at most once per `owner-check-interval` per owner, so the
+//! hot path makes no system call). If so the import fails `NOT_FOUND`
+//! naming the dead pid, and cached mappings of its pools are dropped,
+//! instead of serving bytes from an orphaned segment. Nothing here ever
+//! waits on an owner, dead or alive.
 //!
 //! # Failure modes
 //! A segment that no longer exists is `NOT_FOUND` (the owner removed the
@@ -40,6 +42,7 @@ use std::{
         atomic::{AtomicU32, Ordering::Relaxed},
         Arc, Mutex,
     },
+    time::{Duration, Instant},
 };
 
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, Region, ShardMeta};
@@ -49,7 +52,7 @@ use crate::{
     config::{MAX_MAX_LEASES, MAX_MAX_SHARDS},
     descriptor::{Descriptor, Mode},
     errors,
-    liveness::{Here, Verdict, Watcher},
+    liveness::{Here, ProcessRecord, Verdict, Watcher},
     lock,
     names::{self, Kind},
     stats::Counters,
@@ -67,6 +70,8 @@ pub(crate) struct PeerPool {
     board: Board,
     /// Where the next lease-slot search starts (spreads claims out).
     hint: AtomicU32,
+    /// The owner its names record (`None`: a node tag of another shape).
+    owner: Option<ProcessRecord>,
 }
 
 /// A lease on pool bytes; dropping it frees the lease slot.
@@ -134,6 +139,9 @@ struct State {
     views: HashMap<u64, Held>,
     /// Liveness of the owners we fetch from.
     owners: Watcher,
+    /// When this process last checked it is the one that created the
+    /// instance (not a forked child).
+    identity_checked_at: Option<Instant>,
 }
 
 /// Consumer-side gauges for `stats`.
@@ -149,6 +157,8 @@ pub(crate) struct Consumer {
     prefix: String,
     /// Who this process is: recorded in every lease slot it takes.
     here: Here,
+    /// `owner-check-interval`.
+    check_interval: Duration,
     state: Mutex<State>,
 }
 
@@ -157,34 +167,61 @@ fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
 }
 
 impl Consumer {
-    /// A consumer that accepts names with `prefix`, in the process `here`.
-    pub(crate) fn new(prefix: &str, here: Here) -> Consumer {
+    /// A consumer that accepts names with `prefix`, in the process `here`,
+    /// re-checking an owner found alive every `check_interval`.
+    pub(crate) fn new(prefix: &str, here: Here, check_interval: Duration) -> Consumer {
         Consumer {
             prefix: prefix.to_owned(),
             here,
+            check_interval,
             state: Mutex::new(State {
                 next_token: 1,
+                owners: Watcher::new(check_interval),
                 ..State::default()
             }),
         }
     }
 
-    /// Fails `NOT_FOUND` when the owner that `segment`'s name records is
-    /// provably dead, and drops our cached mappings of its pools. Names of
-    /// another shape (not a host node tag) carry no owner to judge.
-    fn check_owner(&self, st: &mut State, segment: &str) -> PluginResult<()> {
-        let Some(name) = names::parse_owned(segment, &self.prefix) else {
+    /// Refuses use in a forked child (its leases would carry the parent's
+    /// identity), checked at most once per `check_interval`: `getpid` is a
+    /// system call.
+    fn check_identity(&self, st: &mut State, now: Instant) -> PluginResult<()> {
+        let fresh = st
+            .identity_checked_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.check_interval);
+        if !fresh {
+            self.here.check_not_forked()?;
+            st.identity_checked_at = Some(now);
+        }
+        Ok(())
+    }
+
+    /// Fails `NOT_FOUND` when `owner` (recorded in `segment`'s name) is
+    /// provably dead, and drops our cached mappings of its pools.
+    fn check_owner(
+        &self,
+        st: &mut State,
+        owner: Option<ProcessRecord>,
+        segment: &str,
+        now: Instant,
+    ) -> PluginResult<()> {
+        let Some(owner) = owner else {
             return Ok(());
         };
-        match st.owners.verdict(&name.owner, &self.here) {
+        match st.owners.verdict(&owner, &self.here, now) {
             Verdict::Dead(death) => {
                 let base = names::owner_base(segment);
                 st.pools.retain(|pool, _| names::owner_base(pool) != base);
-                tracing::debug!(target: "posix_shm", segment, pid = name.owner.pid, %death, "owner is dead");
-                Err(errors::owner_dead(name.owner.pid, death, segment))
+                tracing::debug!(target: "posix_shm", segment, pid = owner.pid, %death, "owner is dead");
+                Err(errors::owner_dead(owner.pid, death, segment))
             }
             Verdict::Alive | Verdict::Unknown(_) => Ok(()),
         }
+    }
+
+    /// The owner `segment`'s name records, if it has one.
+    fn owner_of(&self, segment: &str) -> Option<ProcessRecord> {
+        names::parse_owned(segment, &self.prefix).map(|n| n.owner)
     }
 
     /// Drops cached pools whose owner closed them, whose data segment is
@@ -192,10 +229,13 @@ impl Consumer {
     /// otherwise pin the dead pool's memory until this consumer exits.
     /// Leases keep their own pool alive.
     fn forget_gone_pools(&self, st: &mut State) {
+        let now = Instant::now();
         let State { pools, owners, .. } = st;
         pools.retain(|name, c| {
-            let dead = names::parse_owned(name, &self.prefix)
-                .is_some_and(|n| matches!(owners.verdict(&n.owner, &self.here), Verdict::Dead(_)));
+            let dead = c
+                .pool
+                .owner
+                .is_some_and(|o| matches!(owners.verdict(&o, &self.here, now), Verdict::Dead(_)));
             let keep = !dead && !c.pool.board.is_closed() && OwnedSegment::exists(name);
             if !keep {
                 tracing::debug!(target: "posix_shm", pool = %name, dead, "dropping cached mapping of a closed or orphaned pool");
@@ -204,8 +244,9 @@ impl Consumer {
         });
     }
 
-    /// The mapped pool named by `d`, from the cache or freshly opened.
-    fn pool(&self, st: &mut State, d: &Descriptor) -> PluginResult<Arc<PeerPool>> {
+    /// The mapped pool named by `d`, from the cache or freshly opened, after
+    /// checking that its owner is not dead.
+    fn pool(&self, st: &mut State, d: &Descriptor, now: Instant) -> PluginResult<Arc<PeerPool>> {
         // Forget pools whose owner has closed them (leases keep theirs alive).
         st.pools.retain(|_, c| !c.pool.board.is_closed());
         st.tick += 1;
@@ -223,8 +264,12 @@ impl Consumer {
                 ));
             }
             c.last_used = tick;
-            return Ok(Arc::clone(&c.pool));
+            let pool = Arc::clone(&c.pool);
+            self.check_owner(st, pool.owner, &d.segment, now)?;
+            return Ok(pool);
         }
+        let owner = self.owner_of(&d.segment);
+        self.check_owner(st, owner, &d.segment, now)?;
         if names::owner_base(&d.segment) != names::owner_base(&d.board) {
             return Err(bad(
                 "board",
@@ -264,6 +309,7 @@ impl Consumer {
             data,
             board,
             hint: AtomicU32::new(0),
+            owner,
         });
         st.pools.insert(
             d.segment.clone(),
@@ -283,7 +329,8 @@ impl Consumer {
         meta: &ShardMeta,
         counters: &Counters,
     ) -> PluginResult<Held> {
-        self.here.check_not_forked()?;
+        let now = Instant::now();
+        self.check_identity(st, now)?;
         let d = Descriptor::decode(desc, &self.prefix)?;
         if d.len != meta.byte_len {
             return Err(bad(
@@ -300,11 +347,11 @@ impl Consumer {
                 format!("{} bytes do not fit this address space", d.len),
             ));
         }
-        self.check_owner(st, &d.segment)?;
         // `decode` proved `offset + len` does not overflow.
         let end = d.offset + d.len;
         match d.mode {
             Mode::Segment => {
+                self.check_owner(st, self.owner_of(&d.segment), &d.segment, now)?;
                 let seg = OwnedSegment::open(&d.segment, Access::ReadOnly)
                     .map_err(|e| errors::open_failed(Kind::Shard, &d.segment, e))?;
                 if end > seg.size() {
@@ -321,7 +368,7 @@ impl Consumer {
                 Ok(Held::Segment { seg, len: d.len })
             }
             Mode::Pool => {
-                let pool = self.pool(st, &d)?;
+                let pool = self.pool(st, &d, now)?;
                 if end > pool.data.size() {
                     let field = if d.offset > pool.data.size() {
                         "offset"

@@ -24,7 +24,7 @@ use std::{
 use shardport_abi::ErrorKind;
 
 use crate::{
-    liveness::{Here, ProcessRecord},
+    liveness::{Death, Here, ProcessRecord, Verdict, Watcher},
     names::{self, identity},
     sys::OwnedSegment,
     tests::{pattern, Node},
@@ -222,6 +222,7 @@ fn child_process() {
             keep.push(Box::new(consumer));
             "viewing".to_owned()
         }
+        "sleeper" => String::new(),
         other => panic!("unknown child role {other}"),
     };
     let mut out = std::io::stdout().lock();
@@ -283,7 +284,9 @@ fn a_killed_consumers_lease_is_reclaimed_and_its_space_reused() {
 fn a_killed_owner_is_not_found_and_its_segments_are_swept() {
     let prefix = prefix("owner");
     let cfg = format!("segment-prefix = \"{prefix}\"");
-    let consumer = Node::new(&cfg);
+    // Checks its owners on every import, so the first one after the kill
+    // sees it (by default an "alive" verdict is trusted for 50 us).
+    let consumer = Node::new(&format!("{cfg}\nowner-check-interval = \"0us\""));
     let mut child = Child::spawn("owner", &prefix, None);
     let pid = child.pid;
     let descs: Vec<Vec<u8>> = child.payload.split(' ').map(unhex).collect();
@@ -518,6 +521,37 @@ fn pid_reuse_counts_as_dead() {
     assert_eq!(owner.stat("leases_held_on_owner"), 0);
     assert_eq!(owner.stat("leases_reclaimed"), 1);
     assert_eq!(owner.stat("pool_bytes_used"), 0);
+}
+
+#[test]
+fn alive_is_trusted_for_the_recheck_window_only() {
+    let here = Here::current();
+    let mut child = Child::spawn("sleeper", &prefix("window"), None);
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.pid)).unwrap();
+    let rec = ProcessRecord {
+        pid: child.pid,
+        start_ticks: crate::liveness::parse_stat_start_ticks(&stat).unwrap(),
+        ..here.process
+    };
+    let window = Duration::from_secs(3600);
+    let mut w = Watcher::new(window);
+    let t0 = Instant::now();
+    assert_eq!(w.verdict(&rec, &here, t0), Verdict::Alive);
+    child.kill();
+    // Dead now, but within the window "alive" is not checked again...
+    assert_eq!(w.verdict(&rec, &here, t0 + window / 2), Verdict::Alive);
+    // ...once it has passed, it is.
+    assert_eq!(
+        w.verdict(&rec, &here, t0 + window),
+        Verdict::Dead(Death::Exited)
+    );
+    // Death is final, whatever the clock says.
+    assert_eq!(w.verdict(&rec, &here, t0), Verdict::Dead(Death::Exited));
+    // A zero window checks every time.
+    assert_eq!(
+        Watcher::new(Duration::ZERO).verdict(&rec, &here, t0),
+        Verdict::Dead(Death::Exited)
+    );
 }
 
 #[test]

@@ -135,7 +135,7 @@ pub(crate) fn create_as(ctx: PluginContext, here: Here) -> PluginResult<Transpor
         }
     }
     let prefix = cfg.segment_prefix.clone();
-    let consumer = Consumer::new(&prefix, here);
+    let consumer = Consumer::new(&prefix, here, cfg.owner_check_interval);
     let owner = Owner::new(cfg, ctx.node_tag(), here);
     Ok(TransportBox::from_value(
         ShmTransport {

@@ -33,9 +33,17 @@
 //! start time is re-checked, so later checks are one non-blocking `poll`
 //! that no pid reuse can fool. Death is final and cached; `Unknown` is not
 //! cached. Where pidfds are unavailable (kernels before 5.3, some sandboxes)
-//! every check runs [`judge`] again.
+//! a check runs [`judge`] again. A watcher may trust an "alive" verdict for
+//! a re-check window (the consumer's `owner-check-interval`): within it a
+//! check costs no system call. The caller passes `now`, so the window is
+//! tested without sleeping.
 
-use std::{collections::HashMap, fmt, os::unix::fs::MetadataExt};
+use std::{
+    collections::HashMap,
+    fmt,
+    os::unix::fs::MetadataExt,
+    time::{Duration, Instant},
+};
 
 use shardport_abi::{AbiError, PluginResult};
 
@@ -302,6 +310,8 @@ enum Watch {
 struct Watched {
     watch: Watch,
     last_used: u64,
+    /// When it was last found alive.
+    checked_at: Instant,
 }
 
 /// Cached verdicts for the processes one side keeps checking. Not shared:
@@ -310,19 +320,35 @@ struct Watched {
 pub(crate) struct Watcher {
     entries: HashMap<ProcessRecord, Watched>,
     tick: u64,
+    /// How long an "alive" verdict is trusted without a system call.
+    recheck: Duration,
 }
 
 impl Watcher {
-    /// The verdict on `rec`, from the cache where it can be trusted.
-    pub(crate) fn verdict(&mut self, rec: &ProcessRecord, here: &Here) -> Verdict {
+    /// A watcher that trusts an "alive" verdict for `recheck` (zero: checks
+    /// every time, as `Default` does).
+    pub(crate) fn new(recheck: Duration) -> Watcher {
+        Watcher {
+            recheck,
+            ..Watcher::default()
+        }
+    }
+
+    /// The verdict on `rec` at `now`, from the cache where it can be trusted.
+    pub(crate) fn verdict(&mut self, rec: &ProcessRecord, here: &Here, now: Instant) -> Verdict {
         self.tick += 1;
         let tick = self.tick;
         if let Some(w) = self.entries.get_mut(rec) {
             w.last_used = tick;
+            let fresh = now.saturating_duration_since(w.checked_at) < self.recheck;
             match &w.watch {
                 Watch::Dead(d) => return Verdict::Dead(*d),
+                Watch::Bound(_) | Watch::Unbound if fresh => return Verdict::Alive,
                 Watch::Bound(fd) => match fd.has_exited() {
-                    Some(false) => return Verdict::Alive,
+                    Some(false) => {
+                        w.checked_at = now;
+                        return Verdict::Alive;
+                    }
                     Some(true) => {
                         w.watch = Watch::Dead(Death::Exited);
                         return Verdict::Dead(Death::Exited);
@@ -359,6 +385,7 @@ impl Watcher {
             Watched {
                 watch,
                 last_used: tick,
+                checked_at: now,
             },
         );
         verdict
@@ -559,9 +586,12 @@ pub(crate) mod tests {
             Verdict::Dead(Death::PidReused)
         );
         let mut w = Watcher::default();
-        assert_eq!(w.verdict(&me, &here), Verdict::Alive);
-        assert_eq!(w.verdict(&me, &here), Verdict::Alive);
-        assert_eq!(w.verdict(&reused, &here), Verdict::Dead(Death::PidReused));
+        assert_eq!(w.verdict(&me, &here, Instant::now()), Verdict::Alive);
+        assert_eq!(w.verdict(&me, &here, Instant::now()), Verdict::Alive);
+        assert_eq!(
+            w.verdict(&reused, &here, Instant::now()),
+            Verdict::Dead(Death::PidReused)
+        );
         assert_eq!(w.len(), 2);
     }
 
@@ -585,17 +615,17 @@ pub(crate) mod tests {
         let mut w = Watcher::default();
         if start.is_some() {
             // Running, or exited and then known through the pidfd.
-            let v = w.verdict(&rec, &here);
+            let v = w.verdict(&rec, &here, Instant::now());
             assert!(matches!(v, Verdict::Alive | Verdict::Dead(Death::Exited)));
         }
         // Once it exits it is a zombie (not reaped yet), which keeps its pid
         // and start time; the pidfd reports the exit all the same. Bounded
         // wait: the child exits at once.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let mut v = w.verdict(&rec, &here);
+        let mut v = w.verdict(&rec, &here, Instant::now());
         while v != Verdict::Dead(Death::Exited) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
-            v = w.verdict(&rec, &here);
+            v = w.verdict(&rec, &here, Instant::now());
         }
         assert_eq!(
             v,
@@ -603,9 +633,12 @@ pub(crate) mod tests {
             "zombie seen through the pidfd"
         );
         child.wait().unwrap();
-        assert_eq!(w.verdict(&rec, &here), Verdict::Dead(Death::Exited));
         assert_eq!(
-            Watcher::default().verdict(&rec, &here),
+            w.verdict(&rec, &here, Instant::now()),
+            Verdict::Dead(Death::Exited)
+        );
+        assert_eq!(
+            Watcher::default().verdict(&rec, &here, Instant::now()),
             Verdict::Dead(Death::Exited),
             "judged afresh"
         );
@@ -620,7 +653,10 @@ pub(crate) mod tests {
                 start_ticks: here.process.start_ticks + 1 + i,
                 ..here.process
             };
-            assert_eq!(w.verdict(&rec, &here), Verdict::Dead(Death::PidReused));
+            assert_eq!(
+                w.verdict(&rec, &here, Instant::now()),
+                Verdict::Dead(Death::PidReused)
+            );
         }
         assert_eq!(w.len(), MAX_WATCHED);
     }

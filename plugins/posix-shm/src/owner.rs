@@ -37,6 +37,7 @@ use std::{
     collections::HashMap,
     ptr::NonNull,
     sync::{Arc, Mutex},
+    time::Instant,
 };
 
 use rustix::io::Errno;
@@ -291,8 +292,11 @@ impl Owner {
         for lease in pool.board.scan_leases() {
             if let Some(holder) = lease.holder {
                 let verdict = *verdicts.entry(holder).or_insert_with(|| {
-                    b.holders
-                        .verdict(&holder.record(self.here.process.boot), &self.here)
+                    b.holders.verdict(
+                        &holder.record(self.here.process.boot),
+                        &self.here,
+                        Instant::now(),
+                    )
                 });
                 if let Verdict::Dead(death) = verdict {
                     if pool.board.reclaim(&lease) {

@@ -108,7 +108,7 @@ pub(crate) fn sweep_dead_owners(prefix: &str, here: &Here) -> std::io::Result<Sw
     // its parent has not reaped yet (a zombie) as dead.
     let mut watcher = Watcher::default();
     let found = orphans(entries.iter().map(String::as_str), prefix, |owner| {
-        watcher.verdict(owner, here)
+        watcher.verdict(owner, here, std::time::Instant::now())
     });
     for orphan in found {
         let meta = match std::fs::symlink_metadata(dir.join(&orphan.entry)) {
