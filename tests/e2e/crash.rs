@@ -135,7 +135,8 @@ fn an_owner_killed_leaves_consumers_a_clear_error_and_its_segments_are_swept() {
     // The segments outlive the owner until someone sweeps...
     assert!(!util::shm_segments(&tag).is_empty());
     // ...and a node starting on this machine does.
-    let restarted = spawn(dir.path(), "restarted", &cfg);
+    let mut restarted = spawn(dir.path(), "restarted", &cfg);
+    restarted.call(&Request::Stats).unwrap(); // its node has started (and swept)
     assert_eq!(util::shm_segments(&tag), Vec::<String>::new());
     restarted.exit().unwrap();
     consumer.exit().unwrap();
