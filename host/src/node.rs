@@ -264,6 +264,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What one transport's sweep reclaimed (counter name -> value), or why it failed.
+pub type SweepResult = Result<BTreeMap<String, u64>, String>;
+
 /// A non-owning reference to a [`Node`] (for servers that must not keep a
 /// node alive after its owner shut it down).
 #[derive(Clone, Debug)]
@@ -1079,7 +1082,7 @@ impl Node {
     /// behind) and the cache's expiry. Returns, per transport, its reclaim
     /// counters, or why it could not sweep; transports with nothing to sweep
     /// are left out.
-    pub fn sweep(&self) -> Vec<(String, Result<BTreeMap<String, u64>, String>)> {
+    pub fn sweep(&self) -> Vec<(String, SweepResult)> {
         self.evict_expired();
         let mut out = Vec::new();
         for p in &self.inner.plugins {
