@@ -1,7 +1,7 @@
 //! Crash safety with real processes and `kill -9`: nothing leaks, nobody hangs.
 
 use shardport_host::{
-    worker::{Reply, Request, WorkerProcess},
+    worker::{Request, WorkerProcess},
     FetchMode,
 };
 
@@ -27,33 +27,6 @@ fn with_http(shm: &str) -> String {
     )
 }
 
-fn put(w: &mut WorkerProcess, len: u64, seed: u64) -> Reply {
-    w.call(&Request::Put {
-        len,
-        seed,
-        dtype: None,
-        tags: Default::default(),
-    })
-    .unwrap()
-}
-
-fn fetch(
-    w: &mut WorkerProcess,
-    handle: &str,
-    mode: FetchMode,
-    hold: bool,
-    only: Option<&str>,
-) -> Result<Reply, String> {
-    w.call(&Request::Fetch {
-        handle: handle.to_owned(),
-        mode: Some(mode),
-        seed: None,
-        hold,
-        only: only.map(str::to_owned),
-    })
-    .map_err(|e| e.to_string())
-}
-
 fn owner_tag(w: &mut WorkerProcess) -> String {
     w.call(&Request::Stats).unwrap().stats.unwrap()["tag"]
         .as_str()
@@ -68,11 +41,12 @@ fn a_consumer_killed_while_holding_a_lease_gives_the_space_back() {
     let mut owner = spawn(dir.path(), "owner", &cfg);
     let mut consumer = spawn(dir.path(), "consumer", &cfg);
     let four = 4 << 20;
-    let a = put(&mut owner, four, 1);
-    let r = fetch(
+    let a = util::put(&mut owner, four, 1);
+    let r = util::fetch(
         &mut consumer,
         a.handle.as_ref().unwrap(),
         FetchMode::View,
+        None,
         true,
         None,
     )
@@ -83,16 +57,8 @@ fn a_consumer_killed_while_holding_a_lease_gives_the_space_back() {
             ids: vec![a.id.unwrap()],
         })
         .unwrap();
-    put(&mut owner, four, 2);
-    let full = owner
-        .call(&Request::Put {
-            len: four,
-            seed: 3,
-            dtype: None,
-            tags: Default::default(),
-        })
-        .unwrap_err()
-        .to_string();
+    util::put(&mut owner, four, 2);
+    let full = util::try_put(&mut owner, four, 3).unwrap_err();
     assert!(
         full.contains("pool is full") || full.contains("resource_exhausted"),
         "{full}"
@@ -104,7 +70,7 @@ fn a_consumer_killed_while_holding_a_lease_gives_the_space_back() {
         swept["posix-shm"]["leases_reclaimed"].as_u64().unwrap() >= 1,
         "{swept}"
     );
-    let c = put(&mut owner, four, 3);
+    let c = util::put(&mut owner, four, 3);
     assert!(c.handle.is_some());
     owner.exit().unwrap();
 }
@@ -117,12 +83,12 @@ fn an_owner_killed_leaves_consumers_a_clear_error_and_its_segments_are_swept() {
     let mut consumer = spawn(dir.path(), "consumer", &cfg);
     let tag = owner_tag(&mut owner);
     let pid = owner.pid();
-    let h = put(&mut owner, 1 << 20, 4).handle.unwrap();
-    assert!(fetch(&mut consumer, &h, FetchMode::Copy, false, None).is_ok());
+    let h = util::put(&mut owner, 1 << 20, 4).handle.unwrap();
+    assert!(util::fetch(&mut consumer, &h, FetchMode::Copy, None, false, None).is_ok());
     assert!(!util::shm_segments(&tag).is_empty());
 
     owner.kill().unwrap();
-    let err = fetch(&mut consumer, &h, FetchMode::Copy, false, None).unwrap_err();
+    let err = util::fetch(&mut consumer, &h, FetchMode::Copy, None, false, None).unwrap_err();
     assert!(err.contains("every transport failed"), "{err}");
     assert!(
         err.contains(&format!("owner process {pid} has exited")),
@@ -148,18 +114,33 @@ fn an_owner_killed_mid_transfer_never_hangs_its_consumer() {
     let cfg = with_http("pool-size = \"300MiB\"");
     let mut owner = spawn(dir.path(), "owner", &cfg);
     let mut consumer = spawn(dir.path(), "consumer", &cfg);
-    let h = put(&mut owner, 256 << 20, 5).handle.unwrap();
+    let h = util::put(&mut owner, 256 << 20, 5).handle.unwrap();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(20));
         owner.kill().unwrap();
     });
     // Whatever the race: the fetch ends, with all the bytes or an error.
-    let first = fetch(&mut consumer, &h, FetchMode::Copy, false, Some("http"));
+    let first = util::fetch(
+        &mut consumer,
+        &h,
+        FetchMode::Copy,
+        None,
+        false,
+        Some("http"),
+    );
     killer.join().unwrap();
     if let Err(e) = &first {
         assert!(e.contains("http:"), "{e}");
     }
-    let again = fetch(&mut consumer, &h, FetchMode::Copy, false, Some("http")).unwrap_err();
+    let again = util::fetch(
+        &mut consumer,
+        &h,
+        FetchMode::Copy,
+        None,
+        false,
+        Some("http"),
+    )
+    .unwrap_err();
     assert!(
         again.contains("(unavailable)") || again.contains("(timeout)"),
         "{again}"

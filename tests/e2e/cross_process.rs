@@ -2,7 +2,7 @@
 //! moving through real shared-memory segments.
 
 use shardport_host::{
-    worker::{Reply, Request, WorkerProcess},
+    worker::{Request, WorkerProcess},
     FetchMode,
 };
 
@@ -41,33 +41,6 @@ fn pool_config(pool: &str) -> String {
     )
 }
 
-fn put(w: &mut WorkerProcess, len: u64, seed: u64) -> Reply {
-    w.call(&Request::Put {
-        len,
-        seed,
-        dtype: None,
-        tags: Default::default(),
-    })
-    .expect("put")
-}
-
-fn fetch(
-    w: &mut WorkerProcess,
-    handle: &str,
-    mode: FetchMode,
-    seed: u64,
-    hold: bool,
-) -> Result<Reply, String> {
-    w.call(&Request::Fetch {
-        handle: handle.to_owned(),
-        mode: Some(mode),
-        seed: Some(seed),
-        hold,
-        only: None,
-    })
-    .map_err(|e| e.to_string())
-}
-
 #[test]
 fn view_and_copy_fetches_across_processes_verify_every_byte() {
     let cfg = pool_config("64MiB");
@@ -77,9 +50,9 @@ fn view_and_copy_fetches_across_processes_verify_every_byte() {
         .enumerate()
     {
         let seed = 100 + i as u64;
-        let h = put(&mut p.owner, len, seed).handle.unwrap();
+        let h = util::put(&mut p.owner, len, seed).handle.unwrap();
         for mode in [FetchMode::View, FetchMode::Copy] {
-            let r = fetch(&mut p.consumer, &h, mode, seed, false).unwrap();
+            let r = util::fetch(&mut p.consumer, &h, mode, Some(seed), false, None).unwrap();
             assert_eq!(r.verified, Some(true), "len {len} {mode}");
             assert_eq!(r.transport.as_deref(), Some("posix-shm"));
             assert_eq!(r.mode, Some(mode));
@@ -97,18 +70,19 @@ fn view_and_copy_fetches_across_processes_verify_every_byte() {
 fn a_removed_shard_is_not_found_by_the_consumer() {
     let cfg = pool_config("16MiB");
     let mut p = start("removed", &cfg, &cfg);
-    let r = put(&mut p.owner, 4096, 1);
+    let r = util::put(&mut p.owner, 4096, 1);
     p.owner
         .call(&Request::Remove {
             ids: vec![r.id.unwrap()],
         })
         .unwrap();
-    let err = fetch(
+    let err = util::fetch(
         &mut p.consumer,
         &r.handle.unwrap(),
         FetchMode::Copy,
-        1,
+        Some(1),
         false,
+        None,
     )
     .unwrap_err();
     assert!(err.contains("every transport failed: posix-shm:"), "{err}");
@@ -123,14 +97,15 @@ fn leased_space_is_never_reused_until_released() {
     let cfg = pool_config("8MiB");
     let mut p = start("lease", &cfg, &cfg);
     let four = 4 << 20;
-    let a = put(&mut p.owner, four, 1);
+    let a = util::put(&mut p.owner, four, 1);
     let a_id = a.id.clone().unwrap();
-    let r = fetch(
+    let r = util::fetch(
         &mut p.consumer,
         a.handle.as_ref().unwrap(),
         FetchMode::View,
-        1,
+        Some(1),
         true,
+        None,
     )
     .unwrap();
     assert_eq!(r.mode, Some(FetchMode::View));
@@ -140,17 +115,8 @@ fn leased_space_is_never_reused_until_released() {
         })
         .unwrap();
 
-    let b = put(&mut p.owner, four, 2);
-    let full = p
-        .owner
-        .call(&Request::Put {
-            len: four,
-            seed: 3,
-            dtype: None,
-            tags: Default::default(),
-        })
-        .unwrap_err()
-        .to_string();
+    let b = util::put(&mut p.owner, four, 2);
+    let full = util::try_put(&mut p.owner, four, 3).unwrap_err();
     assert!(
         full.contains("pool is full") || full.contains("resource_exhausted"),
         "{full}"
@@ -171,9 +137,17 @@ fn leased_space_is_never_reused_until_released() {
     p.consumer
         .call(&Request::Release { ids: vec![a_id] })
         .unwrap();
-    let c = put(&mut p.owner, four, 3);
+    let c = util::put(&mut p.owner, four, 3);
     for (h, seed) in [(b.handle.unwrap(), 2), (c.handle.unwrap(), 3)] {
-        let r = fetch(&mut p.consumer, &h, FetchMode::Copy, seed, false).unwrap();
+        let r = util::fetch(
+            &mut p.consumer,
+            &h,
+            FetchMode::Copy,
+            Some(seed),
+            false,
+            None,
+        )
+        .unwrap();
         assert_eq!(r.verified, Some(true));
     }
 }
@@ -191,8 +165,8 @@ fn a_failing_transport_falls_back_and_reports_the_downgrade() {
     let owner_cfg = format!("{}{spool}", pool_config("16MiB"));
     let consumer_cfg = format!("{}{spool}", util::shm_plugin("segment-prefix = \"other\""));
     let mut p = start("fallback", &owner_cfg, &consumer_cfg);
-    let h = put(&mut p.owner, 8192, 5).handle.unwrap();
-    let r = fetch(&mut p.consumer, &h, FetchMode::View, 5, false).unwrap();
+    let h = util::put(&mut p.owner, 8192, 5).handle.unwrap();
+    let r = util::fetch(&mut p.consumer, &h, FetchMode::View, Some(5), false, None).unwrap();
     assert_eq!(r.verified, Some(true));
     assert_eq!(r.transport.as_deref(), Some("spool-dir"));
     assert_eq!(r.downgraded, Some(true));
@@ -201,8 +175,8 @@ fn a_failing_transport_falls_back_and_reports_the_downgrade() {
     // The same fetch with on-downgrade = "fail" is refused.
     let strict = format!("[fetch]\non-downgrade = \"fail\"\n{consumer_cfg}");
     let mut p2 = start("fallback-strict", &owner_cfg, &strict);
-    let h = put(&mut p2.owner, 8192, 6).handle.unwrap();
-    let err = fetch(&mut p2.consumer, &h, FetchMode::View, 6, false).unwrap_err();
+    let h = util::put(&mut p2.owner, 8192, 6).handle.unwrap();
+    let err = util::fetch(&mut p2.consumer, &h, FetchMode::View, Some(6), false, None).unwrap_err();
     assert!(
         err.contains("downgrade refused (fetch.on-downgrade = \"fail\")"),
         "{err}"
@@ -213,16 +187,32 @@ fn a_failing_transport_falls_back_and_reports_the_downgrade() {
 fn malformed_handles_are_refused_and_the_worker_keeps_serving() {
     let cfg = pool_config("8MiB");
     let mut p = start("badhandle", &cfg, &cfg);
-    let err = fetch(&mut p.consumer, "zz", FetchMode::Copy, 0, false).unwrap_err();
+    let err =
+        util::fetch(&mut p.consumer, "zz", FetchMode::Copy, Some(0), false, None).unwrap_err();
     assert!(err.contains("bad handle"), "{err}");
-    let good = put(&mut p.owner, 64, 9).handle.unwrap();
+    let good = util::put(&mut p.owner, 64, 9).handle.unwrap();
     let truncated = &good[..good.len() - 2];
-    let err = fetch(&mut p.consumer, truncated, FetchMode::Copy, 9, false).unwrap_err();
+    let err = util::fetch(
+        &mut p.consumer,
+        truncated,
+        FetchMode::Copy,
+        Some(9),
+        false,
+        None,
+    )
+    .unwrap_err();
     assert!(err.contains("invalid handle: truncated"), "{err}");
     assert_eq!(
-        fetch(&mut p.consumer, &good, FetchMode::Copy, 9, false)
-            .unwrap()
-            .verified,
+        util::fetch(
+            &mut p.consumer,
+            &good,
+            FetchMode::Copy,
+            Some(9),
+            false,
+            None
+        )
+        .unwrap()
+        .verified,
         Some(true)
     );
 }
@@ -231,7 +221,7 @@ fn malformed_handles_are_refused_and_the_worker_keeps_serving() {
 fn segments_are_removed_when_the_owner_exits_and_when_it_is_killed_they_stay_named_by_it() {
     let cfg = pool_config("8MiB");
     let mut p = start("cleanup", &cfg, &cfg);
-    put(&mut p.owner, 4096, 1);
+    util::put(&mut p.owner, 4096, 1);
     let stats = p.owner.call(&Request::Stats).unwrap().stats.unwrap();
     let tag = stats["tag"].as_str().unwrap().to_owned();
     assert!(

@@ -124,3 +124,47 @@ pub fn terminate(child: &mut std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Asks a worker to put `len` bytes of the pattern for `seed`.
+pub fn try_put(
+    w: &mut shardport_host::worker::WorkerProcess,
+    len: u64,
+    seed: u64,
+) -> Result<shardport_host::worker::Reply, String> {
+    w.call(&shardport_host::worker::Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// [`try_put`] that must succeed.
+pub fn put(
+    w: &mut shardport_host::worker::WorkerProcess,
+    len: u64,
+    seed: u64,
+) -> shardport_host::worker::Reply {
+    try_put(w, len, seed).expect("put")
+}
+
+/// Asks a worker to fetch `handle` (verifying the pattern for `seed` when
+/// given; keeping it when `hold`; through `only` that transport when given).
+pub fn fetch(
+    w: &mut shardport_host::worker::WorkerProcess,
+    handle: &str,
+    mode: shardport_host::FetchMode,
+    seed: Option<u64>,
+    hold: bool,
+    only: Option<&str>,
+) -> Result<shardport_host::worker::Reply, String> {
+    w.call(&shardport_host::worker::Request::Fetch {
+        handle: handle.to_owned(),
+        mode: Some(mode),
+        seed,
+        hold,
+        only: only.map(str::to_owned),
+    })
+    .map_err(|e| e.to_string())
+}
