@@ -32,6 +32,10 @@
 
 pub mod descriptor;
 
+#[allow(unsafe_code)] // the one unsafe call of this crate, see `sys`
+mod sys;
+use sys::lent_bytes;
+
 use std::{
     collections::HashMap,
     fs::{self, DirBuilder, File, OpenOptions},
@@ -438,18 +442,6 @@ impl SpoolTransport {
         );
         Ok(())
     }
-}
-
-/// The bytes lent to `export`.
-///
-/// The only `unsafe` in this crate: `shardport-abi` offers no safe accessor
-/// for [`ExportRequest::data`] yet. The borrow is tied to `req`, and it is
-/// used only inside `export`, where the host guarantees the bytes.
-#[allow(unsafe_code)]
-fn lent_bytes(req: &ExportRequest) -> &[u8] {
-    // SAFETY: called only from `export`, before it returns; the host keeps
-    // the lent bytes alive and unmodified until `unexport` of this shard.
-    unsafe { req.data.as_slice() }
 }
 
 /// An `AbiError` for a failed file operation: `RESOURCE_EXHAUSTED` for a
