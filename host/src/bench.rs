@@ -327,8 +327,7 @@ pub fn tcp_loopback_gbps(len: usize, reps: usize) -> std::io::Result<f64> {
 }
 
 fn http_only(mut h: Handle) -> Result<Handle, BenchError> {
-    h.exports.retain(|e| e.transport.as_str() == "http");
-    if h.exports.is_empty() {
+    if !h.keep_only("http") {
         return Err(BenchError::Other(
             "the owner did not export through http".into(),
         ));

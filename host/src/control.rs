@@ -376,20 +376,7 @@ fn handle(
             tracing::info!(target: "control", drained, "drain");
             json_out(json!({ "drained": drained }))
         }
-        ("POST", "/v1/sweep") => {
-            let report: serde_json::Map<String, serde_json::Value> = node
-                .sweep()
-                .into_iter()
-                .map(|(t, r)| {
-                    let v = match r {
-                        Ok(stats) => json!(stats),
-                        Err(e) => json!({ "error": e }),
-                    };
-                    (t, v)
-                })
-                .collect();
-            json_out(serde_json::Value::Object(report))
-        }
+        ("POST", "/v1/sweep") => json_out(node.sweep_json()),
         (_, "/v1/health" | "/v1/stats" | "/v1/put" | "/v1/remove" | "/v1/drain" | "/v1/sweep") => {
             Err((
                 405,

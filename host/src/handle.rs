@@ -436,6 +436,13 @@ impl Handle {
         Ok(h)
     }
 
+    /// Drops every export but `transport`'s (to pin a fetch to one
+    /// transport); false when the handle has none.
+    pub fn keep_only(&mut self, transport: &str) -> bool {
+        self.exports.retain(|e| e.transport.as_str() == transport);
+        !self.exports.is_empty()
+    }
+
     /// The export of `transport`, if any.
     pub fn export(&self, transport: &TransportName) -> Option<&Export> {
         self.exports.iter().find(|e| &e.transport == transport)

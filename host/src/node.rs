@@ -675,12 +675,7 @@ impl Node {
         mut target: Target<'_>,
         start: Instant,
     ) -> Result<(Option<ShardBytes>, Selection), HostError> {
-        if handle.meta.byte_len > self.inner.config.node.max_shard_size {
-            return Err(HostError::InvalidShard(format!(
-                "shard {} claims {} bytes, over node.max-shard-size = {}",
-                handle.id, handle.meta.byte_len, self.inner.config.node.max_shard_size
-            )));
-        }
+        self.check_claimed_size(handle)?;
         let plan = self.plan(handle, mode);
         if plan.attempts.is_empty() {
             self.inner.metrics.fetch_error(None);
@@ -741,6 +736,19 @@ impl Node {
             id: handle.id,
             failures,
         }))
+    }
+
+    /// Refuses a handle claiming more than `node.max-shard-size`, before
+    /// anything is allocated for it.
+    fn check_claimed_size(&self, handle: &Handle) -> Result<(), HostError> {
+        let max = self.inner.config.node.max_shard_size;
+        if handle.meta.byte_len > max {
+            return Err(HostError::InvalidShard(format!(
+                "shard {} claims {} bytes, over node.max-shard-size = {max}",
+                handle.id, handle.meta.byte_len
+            )));
+        }
+        Ok(())
     }
 
     /// The selection plan for `handle` on this node.
@@ -888,11 +896,8 @@ impl Node {
         let mut pending = Vec::new();
         for (i, h) in handles.iter().enumerate() {
             let plan = self.plan(h, FetchMode::Copy);
-            if h.meta.byte_len > self.inner.config.node.max_shard_size {
-                out[i] = Some(Err(HostError::InvalidShard(format!(
-                    "shard {} claims {} bytes, over node.max-shard-size = {}",
-                    h.id, h.meta.byte_len, self.inner.config.node.max_shard_size
-                ))));
+            if let Err(e) = self.check_claimed_size(h) {
+                out[i] = Some(Err(e));
             } else if plan.attempts.is_empty() {
                 self.inner.metrics.fetch_error(None);
                 out[i] = Some(Err(HostError::NoCandidate {
@@ -1105,6 +1110,22 @@ impl Node {
             }
         }
         out
+    }
+
+    /// [`sweep`](Self::sweep) as JSON: transport -> its counters, or `{"error": ...}`.
+    pub fn sweep_json(&self) -> serde_json::Value {
+        let report: serde_json::Map<String, serde_json::Value> = self
+            .sweep()
+            .into_iter()
+            .map(|(t, r)| {
+                let v = match r {
+                    Ok(stats) => serde_json::json!(stats),
+                    Err(e) => serde_json::json!({ "error": e }),
+                };
+                (t, v)
+            })
+            .collect();
+        serde_json::Value::Object(report)
     }
 
     /// Drops every cached fetched shard; returns how many.

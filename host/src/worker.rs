@@ -312,8 +312,7 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
             };
             let mut h = h;
             if let Some(only) = &only {
-                h.exports.retain(|e| e.transport.as_str() == only);
-                if h.exports.is_empty() {
+                if !h.keep_only(only) {
                     return Reply::err(format!("the handle has no `{only}` export"));
                 }
             }
@@ -399,23 +398,10 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
                 Err(e) => Reply::err(e),
             }
         }
-        Request::Sweep => {
-            let swept: serde_json::Map<String, serde_json::Value> = node
-                .sweep()
-                .into_iter()
-                .map(|(t, r)| {
-                    let v = match r {
-                        Ok(stats) => serde_json::json!(stats),
-                        Err(e) => serde_json::json!({ "error": e }),
-                    };
-                    (t, v)
-                })
-                .collect();
-            Reply {
-                swept: Some(serde_json::Value::Object(swept)),
-                ..Reply::ok()
-            }
-        }
+        Request::Sweep => Reply {
+            swept: Some(node.sweep_json()),
+            ..Reply::ok()
+        },
         Request::Stats => match serde_json::to_value(node.stats()) {
             Ok(v) => Reply {
                 stats: Some(v),
