@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod node;
 pub mod select;
 pub mod services;
+pub mod snapshot;
 pub mod soak;
 pub mod worker;
 
