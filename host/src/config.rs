@@ -120,6 +120,52 @@ struct RawConfig {
     plugin: Vec<RawPlugin>,
     #[serde(default)]
     route: Vec<RawRoute>,
+    #[serde(default)]
+    experiment: Vec<RawExperiment>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct RawExperiment {
+    name: Spanned<String>,
+    unit: Option<Spanned<String>>,
+    salt: Option<String>,
+    local: Option<bool>,
+    device: Option<Spanned<String>>,
+    min_size: Option<Spanned<toml::Value>>,
+    max_size: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    tags: std::collections::BTreeMap<String, String>,
+    owner: Option<Spanned<String>>,
+    arms: Spanned<Vec<RawArm>>,
+    guardrail: Option<Spanned<RawGuardrail>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct RawArm {
+    name: Option<Spanned<String>>,
+    transport: Spanned<String>,
+    weight: Spanned<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct RawGuardrail {
+    max_error_rate: Option<Spanned<f64>>,
+    max_p99_ratio: Option<Spanned<f64>>,
+    window: Option<Spanned<String>>,
+    min_samples: Option<Spanned<i64>>,
+}
+
+/// The conditions of a `[[route]]` or `[[experiment]]`, as written.
+struct RawWhen<'a> {
+    local: Option<bool>,
+    device: &'a Option<Spanned<String>>,
+    min_size: &'a Option<Spanned<toml::Value>>,
+    max_size: &'a Option<Spanned<toml::Value>>,
+    tags: &'a std::collections::BTreeMap<String, String>,
+    owner: &'a Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -378,6 +424,82 @@ pub struct Route {
     pub transports: Vec<TransportName>,
 }
 
+/// How an experiment assigns fetches to arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExperimentUnit {
+    /// Per shard: every fetch of a shard goes to the same arm (a hash of
+    /// the experiment's salt and the shard id picks it).
+    Shard,
+    /// Per fetch: each fetch draws an arm.
+    Fetch,
+}
+
+impl fmt::Display for ExperimentUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ExperimentUnit::Shard => "shard",
+            ExperimentUnit::Fetch => "fetch",
+        })
+    }
+}
+
+/// One arm of an experiment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arm {
+    /// Name in metrics and reports (the transport name when not given).
+    pub name: String,
+    /// The transport this arm's fetches try first.
+    pub transport: TransportName,
+    /// Relative weight (> 0).
+    pub weight: u32,
+}
+
+/// When an arm is switched off automatically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guardrail {
+    /// Largest tolerated error rate (errors / attempts) over the window.
+    pub max_error_rate: Option<f64>,
+    /// Largest tolerated ratio of the arm's p99 latency to the control arm's.
+    pub max_p99_ratio: Option<f64>,
+    /// The sliding window the rates are computed over.
+    pub window: std::time::Duration,
+    /// Fewest attempts in the window (per arm, and for the control arm when
+    /// comparing latency) before the guardrail judges anything.
+    pub min_samples: u64,
+}
+
+/// Default guardrail window.
+pub const DEFAULT_GUARDRAIL_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+/// Default guardrail minimum sample count.
+pub const DEFAULT_GUARDRAIL_MIN_SAMPLES: u64 = 100;
+/// Most arms in one experiment.
+pub const MAX_ARMS: usize = 16;
+
+/// An A/B (or canary) experiment: matching fetches are split between arms,
+/// each arm's transport tried first; the first arm is the control.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experiment {
+    /// Name in metrics and reports.
+    pub name: String,
+    /// Which fetches take part (as in routes).
+    pub when: RouteWhen,
+    /// Assignment unit.
+    pub unit: ExperimentUnit,
+    /// Hash salt (the name when not given); changing it reshuffles shards.
+    pub salt: String,
+    /// Arms; `arms[0]` is the control.
+    pub arms: Vec<Arm>,
+    /// Automatic switch-off of misbehaving arms.
+    pub guardrail: Option<Guardrail>,
+}
+
+impl Experiment {
+    /// Sum of the arm weights.
+    pub fn total_weight(&self) -> u64 {
+        self.arms.iter().map(|a| u64::from(a.weight)).sum()
+    }
+}
+
 /// One plugin to load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginSpec {
@@ -482,7 +604,7 @@ pub struct ControlConfig {
 }
 
 /// A validated config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where it came from.
     pub origin: Origin,
@@ -500,6 +622,8 @@ pub struct Config {
     pub plugins: Vec<PluginSpec>,
     /// Routing rules, first match wins (none: the default order).
     pub routes: Vec<Route>,
+    /// Experiments, first match wins; they take precedence over routes.
+    pub experiments: Vec<Experiment>,
     /// Control endpoint.
     pub control: ControlConfig,
     /// Unknown keys and other non-fatal findings, with their dotted paths.
@@ -618,6 +742,229 @@ impl Ctx<'_> {
             ),
             Some(&format!("example: {leaf} = {}", expected[0])),
         ))
+    }
+
+    /// Validates the conditions of a route or experiment at `key`.
+    fn when(&self, key: &str, r: RawWhen<'_>) -> Result<RouteWhen, ConfigError> {
+        let size =
+            |name: &str, v: &Option<Spanned<toml::Value>>| -> Result<Option<u64>, ConfigError> {
+                let Some(v) = v else { return Ok(None) };
+                let parsed = match v.get_ref() {
+                    toml::Value::Integer(n) if *n >= 0 => Some(*n as u64),
+                    toml::Value::String(s) => parse_byte_size(s),
+                    _ => None,
+                };
+                parsed.map(Some).ok_or_else(|| {
+                    self.error(
+                        Some(v.span()),
+                        format!(
+                            "`{key}.{name}`: expected a byte size such as \"1MiB\", found {}",
+                            v.get_ref()
+                        ),
+                        Some(&format!("example: {name} = \"1MiB\"")),
+                    )
+                })
+            };
+        let min_size = size("min-size", r.min_size)?;
+        let max_size = size("max-size", r.max_size)?;
+        if let (Some(lo), Some(hi)) = (min_size, max_size) {
+            if lo > hi {
+                return Err(self.error(
+                    r.max_size.as_ref().map(Spanned::span),
+                    format!("`{key}`: max-size ({hi}) is below min-size ({lo}); it could never match"),
+                    None,
+                ));
+            }
+        }
+        let device = self.choice(
+            &format!("{key}.device"),
+            r.device,
+            &[
+                ("cpu", Some(DeviceSel::Cpu)),
+                ("cuda", Some(DeviceSel::Cuda)),
+            ],
+            None,
+        )?;
+        let owner = match r.owner {
+            Some(p) if p.get_ref().is_empty() || p.get_ref().len() > 255 => {
+                return Err(self.error(
+                    Some(p.span()),
+                    format!("`{key}.owner`: expected an address pattern of 1..=255 characters"),
+                    Some("example: owner = \"10.0.*:7070\""),
+                ))
+            }
+            Some(p) => Some(AddrPattern(p.get_ref().clone())),
+            None => None,
+        };
+        Ok(RouteWhen {
+            local: r.local,
+            device,
+            min_size,
+            max_size,
+            tags: r.tags.clone(),
+            owner,
+        })
+    }
+
+    /// Validates `[[experiment]]` number `i`.
+    fn experiment(
+        &self,
+        i: usize,
+        e: &RawExperiment,
+        plugins: &[PluginSpec],
+        warnings: &mut Vec<String>,
+    ) -> Result<Experiment, ConfigError> {
+        let key = format!("experiment[{i}]");
+        let name = e.name.get_ref().trim();
+        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(self.error(
+                Some(e.name.span()),
+                format!("`{key}.name`: expected 1..=64 characters of [A-Za-z0-9._-], found \"{}\"", e.name.get_ref()),
+                Some("example: name = \"shm-vs-http\""),
+            ));
+        }
+        let when = self.when(
+            &key,
+            RawWhen {
+                local: e.local,
+                device: &e.device,
+                min_size: &e.min_size,
+                max_size: &e.max_size,
+                tags: &e.tags,
+                owner: &e.owner,
+            },
+        )?;
+        let unit = self.choice(
+            &format!("{key}.unit"),
+            &e.unit,
+            &[("shard", ExperimentUnit::Shard), ("fetch", ExperimentUnit::Fetch)],
+            ExperimentUnit::Shard,
+        )?;
+        let arms_help = Some("example: arms = [{ transport = \"posix-shm\", weight = 90 }, { transport = \"http\", weight = 10 }]");
+        if e.arms.get_ref().len() < 2 || e.arms.get_ref().len() > MAX_ARMS {
+            return Err(self.error(
+                Some(e.arms.span()),
+                format!(
+                    "`{key}.arms`: expected 2..={MAX_ARMS} arms (the first is the control), found {}",
+                    e.arms.get_ref().len()
+                ),
+                arms_help,
+            ));
+        }
+        let mut arms: Vec<Arm> = Vec::new();
+        for (j, a) in e.arms.get_ref().iter().enumerate() {
+            let akey = format!("{key}.arms[{j}]");
+            let transport = self.transport(&format!("{akey}.transport"), &a.transport)?;
+            if !plugins.iter().any(|p| p.name == transport) {
+                warnings.push(format!(
+                    "`{akey}.transport` names `{transport}`, which no [[plugin]] table loads; the experiment will never apply"
+                ));
+            }
+            if arms.iter().any(|b| b.transport == transport) {
+                return Err(self.error(
+                    Some(a.transport.span()),
+                    format!("`{akey}.transport`: `{transport}` already has an arm; each arm needs its own transport"),
+                    arms_help,
+                ));
+            }
+            let weight = *a.weight.get_ref();
+            if !(1..=1_000_000).contains(&weight) {
+                return Err(self.error(
+                    Some(a.weight.span()),
+                    format!("`{akey}.weight`: expected an integer in 1..=1000000, found {weight}"),
+                    Some("example: weight = 10"),
+                ));
+            }
+            let name = match &a.name {
+                Some(n) => {
+                    let v = n.get_ref();
+                    if v.is_empty() || v.len() > 64 || !v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                        return Err(self.error(
+                            Some(n.span()),
+                            format!("`{akey}.name`: expected 1..=64 characters of [A-Za-z0-9._-], found \"{v}\""),
+                            Some("example: name = \"canary\""),
+                        ));
+                    }
+                    v.clone()
+                }
+                None => transport.to_string(),
+            };
+            if arms.iter().any(|b| b.name == name) {
+                return Err(self.error(
+                    a.name.as_ref().map_or(Some(a.transport.span()), |n| Some(n.span())),
+                    format!("`{akey}`: arm name `{name}` is used twice"),
+                    None,
+                ));
+            }
+            arms.push(Arm {
+                name,
+                transport,
+                weight: weight as u32,
+            });
+        }
+        let guardrail = match &e.guardrail {
+            None => None,
+            Some(g) => {
+                let span = g.span();
+                let g = g.get_ref();
+                let gkey = format!("{key}.guardrail");
+                let fraction = |name: &str, v: &Option<Spanned<f64>>, lo: f64, hi: f64, example: &str| -> Result<Option<f64>, ConfigError> {
+                    match v {
+                        None => Ok(None),
+                        Some(v) if (lo..=hi).contains(v.get_ref()) => Ok(Some(*v.get_ref())),
+                        Some(v) => Err(self.error(
+                            Some(v.span()),
+                            format!("`{gkey}.{name}`: expected a number in {lo}..={hi}, found {}", v.get_ref()),
+                            Some(&format!("example: {name} = {example}")),
+                        )),
+                    }
+                };
+                let max_error_rate = fraction("max-error-rate", &g.max_error_rate, 0.0, 1.0, "0.05")?;
+                let max_p99_ratio = fraction("max-p99-ratio", &g.max_p99_ratio, 1.0, 1e6, "3.0")?;
+                if max_error_rate.is_none() && max_p99_ratio.is_none() {
+                    return Err(self.error(
+                        Some(span),
+                        format!("`{gkey}` sets neither `max-error-rate` nor `max-p99-ratio`; it would never trip"),
+                        Some("example: guardrail = { max-error-rate = 0.05, window = \"60s\" }"),
+                    ));
+                }
+                let window = match &g.window {
+                    None => DEFAULT_GUARDRAIL_WINDOW,
+                    Some(v) => parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
+                        self.error(
+                            Some(v.span()),
+                            format!("`{gkey}.window`: expected a duration such as \"60s\", found \"{}\"", v.get_ref()),
+                            Some("example: window = \"60s\""),
+                        )
+                    })?,
+                };
+                let min_samples = match &g.min_samples {
+                    None => DEFAULT_GUARDRAIL_MIN_SAMPLES,
+                    Some(v) if (1..=100_000_000).contains(v.get_ref()) => *v.get_ref() as u64,
+                    Some(v) => {
+                        return Err(self.error(
+                            Some(v.span()),
+                            format!("`{gkey}.min-samples`: expected 1..=100000000, found {}", v.get_ref()),
+                            Some("example: min-samples = 100"),
+                        ))
+                    }
+                };
+                Some(Guardrail {
+                    max_error_rate,
+                    max_p99_ratio,
+                    window,
+                    min_samples,
+                })
+            }
+        };
+        Ok(Experiment {
+            name: name.to_owned(),
+            when,
+            unit,
+            salt: e.salt.clone().unwrap_or_else(|| name.to_owned()),
+            arms,
+            guardrail,
+        })
     }
 
     fn transport(&self, key: &str, v: &Spanned<String>) -> Result<TransportName, ConfigError> {
@@ -1031,56 +1378,17 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     let mut routes = Vec::new();
     for (i, r) in raw.route.into_iter().enumerate() {
         let key = format!("route[{i}]");
-        let size =
-            |name: &str, v: &Option<Spanned<toml::Value>>| -> Result<Option<u64>, ConfigError> {
-                let Some(v) = v else { return Ok(None) };
-                let parsed = match v.get_ref() {
-                    toml::Value::Integer(n) if *n >= 0 => Some(*n as u64),
-                    toml::Value::String(s) => parse_byte_size(s),
-                    _ => None,
-                };
-                parsed.map(Some).ok_or_else(|| {
-                    ctx.error(
-                        Some(v.span()),
-                        format!(
-                            "`{key}.{name}`: expected a byte size such as \"1MiB\", found {}",
-                            v.get_ref()
-                        ),
-                        Some(&format!("example: {name} = \"1MiB\"")),
-                    )
-                })
-            };
-        let min_size = size("min-size", &r.min_size)?;
-        let max_size = size("max-size", &r.max_size)?;
-        if let (Some(lo), Some(hi)) = (min_size, max_size) {
-            if lo > hi {
-                return Err(ctx.error(
-                    r.max_size.as_ref().map(Spanned::span),
-                    format!("`{key}`: max-size ({hi}) is below min-size ({lo}); the route could never match"),
-                    None,
-                ));
-            }
-        }
-        let device = ctx.choice(
-            &format!("{key}.device"),
-            &r.device,
-            &[
-                ("cpu", Some(DeviceSel::Cpu)),
-                ("cuda", Some(DeviceSel::Cuda)),
-            ],
-            None,
+        let when = ctx.when(
+            &key,
+            RawWhen {
+                local: r.local,
+                device: &r.device,
+                min_size: &r.min_size,
+                max_size: &r.max_size,
+                tags: &r.tags,
+                owner: &r.owner,
+            },
         )?;
-        let owner = match &r.owner {
-            Some(p) if p.get_ref().is_empty() || p.get_ref().len() > 255 => {
-                return Err(ctx.error(
-                    Some(p.span()),
-                    format!("`{key}.owner`: expected an address pattern of 1..=255 characters"),
-                    Some("example: owner = \"10.0.*:7070\""),
-                ))
-            }
-            Some(p) => Some(AddrPattern(p.get_ref().clone())),
-            None => None,
-        };
         if r.transports.get_ref().is_empty() {
             return Err(ctx.error(
                 Some(r.transports.span()),
@@ -1110,21 +1418,30 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 .name
                 .map(Spanned::into_inner)
                 .unwrap_or_else(|| key.clone()),
-            when: RouteWhen {
-                local: r.local,
-                device,
-                min_size,
-                max_size,
-                tags: r.tags,
-                owner,
-            },
+            when,
             transports,
         });
+    }
+    let experiments = raw
+        .experiment
+        .iter()
+        .enumerate()
+        .map(|(i, e)| ctx.experiment(i, e, &plugins, &mut warnings))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, e) in experiments.iter().enumerate() {
+        if experiments[..i].iter().any(|o| o.name == e.name) {
+            return Err(ctx.error(
+                Some(raw.experiment[i].name.span()),
+                format!("`experiment[{i}].name`: `{}` is used twice", e.name),
+                None,
+            ));
+        }
     }
 
     Ok(Config {
         origin,
         routes,
+        experiments,
         control,
         node,
         fetch,

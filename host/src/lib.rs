@@ -28,6 +28,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod error;
+pub mod experiment;
 pub mod handle;
 pub mod identity;
 pub mod loader;

@@ -1,25 +1,112 @@
-//! Per-node fetch metrics: counters and latency totals per transport, and
-//! downgrades. Lock-free counters; the transport set is fixed at start.
+//! Per-node fetch metrics: per transport and per experiment arm, counters
+//! (fetches, bytes, errors, downgrades) and HDR latency histograms by size
+//! bucket; node-wide downgrades, fetches without a candidate and leaked
+//! bytes. Counters are lock-free; each histogram has its own small lock,
+//! created on the first fetch of its size bucket. The transport and arm sets
+//! are fixed when the node starts.
+//!
+//! [`Metrics::snapshot`] gives the JSON [`Snapshot`]; [`prometheus`] renders
+//! a snapshot in the Prometheus text exposition format (0.0.4), so the two
+//! views always agree.
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::{AtomicU64, Ordering},
+    fmt::Write as _,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
     time::Duration,
 };
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::snapshot::{size_bucket, Series, SizeHistogram, Snapshot, SIZE_BUCKETS};
+
+/// Highest latency a histogram tracks (1 hour); longer ones are clamped.
+const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+
+/// Counters and histograms of one transport or arm.
 #[derive(Default)]
-struct Counters {
+struct SeriesState {
     fetches: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
+    downgrades: AtomicU64,
     latency_ns: AtomicU64,
+    /// One per size bucket (`SIZE_BUCKETS` plus the `inf` bucket).
+    hist: [Mutex<Option<(Histogram<u64>, u64)>>; SIZE_BUCKETS.len() + 1],
+}
+
+fn bucket_index(len: u64) -> usize {
+    SIZE_BUCKETS
+        .iter()
+        .position(|&b| len <= b)
+        .unwrap_or(SIZE_BUCKETS.len())
+}
+
+impl SeriesState {
+    fn ok(&self, bytes: u64, latency: Duration) {
+        let ns = (latency.as_nanos().min(u128::from(MAX_LATENCY_NS)) as u64).max(1);
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.latency_ns.fetch_add(ns, Ordering::Relaxed);
+        let mut slot = self.hist[bucket_index(bytes)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (h, sum) = slot.get_or_insert_with(|| {
+            (
+                Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("valid histogram bounds"),
+                0,
+            )
+        });
+        h.saturating_record(ns);
+        *sum += ns;
+    }
+
+    fn series(&self, name: &str, transport: &str) -> Series {
+        let mut latency = Vec::new();
+        for (i, slot) in self.hist.iter().enumerate() {
+            let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let Some((h, sum)) = slot.as_ref() else {
+                continue;
+            };
+            let bound = SIZE_BUCKETS.get(i).copied().unwrap_or(u64::MAX);
+            latency.push(SizeHistogram {
+                size: size_bucket(bound).to_owned(),
+                counts: h
+                    .iter_recorded()
+                    .map(|v| (h.highest_equivalent(v.value_iterated_to()), v.count_at_value()))
+                    .collect(),
+                sum_ns: *sum,
+            });
+        }
+        Series {
+            name: name.to_owned(),
+            transport: transport.to_owned(),
+            fetches: self.fetches.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            downgrades: self.downgrades.load(Ordering::Relaxed),
+            latency_ns_total: self.latency_ns.load(Ordering::Relaxed),
+            latency,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ArmState {
+    series: SeriesState,
+    assigned: AtomicU64,
+    redirected: AtomicU64,
 }
 
 /// Metrics of one node.
 pub struct Metrics {
-    per_transport: BTreeMap<String, Counters>,
+    per_transport: BTreeMap<String, SeriesState>,
+    /// Per experiment, per arm.
+    arms: Vec<Vec<ArmState>>,
     no_candidate: AtomicU64,
     downgrades: AtomicU64,
     leaked_bytes: AtomicU64,
@@ -28,7 +115,7 @@ pub struct Metrics {
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics")
-            .field("transports", &self.snapshot())
+            .field("transports", &self.transport_totals())
             .finish()
     }
 }
@@ -46,13 +133,45 @@ pub struct TransportSnapshot {
     pub latency_ns_total: u64,
 }
 
+/// What an experiment arm is, for a snapshot (names and live state come
+/// from the node).
+#[derive(Debug, Clone)]
+pub struct ArmInfo {
+    /// Arm name.
+    pub name: String,
+    /// Its transport.
+    pub transport: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Why the guardrail disabled it, if it did.
+    pub disabled: Option<String>,
+    /// Guardrail trips.
+    pub trips: u64,
+}
+
+/// What an experiment is, for a snapshot.
+#[derive(Debug, Clone)]
+pub struct ExperimentInfo {
+    /// Name.
+    pub name: String,
+    /// Unit (`shard` / `fetch`).
+    pub unit: String,
+    /// Arms in config order; the first is the control.
+    pub arms: Vec<ArmInfo>,
+}
+
 impl Metrics {
-    /// Metrics for these transports.
-    pub fn new(transports: impl IntoIterator<Item = String>) -> Self {
+    /// Metrics for these transports and experiments (arm counts per
+    /// experiment, in config order).
+    pub fn new(transports: impl IntoIterator<Item = String>, arm_counts: &[usize]) -> Self {
         Metrics {
             per_transport: transports
                 .into_iter()
-                .map(|t| (t, Counters::default()))
+                .map(|t| (t, SeriesState::default()))
+                .collect(),
+            arms: arm_counts
+                .iter()
+                .map(|&n| (0..n).map(|_| ArmState::default()).collect())
                 .collect(),
             no_candidate: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
@@ -63,10 +182,7 @@ impl Metrics {
     /// A successful fetch.
     pub fn fetch_ok(&self, transport: &str, bytes: u64, latency: Duration) {
         if let Some(c) = self.per_transport.get(transport) {
-            c.fetches.fetch_add(1, Ordering::Relaxed);
-            c.bytes.fetch_add(bytes, Ordering::Relaxed);
-            c.latency_ns
-                .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
+            c.ok(bytes, latency);
         }
     }
 
@@ -78,9 +194,46 @@ impl Metrics {
         };
     }
 
-    /// A downgrade.
-    pub fn downgrade(&self) {
+    /// A downgrade: `served_by` served a fetch after a faster candidate failed.
+    pub fn downgrade(&self, served_by: &str) {
         self.downgrades.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.per_transport.get(served_by) {
+            c.downgrades.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn arm(&self, experiment: usize, arm: usize) -> Option<&ArmState> {
+        self.arms.get(experiment).and_then(|a| a.get(arm))
+    }
+
+    /// A fetch was assigned to an arm (`redirected`: it was drawn for a
+    /// disabled arm and goes to this, the control arm, instead; it is then
+    /// counted on the drawn arm's `redirected` too).
+    pub fn arm_assigned(&self, experiment: usize, arm: usize, redirected_from: Option<usize>) {
+        if let Some(a) = self.arm(experiment, arm) {
+            a.assigned.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(a) = redirected_from.and_then(|d| self.arm(experiment, d)) {
+            a.redirected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The arm's transport served the fetch.
+    pub fn arm_ok(&self, experiment: usize, arm: usize, bytes: u64, latency: Duration) {
+        if let Some(a) = self.arm(experiment, arm) {
+            a.series.ok(bytes, latency);
+        }
+    }
+
+    /// The arm's transport failed the fetch (`then_served`: another
+    /// transport served it afterwards, a downgrade).
+    pub fn arm_error(&self, experiment: usize, arm: usize, then_served: bool) {
+        if let Some(a) = self.arm(experiment, arm) {
+            a.series.errors.fetch_add(1, Ordering::Relaxed);
+            if then_served {
+                a.series.downgrades.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Owned bytes leaked because a transport failed to unexport them.
@@ -103,8 +256,8 @@ impl Metrics {
         self.downgrades.load(Ordering::Relaxed)
     }
 
-    /// Per-transport snapshot.
-    pub fn snapshot(&self) -> BTreeMap<String, TransportSnapshot> {
+    /// Per-transport totals.
+    pub fn transport_totals(&self) -> BTreeMap<String, TransportSnapshot> {
         self.per_transport
             .iter()
             .map(|(t, c)| {
@@ -119,5 +272,487 @@ impl Metrics {
                 )
             })
             .collect()
+    }
+
+    /// The full snapshot; `experiments` names what the arm indices mean.
+    pub fn snapshot(
+        &self,
+        node: &str,
+        taken_at_unix_ms: u64,
+        window_s: f64,
+        experiments: &[ExperimentInfo],
+        gauges: Vec<crate::snapshot::Gauge>,
+    ) -> Snapshot {
+        Snapshot {
+            format: crate::snapshot::FORMAT.to_owned(),
+            node: node.to_owned(),
+            taken_at_unix_ms,
+            window_s,
+            transports: self
+                .per_transport
+                .iter()
+                .map(|(t, c)| c.series(t, t))
+                .collect(),
+            experiments: experiments
+                .iter()
+                .enumerate()
+                .map(|(ei, e)| crate::snapshot::ExperimentSnapshot {
+                    name: e.name.clone(),
+                    unit: e.unit.clone(),
+                    control: e.arms.first().map(|a| a.name.clone()).unwrap_or_default(),
+                    arms: e
+                        .arms
+                        .iter()
+                        .enumerate()
+                        .map(|(ai, a)| {
+                            let state = self.arm(ei, ai);
+                            crate::snapshot::ArmSnapshot {
+                                weight: a.weight,
+                                assigned: state.map_or(0, |s| s.assigned.load(Ordering::Relaxed)),
+                                disabled: a.disabled.clone(),
+                                guardrail_trips: a.trips,
+                                redirected: state
+                                    .map_or(0, |s| s.redirected.load(Ordering::Relaxed)),
+                                series: state.map_or_else(Series::default, |s| {
+                                    s.series.series(&a.name, &a.transport)
+                                }),
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+            downgrades: self.downgrades(),
+            no_candidate: self.no_candidate(),
+            leaked_bytes: self.leaked_bytes(),
+            gauges,
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the Prometheus latency histogram buckets.
+const LE_SECONDS: [f64; 22] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05,
+    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// Escapes a label value per the exposition format.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+/// Accumulates one metric family: its HELP/TYPE header once, then samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels_: &str, value: impl std::fmt::Display) {
+        let _ = writeln!(self.out, "{name}{labels_} {value}");
+    }
+
+    fn histogram(&mut self, name: &str, base: &[(&str, &str)], h: &SizeHistogram) {
+        let mut pairs: Vec<(&str, &str)> = base.to_vec();
+        pairs.push(("size", &h.size));
+        let mut cumulative = 0u64;
+        let mut it = h.counts.iter().peekable();
+        for le in LE_SECONDS {
+            let le_ns = (le * 1e9).round() as u64;
+            while let Some(&&(v, c)) = it.peek() {
+                if v > le_ns {
+                    break;
+                }
+                cumulative += c;
+                it.next();
+            }
+            let le_s = format!("{le}");
+            let mut with_le = pairs.clone();
+            with_le.push(("le", &le_s));
+            self.sample(&format!("{name}_bucket"), &labels(&with_le), cumulative);
+        }
+        let mut with_le = pairs.clone();
+        with_le.push(("le", "+Inf"));
+        self.sample(&format!("{name}_bucket"), &labels(&with_le), h.n());
+        self.sample(
+            &format!("{name}_sum"),
+            &labels(&pairs),
+            h.sum_ns as f64 / 1e9,
+        );
+        self.sample(&format!("{name}_count"), &labels(&pairs), h.n());
+    }
+}
+
+/// Renders a snapshot in the Prometheus text exposition format (0.0.4).
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let mut f = Family { out: &mut out };
+    let node = s.node.as_str();
+    type Pick = fn(&Series) -> u64;
+    let counters: [(&str, &str, Pick); 4] = [
+        (
+            "shardport_fetches_total",
+            "Successful fetches per transport.",
+            |x| x.fetches,
+        ),
+        (
+            "shardport_fetch_bytes_total",
+            "Bytes fetched per transport.",
+            |x| x.bytes,
+        ),
+        (
+            "shardport_fetch_errors_total",
+            "Failed fetch attempts per transport.",
+            |x| x.errors,
+        ),
+        (
+            "shardport_fetch_downgrades_total",
+            "Fetches a transport served after a faster candidate failed.",
+            |x| x.downgrades,
+        ),
+    ];
+    for (name, help, pick) in counters {
+        f.header(name, "counter", help);
+        for t in &s.transports {
+            f.sample(
+                name,
+                &labels(&[("node", node), ("transport", &t.transport)]),
+                pick(t),
+            );
+        }
+    }
+    let name = "shardport_fetch_latency_seconds";
+    f.header(
+        name,
+        "histogram",
+        "Latency of successful fetches per transport and shard size bucket.",
+    );
+    for t in &s.transports {
+        for h in &t.latency {
+            f.histogram(name, &[("node", node), ("transport", &t.transport)], h);
+        }
+    }
+    for (name, help, value) in [
+        (
+            "shardport_downgrades_total",
+            "Fetches served after a faster candidate failed.",
+            s.downgrades,
+        ),
+        (
+            "shardport_no_candidate_total",
+            "Fetches no loaded transport could serve.",
+            s.no_candidate,
+        ),
+    ] {
+        f.header(name, "counter", help);
+        f.sample(name, &labels(&[("node", node)]), value);
+    }
+    f.header(
+        "shardport_leaked_bytes",
+        "gauge",
+        "Owned bytes leaked because a transport could not unexport them.",
+    );
+    f.sample(
+        "shardport_leaked_bytes",
+        &labels(&[("node", node)]),
+        s.leaked_bytes,
+    );
+
+    if !s.experiments.is_empty() {
+        type ArmPick = fn(&crate::snapshot::ArmSnapshot) -> u64;
+        let arm_counters: [(&str, &str, ArmPick); 7] = [
+            (
+                "shardport_experiment_assigned_total",
+                "Fetches assigned to an experiment arm.",
+                |a| a.assigned,
+            ),
+            (
+                "shardport_experiment_fetches_total",
+                "Fetches an arm's transport served.",
+                |a| a.series.fetches,
+            ),
+            (
+                "shardport_experiment_fetch_bytes_total",
+                "Bytes an arm's transport served.",
+                |a| a.series.bytes,
+            ),
+            (
+                "shardport_experiment_errors_total",
+                "Attempts of an arm's transport that failed.",
+                |a| a.series.errors,
+            ),
+            (
+                "shardport_experiment_downgrades_total",
+                "Fetches of an arm that another transport served after the arm's failed.",
+                |a| a.series.downgrades,
+            ),
+            (
+                "shardport_experiment_redirected_total",
+                "Fetches drawn for a disabled arm and sent to the control arm.",
+                |a| a.redirected,
+            ),
+            (
+                "shardport_experiment_guardrail_trips_total",
+                "Times the guardrail disabled an arm.",
+                |a| a.guardrail_trips,
+            ),
+        ];
+        for (name, help, pick) in arm_counters {
+            f.header(name, "counter", help);
+            for e in &s.experiments {
+                for a in &e.arms {
+                    f.sample(
+                        name,
+                        &labels(&[
+                            ("node", node),
+                            ("experiment", &e.name),
+                            ("arm", &a.series.name),
+                            ("transport", &a.series.transport),
+                        ]),
+                        pick(a),
+                    );
+                }
+            }
+        }
+        let name = "shardport_experiment_arm_enabled";
+        f.header(
+            name,
+            "gauge",
+            "1 while an arm takes traffic, 0 once the guardrail disabled it.",
+        );
+        for e in &s.experiments {
+            for a in &e.arms {
+                f.sample(
+                    name,
+                    &labels(&[
+                        ("node", node),
+                        ("experiment", &e.name),
+                        ("arm", &a.series.name),
+                    ]),
+                    u8::from(a.disabled.is_none()),
+                );
+            }
+        }
+        let name = "shardport_experiment_latency_seconds";
+        f.header(
+            name,
+            "histogram",
+            "Latency of fetches an arm's transport served, per shard size bucket.",
+        );
+        for e in &s.experiments {
+            for a in &e.arms {
+                for h in &a.series.latency {
+                    f.histogram(
+                        name,
+                        &[
+                            ("node", node),
+                            ("experiment", &e.name),
+                            ("arm", &a.series.name),
+                            ("transport", &a.series.transport),
+                        ],
+                        h,
+                    );
+                }
+            }
+        }
+    }
+
+    // Gauges grouped by name so each family has one header.
+    let mut by_name: BTreeMap<&str, Vec<&crate::snapshot::Gauge>> = BTreeMap::new();
+    for g in &s.gauges {
+        by_name.entry(g.name.as_str()).or_default().push(g);
+    }
+    for (gname, items) in by_name {
+        let (full, kind) = if gname.ends_with("_total") {
+            (format!("shardport_{gname}"), "counter")
+        } else {
+            (format!("shardport_{gname}"), "gauge")
+        };
+        f.header(&full, kind, &gauge_help(gname));
+        for g in items {
+            let mut pairs: Vec<(&str, &str)> = vec![("node", node)];
+            pairs.extend(g.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            f.sample(&full, &labels(&pairs), g.value);
+        }
+    }
+    out
+}
+
+fn gauge_help(name: &str) -> String {
+    match name {
+        "cache_entries" => "Shards in the consumer cache.".to_owned(),
+        "cache_bytes" => "Bytes in the consumer cache.".to_owned(),
+        "cache_held_entries" => "Cache entries a caller still holds (never evicted).".to_owned(),
+        "shards_owned" => "Shards this node owns.".to_owned(),
+        "bytes_owned" => "Bytes this node owns.".to_owned(),
+        "plugin_gauge" => "A transport's own gauge (pool occupancy, leases...).".to_owned(),
+        "plugin_events_total" => "A transport's own counter.".to_owned(),
+        other => format!("{other} (node gauge)."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Gauge;
+
+    fn sample_snapshot() -> Snapshot {
+        let m = Metrics::new(["posix-shm".to_owned(), "http".to_owned()], &[2]);
+        m.fetch_ok("posix-shm", 4096, Duration::from_micros(3));
+        m.fetch_ok("posix-shm", 4096, Duration::from_micros(5));
+        m.fetch_ok("posix-shm", 8 << 20, Duration::from_millis(2));
+        m.fetch_ok("http", 4096, Duration::from_micros(45));
+        m.fetch_error(Some("posix-shm"));
+        m.downgrade("http");
+        m.arm_assigned(0, 0, None);
+        m.arm_assigned(0, 1, None);
+        m.arm_assigned(0, 0, Some(1));
+        m.arm_ok(0, 0, 4096, Duration::from_micros(3));
+        m.arm_error(0, 1, true);
+        let exps = [ExperimentInfo {
+            name: "shm-vs-http".into(),
+            unit: "shard".into(),
+            arms: vec![
+                ArmInfo {
+                    name: "control".into(),
+                    transport: "posix-shm".into(),
+                    weight: 90,
+                    disabled: None,
+                    trips: 0,
+                },
+                ArmInfo {
+                    name: "canary".into(),
+                    transport: "http".into(),
+                    weight: 10,
+                    disabled: Some("error rate".into()),
+                    trips: 1,
+                },
+            ],
+        }];
+        let gauges = vec![
+            Gauge {
+                name: "cache_bytes".into(),
+                labels: vec![],
+                value: 4096.0,
+            },
+            Gauge {
+                name: "plugin_gauge".into(),
+                labels: vec![
+                    ("transport".into(), "posix-shm".into()),
+                    ("stat".into(), "pool_bytes_used".into()),
+                ],
+                value: 123.0,
+            },
+        ];
+        m.snapshot("n1", 1, 2.0, &exps, gauges)
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            labels(&[("node", "a\"b\\c\nd")]),
+            r#"{node="a\"b\\c\nd"}"#
+        );
+    }
+
+    #[test]
+    fn snapshot_counts_and_histograms() {
+        let s = sample_snapshot();
+        let shm = s.transports.iter().find(|t| t.name == "posix-shm").unwrap();
+        assert_eq!((shm.fetches, shm.errors, shm.bytes), (3, 1, 8192 + (8 << 20)));
+        let small = shm.latency.iter().find(|h| h.size == "4KiB").unwrap();
+        assert_eq!(small.n(), 2);
+        assert_eq!(small.sum_ns, 8_000);
+        // 2 significant digits: each value within 1% of what was recorded.
+        let values: Vec<u64> = small.counts.iter().map(|&(v, _)| v).collect();
+        assert!((2_970..=3_030).contains(&values[0]) && (4_950..=5_050).contains(&values[1]), "{values:?}");
+        assert!(shm.latency.iter().any(|h| h.size == "16MiB" && h.n() == 1));
+        let http = s.transports.iter().find(|t| t.name == "http").unwrap();
+        assert_eq!(http.downgrades, 1);
+        let e = &s.experiments[0];
+        assert_eq!(e.control, "control");
+        assert_eq!((e.arms[0].assigned, e.arms[0].series.fetches), (2, 1));
+        assert_eq!((e.arms[1].assigned, e.arms[1].redirected), (1, 1));
+        assert_eq!((e.arms[1].series.errors, e.arms[1].series.downgrades), (1, 1));
+        let back: Snapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s, "JSON round trip");
+    }
+
+    #[test]
+    fn prometheus_text_parses_with_a_real_parser() {
+        let s = sample_snapshot();
+        let text = prometheus(&s);
+        let scrape =
+            prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        let find = |metric: &str, pairs: &[(&str, &str)]| {
+            scrape
+                .samples
+                .iter()
+                .find(|x| {
+                    x.metric == metric
+                        && pairs.iter().all(|(k, v)| x.labels.get(k) == Some(*v))
+                })
+                .unwrap_or_else(|| panic!("no {metric} {pairs:?} in\n{text}"))
+        };
+        match find("shardport_fetches_total", &[("transport", "posix-shm")]).value {
+            prometheus_parse::Value::Counter(v) => assert_eq!(v, 3.0),
+            ref other => panic!("{other:?}"),
+        }
+        match &find(
+            "shardport_fetch_latency_seconds",
+            &[("transport", "posix-shm"), ("size", "4KiB")],
+        )
+        .value
+        {
+            prometheus_parse::Value::Histogram(buckets) => {
+                let at = |le: f64| buckets.iter().find(|b| b.less_than == le).unwrap().count;
+                assert_eq!(at(2e-6), 0.0);
+                assert_eq!(at(5e-6), 1.0, "3 us is under 5 us; 5 us (+1%) is not");
+                assert_eq!(at(1e-5), 2.0);
+                assert_eq!(at(f64::INFINITY), 2.0);
+            }
+            other => panic!("{other:?}"),
+        }
+        match find(
+            "shardport_experiment_arm_enabled",
+            &[("experiment", "shm-vs-http"), ("arm", "canary")],
+        )
+        .value
+        {
+            prometheus_parse::Value::Gauge(v) => assert_eq!(v, 0.0),
+            ref other => panic!("{other:?}"),
+        }
+        match find(
+            "shardport_plugin_gauge",
+            &[("transport", "posix-shm"), ("stat", "pool_bytes_used")],
+        )
+        .value
+        {
+            prometheus_parse::Value::Gauge(v) => assert_eq!(v, 123.0),
+            ref other => panic!("{other:?}"),
+        }
+        // Every family has exactly one TYPE line.
+        let mut types: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let n = types.len();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(types.len(), n, "duplicate TYPE lines");
     }
 }

@@ -40,8 +40,10 @@ use crate::{
     identity::{new_node_tag, NodeIdentity},
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
-    metrics::Metrics,
+    experiment::ExperimentState,
+    metrics::{ArmInfo, ExperimentInfo, Metrics},
     select::{plan, Attempt, Local, Plan, PluginFacts},
+    snapshot::{Gauge, Snapshot},
     services::{Clock, SystemClock},
 };
 
@@ -240,6 +242,12 @@ struct Inner {
     cache: Mutex<Cache>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    /// Live state per `config.experiments` entry.
+    experiments: Vec<ExperimentState>,
+    /// Fetches planned so far (per-fetch experiment draws).
+    fetch_seq: AtomicU64,
+    /// Monotonic clock reading at start.
+    started_ns: u64,
 }
 
 /// A running host node. Cheap to clone (shared state).
@@ -339,7 +347,12 @@ impl Node {
         let mut rnd = [0u8; 8];
         let _ = getrandom::fill(&mut rnd);
         let epoch = clock.now_unix_nanos();
-        let metrics = Metrics::new(report.loaded.iter().map(|p| p.name.to_string()));
+        let arm_counts: Vec<usize> = config.experiments.iter().map(|e| e.arms.len()).collect();
+        let metrics = Metrics::new(
+            report.loaded.iter().map(|p| p.name.to_string()),
+            &arm_counts,
+        );
+        let experiments = config.experiments.iter().map(ExperimentState::new).collect();
         let storage_plugin = match &config.put.storage {
             Storage::Heap => None,
             Storage::Pool(t) => {
@@ -367,8 +380,11 @@ impl Node {
                 next_id: AtomicU64::new(1),
                 shards: Mutex::default(),
                 cache: Mutex::new(Cache::new(config.cache)),
+                started_ns: clock.monotonic_nanos(),
                 clock: Arc::clone(&clock),
                 metrics,
+                experiments,
+                fetch_seq: AtomicU64::new(0),
                 config,
             }),
         })
@@ -684,6 +700,7 @@ impl Node {
                 skipped: plan.skipped,
             });
         }
+        let len = handle.meta.byte_len;
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
         let mut corrupt: Option<HostError> = None;
         for attempt in &plan.attempts {
@@ -724,14 +741,15 @@ impl Node {
                 corrupt.get_or_insert(e);
                 continue;
             }
+            let latency = start.elapsed();
+            self.record_arm(&plan, Some(&attempt.transport), len, latency);
             let selection = self.report(handle, attempt, failures)?;
-            self.inner.metrics.fetch_ok(
-                attempt.transport.as_str(),
-                handle.meta.byte_len,
-                start.elapsed(),
-            );
+            self.inner
+                .metrics
+                .fetch_ok(attempt.transport.as_str(), len, latency);
             return Ok((data, selection));
         }
+        self.record_arm(&plan, None, len, start.elapsed());
         Err(corrupt.unwrap_or(HostError::FetchFailed {
             id: handle.id,
             failures,
@@ -751,16 +769,157 @@ impl Node {
         Ok(())
     }
 
-    /// The selection plan for `handle` on this node.
+    /// The selection plan for `handle` on this node (each call counts as
+    /// one fetch for per-fetch experiments).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
+        let disabled: Vec<u64> = self.inner.experiments.iter().map(|e| e.disabled()).collect();
         let local = Local {
             plugins: &self.inner.facts,
             identity: &self.inner.identity,
             owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
             same_node: self.inner.config.same_node,
             routes: &self.inner.config.routes,
+            experiments: &self.inner.config.experiments,
+            disabled_arms: &disabled,
+            fetch_seq: self.inner.fetch_seq.fetch_add(1, Ordering::Relaxed),
         };
         plan(handle, &local, mode)
+    }
+
+    /// Records the outcome of a fetch for its experiment arm, if it has one,
+    /// and applies the arm's guardrail. `served`: the transport that served
+    /// the fetch (`None`: every attempt failed).
+    fn record_arm(
+        &self,
+        plan: &Plan,
+        served: Option<&TransportName>,
+        bytes: u64,
+        latency: Duration,
+    ) {
+        let Some(choice) = &plan.arm else { return };
+        let exp = &self.inner.config.experiments[choice.experiment];
+        let arm = &exp.arms[choice.arm];
+        let m = &self.inner.metrics;
+        m.arm_assigned(choice.experiment, choice.arm, choice.redirected_from);
+        let ok = served == Some(&arm.transport);
+        if ok {
+            m.arm_ok(choice.experiment, choice.arm, bytes, latency);
+        } else {
+            m.arm_error(choice.experiment, choice.arm, served.is_some());
+        }
+        let latency_ns = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let now = self.inner.clock.monotonic_nanos();
+        if let Some(why) =
+            self.inner.experiments[choice.experiment].record(exp, choice.arm, ok, latency_ns, now)
+        {
+            tracing::warn!(
+                target: "experiment",
+                experiment = %exp.name,
+                arm = %arm.name,
+                transport = %arm.transport,
+                "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}` until `shardport experiments reset` or a restart",
+                arm.name,
+                exp.arms[0].name
+            );
+        }
+    }
+
+    /// Re-enables the arms the guardrail disabled in experiment `name`
+    /// (every experiment when `None`). Returns `(experiment, arm)` names
+    /// re-enabled; an unknown name is an error naming the known ones.
+    pub fn reset_experiments(&self, name: Option<&str>) -> Result<Vec<(String, String)>, String> {
+        let exps = &self.inner.config.experiments;
+        if let Some(n) = name {
+            if !exps.iter().any(|e| e.name == n) {
+                let known: Vec<&str> = exps.iter().map(|e| e.name.as_str()).collect();
+                return Err(format!(
+                    "no experiment `{n}` (configured: {})",
+                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                ));
+            }
+        }
+        let mut out = Vec::new();
+        for (e, st) in exps.iter().zip(&self.inner.experiments) {
+            if name.is_none_or(|n| n == e.name) {
+                for a in st.reset() {
+                    tracing::info!(target: "experiment", experiment = %e.name, arm = %e.arms[a].name, "arm re-enabled");
+                    out.push((e.name.clone(), e.arms[a].name.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The node's metrics as a snapshot (the JSON of `/v1/metrics.json`;
+    /// [`crate::metrics::prometheus`] renders it for `/metrics`).
+    pub fn metrics_snapshot(&self) -> Snapshot {
+        let experiments: Vec<ExperimentInfo> = self
+            .inner
+            .config
+            .experiments
+            .iter()
+            .zip(&self.inner.experiments)
+            .map(|(e, st)| ExperimentInfo {
+                name: e.name.clone(),
+                unit: e.unit.to_string(),
+                arms: e
+                    .arms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| ArmInfo {
+                        name: a.name.clone(),
+                        transport: a.transport.to_string(),
+                        weight: a.weight,
+                        disabled: st.disabled_reason(i),
+                        trips: st.trips(i),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let stats = self.stats();
+        let g = |name: &str, labels: Vec<(String, String)>, value: f64| Gauge {
+            name: name.to_owned(),
+            labels,
+            value,
+        };
+        let mut gauges = vec![
+            g("cache_entries", vec![], stats.cache.entries as f64),
+            g("cache_bytes", vec![], stats.cache.bytes as f64),
+            g("cache_held_entries", vec![], stats.cache.held as f64),
+            g("cache_evicted_total", vec![], stats.cache.evicted as f64),
+            g("cache_hits_total", vec![], stats.cache.hits as f64),
+            g("shards_owned", vec![], stats.shards_owned as f64),
+            g("bytes_owned", vec![], stats.bytes_owned as f64),
+        ];
+        for p in &self.inner.plugins {
+            for st in p.transport.stats() {
+                let name = if st.kind == StatKind::COUNTER {
+                    "plugin_events_total"
+                } else {
+                    "plugin_gauge"
+                };
+                gauges.push(g(
+                    name,
+                    vec![
+                        ("transport".to_owned(), p.name.to_string()),
+                        ("stat".to_owned(), st.name.to_string()),
+                    ],
+                    st.value as f64,
+                ));
+            }
+        }
+        let window_ns = self
+            .inner
+            .clock
+            .monotonic_nanos()
+            .saturating_sub(self.inner.started_ns);
+        self.inner.metrics.snapshot(
+            &self.inner.config.node.name,
+            self.inner.clock.now_unix_nanos() / 1_000_000,
+            window_ns as f64 / 1e9,
+            &experiments,
+            gauges,
+        )
     }
 
     /// Builds the selection report of a successful attempt, applying the
@@ -781,7 +940,7 @@ impl Node {
             reason.push_str(&format!("; after {} failed", names.join(", ")));
         }
         if downgraded {
-            self.inner.metrics.downgrade();
+            self.inner.metrics.downgrade(attempt.transport.as_str());
             let list: Vec<String> = failures.iter().map(|(t, e)| format!("{t}: {e}")).collect();
             let why = format!(
                 "served by `{}` after {}",
@@ -937,10 +1096,12 @@ impl Node {
                     Ok(buf) => match self.verify(&handles[i], &attempt.transport, &buf) {
                         Ok(()) => {
                             let f = std::mem::take(&mut failures[i]);
+                            let len = handles[i].meta.byte_len;
+                            self.record_arm(&plans[i], Some(&attempt.transport), len, start.elapsed());
                             let res = self.report(&handles[i], attempt, f).map(|selection| {
                                 self.inner.metrics.fetch_ok(
                                     attempt.transport.as_str(),
-                                    handles[i].meta.byte_len,
+                                    len,
                                     start.elapsed(),
                                 );
                                 let data = Arc::new(ShardBytes::Owned(buf));
@@ -973,6 +1134,7 @@ impl Node {
                 if cursor[i] < plans[i].attempts.len() {
                     pending.push(i);
                 } else {
+                    self.record_arm(&plans[i], None, handles[i].meta.byte_len, start.elapsed());
                     out[i] = Some(Err(corrupt[i].take().unwrap_or_else(|| {
                         HostError::FetchFailed {
                             id: handles[i].id,
@@ -1190,7 +1352,7 @@ impl Node {
             cache,
             plugins,
             load_failures: self.inner.load_failures.clone(),
-            transports: self.inner.metrics.snapshot(),
+            transports: self.inner.metrics.transport_totals(),
             downgrades: self.inner.metrics.downgrades(),
             no_candidate: self.inner.metrics.no_candidate(),
             leaked_bytes: self.inner.metrics.leaked_bytes(),

@@ -19,7 +19,8 @@
 use shardport_abi::{Capabilities, DeviceKind, IdentityParts};
 
 use crate::{
-    config::{DeviceSel, FetchMode, Route, SameNodeMatch, TransportName},
+    config::{DeviceSel, Experiment, FetchMode, Route, RouteWhen, SameNodeMatch, TransportName},
+    experiment,
     handle::Handle,
     identity::NodeIdentity,
 };
@@ -48,6 +49,13 @@ pub struct Local<'a> {
     pub same_node: SameNodeMatch,
     /// Routing rules, first match wins.
     pub routes: &'a [Route],
+    /// Experiments, first match wins, before routes.
+    pub experiments: &'a [Experiment],
+    /// Per experiment, the bit set of arms the guardrail disabled (missing
+    /// entries: none).
+    pub disabled_arms: &'a [u64],
+    /// This fetch's sequence number on this node (per-fetch experiments).
+    pub fetch_seq: u64,
 }
 
 /// One attempt in order.
@@ -76,6 +84,20 @@ pub struct Plan {
     pub skipped: Vec<(TransportName, String)>,
     /// Name of the route that ordered the attempts, if any.
     pub route: Option<String>,
+    /// The experiment arm this fetch belongs to, if any; its transport is
+    /// `attempts[0]`.
+    pub arm: Option<ArmChoice>,
+}
+
+/// The experiment arm of a fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArmChoice {
+    /// Index into `Local::experiments`.
+    pub experiment: usize,
+    /// The arm whose transport goes first.
+    pub arm: usize,
+    /// The arm drawn, when it was disabled and the control took over.
+    pub redirected_from: Option<usize>,
 }
 
 /// Whether the owner counts as on this node for a transport needing `parts`.
@@ -103,7 +125,10 @@ fn same_node(
 }
 
 fn route_matches(route: &Route, handle: &Handle, local: &Local<'_>) -> bool {
-    let w = &route.when;
+    when_matches(&route.when, handle, local)
+}
+
+fn when_matches(w: &RouteWhen, handle: &Handle, local: &Local<'_>) -> bool {
     let len = handle.meta.byte_len;
     let device_ok = match w.device {
         None => true,
@@ -182,6 +207,7 @@ pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
             reason,
         });
     }
+    let candidates = out.attempts.clone();
     if let Some(route) = local
         .routes
         .iter()
@@ -207,7 +233,61 @@ pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
         out.attempts
             .sort_by_key(|a| (!a.same_node, !(a.zero_copy || mode == FetchMode::Copy)));
     }
+    apply_experiment(handle, local, &candidates, &mut out);
     out
+}
+
+/// The first experiment whose conditions hold and every one of whose
+/// enabled arms' transports is a candidate (so arms are compared on the same
+/// shards) puts the assigned arm's transport first; the route's or default
+/// order follows as the fallback.
+fn apply_experiment(handle: &Handle, local: &Local<'_>, candidates: &[Attempt], out: &mut Plan) {
+    for (ei, e) in local.experiments.iter().enumerate() {
+        if !when_matches(&e.when, handle, local) {
+            continue;
+        }
+        let disabled = local.disabled_arms.get(ei).copied().unwrap_or(0);
+        let reachable = |t: &TransportName| candidates.iter().any(|a| &a.transport == t);
+        let missing: Vec<&str> = e
+            .arms
+            .iter()
+            .enumerate()
+            .filter(|(i, a)| (*i == 0 || disabled & (1 << i) == 0) && !reachable(&a.transport))
+            .map(|(_, a)| a.transport.as_str())
+            .collect();
+        if !missing.is_empty() {
+            // Not this experiment's shard: someone's transport cannot reach it.
+            continue;
+        }
+        let pick = experiment::assign(e, experiment::draw(e, handle.id, local.fetch_seq), disabled);
+        let arm = &e.arms[pick.arm];
+        let mut first = candidates
+            .iter()
+            .find(|a| a.transport == arm.transport)
+            .expect("every enabled arm is a candidate")
+            .clone();
+        let redirected = pick
+            .redirected_from
+            .map(|d| format!(", drawn `{}` is disabled by its guardrail", e.arms[d].name))
+            .unwrap_or_default();
+        first.reason = format!(
+            "experiment `{}` arm `{}` ({}, weight {}/{}{redirected}): {}",
+            e.name,
+            arm.name,
+            e.unit,
+            arm.weight,
+            e.total_weight(),
+            first.reason
+        );
+        out.attempts.retain(|a| a.transport != arm.transport);
+        out.attempts.insert(0, first);
+        out.arm = Some(ArmChoice {
+            experiment: ei,
+            arm: pick.arm,
+            redirected_from: pick.redirected_from,
+        });
+        return;
+    }
 }
 
 #[cfg(test)]
@@ -228,6 +308,9 @@ mod tests {
             owner_addr_local: owner_local,
             same_node: SameNodeMatch::Both,
             routes: &[],
+            experiments: &[],
+            disabled_arms: &[],
+            fetch_seq: 0,
         }
     }
 

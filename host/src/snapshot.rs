@@ -7,7 +7,7 @@
 //!
 //! Latency histograms are carried as the recorded values of an HDR histogram
 //! (`[value_ns, count]` pairs, values being each bucket's highest equivalent
-//! value at 3 significant digits), per size bucket. That keeps the snapshot
+//! value at 2 significant digits), per size bucket. That keeps the snapshot
 //! readable, lets a report merge buckets and resample (bootstrap) without
 //! the raw samples, and lets tests write synthetic snapshots by hand.
 
@@ -111,6 +111,9 @@ pub struct SizeHistogram {
     pub size: String,
     /// `[value_ns, count]` pairs, ascending by value.
     pub counts: Vec<(u64, u64)>,
+    /// Exact sum of the recorded latencies, ns.
+    #[serde(default)]
+    pub sum_ns: u64,
 }
 
 impl SizeHistogram {
@@ -144,6 +147,13 @@ pub struct ArmSnapshot {
     /// the control arm from then on.
     #[serde(default)]
     pub disabled: Option<String>,
+    /// Times the guardrail disabled this arm.
+    #[serde(default)]
+    pub guardrail_trips: u64,
+    /// Fetches drawn for this arm that went to the control arm because this
+    /// arm was disabled.
+    #[serde(default)]
+    pub redirected: u64,
     /// Counters and histograms of the fetches assigned to this arm.
     #[serde(flatten)]
     pub series: Series,
