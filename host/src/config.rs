@@ -771,7 +771,9 @@ impl Ctx<'_> {
             if lo > hi {
                 return Err(self.error(
                     r.max_size.as_ref().map(Spanned::span),
-                    format!("`{key}`: max-size ({hi}) is below min-size ({lo}); it could never match"),
+                    format!(
+                        "`{key}`: max-size ({hi}) is below min-size ({lo}); it could never match"
+                    ),
                     None,
                 ));
             }
@@ -816,10 +818,18 @@ impl Ctx<'_> {
     ) -> Result<Experiment, ConfigError> {
         let key = format!("experiment[{i}]");
         let name = e.name.get_ref().trim();
-        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
             return Err(self.error(
                 Some(e.name.span()),
-                format!("`{key}.name`: expected 1..=64 characters of [A-Za-z0-9._-], found \"{}\"", e.name.get_ref()),
+                format!(
+                    "`{key}.name`: expected 1..=64 characters of [A-Za-z0-9._-], found \"{}\"",
+                    e.name.get_ref()
+                ),
                 Some("example: name = \"shm-vs-http\""),
             ));
         }
@@ -837,7 +847,10 @@ impl Ctx<'_> {
         let unit = self.choice(
             &format!("{key}.unit"),
             &e.unit,
-            &[("shard", ExperimentUnit::Shard), ("fetch", ExperimentUnit::Fetch)],
+            &[
+                ("shard", ExperimentUnit::Shard),
+                ("fetch", ExperimentUnit::Fetch),
+            ],
             ExperimentUnit::Shard,
         )?;
         let arms_help = Some("example: arms = [{ transport = \"posix-shm\", weight = 90 }, { transport = \"http\", weight = 10 }]");
@@ -878,7 +891,12 @@ impl Ctx<'_> {
             let name = match &a.name {
                 Some(n) => {
                     let v = n.get_ref();
-                    if v.is_empty() || v.len() > 64 || !v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                    if v.is_empty()
+                        || v.len() > 64
+                        || !v
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                    {
                         return Err(self.error(
                             Some(n.span()),
                             format!("`{akey}.name`: expected 1..=64 characters of [A-Za-z0-9._-], found \"{v}\""),
@@ -891,7 +909,9 @@ impl Ctx<'_> {
             };
             if arms.iter().any(|b| b.name == name) {
                 return Err(self.error(
-                    a.name.as_ref().map_or(Some(a.transport.span()), |n| Some(n.span())),
+                    a.name
+                        .as_ref()
+                        .map_or(Some(a.transport.span()), |n| Some(n.span())),
                     format!("`{akey}`: arm name `{name}` is used twice"),
                     None,
                 ));
@@ -908,18 +928,27 @@ impl Ctx<'_> {
                 let span = g.span();
                 let g = g.get_ref();
                 let gkey = format!("{key}.guardrail");
-                let fraction = |name: &str, v: &Option<Spanned<f64>>, lo: f64, hi: f64, example: &str| -> Result<Option<f64>, ConfigError> {
+                let fraction = |name: &str,
+                                v: &Option<Spanned<f64>>,
+                                lo: f64,
+                                hi: f64,
+                                example: &str|
+                 -> Result<Option<f64>, ConfigError> {
                     match v {
                         None => Ok(None),
                         Some(v) if (lo..=hi).contains(v.get_ref()) => Ok(Some(*v.get_ref())),
                         Some(v) => Err(self.error(
                             Some(v.span()),
-                            format!("`{gkey}.{name}`: expected a number in {lo}..={hi}, found {}", v.get_ref()),
+                            format!(
+                                "`{gkey}.{name}`: expected a number in {lo}..={hi}, found {}",
+                                v.get_ref()
+                            ),
                             Some(&format!("example: {name} = {example}")),
                         )),
                     }
                 };
-                let max_error_rate = fraction("max-error-rate", &g.max_error_rate, 0.0, 1.0, "0.05")?;
+                let max_error_rate =
+                    fraction("max-error-rate", &g.max_error_rate, 0.0, 1.0, "0.05")?;
                 let max_p99_ratio = fraction("max-p99-ratio", &g.max_p99_ratio, 1.0, 1e6, "3.0")?;
                 if max_error_rate.is_none() && max_p99_ratio.is_none() {
                     return Err(self.error(
@@ -944,7 +973,10 @@ impl Ctx<'_> {
                     Some(v) => {
                         return Err(self.error(
                             Some(v.span()),
-                            format!("`{gkey}.min-samples`: expected 1..=100000000, found {}", v.get_ref()),
+                            format!(
+                                "`{gkey}.min-samples`: expected 1..=100000000, found {}",
+                                v.get_ref()
+                            ),
                             Some("example: min-samples = 100"),
                         ))
                     }

@@ -88,6 +88,7 @@ impl ControlServer {
                         let _ = respond(
                             &mut stream,
                             503,
+                            JSON,
                             &err_body("busy", "too many control connections"),
                         );
                         continue;
@@ -96,6 +97,7 @@ impl ControlServer {
                         let _ = respond(
                             &mut stream,
                             503,
+                            JSON,
                             &err_body("shutting_down", "the node is shutting down"),
                         );
                         break;
@@ -158,7 +160,16 @@ fn err_body(code: &str, message: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"code": code, "message": message})).unwrap_or_default()
 }
 
-fn respond(stream: &mut TcpStream, status: u16, body: &[u8]) -> std::io::Result<()> {
+const JSON: &str = "application/json";
+/// The Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn respond(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -173,7 +184,7 @@ fn respond(stream: &mut TcpStream, status: u16, body: &[u8]) -> std::io::Result<
     };
     write!(
         stream,
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     )?;
     stream.write_all(body)?;
@@ -286,14 +297,14 @@ fn serve_conn(node: &Node, stream: TcpStream, token: Option<&str>) {
     };
     let mut out = write_half;
     let mut reader = BufReader::new(stream);
-    let (status, body) = match handle(node, &mut reader, token) {
-        Ok(body) => (200, body),
+    let (status, content_type, body) = match handle(node, &mut reader, token) {
+        Ok((content_type, body)) => (200, content_type, body),
         Err((status, code, message)) => {
             tracing::debug!(target: "control", status, code, %message, "control request refused");
-            (status, err_body(code, &message))
+            (status, JSON, err_body(code, &message))
         }
     };
-    let _ = respond(&mut out, status, &body);
+    let _ = respond(&mut out, status, content_type, &body);
 }
 
 type Refusal = (u16, &'static str, String);
@@ -302,7 +313,7 @@ fn handle(
     node: &Node,
     reader: &mut BufReader<TcpStream>,
     token: Option<&str>,
-) -> Result<Vec<u8>, Refusal> {
+) -> Result<(&'static str, Vec<u8>), Refusal> {
     let req = read_head(reader)?;
     if let Some(expected) = token {
         let given = req
@@ -313,14 +324,49 @@ fn handle(
             return Err((401, "unauthorized", "missing or wrong bearer token".into()));
         }
     }
-    let json_out =
-        |v: serde_json::Value| serde_json::to_vec(&v).map_err(|e| (500, "internal", e.to_string()));
+    fn to_json<T: serde::Serialize>(v: &T) -> Result<(&'static str, Vec<u8>), Refusal> {
+        serde_json::to_vec(v)
+            .map(|b| (JSON, b))
+            .map_err(|e| (500, "internal", e.to_string()))
+    }
+    let json_out = |v: serde_json::Value| to_json(&v);
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/v1/health") => {
             json_out(json!({"ok": true, "node": node.config().node.name, "tag": node.tag()}))
         }
-        ("GET", "/v1/stats") => {
-            serde_json::to_vec(&node.stats()).map_err(|e| (500, "internal", e.to_string()))
+        ("GET", "/v1/stats") => to_json(&node.stats()),
+        ("GET", "/metrics") => Ok((
+            PROMETHEUS_TEXT,
+            crate::metrics::prometheus(&node.metrics_snapshot()).into_bytes(),
+        )),
+        ("GET", "/v1/metrics.json") => to_json(&node.metrics_snapshot()),
+        ("POST", "/v1/experiments/reset") => {
+            let len = content_length(&req, MAX_JSON_BODY as u64)?;
+            let mut body = vec![0u8; len as usize];
+            reader
+                .read_exact(&mut body)
+                .map_err(|e| (400, "bad_request", format!("reading the body: {e}")))?;
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Reset {
+                #[serde(default)]
+                experiment: Option<String>,
+            }
+            let r: Reset = if body.iter().all(u8::is_ascii_whitespace) {
+                Reset { experiment: None }
+            } else {
+                serde_json::from_slice(&body).map_err(|e| {
+                    (
+                        400,
+                        "bad_request",
+                        format!("expected {{\"experiment\": \"NAME\"}} or an empty body: {e}"),
+                    )
+                })?
+            };
+            let done = node
+                .reset_experiments(r.experiment.as_deref())
+                .map_err(|m| (404, "not_found", m))?;
+            json_out(json!({ "reenabled": done }))
         }
         ("POST", "/v1/put") => {
             let spec = put_spec(&req)?;
@@ -377,13 +423,22 @@ fn handle(
             json_out(json!({ "drained": drained }))
         }
         ("POST", "/v1/sweep") => json_out(node.sweep_json()),
-        (_, "/v1/health" | "/v1/stats" | "/v1/put" | "/v1/remove" | "/v1/drain" | "/v1/sweep") => {
-            Err((
-                405,
-                "method_not_allowed",
-                format!("{} is not allowed on {}", req.method, req.path),
-            ))
-        }
+        (
+            _,
+            "/v1/health"
+            | "/v1/stats"
+            | "/v1/put"
+            | "/v1/remove"
+            | "/v1/drain"
+            | "/v1/sweep"
+            | "/metrics"
+            | "/v1/metrics.json"
+            | "/v1/experiments/reset",
+        ) => Err((
+            405,
+            "method_not_allowed",
+            format!("{} is not allowed on {}", req.method, req.path),
+        )),
         (_, path) => Err((404, "not_found", format!("no endpoint {path}"))),
     }
 }
@@ -512,15 +567,15 @@ pub mod client {
         },
     }
 
-    /// Sends one request and returns the JSON body of a 200 answer.
-    pub fn call(
+    /// Sends one request; returns the status and the body.
+    pub fn request(
         addr: &str,
         method: &str,
         path: &str,
         token: Option<&str>,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<serde_json::Value, ClientError> {
+    ) -> Result<(u16, Vec<u8>), ClientError> {
         let io = |source| ClientError::Io {
             addr: addr.to_owned(),
             source,
@@ -558,16 +613,56 @@ pub mod client {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| invalid("no status code"))?;
-        let json: serde_json::Value = serde_json::from_slice(&resp[split + 4..])
-            .map_err(|e| invalid(&format!("body is not JSON: {e}")))?;
-        if status != 200 {
-            return Err(ClientError::Status {
-                addr: addr.to_owned(),
-                status,
-                message: json["message"].as_str().unwrap_or("").to_owned(),
-            });
+        resp.drain(..split + 4);
+        Ok((status, resp))
+    }
+
+    fn refusal(addr: &str, status: u16, body: &[u8]) -> ClientError {
+        let message = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
+        ClientError::Status {
+            addr: addr.to_owned(),
+            status,
+            message,
         }
-        Ok(json)
+    }
+
+    /// Sends one request and returns the JSON body of a 200 answer.
+    pub fn call(
+        addr: &str,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<serde_json::Value, ClientError> {
+        let (status, resp) = request(addr, method, path, token, body, timeout)?;
+        if status != 200 {
+            return Err(refusal(addr, status, &resp));
+        }
+        serde_json::from_slice(&resp).map_err(|e| ClientError::Invalid {
+            addr: addr.to_owned(),
+            what: format!("body is not JSON: {e}"),
+        })
+    }
+
+    /// `GET path` and returns the text body of a 200 answer (`/metrics`).
+    pub fn get_text(
+        addr: &str,
+        path: &str,
+        token: Option<&str>,
+        timeout: Duration,
+    ) -> Result<String, ClientError> {
+        let (status, resp) = request(addr, "GET", path, token, &[], timeout)?;
+        if status != 200 {
+            return Err(refusal(addr, status, &resp));
+        }
+        String::from_utf8(resp).map_err(|_| ClientError::Invalid {
+            addr: addr.to_owned(),
+            what: "body is not UTF-8".to_owned(),
+        })
     }
 }
 

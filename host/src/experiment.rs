@@ -327,7 +327,10 @@ mod tests {
             let c = split(&e, 100_000, 0);
             for (i, want) in [0.25, 0.5, 0.25].iter().enumerate() {
                 let got = c[i] as f64 / 100_000.0;
-                assert!((got - want).abs() < 0.01, "{unit}: arm {i} share {got}, want {want}");
+                assert!(
+                    (got - want).abs() < 0.01,
+                    "{unit}: arm {i} share {got}, want {want}"
+                );
             }
         }
     }
@@ -373,12 +376,27 @@ mod tests {
             let before = assign(&e, p, 0);
             let after = assign(&e, p, 1 << 2);
             match before.arm {
-                2 => assert_eq!(after, Assignment { arm: 0, redirected_from: Some(2) }),
-                a => assert_eq!(after, Assignment { arm: a, redirected_from: None }),
+                2 => assert_eq!(
+                    after,
+                    Assignment {
+                        arm: 0,
+                        redirected_from: Some(2)
+                    }
+                ),
+                a => assert_eq!(
+                    after,
+                    Assignment {
+                        arm: a,
+                        redirected_from: None
+                    }
+                ),
             }
         }
         // The control arm cannot be disabled.
-        let p = (0..).map(|i| draw(&e, id(i), 0)).find(|&p| assign(&e, p, 0).arm == 0).unwrap();
+        let p = (0..)
+            .map(|i| draw(&e, id(i), 0))
+            .find(|&p| assign(&e, p, 0).arm == 0)
+            .unwrap();
         assert_eq!(assign(&e, p, 1).arm, 0);
     }
 
@@ -409,33 +427,69 @@ mod tests {
     fn judge_error_rate_needs_min_samples() {
         let g = guard(Some(0.1), None);
         let none = WindowStats::default();
-        let few = WindowStats { ok: 10, errors: 9, p99_ns: 1 };
+        let few = WindowStats {
+            ok: 10,
+            errors: 9,
+            p99_ns: 1,
+        };
         assert_eq!(judge(&g, &few, &none), None, "below min-samples");
-        let bad = WindowStats { ok: 17, errors: 3, p99_ns: 1 };
+        let bad = WindowStats {
+            ok: 17,
+            errors: 3,
+            p99_ns: 1,
+        };
         let why = judge(&g, &bad, &none).expect("15% > 10%");
         assert!(why.contains("15.0%") && why.contains("3 of 20"), "{why}");
-        let fine = WindowStats { ok: 18, errors: 2, p99_ns: 1 };
+        let fine = WindowStats {
+            ok: 18,
+            errors: 2,
+            p99_ns: 1,
+        };
         assert_eq!(judge(&g, &fine, &none), None, "10% is not above 10%");
     }
 
     #[test]
     fn judge_p99_ratio_against_control() {
         let g = guard(None, Some(3.0));
-        let control = WindowStats { ok: 50, errors: 0, p99_ns: 10_000 };
-        let slow = WindowStats { ok: 50, errors: 0, p99_ns: 40_000 };
-        let ok = WindowStats { ok: 50, errors: 0, p99_ns: 29_000 };
+        let control = WindowStats {
+            ok: 50,
+            errors: 0,
+            p99_ns: 10_000,
+        };
+        let slow = WindowStats {
+            ok: 50,
+            errors: 0,
+            p99_ns: 40_000,
+        };
+        let ok = WindowStats {
+            ok: 50,
+            errors: 0,
+            p99_ns: 29_000,
+        };
         assert!(judge(&g, &slow, &control).unwrap().contains("4.00x"));
         assert_eq!(judge(&g, &ok, &control), None);
-        let thin_control = WindowStats { ok: 5, errors: 0, p99_ns: 10 };
-        assert_eq!(judge(&g, &slow, &thin_control), None, "control below min-samples");
+        let thin_control = WindowStats {
+            ok: 5,
+            errors: 0,
+            p99_ns: 10,
+        };
+        assert_eq!(
+            judge(&g, &slow, &thin_control),
+            None,
+            "control below min-samples"
+        );
     }
 
     #[test]
     fn window_trips_on_errors_and_forgets_old_slots() {
-        let e = exp(ExperimentUnit::Shard, &[50, 50], Some(guard(Some(0.2), None)));
+        let e = exp(
+            ExperimentUnit::Shard,
+            &[50, 50],
+            Some(guard(Some(0.2), None)),
+        );
         let st = ExperimentState::new(&e);
         let s = 1_000_000_000u64; // 1 s; slots are 1 s in a 10 s window
-        // 19 errors long ago: they leave the window before they count.
+                                  // 19 errors long ago: they leave the window before they count.
         for _ in 0..19 {
             assert_eq!(st.record(&e, 1, false, 0, 0), None);
         }
@@ -467,7 +521,11 @@ mod tests {
 
     #[test]
     fn window_trips_on_p99_ratio() {
-        let e = exp(ExperimentUnit::Shard, &[50, 50], Some(guard(None, Some(2.0))));
+        let e = exp(
+            ExperimentUnit::Shard,
+            &[50, 50],
+            Some(guard(None, Some(2.0))),
+        );
         let st = ExperimentState::new(&e);
         for _ in 0..30 {
             st.record(&e, 0, true, 10_000, 5);
@@ -475,7 +533,9 @@ mod tests {
         for _ in 0..19 {
             assert_eq!(st.record(&e, 1, true, 50_000, 5), None);
         }
-        let why = st.record(&e, 1, true, 50_000, 5).expect("5x the control p99");
+        let why = st
+            .record(&e, 1, true, 50_000, 5)
+            .expect("5x the control p99");
         assert!(why.contains("max-p99-ratio"), "{why}");
     }
 }

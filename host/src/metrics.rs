@@ -77,7 +77,12 @@ impl SeriesState {
                 size: size_bucket(bound).to_owned(),
                 counts: h
                     .iter_recorded()
-                    .map(|v| (h.highest_equivalent(v.value_iterated_to()), v.count_at_value()))
+                    .map(|v| {
+                        (
+                            h.highest_equivalent(v.value_iterated_to()),
+                            v.count_at_value(),
+                        )
+                    })
                     .collect(),
                 sum_ns: *sum,
             });
@@ -331,8 +336,8 @@ impl Metrics {
 
 /// Upper bounds (seconds) of the Prometheus latency histogram buckets.
 const LE_SECONDS: [f64; 22] = [
-    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05,
-    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1,
+    0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 ];
 
 /// Escapes a label value per the exposition format.
@@ -662,23 +667,26 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(
-            labels(&[("node", "a\"b\\c\nd")]),
-            r#"{node="a\"b\\c\nd"}"#
-        );
+        assert_eq!(labels(&[("node", "a\"b\\c\nd")]), r#"{node="a\"b\\c\nd"}"#);
     }
 
     #[test]
     fn snapshot_counts_and_histograms() {
         let s = sample_snapshot();
         let shm = s.transports.iter().find(|t| t.name == "posix-shm").unwrap();
-        assert_eq!((shm.fetches, shm.errors, shm.bytes), (3, 1, 8192 + (8 << 20)));
+        assert_eq!(
+            (shm.fetches, shm.errors, shm.bytes),
+            (3, 1, 8192 + (8 << 20))
+        );
         let small = shm.latency.iter().find(|h| h.size == "4KiB").unwrap();
         assert_eq!(small.n(), 2);
         assert_eq!(small.sum_ns, 8_000);
         // 2 significant digits: each value within 1% of what was recorded.
         let values: Vec<u64> = small.counts.iter().map(|&(v, _)| v).collect();
-        assert!((2_970..=3_030).contains(&values[0]) && (4_950..=5_050).contains(&values[1]), "{values:?}");
+        assert!(
+            (2_970..=3_030).contains(&values[0]) && (4_950..=5_050).contains(&values[1]),
+            "{values:?}"
+        );
         assert!(shm.latency.iter().any(|h| h.size == "16MiB" && h.n() == 1));
         let http = s.transports.iter().find(|t| t.name == "http").unwrap();
         assert_eq!(http.downgrades, 1);
@@ -686,7 +694,10 @@ mod tests {
         assert_eq!(e.control, "control");
         assert_eq!((e.arms[0].assigned, e.arms[0].series.fetches), (2, 1));
         assert_eq!((e.arms[1].assigned, e.arms[1].redirected), (1, 1));
-        assert_eq!((e.arms[1].series.errors, e.arms[1].series.downgrades), (1, 1));
+        assert_eq!(
+            (e.arms[1].series.errors, e.arms[1].series.downgrades),
+            (1, 1)
+        );
         let back: Snapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s, "JSON round trip");
     }
@@ -702,8 +713,7 @@ mod tests {
                 .samples
                 .iter()
                 .find(|x| {
-                    x.metric == metric
-                        && pairs.iter().all(|(k, v)| x.labels.get(k) == Some(*v))
+                    x.metric == metric && pairs.iter().all(|(k, v)| x.labels.get(k) == Some(*v))
                 })
                 .unwrap_or_else(|| panic!("no {metric} {pairs:?} in\n{text}"))
         };

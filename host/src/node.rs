@@ -36,15 +36,15 @@ use crate::{
     cache::{Cache, CacheStats},
     config::{ChecksumPolicy, Config, FetchMode, OnDowngrade, Storage, TransportName},
     error::HostError,
+    experiment::ExperimentState,
     handle::{Export, Handle, Owner},
     identity::{new_node_tag, NodeIdentity},
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
-    experiment::ExperimentState,
     metrics::{ArmInfo, ExperimentInfo, Metrics},
     select::{plan, Attempt, Local, Plan, PluginFacts},
-    snapshot::{Gauge, Snapshot},
     services::{Clock, SystemClock},
+    snapshot::{Gauge, Snapshot},
 };
 
 /// Shape, dtype and device of a shard being put.
@@ -352,7 +352,11 @@ impl Node {
             report.loaded.iter().map(|p| p.name.to_string()),
             &arm_counts,
         );
-        let experiments = config.experiments.iter().map(ExperimentState::new).collect();
+        let experiments = config
+            .experiments
+            .iter()
+            .map(ExperimentState::new)
+            .collect();
         let storage_plugin = match &config.put.storage {
             Storage::Heap => None,
             Storage::Pool(t) => {
@@ -772,7 +776,12 @@ impl Node {
     /// The selection plan for `handle` on this node (each call counts as
     /// one fetch for per-fetch experiments).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
-        let disabled: Vec<u64> = self.inner.experiments.iter().map(|e| e.disabled()).collect();
+        let disabled: Vec<u64> = self
+            .inner
+            .experiments
+            .iter()
+            .map(|e| e.disabled())
+            .collect();
         let local = Local {
             plugins: &self.inner.facts,
             identity: &self.inner.identity,
@@ -834,7 +843,11 @@ impl Node {
                 let known: Vec<&str> = exps.iter().map(|e| e.name.as_str()).collect();
                 return Err(format!(
                     "no experiment `{n}` (configured: {})",
-                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
                 ));
             }
         }
@@ -1097,7 +1110,12 @@ impl Node {
                         Ok(()) => {
                             let f = std::mem::take(&mut failures[i]);
                             let len = handles[i].meta.byte_len;
-                            self.record_arm(&plans[i], Some(&attempt.transport), len, start.elapsed());
+                            self.record_arm(
+                                &plans[i],
+                                Some(&attempt.transport),
+                                len,
+                                start.elapsed(),
+                            );
                             let res = self.report(&handles[i], attempt, f).map(|selection| {
                                 self.inner.metrics.fetch_ok(
                                     attempt.transport.as_str(),

@@ -274,26 +274,6 @@ fn batch_failover_to_http_fetches_only_the_missing_shards() {
     failover_fetches_only_what_is_missing(&http, "http");
 }
 
-/// A clock the test moves by hand.
-#[derive(Debug, Default)]
-struct ManualClock(std::sync::atomic::AtomicU64);
-
-impl ManualClock {
-    fn advance(&self, d: std::time::Duration) {
-        self.0
-            .fetch_add(d.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl shardport_host::services::Clock for ManualClock {
-    fn now_unix_nanos(&self) -> u64 {
-        1_700_000_000_000_000_000 + self.monotonic_nanos()
-    }
-    fn monotonic_nanos(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
 fn leases_on_owner(owner: &Node) -> u64 {
     owner.stats().plugins[0].stats["leases_held_on_owner"]
 }
@@ -304,7 +284,7 @@ fn ttl_expires_views_without_sleeping_but_never_a_held_one() {
     let h = owner
         .put(&[3u8; 4096], &TensorSpec::bytes(4096), Default::default())
         .unwrap();
-    let clock = std::sync::Arc::new(ManualClock::default());
+    let clock = std::sync::Arc::new(util::ManualClock::default());
     let c = Node::start_with_clock(
         util::parse(&format!(
             "[cache]\npolicy = \"ttl\"\nttl = \"30s\"\n{}",
@@ -340,7 +320,7 @@ fn lru_keeps_the_cache_within_its_byte_budget() {
                 .unwrap()
         })
         .collect();
-    let clock = std::sync::Arc::new(ManualClock::default());
+    let clock = std::sync::Arc::new(util::ManualClock::default());
     let c = Node::start_with_clock(
         util::parse(&format!(
             "[cache]\npolicy = \"lru\"\nmax-bytes = 10000\n{}",

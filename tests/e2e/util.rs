@@ -168,3 +168,24 @@ pub fn fetch(
     })
     .map_err(|e| e.to_string())
 }
+
+/// A clock the test moves by hand.
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    /// Moves the clock forward.
+    pub fn advance(&self, d: std::time::Duration) {
+        self.0
+            .fetch_add(d.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl shardport_host::services::Clock for ManualClock {
+    fn now_unix_nanos(&self) -> u64 {
+        1_700_000_000_000_000_000 + self.monotonic_nanos()
+    }
+    fn monotonic_nanos(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
