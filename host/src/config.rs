@@ -1515,55 +1515,63 @@ fn parse_sha256(s: &str) -> Option<[u8; 32]> {
 /// default order (what `shardport config check` prints).
 pub fn routing_table(cfg: &Config) -> String {
     use std::fmt::Write as _;
-    let mut out = String::from("  routing (first match wins):\n");
+    let mut out = String::new();
+    if !cfg.experiments.is_empty() {
+        out.push_str("  experiments (first match wins, before routes):\n");
+        for (i, e) in cfg.experiments.iter().enumerate() {
+            let total = e.total_weight() as f64;
+            let arms: Vec<String> = e
+                .arms
+                .iter()
+                .enumerate()
+                .map(|(j, a)| {
+                    format!(
+                        "{}{} via {} {:.1}%",
+                        a.name,
+                        if j == 0 { " (control)" } else { "" },
+                        a.transport,
+                        f64::from(a.weight) * 100.0 / total
+                    )
+                })
+                .collect();
+            let guard = match &e.guardrail {
+                None => String::new(),
+                Some(g) => {
+                    let mut parts = Vec::new();
+                    if let Some(r) = g.max_error_rate {
+                        parts.push(format!("error rate > {:.1}%", r * 100.0));
+                    }
+                    if let Some(r) = g.max_p99_ratio {
+                        parts.push(format!("p99 > {r}x control"));
+                    }
+                    format!(
+                        "; guardrail: {} over {:?} (>= {} samples) disables an arm",
+                        parts.join(" or "),
+                        g.window,
+                        g.min_samples
+                    )
+                }
+            };
+            let _ = writeln!(
+                out,
+                "    {}. {:<14} {:<40} -> per {}: {}{guard}",
+                i + 1,
+                e.name,
+                describe_when(&e.when),
+                e.unit,
+                arms.join(", ")
+            );
+        }
+    }
+    out.push_str("  routing (first match wins):\n");
     for (i, r) in cfg.routes.iter().enumerate() {
-        let w = &r.when;
-        let mut conds = Vec::new();
-        if let Some(l) = w.local {
-            conds.push(if l {
-                "local".to_owned()
-            } else {
-                "remote".to_owned()
-            });
-        }
-        if let Some(d) = w.device {
-            conds.push(format!(
-                "device={}",
-                if d == DeviceSel::Cpu { "cpu" } else { "cuda" }
-            ));
-        }
-        match (w.min_size, w.max_size) {
-            (Some(lo), Some(hi)) => conds.push(format!(
-                "size {}..={}",
-                shardport_abi::format_byte_size(lo),
-                shardport_abi::format_byte_size(hi)
-            )),
-            (Some(lo), None) => {
-                conds.push(format!("size >= {}", shardport_abi::format_byte_size(lo)))
-            }
-            (None, Some(hi)) => {
-                conds.push(format!("size <= {}", shardport_abi::format_byte_size(hi)))
-            }
-            (None, None) => {}
-        }
-        for (k, v) in &w.tags {
-            conds.push(format!("tag {k}={v}"));
-        }
-        if let Some(p) = &w.owner {
-            conds.push(format!("owner ~ {}", p.as_str()));
-        }
-        let when = if conds.is_empty() {
-            "any shard".to_owned()
-        } else {
-            conds.join(", ")
-        };
         let via: Vec<&str> = r.transports.iter().map(TransportName::as_str).collect();
         let _ = writeln!(
             out,
             "    {}. {:<14} {:<40} -> {}",
             i + 1,
             r.name,
-            when,
+            describe_when(&r.when),
             via.join(", ")
         );
     }
@@ -1575,6 +1583,38 @@ pub fn routing_table(cfg: &Config) -> String {
         "no route matched"
     );
     out
+}
+
+/// The conditions of a route or experiment in one line.
+fn describe_when(w: &RouteWhen) -> String {
+    let mut conds = Vec::new();
+    if let Some(l) = w.local {
+        conds.push(if l { "local" } else { "remote" }.to_owned());
+    }
+    if let Some(d) = w.device {
+        conds.push(format!(
+            "device={}",
+            if d == DeviceSel::Cpu { "cpu" } else { "cuda" }
+        ));
+    }
+    let size = shardport_abi::format_byte_size;
+    match (w.min_size, w.max_size) {
+        (Some(lo), Some(hi)) => conds.push(format!("size {}..={}", size(lo), size(hi))),
+        (Some(lo), None) => conds.push(format!("size >= {}", size(lo))),
+        (None, Some(hi)) => conds.push(format!("size <= {}", size(hi))),
+        (None, None) => {}
+    }
+    for (k, v) in &w.tags {
+        conds.push(format!("tag {k}={v}"));
+    }
+    if let Some(p) = &w.owner {
+        conds.push(format!("owner ~ {}", p.as_str()));
+    }
+    if conds.is_empty() {
+        "any shard".to_owned()
+    } else {
+        conds.join(", ")
+    }
 }
 
 /// Errors of [`load`].
@@ -1652,6 +1692,83 @@ mod tests {
     }
 
     #[test]
+    fn ab_test_config_describes_its_split() {
+        let c = parse_str(include_str!("../../configs/ab-test.toml"), text_origin()).unwrap();
+        let e = &c.experiments[0];
+        assert_eq!(
+            (e.name.as_str(), e.unit),
+            ("shm-vs-http", ExperimentUnit::Shard)
+        );
+        assert_eq!(e.salt, "2026-11-canary-1");
+        assert_eq!(
+            e.arms
+                .iter()
+                .map(|a| (a.name.as_str(), a.transport.as_str(), a.weight))
+                .collect::<Vec<_>>(),
+            [("control", "posix-shm", 95), ("canary", "http", 5)]
+        );
+        let g = e.guardrail.as_ref().unwrap();
+        assert_eq!(
+            (g.max_error_rate, g.max_p99_ratio, g.min_samples),
+            (Some(0.02), Some(20.0), 200)
+        );
+        assert_eq!(g.window, std::time::Duration::from_secs(300));
+        assert_eq!(
+            (e.when.min_size, e.when.max_size, e.when.local),
+            (Some(1 << 20), Some(64 << 20), Some(true))
+        );
+        let t = routing_table(&c);
+        assert!(
+            t.contains("shm-vs-http")
+                && t.contains("control (control) via posix-shm 95.0%")
+                && t.contains("canary via http 5.0%"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn experiment_errors_name_the_key() {
+        let base = "[[plugin]]\nname = \"a\"\npath = \"a.so\"\n[[plugin]]\nname = \"b\"\npath = \"b.so\"\n";
+        let cases = [
+            ("arms = [{ transport = \"a\", weight = 1 }]", "`experiment[0].arms`: expected 2..=16 arms"),
+            ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"a\", weight = 1 }]", "`experiment[0].arms[1].transport`: `a` already has an arm"),
+            ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 0 }]", "`experiment[0].arms[1].weight`: expected an integer in 1..=1000000, found 0"),
+            ("unit = \"request\"\narms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]", "`experiment[0].unit`: expected \"shard\" or \"fetch\", found \"request\""),
+            ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { window = \"1m\" }", "`experiment[0].guardrail` sets neither"),
+            ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 1.5 }", "`experiment[0].guardrail.max-error-rate`: expected a number in 0..=1, found 1.5"),
+            ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 0.1, window = \"soon\" }", "`experiment[0].guardrail.window`: expected a duration"),
+            ("min-size = \"2MiB\"\nmax-size = \"1MiB\"\narms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]", "`experiment[0]`: max-size (1048576) is below min-size (2097152)"),
+        ];
+        for (body, want) in cases {
+            let text = format!("{base}[[experiment]]\nname = \"x\"\n{body}\n");
+            let err = parse_str(&text, text_origin()).unwrap_err();
+            assert!(err.message.contains(want), "{body}\n-> {err}");
+            assert!(err.line > 0, "{err}");
+        }
+        // Two experiments with one name.
+        let arms = "arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]";
+        let text = format!(
+            "{base}[[experiment]]\nname = \"x\"\n{arms}\n[[experiment]]\nname = \"x\"\n{arms}\n"
+        );
+        let err = parse_str(&text, text_origin()).unwrap_err();
+        assert!(
+            err.message
+                .contains("`experiment[1].name`: `x` is used twice"),
+            "{err}"
+        );
+        // An arm whose transport no plugin loads is a warning, not an error.
+        let text = format!("{base}[[experiment]]\nname = \"x\"\narms = [{{ transport = \"a\", weight = 1 }}, {{ transport = \"c\", weight = 1 }}]\n");
+        let c = parse_str(&text, text_origin()).unwrap();
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("`experiment[0].arms[1].transport` names `c`")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    #[test]
     fn shipped_configs_are_valid_without_warnings() {
         for (name, text) in [
             (
@@ -1662,6 +1779,7 @@ mod tests {
                 "multi-node.toml",
                 include_str!("../../configs/multi-node.toml"),
             ),
+            ("ab-test.toml", include_str!("../../configs/ab-test.toml")),
         ] {
             let c = parse_str(text, text_origin()).unwrap_or_else(|e| panic!("{name}:\n{e}"));
             assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);

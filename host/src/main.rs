@@ -173,6 +173,19 @@ enum Command {
         #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Print a running node's metrics: Prometheus text (what `/metrics`
+    /// serves), or the JSON snapshot `shardport ab report` reads.
+    Metrics {
+        /// The node's control endpoint.
+        #[arg(long, default_value = config::DEFAULT_CONTROL_BIND)]
+        node: String,
+        /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
+        #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the JSON snapshot instead of Prometheus text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Put -> fetch from another process -> drain -> remove, many times;
     /// prints both processes' RSS and the /dev/shm entry count at the start
     /// and at the end (they must stay flat).
@@ -741,6 +754,32 @@ reason: {}",
             )
             .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
             println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            Ok(())
+        }
+        Command::Metrics { node, token, json } => {
+            let timeout = std::time::Duration::from_secs(10);
+            let client_err = |e| Failure::from((EXIT_FAILURE, e));
+            if json {
+                let r = shardport_host::control::client::call(
+                    &node,
+                    "GET",
+                    "/v1/metrics.json",
+                    token.as_deref(),
+                    &[],
+                    timeout,
+                )
+                .map_err(client_err)?;
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                let text = shardport_host::control::client::get_text(
+                    &node,
+                    "/metrics",
+                    token.as_deref(),
+                    timeout,
+                )
+                .map_err(client_err)?;
+                print!("{text}");
+            }
             Ok(())
         }
         Command::Soak {
