@@ -27,6 +27,9 @@ use crate::snapshot::{size_bucket, Series, SizeHistogram, Snapshot, SIZE_BUCKETS
 /// Highest latency a histogram tracks (1 hour); longer ones are clamped.
 const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
 
+/// A size bucket's latency histogram and the exact sum of what it recorded.
+type SizeSlot = Mutex<Option<(Histogram<u64>, u64)>>;
+
 /// Counters and histograms of one transport or arm.
 #[derive(Default)]
 struct SeriesState {
@@ -36,7 +39,7 @@ struct SeriesState {
     downgrades: AtomicU64,
     latency_ns: AtomicU64,
     /// One per size bucket (`SIZE_BUCKETS` plus the `inf` bucket).
-    hist: [Mutex<Option<(Histogram<u64>, u64)>>; SIZE_BUCKETS.len() + 1],
+    hist: [SizeSlot; SIZE_BUCKETS.len() + 1],
 }
 
 fn bucket_index(len: u64) -> usize {

@@ -826,7 +826,7 @@ impl Node {
                 experiment = %exp.name,
                 arm = %arm.name,
                 transport = %arm.transport,
-                "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}` until `shardport experiments reset` or a restart",
+                "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}` until `shardport ab reset` (POST /v1/experiments/reset) or a restart",
                 arm.name,
                 exp.arms[0].name
             );
