@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use super::{latency_label, Histogram};
+use super::Histogram;
 
 /// Width of the document, px.
 const WIDTH: f64 = 900.0;
@@ -81,6 +81,17 @@ pub fn svg(panels: &[Panel<'_>]) -> String {
     out
 }
 
+/// `10^d` ns as a round label: `100 ns`, `10 us`, `1 ms`, `10 s`.
+pub(super) fn decade_label(d: i32) -> String {
+    let (unit, shift) = match d {
+        ..=2 => ("ns", 0),
+        3..=5 => ("us", 3),
+        6..=8 => ("ms", 6),
+        _ => ("s", 9),
+    };
+    format!("{} {unit}", 10u64.pow((d.max(0) - shift) as u32))
+}
+
 /// log10 of the x range, whole decades around every arm's values.
 fn decades(panel: &Panel<'_>) -> (i32, i32) {
     let (mut lo, mut hi) = (u64::MAX, 0u64);
@@ -132,7 +143,7 @@ fn panel(out: &mut String, p: &Panel<'_>, dy: f64) {
             out,
             r#"<text x="{xd:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
             y(0.0) + 20.0,
-            escape(&latency_label(base as u64))
+            decade_label(d)
         );
         if d < d1 {
             for m in 2..10 {
