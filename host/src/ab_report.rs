@@ -42,6 +42,11 @@
 //! - an error count is `Binomial(fetches + errors, error rate)`, drawn exactly
 //!   by halving the trial count with beta-distributed order statistics.
 //!
+//! The bootstrap treats fetches as independent. With `unit = "shard"`
+//! fetches of one shard share an arm and are correlated, so the intervals
+//! can be narrower than the truth; they also cannot resolve differences
+//! finer than the histogram's 3 significant digits.
+//!
 //! The generator is a seeded splitmix64 written here; each comparison gets
 //! its own stream derived from `(seed, experiment, arm, statistic)`, so a
 //! report restricted to one experiment gives the same intervals as the full
@@ -1044,6 +1049,7 @@ impl fmt::Display for Report {
                 "throughput",
                 "errors",
                 "error rate",
+                "downgrades",
                 "status",
             ]
             .map(str::to_owned)
@@ -1067,10 +1073,11 @@ impl fmt::Display for Report {
                     a.errors.to_string(),
                     a.error_rate
                         .map_or_else(dash, |r| format!("{:.2}%", r * 100.0)),
+                    a.downgrades.to_string(),
                     status,
                 ]);
             }
-            table(f, "  ", &[0, 1, 11], &rows)?;
+            table(f, "  ", &[0, 1, 12], &rows)?;
             if e.differences.is_empty() {
                 continue;
             }

@@ -554,9 +554,9 @@ node trainer-0: snapshot taken 2023-11-14 22:13:20 UTC, covering 600 s; sizes: a
 latency: nearest-rank percentiles of successful fetches; throughput: bytes per second of fetch time
 
 experiment shm-vs-http (unit shard, control posix-shm)
-  arm        transport  weight  assigned    n      p50      p90      p99  throughput  errors  error rate  status
-  posix-shm  posix-shm      90       100  100  10.0 us  10.0 us  10.0 us  409.6 MB/s       0       0.00%  control
-  http       http           10       100  100  20.0 us  20.0 us  20.0 us  204.8 MB/s       0       0.00%  active
+  arm        transport  weight  assigned    n      p50      p90      p99  throughput  errors  error rate  downgrades  status
+  posix-shm  posix-shm      90       100  100  10.0 us  10.0 us  10.0 us  409.6 MB/s       0       0.00%           0  control
+  http       http           10       100  100  20.0 us  20.0 us  20.0 us  204.8 MB/s       0       0.00%           0  active
   differences vs control posix-shm (bootstrap 95% CI, 2000 resamples, seed 1):
     http  p50         http is slower than posix-shm by 10.0 us p50 (95% CI 10.0..10.0 us); ratio 2.00x (95% CI 2.00x..2.00x)
     http  error rate  no significant difference in error rate between http and posix-shm (+0.00 pp, 95% CI 0.00..0.00 pp)
