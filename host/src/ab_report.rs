@@ -104,7 +104,7 @@ pub enum ReportError {
         source: std::io::Error,
     },
     /// The snapshot is not valid JSON or does not have the snapshot's shape.
-    #[error("snapshot {origin}:{line}:{column}: {message}")]
+    #[error("snapshot {origin}{}: {message}", location(*line, *column))]
     Parse {
         /// The file or node.
         origin: String,
@@ -172,6 +172,15 @@ pub enum ReportError {
     InvalidOption(String),
 }
 
+/// `:line:column`, or nothing when unknown (0).
+fn location(line: usize, column: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}:{column}")
+    }
+}
+
 /// Reads a snapshot file.
 pub fn load(path: &Path) -> Result<Snapshot, ReportError> {
     let text = std::fs::read_to_string(path).map_err(|source| ReportError::Read {
@@ -186,6 +195,7 @@ pub fn parse_str(text: &str, origin: &str) -> Result<Snapshot, ReportError> {
     /// Just the tag, read first so that another version of the format is
     /// refused as such rather than for a field it lacks.
     #[derive(Deserialize)]
+    #[serde(expecting = "a shardport metrics snapshot (a JSON object)")]
     struct Tag {
         format: Option<String>,
     }

@@ -360,6 +360,22 @@ fn json_errors_point_at_line_and_column() {
         e.to_string(),
         "snapshot snap.json:3:11: invalid type: integer `7`, expected a string"
     );
+    let e = parse_str("\"x\"", "snap.json").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "snapshot snap.json:1:3: invalid type: string \"x\", expected a shardport metrics snapshot (a JSON object)"
+    );
+    // A scraped body has no lines to point at.
+    let e = ReportError::Parse {
+        origin: "http://n:1/v1/metrics.json".to_owned(),
+        line: 0,
+        column: 0,
+        message: "missing field `node`".to_owned(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "snapshot http://n:1/v1/metrics.json: missing field `node`"
+    );
     let e = parse_str("{\n  \"format\": ", "snap.json").unwrap_err();
     assert!(e.to_string().starts_with("snapshot snap.json:2:"), "{e}");
 }
