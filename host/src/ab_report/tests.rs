@@ -678,3 +678,26 @@ fn the_plot_is_well_formed_svg_with_one_line_per_arm() {
         );
     }
 }
+
+proptest::proptest! {
+    /// The weighted nearest-rank percentile equals the nearest-rank
+    /// percentile of the histogram expanded into its samples.
+    #[test]
+    fn percentiles_match_the_expanded_samples(
+        pairs in proptest::collection::vec((0u64..5_000, 0u64..20), 1..12),
+        per_mille in 1u64..=1000,
+    ) {
+        let h = Histogram::merge([&pairs[..]]);
+        let mut samples: Vec<u64> = pairs
+            .iter()
+            .flat_map(|&(v, c)| std::iter::repeat_n(v, c as usize))
+            .collect();
+        samples.sort_unstable();
+        proptest::prop_assert_eq!(h.n(), samples.len() as u64);
+        let expected = (!samples.is_empty()).then(|| {
+            let rank = (samples.len() as u64 * per_mille).div_ceil(1000).max(1);
+            samples[(rank - 1) as usize]
+        });
+        proptest::prop_assert_eq!(h.percentile(per_mille), expected);
+    }
+}
