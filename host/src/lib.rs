@@ -22,6 +22,7 @@
 //! [`loader`] (how plugins are opened and checked) and [`config`].
 #![forbid(unsafe_code)]
 
+pub mod ab_report;
 pub mod bench;
 pub mod cache;
 pub mod config;

@@ -8,6 +8,7 @@ use std::{
 
 use clap::{Parser, Subcommand};
 use shardport_host::{
+    ab_report,
     bench::{run_bench, BenchOptions},
     config::{self, Config},
     demo::{run_demo, DemoOptions},
@@ -200,6 +201,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A/B experiments of transports.
+    Ab {
+        #[command(subcommand)]
+        command: AbCommand,
+    },
     /// A node driven by JSON lines on stdin (used by demo, bench and tests).
     #[command(hide = true)]
     Worker {
@@ -218,6 +224,45 @@ enum ConfigCommand {
     Check {
         /// The file.
         file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AbCommand {
+    /// Compare the arms of experiments from a metrics snapshot: per arm n,
+    /// p50/p90/p99 latency, throughput and error rate; each arm against the
+    /// control with bootstrap 95% confidence intervals; optionally an SVG
+    /// plot of the latency CDF per arm.
+    Report {
+        /// Snapshot file (JSON, format `shardport-metrics/1`).
+        #[arg(long, conflicts_with = "node", required_unless_present = "node")]
+        snapshot: Option<PathBuf>,
+        /// Scrape the snapshot from this node's control endpoint
+        /// (`GET /v1/metrics.json`) instead.
+        #[arg(long)]
+        node: Option<String>,
+        /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
+        #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Only this experiment (default: all in the snapshot).
+        #[arg(long)]
+        experiment: Option<String>,
+        /// Only this size bucket (4KiB, 64KiB, 1MiB, 16MiB, 256MiB, inf;
+        /// default: all buckets merged).
+        #[arg(long)]
+        size: Option<String>,
+        /// Write the latency CDF per arm to this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Bootstrap seed (the same seed gives the same intervals).
+        #[arg(long, default_value_t = ab_report::DEFAULT_SEED)]
+        seed: u64,
+        /// Bootstrap resamples.
+        #[arg(long, default_value_t = ab_report::DEFAULT_RESAMPLES)]
+        resamples: usize,
     },
 }
 
@@ -268,6 +313,15 @@ fn config_args(path: Option<&Path>) -> Result<Vec<OsString>, Failure> {
         }
         None => Vec::new(),
     })
+}
+
+/// A report failure: bad input (file, format, names, options) is exit 2,
+/// a node that cannot be scraped exit 1.
+fn report_failure(e: ab_report::ReportError) -> Failure {
+    match e {
+        ab_report::ReportError::Scrape(_) => (EXIT_FAILURE, e).into(),
+        _ => (EXIT_CONFIG, e).into(),
+    }
 }
 
 fn start_node(config: Config) -> Result<Node, Failure> {
@@ -800,6 +854,63 @@ reason: {}",
             }
             if !report.flat() {
                 return Err((EXIT_FAILURE, "the soak leaked (see the table)").into());
+            }
+            Ok(())
+        }
+        Command::Ab {
+            command:
+                AbCommand::Report {
+                    snapshot,
+                    node,
+                    token,
+                    experiment,
+                    size,
+                    plot,
+                    json,
+                    seed,
+                    resamples,
+                },
+        } => {
+            if let Some(p) = &plot {
+                if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+                    return Err((
+                        EXIT_CONFIG,
+                        format!(
+                            "--plot {}: only SVG plots are written; name the file *.svg",
+                            p.display()
+                        ),
+                    )
+                        .into());
+                }
+            }
+            let snap = match (&snapshot, &node) {
+                (Some(file), _) => ab_report::load(file),
+                (None, Some(addr)) => {
+                    ab_report::scrape(addr, token.as_deref(), ab_report::SCRAPE_TIMEOUT)
+                }
+                (None, None) => {
+                    return Err((EXIT_CONFIG, "give --snapshot FILE or --node HOST:PORT").into())
+                }
+            }
+            .map_err(report_failure)?;
+            let opts = ab_report::Options {
+                experiment,
+                size,
+                seed,
+                resamples,
+            };
+            let report = ab_report::build(&snap, &opts).map_err(report_failure)?;
+            print_report(json, &report);
+            if let Some(p) = plot {
+                std::fs::write(&p, report.plot_svg()).map_err(|e| {
+                    Failure::from((
+                        EXIT_FAILURE,
+                        format!("cannot write plot {}: {e}", p.display()),
+                    ))
+                })?;
+                if !json {
+                    println!("\nplot: {}", p.display());
+                }
             }
             Ok(())
         }

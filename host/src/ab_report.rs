@@ -1,0 +1,1145 @@
+//! `shardport ab report`: reads a metrics [`Snapshot`] (a file, or scraped
+//! from a node's `GET /v1/metrics.json`) and compares the arms of its A/B
+//! experiments.
+//!
+//! ## Overview
+//! [`load`] / [`parse_str`] / [`scrape`] produce a [`Snapshot`] (refusing an
+//! unknown `format`); [`build`] turns it into a [`Report`], a pure function of
+//! (snapshot, [`Options`]); the report prints as a table ([`fmt::Display`]),
+//! serializes as JSON, and [`Report::plot_svg`] draws the latency CDF per arm
+//! ([`plot`]). Nothing here prints or touches the disk except [`load`].
+//!
+//! ## Definitions
+//! - **n**: successful fetches of an arm in the selected size buckets = the
+//!   sum of the counts of its merged `[value_ns, count]` histogram.
+//! - **pP latency** (p50, p90, p99): nearest rank on the weighted values: the
+//!   smallest recorded value `v` such that at least `ceil(P/100 * n)` samples
+//!   are `<= v` (rank at least 1). Always a value present in the histogram,
+//!   never interpolated.
+//! - **throughput**: bytes fetched / summed fetch latency (`bytes /
+//!   latency_ns_total`), i.e. bytes per second *of fetch time*, printed in
+//!   decimal GB/s or MB/s. It is not wall-clock throughput of the node. The
+//!   snapshot keeps bytes and latency totals for all sizes only, so with
+//!   `--size` the throughput is left out (`-`), never estimated.
+//! - **error rate**: `errors / (fetches + errors)` of the arm, over all sizes
+//!   (errors are not split per size bucket either).
+//! - **difference**: for each arm other than the control, `arm - control` of
+//!   the p50 (and the ratio `arm / control`) and of the error rate, each with
+//!   a bootstrap 95% confidence interval.
+//!
+//! ## Bootstrap
+//! Each of `resamples` rounds resamples every arm independently, as if
+//! drawing `n` fetches with replacement from its histogram (multinomial), and
+//! takes the statistic of the resample; the interval is the 2.5th and 97.5th
+//! nearest-rank percentiles of the resampled differences (the percentile
+//! bootstrap). No draw expands a histogram into samples:
+//! - the p50 of a resample of `n` draws is its `r`-th smallest draw
+//!   (`r = ceil(n/2)`); pushing `n` uniform draws through the histogram's
+//!   inverse CDF keeps their order, so that draw is the inverse CDF at the
+//!   `r`-th smallest of `n` uniforms, which is `Beta(r, n - r + 1)`: one beta
+//!   draw and one binary search over the cumulative counts per resample,
+//!   whatever `n` is, and exactly the multinomial resample's p50;
+//! - an error count is `Binomial(fetches + errors, error rate)`, drawn exactly
+//!   by halving the trial count with beta-distributed order statistics.
+//!
+//! The bootstrap treats fetches as independent. With `unit = "shard"`
+//! fetches of one shard share an arm and are correlated, so the intervals
+//! can be narrower than the truth; they also cannot resolve differences
+//! finer than the histogram's 3 significant digits.
+//!
+//! The generator is a seeded splitmix64 written here; each comparison gets
+//! its own stream derived from `(seed, experiment, arm, statistic)`, so a
+//! report restricted to one experiment gives the same intervals as the full
+//! one. An arm with fewer than [`MIN_SAMPLES`] samples (or attempts, for the
+//! error rate) is reported as "insufficient data" instead of an interval.
+//!
+//! ## Failure modes
+//! Every error is a [`ReportError`] naming the file, node, experiment or
+//! option at fault; the snapshot's JSON errors carry `line:column`.
+
+pub mod plot;
+
+use std::{fmt, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::{self, ArmSnapshot, ExperimentSnapshot, Snapshot};
+
+/// Bootstrap resamples by default: the 2.5%/97.5% tails then rest on 50
+/// resampled values each, enough for stable two-digit interval bounds.
+pub const DEFAULT_RESAMPLES: usize = 2000;
+/// Fewest resamples accepted: below this the interval bounds are a handful
+/// of values and change from seed to seed.
+pub const MIN_RESAMPLES: usize = 100;
+/// Most resamples accepted: each costs a few microseconds whatever `n` is,
+/// so this bounds a report to seconds.
+pub const MAX_RESAMPLES: usize = 1_000_000;
+/// Default seed: a fixed seed makes two reports of the same snapshot
+/// identical.
+pub const DEFAULT_SEED: u64 = 1;
+/// Fewest samples (successful fetches for latency, attempts for the error
+/// rate) an arm needs before its difference from the control is estimated;
+/// below this a bootstrap interval is mostly noise.
+pub const MIN_SAMPLES: u64 = 20;
+/// Path of the metrics snapshot on a node's control endpoint.
+pub const METRICS_PATH: &str = "/v1/metrics.json";
+/// How long a scrape may take: a snapshot is a few hundred KiB at most.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Lower bound of the 95% interval, per mille.
+const CI_LOW_PER_MILLE: u64 = 25;
+/// Upper bound of the 95% interval, per mille.
+const CI_HIGH_PER_MILLE: u64 = 975;
+
+/// Reading a snapshot or building a report failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    /// The snapshot file could not be read (missing, no permission).
+    #[error("cannot read snapshot {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The snapshot is not valid JSON or does not have the snapshot's shape.
+    #[error("snapshot {origin}{}: {message}", location(*line, *column))]
+    Parse {
+        /// The file or node.
+        origin: String,
+        /// Line (1-based; 0 when unknown, e.g. for a scraped body).
+        line: usize,
+        /// Column (1-based; 0 when unknown).
+        column: usize,
+        /// What serde found wrong.
+        message: String,
+    },
+    /// The snapshot's `format` tag is not the one this build reads. Likely a
+    /// newer or older node, or not a shardport metrics snapshot at all.
+    #[error("snapshot {origin}: format is {found}, expected \"{expected}\"")]
+    Format {
+        /// The file or node.
+        origin: String,
+        /// [`snapshot::FORMAT`].
+        expected: &'static str,
+        /// The tag found, quoted, or `missing`.
+        found: String,
+    },
+    /// Scraping the node failed (not running, wrong address, bad token, or a
+    /// node without the metrics endpoint).
+    #[error("cannot scrape metrics: {0}")]
+    Scrape(#[from] crate::control::client::ClientError),
+    /// The snapshot has no experiments: the node has no `[[experiment]]`.
+    #[error(
+        "snapshot of node `{node}` has no experiments (configure an [[experiment]] on the node)"
+    )]
+    NoExperiments {
+        /// The node's name.
+        node: String,
+    },
+    /// `--experiment` names an experiment the snapshot does not have.
+    #[error("no experiment `{name}` in the snapshot of node `{node}`; available: {}", available.join(", "))]
+    UnknownExperiment {
+        /// The name asked for.
+        name: String,
+        /// The node's name.
+        node: String,
+        /// The experiments the snapshot has.
+        available: Vec<String>,
+    },
+    /// `--size` is not a size bucket label.
+    #[error("--size `{size}` is not a size bucket; expected one of {}", expected.join(", "))]
+    UnknownSize {
+        /// The label given.
+        size: String,
+        /// The bucket labels.
+        expected: Vec<&'static str>,
+    },
+    /// An experiment's control arm is not among its arms (a hand-edited or
+    /// corrupt snapshot).
+    #[error("experiment `{experiment}`: control arm `{control}` is not among its arms ({})", arms.join(", "))]
+    NoControlArm {
+        /// Experiment.
+        experiment: String,
+        /// The control arm named.
+        control: String,
+        /// Its arms.
+        arms: Vec<String>,
+    },
+    /// An option is out of range.
+    #[error("{0}")]
+    InvalidOption(String),
+}
+
+/// `:line:column`, or nothing when unknown (0).
+fn location(line: usize, column: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}:{column}")
+    }
+}
+
+/// Reads a snapshot file.
+pub fn load(path: &Path) -> Result<Snapshot, ReportError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_str(&text, &path.display().to_string())
+}
+
+/// Parses a snapshot from JSON text; `origin` names it in errors.
+pub fn parse_str(text: &str, origin: &str) -> Result<Snapshot, ReportError> {
+    /// Just the tag, read first so that another version of the format is
+    /// refused as such rather than for a field it lacks.
+    #[derive(Deserialize)]
+    #[serde(expecting = "a shardport metrics snapshot (a JSON object)")]
+    struct Tag {
+        format: Option<String>,
+    }
+    let tag: Tag = serde_json::from_str(text).map_err(|e| parse_error(origin, &e))?;
+    check_format(tag.format.as_deref(), origin)?;
+    serde_json::from_str(text).map_err(|e| parse_error(origin, &e))
+}
+
+/// Scrapes `GET /v1/metrics.json` from the node's control endpoint at
+/// `addr` (`host:port`).
+pub fn scrape(addr: &str, token: Option<&str>, timeout: Duration) -> Result<Snapshot, ReportError> {
+    let value = crate::control::client::call(addr, "GET", METRICS_PATH, token, &[], timeout)?;
+    let origin = format!("http://{addr}{METRICS_PATH}");
+    check_format(value.get("format").and_then(|f| f.as_str()), &origin)?;
+    serde_json::from_value(value).map_err(|e| parse_error(&origin, &e))
+}
+
+fn check_format(found: Option<&str>, origin: &str) -> Result<(), ReportError> {
+    match found {
+        Some(f) if f == snapshot::FORMAT => Ok(()),
+        other => Err(ReportError::Format {
+            origin: origin.to_owned(),
+            expected: snapshot::FORMAT,
+            found: other.map_or_else(|| "missing".to_owned(), |f| format!("\"{f}\"")),
+        }),
+    }
+}
+
+fn parse_error(origin: &str, e: &serde_json::Error) -> ReportError {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    ReportError::Parse {
+        origin: origin.to_owned(),
+        line: e.line(),
+        column: e.column(),
+        message: text.strip_suffix(&suffix).unwrap_or(&text).to_owned(),
+    }
+}
+
+/// The size bucket labels, smallest first (`4KiB` .. `inf`).
+pub fn size_labels() -> Vec<&'static str> {
+    snapshot::SIZE_BUCKETS
+        .iter()
+        .map(|&b| snapshot::size_bucket(b))
+        .chain([snapshot::size_bucket(u64::MAX)])
+        .collect()
+}
+
+/// What to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Only this experiment (default: all).
+    pub experiment: Option<String>,
+    /// Only this size bucket label (default: all buckets merged).
+    pub size: Option<String>,
+    /// Bootstrap seed.
+    pub seed: u64,
+    /// Bootstrap resamples.
+    pub resamples: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            experiment: None,
+            size: None,
+            seed: DEFAULT_SEED,
+            resamples: DEFAULT_RESAMPLES,
+        }
+    }
+}
+
+/// A latency histogram merged from `[value_ns, count]` pairs: distinct values
+/// ascending with their cumulative counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Histogram {
+    values: Vec<u64>,
+    cumulative: Vec<u64>,
+}
+
+impl Histogram {
+    /// Merges pairs from any number of histograms (any order, repeated
+    /// values added, zero counts dropped).
+    pub fn merge<'a>(parts: impl IntoIterator<Item = &'a [(u64, u64)]>) -> Self {
+        let mut pairs: Vec<(u64, u64)> = parts
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&(_, c)| c > 0)
+            .collect();
+        pairs.sort_unstable_by_key(|&(v, _)| v);
+        let mut h = Histogram::default();
+        let mut total = 0u64;
+        for (v, c) in pairs {
+            total = total.saturating_add(c);
+            if h.values.last() == Some(&v) {
+                if let Some(last) = h.cumulative.last_mut() {
+                    *last = total;
+                }
+            } else {
+                h.values.push(v);
+                h.cumulative.push(total);
+            }
+        }
+        h
+    }
+
+    /// Number of samples.
+    pub fn n(&self) -> u64 {
+        self.cumulative.last().copied().unwrap_or(0)
+    }
+
+    /// `(value, samples <= value)` per distinct value, ascending.
+    pub fn cumulative(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.values
+            .iter()
+            .copied()
+            .zip(self.cumulative.iter().copied())
+    }
+
+    /// The smallest value with at least `rank` samples at or below it
+    /// (`rank` is clamped to `1..=n`); `None` when empty.
+    pub fn value_at_rank(&self, rank: u64) -> Option<u64> {
+        if self.n() == 0 {
+            return None;
+        }
+        let rank = rank.clamp(1, self.n());
+        let i = self.cumulative.partition_point(|&c| c < rank);
+        self.values.get(i).copied()
+    }
+
+    /// Nearest-rank percentile, `per_mille` in `1..=1000` (p50 = 500): the
+    /// value at rank `ceil(per_mille / 1000 * n)`; `None` when empty.
+    pub fn percentile(&self, per_mille: u64) -> Option<u64> {
+        self.value_at_rank(nearest_rank(self.n(), per_mille))
+    }
+
+    /// The inverse CDF at `u` in `(0, 1)`: the value at rank `ceil(u * n)`.
+    fn inverse_cdf(&self, u: f64) -> Option<u64> {
+        self.value_at_rank((u * self.n() as f64).ceil() as u64)
+    }
+}
+
+/// `ceil(per_mille / 1000 * n)`, at least 1, in integers.
+fn nearest_rank(n: u64, per_mille: u64) -> u64 {
+    let r = (u128::from(n) * u128::from(per_mille)).div_ceil(1000);
+    u64::try_from(r).unwrap_or(u64::MAX).max(1)
+}
+
+/// Nearest-rank percentile of unsorted values (sorts them).
+fn percentile_f64(values: &mut [f64], per_mille: u64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let r = nearest_rank(values.len() as u64, per_mille);
+    values[(r - 1) as usize]
+}
+
+/// The seeded generator: splitmix64 plus the few distributions the
+/// bootstrap needs.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    /// A stream for one statistic of one comparison.
+    fn stream(seed: u64, parts: &[&str]) -> Self {
+        // FNV-1a over the parts, separated, then mixed with the seed.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for p in parts {
+            for b in p.bytes().chain([0xff]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        let mut r = Rng(seed ^ h);
+        r.next_u64();
+        r
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in the open interval (0, 1).
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+
+    /// Gamma(shape, 1) for `shape >= 1` (Marsaglia and Tsang's squeeze).
+    fn gamma(&mut self, shape: f64) -> f64 {
+        let d = shape - 1.0 / 3.0;
+        let c = 1.0 / (9.0 * d).sqrt();
+        loop {
+            let x = self.normal();
+            let v = 1.0 + c * x;
+            if v <= 0.0 {
+                continue;
+            }
+            let v = v * v * v;
+            let u = self.uniform();
+            if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+                return d * v;
+            }
+        }
+    }
+
+    /// Beta(a, b) for `a, b >= 1`: the distribution of the `a`-th smallest
+    /// of `a + b - 1` uniforms.
+    fn beta(&mut self, a: f64, b: f64) -> f64 {
+        let x = self.gamma(a);
+        let y = self.gamma(b);
+        x / (x + y)
+    }
+
+    /// Binomial(n, p), exactly: while `n` is large, the `a`-th smallest of
+    /// the `n` uniforms (a beta draw) splits them into those below it
+    /// (uniform under it) and those above (uniform over it); only the side
+    /// `p` falls in is still undecided.
+    fn binomial(&mut self, n: u64, p: f64) -> u64 {
+        /// Below this many trials, plain Bernoulli draws are cheaper.
+        const DIRECT: u64 = 64;
+        let (mut n, mut p, mut k) = (n, p, 0u64);
+        while n > DIRECT {
+            if p <= 0.0 {
+                return k;
+            }
+            if p >= 1.0 {
+                return k + n;
+            }
+            let a = 1 + n / 2;
+            let b = n + 1 - a;
+            let y = self.beta(a as f64, b as f64);
+            if p < y {
+                n = a - 1;
+                p /= y;
+            } else {
+                k += a;
+                n = b - 1;
+                p = (p - y) / (1.0 - y);
+            }
+        }
+        k + (0..n).filter(|_| self.uniform() < p).count() as u64
+    }
+
+    /// The nearest-rank percentile of `n` draws with replacement from `h`.
+    fn resampled_percentile(&mut self, h: &Histogram, per_mille: u64) -> Option<u64> {
+        let n = h.n();
+        let r = nearest_rank(n, per_mille);
+        let u = self.beta(r as f64, (n - r + 1) as f64);
+        h.inverse_cdf(u)
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The node the snapshot came from.
+    pub node: String,
+    /// When the snapshot was taken, ms since the Unix epoch.
+    pub taken_at_unix_ms: u64,
+    /// Seconds the metrics cover.
+    pub window_s: f64,
+    /// The size bucket reported, `None` for all buckets merged.
+    pub size: Option<String>,
+    /// Bootstrap seed.
+    pub seed: u64,
+    /// Bootstrap resamples.
+    pub resamples: usize,
+    /// Experiments in snapshot order.
+    pub experiments: Vec<ExperimentReport>,
+    /// Caveats that apply to the whole report.
+    pub notes: Vec<String>,
+}
+
+/// One experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExperimentReport {
+    /// Name.
+    pub name: String,
+    /// `shard` or `fetch`.
+    pub unit: String,
+    /// The control arm's name.
+    pub control: String,
+    /// Arms in config order.
+    pub arms: Vec<ArmReport>,
+    /// Each non-control arm against the control.
+    pub differences: Vec<ArmDiff>,
+}
+
+/// One arm's numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmReport {
+    /// Arm name.
+    pub name: String,
+    /// Its transport.
+    pub transport: String,
+    /// Configured weight.
+    pub weight: u32,
+    /// Fetches assigned to it.
+    pub assigned: u64,
+    /// Why the guardrail disabled it, if it did.
+    pub disabled: Option<String>,
+    /// Successful fetches in the selected size buckets.
+    pub n: u64,
+    /// Nearest-rank p50 latency, ns.
+    pub p50_ns: Option<u64>,
+    /// Nearest-rank p90 latency, ns.
+    pub p90_ns: Option<u64>,
+    /// Nearest-rank p99 latency, ns.
+    pub p99_ns: Option<u64>,
+    /// Successful fetches, all sizes.
+    pub fetches: u64,
+    /// Failed attempts, all sizes.
+    pub errors: u64,
+    /// `errors / (fetches + errors)`, all sizes.
+    pub error_rate: Option<f64>,
+    /// Bytes fetched, all sizes.
+    pub bytes: u64,
+    /// Bytes per second of fetch time, all sizes; `None` with a size filter
+    /// or without latency.
+    pub throughput_bytes_per_s: Option<f64>,
+    /// Fetches assigned to it that ended on another transport.
+    pub downgrades: u64,
+    #[serde(skip)]
+    histogram: Histogram,
+}
+
+impl ArmReport {
+    /// The merged latency histogram of the selected size buckets.
+    pub fn histogram(&self) -> &Histogram {
+        &self.histogram
+    }
+}
+
+/// One arm against the control.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmDiff {
+    /// The arm.
+    pub arm: String,
+    /// The control arm.
+    pub control: String,
+    /// p50 latency, ns: `arm - control`; ratio `arm / control`.
+    pub p50: Difference,
+    /// Error rate (a fraction): `arm - control`.
+    pub error_rate: Difference,
+}
+
+/// What a difference's interval says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The whole interval is above zero: the arm is higher (slower, more errors).
+    Higher,
+    /// The whole interval is below zero.
+    Lower,
+    /// The interval contains zero.
+    NoSignificantDifference,
+    /// An arm has fewer than [`MIN_SAMPLES`].
+    InsufficientData,
+}
+
+/// A difference with its bootstrap interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct Difference {
+    /// What the interval says.
+    pub verdict: Verdict,
+    /// `arm - control` from the snapshot's own numbers.
+    pub estimate: Option<f64>,
+    /// Bootstrap 95% interval of `arm - control`.
+    pub ci95: Option<(f64, f64)>,
+    /// `arm / control` (p50 only, control above zero).
+    pub ratio: Option<f64>,
+    /// Bootstrap 95% interval of the ratio.
+    pub ratio_ci95: Option<(f64, f64)>,
+    /// The verdict in words.
+    pub summary: String,
+}
+
+/// Builds the report: a pure function of the snapshot and the options.
+pub fn build(snap: &Snapshot, opts: &Options) -> Result<Report, ReportError> {
+    if !(MIN_RESAMPLES..=MAX_RESAMPLES).contains(&opts.resamples) {
+        return Err(ReportError::InvalidOption(format!(
+            "--resamples {}: expected {MIN_RESAMPLES}..={MAX_RESAMPLES}",
+            opts.resamples
+        )));
+    }
+    let size = match &opts.size {
+        None => None,
+        Some(s) => Some(
+            size_labels()
+                .into_iter()
+                .find(|l| l.eq_ignore_ascii_case(s))
+                .ok_or_else(|| ReportError::UnknownSize {
+                    size: s.clone(),
+                    expected: size_labels(),
+                })?,
+        ),
+    };
+    if snap.experiments.is_empty() {
+        return Err(ReportError::NoExperiments {
+            node: snap.node.clone(),
+        });
+    }
+    let selected: Vec<&ExperimentSnapshot> = match &opts.experiment {
+        None => snap.experiments.iter().collect(),
+        Some(name) => vec![snap
+            .experiments
+            .iter()
+            .find(|e| &e.name == name)
+            .ok_or_else(|| ReportError::UnknownExperiment {
+                name: name.clone(),
+                node: snap.node.clone(),
+                available: snap.experiments.iter().map(|e| e.name.clone()).collect(),
+            })?],
+    };
+    let experiments = selected
+        .into_iter()
+        .map(|e| experiment(e, size, opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut notes = Vec::new();
+    if let Some(s) = size {
+        notes.push(format!(
+            "latency is for size bucket {s} only; the snapshot does not split bytes, \
+             fetch time or errors by size, so throughput is left out and error rates cover all sizes"
+        ));
+    }
+    Ok(Report {
+        node: snap.node.clone(),
+        taken_at_unix_ms: snap.taken_at_unix_ms,
+        window_s: snap.window_s,
+        size: size.map(str::to_owned),
+        seed: opts.seed,
+        resamples: opts.resamples,
+        experiments,
+        notes,
+    })
+}
+
+fn experiment(
+    e: &ExperimentSnapshot,
+    size: Option<&str>,
+    opts: &Options,
+) -> Result<ExperimentReport, ReportError> {
+    let arms: Vec<ArmReport> = e.arms.iter().map(|a| arm(a, size)).collect();
+    let control =
+        arms.iter()
+            .find(|a| a.name == e.control)
+            .ok_or_else(|| ReportError::NoControlArm {
+                experiment: e.name.clone(),
+                control: e.control.clone(),
+                arms: arms.iter().map(|a| a.name.clone()).collect(),
+            })?;
+    let differences = arms
+        .iter()
+        .filter(|a| a.name != e.control)
+        .map(|a| compare(&e.name, a, control, opts))
+        .collect();
+    Ok(ExperimentReport {
+        name: e.name.clone(),
+        unit: e.unit.clone(),
+        control: e.control.clone(),
+        arms,
+        differences,
+    })
+}
+
+fn arm(a: &ArmSnapshot, size: Option<&str>) -> ArmReport {
+    let s = &a.series;
+    let histogram = Histogram::merge(
+        s.latency
+            .iter()
+            .filter(|h| size.is_none_or(|want| h.size == want))
+            .map(|h| h.counts.as_slice()),
+    );
+    let attempts = s.fetches.saturating_add(s.errors);
+    ArmReport {
+        name: s.name.clone(),
+        transport: s.transport.clone(),
+        weight: a.weight,
+        assigned: a.assigned,
+        disabled: a.disabled.clone(),
+        n: histogram.n(),
+        p50_ns: histogram.percentile(500),
+        p90_ns: histogram.percentile(900),
+        p99_ns: histogram.percentile(990),
+        fetches: s.fetches,
+        errors: s.errors,
+        error_rate: (attempts > 0).then(|| s.errors as f64 / attempts as f64),
+        bytes: s.bytes,
+        throughput_bytes_per_s: (size.is_none() && s.latency_ns_total > 0)
+            .then(|| s.bytes as f64 * 1e9 / s.latency_ns_total as f64),
+        downgrades: s.downgrades,
+        histogram,
+    }
+}
+
+/// The 95% interval of bootstrap values (sorts them).
+fn interval(values: &mut [f64]) -> Option<(f64, f64)> {
+    if values.is_empty() {
+        return None;
+    }
+    Some((
+        percentile_f64(values, CI_LOW_PER_MILLE),
+        percentile_f64(values, CI_HIGH_PER_MILLE),
+    ))
+}
+
+fn verdict_of(ci: (f64, f64)) -> Verdict {
+    if ci.0 > 0.0 {
+        Verdict::Higher
+    } else if ci.1 < 0.0 {
+        Verdict::Lower
+    } else {
+        Verdict::NoSignificantDifference
+    }
+}
+
+fn compare(experiment: &str, arm: &ArmReport, control: &ArmReport, opts: &Options) -> ArmDiff {
+    ArmDiff {
+        arm: arm.name.clone(),
+        control: control.name.clone(),
+        p50: compare_p50(experiment, arm, control, opts),
+        error_rate: compare_errors(experiment, arm, control, opts),
+    }
+}
+
+fn insufficient(
+    arm: &ArmReport,
+    control: &ArmReport,
+    what: &str,
+    n: fn(&ArmReport) -> u64,
+) -> Difference {
+    let short: Vec<String> = [arm, control]
+        .iter()
+        .filter(|a| n(a) < MIN_SAMPLES)
+        .map(|a| format!("{} has {} {what}", a.name, n(a)))
+        .collect();
+    Difference {
+        verdict: Verdict::InsufficientData,
+        estimate: None,
+        ci95: None,
+        ratio: None,
+        ratio_ci95: None,
+        summary: format!(
+            "insufficient data: {} (fewer than {MIN_SAMPLES})",
+            short.join(", ")
+        ),
+    }
+}
+
+fn compare_p50(
+    experiment: &str,
+    arm: &ArmReport,
+    control: &ArmReport,
+    opts: &Options,
+) -> Difference {
+    let (Some(a50), Some(c50)) = (arm.p50_ns, control.p50_ns) else {
+        return insufficient(arm, control, "samples", |a| a.n);
+    };
+    if arm.n < MIN_SAMPLES || control.n < MIN_SAMPLES {
+        return insufficient(arm, control, "samples", |a| a.n);
+    }
+    let mut rng = Rng::stream(opts.seed, &[experiment, &arm.name, "p50"]);
+    let mut diffs = Vec::with_capacity(opts.resamples);
+    let mut ratios = Vec::with_capacity(opts.resamples);
+    for _ in 0..opts.resamples {
+        let c = rng
+            .resampled_percentile(&control.histogram, 500)
+            .unwrap_or(0) as f64;
+        let a = rng.resampled_percentile(&arm.histogram, 500).unwrap_or(0) as f64;
+        diffs.push(a - c);
+        if c > 0.0 {
+            ratios.push(a / c);
+        }
+    }
+    let estimate = a50 as f64 - c50 as f64;
+    let ci = interval(&mut diffs).unwrap_or((estimate, estimate));
+    let ratio = (c50 > 0).then(|| a50 as f64 / c50 as f64);
+    let ratio_ci = interval(&mut ratios);
+    let verdict = verdict_of(ci);
+    let (a, c) = (&arm.name, &control.name);
+    let unit = TimeUnit::for_magnitude(estimate.abs().max(ci.0.abs()).max(ci.1.abs()));
+    let u = unit.name();
+    let ratio_text = match (ratio, ratio_ci) {
+        (Some(r), Some((lo, hi))) => format!("; ratio {r:.2}x (95% CI {lo:.2}x..{hi:.2}x)"),
+        _ => String::new(),
+    };
+    let summary = match verdict {
+        Verdict::Higher => format!(
+            "{a} is slower than {c} by {} p50 (95% CI {}..{} {u}){ratio_text}",
+            unit.show(estimate),
+            unit.number(ci.0),
+            unit.number(ci.1)
+        ),
+        Verdict::Lower => format!(
+            "{a} is faster than {c} by {} p50 (95% CI {}..{} {u}){ratio_text}",
+            unit.show(-estimate),
+            unit.number(-ci.1),
+            unit.number(-ci.0)
+        ),
+        _ => format!(
+            "no significant difference in p50 between {a} and {c} ({}{}, 95% CI {}..{} {u}){ratio_text}",
+            if estimate >= 0.0 { "+" } else { "" },
+            unit.show(estimate),
+            unit.number(ci.0),
+            unit.number(ci.1)
+        ),
+    };
+    Difference {
+        verdict,
+        estimate: Some(estimate),
+        ci95: Some(ci),
+        ratio,
+        ratio_ci95: ratio_ci,
+        summary,
+    }
+}
+
+fn compare_errors(
+    experiment: &str,
+    arm: &ArmReport,
+    control: &ArmReport,
+    opts: &Options,
+) -> Difference {
+    fn attempts(a: &ArmReport) -> u64 {
+        a.fetches.saturating_add(a.errors)
+    }
+    let (Some(ar), Some(cr)) = (arm.error_rate, control.error_rate) else {
+        return insufficient(arm, control, "attempts", attempts);
+    };
+    if attempts(arm) < MIN_SAMPLES || attempts(control) < MIN_SAMPLES {
+        return insufficient(arm, control, "attempts", attempts);
+    }
+    let mut rng = Rng::stream(opts.seed, &[experiment, &arm.name, "errors"]);
+    let (an, cn) = (attempts(arm), attempts(control));
+    let mut diffs: Vec<f64> = (0..opts.resamples)
+        .map(|_| {
+            let c = rng.binomial(cn, cr) as f64 / cn as f64;
+            let a = rng.binomial(an, ar) as f64 / an as f64;
+            a - c
+        })
+        .collect();
+    let estimate = ar - cr;
+    let ci = interval(&mut diffs).unwrap_or((estimate, estimate));
+    let verdict = verdict_of(ci);
+    let pp = |x: f64| format!("{:.2}", x * 100.0);
+    let (a, c) = (&arm.name, &control.name);
+    let summary = match verdict {
+        Verdict::Higher => format!(
+            "{a} has a higher error rate than {c} by {} pp (95% CI {}..{} pp)",
+            pp(estimate),
+            pp(ci.0),
+            pp(ci.1)
+        ),
+        Verdict::Lower => format!(
+            "{a} has a lower error rate than {c} by {} pp (95% CI {}..{} pp)",
+            pp(-estimate),
+            pp(-ci.1),
+            pp(-ci.0)
+        ),
+        _ => format!(
+            "no significant difference in error rate between {a} and {c} ({}{} pp, 95% CI {}..{} pp)",
+            if estimate >= 0.0 { "+" } else { "" },
+            pp(estimate),
+            pp(ci.0),
+            pp(ci.1)
+        ),
+    };
+    Difference {
+        verdict,
+        estimate: Some(estimate),
+        ci95: Some(ci),
+        ratio: None,
+        ratio_ci95: None,
+        summary,
+    }
+}
+
+/// A time unit picked for a magnitude, so that a value and its interval
+/// print in the same unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeUnit {
+    /// Nanoseconds (below 1 us).
+    Ns,
+    /// Microseconds (below 1 ms).
+    Us,
+    /// Milliseconds (below 1 s).
+    Ms,
+    /// Seconds.
+    S,
+}
+
+impl TimeUnit {
+    /// The unit for a magnitude in ns.
+    pub fn for_magnitude(ns: f64) -> Self {
+        let ns = ns.abs();
+        if ns < 1e3 {
+            TimeUnit::Ns
+        } else if ns < 1e6 {
+            TimeUnit::Us
+        } else if ns < 1e9 {
+            TimeUnit::Ms
+        } else {
+            TimeUnit::S
+        }
+    }
+
+    /// The unit's name (`us`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeUnit::Ns => "ns",
+            TimeUnit::Us => "us",
+            TimeUnit::Ms => "ms",
+            TimeUnit::S => "s",
+        }
+    }
+
+    /// `ns` as a number in this unit (`35.0`; ns as an integer).
+    pub fn number(self, ns: f64) -> String {
+        match self {
+            TimeUnit::Ns => format!("{ns:.0}"),
+            TimeUnit::Us => format!("{:.1}", ns / 1e3),
+            TimeUnit::Ms => format!("{:.1}", ns / 1e6),
+            TimeUnit::S => format!("{:.1}", ns / 1e9),
+        }
+    }
+
+    /// `ns` in this unit, with its name (`35.0 us`).
+    pub fn show(self, ns: f64) -> String {
+        format!("{} {}", self.number(ns), self.name())
+    }
+}
+
+/// A latency in its own unit (`850 ns`, `35.0 us`, `1.2 ms`).
+pub fn latency_label(ns: u64) -> String {
+    TimeUnit::for_magnitude(ns as f64).show(ns as f64)
+}
+
+/// A throughput in decimal GB/s at or above 1 GB/s, else MB/s.
+pub fn throughput_label(bytes_per_s: f64) -> String {
+    if bytes_per_s >= 1e9 {
+        format!("{:.2} GB/s", bytes_per_s / 1e9)
+    } else {
+        format!("{:.1} MB/s", bytes_per_s / 1e6)
+    }
+}
+
+/// `YYYY-MM-DD hh:mm:ss UTC` of a Unix time in ms.
+pub fn utc_label(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (mut days, rem) = (secs / 86_400, secs % 86_400);
+    let leap = |y: u64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let mut year = 1970;
+    loop {
+        let len = if leap(year) { 366 } else { 365 };
+        if days < len {
+            break;
+        }
+        days -= len;
+        year += 1;
+    }
+    let feb = if leap(year) { 29 } else { 28 };
+    let mut month = 1;
+    for len in [31, feb, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31] {
+        if days < len {
+            break;
+        }
+        days -= len;
+        month += 1;
+    }
+    format!(
+        "{year:04}-{month:02}-{:02} {:02}:{:02}:{:02} UTC",
+        days + 1,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Writes rows as columns two spaces apart, each line indented: the columns
+/// whose index is in `left` left-aligned, the others right-aligned.
+fn table(
+    f: &mut fmt::Formatter<'_>,
+    indent: &str,
+    left: &[usize],
+    rows: &[Vec<String>],
+) -> fmt::Result {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in rows {
+        let mut line = String::from(indent);
+        for (c, cell) in r.iter().enumerate() {
+            if c > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[c] - cell.chars().count();
+            if left.contains(&c) {
+                line.push_str(cell);
+                if c + 1 < r.len() {
+                    line.push_str(&" ".repeat(pad));
+                }
+            } else {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            }
+        }
+        writeln!(f, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "node {}: snapshot taken {}, covering {:.0} s; sizes: {}",
+            self.node,
+            utc_label(self.taken_at_unix_ms),
+            self.window_s,
+            self.size.as_deref().unwrap_or("all")
+        )?;
+        writeln!(
+            f,
+            "latency: nearest-rank percentiles of successful fetches; throughput: bytes per second of fetch time"
+        )?;
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
+        }
+        for e in &self.experiments {
+            writeln!(
+                f,
+                "\nexperiment {} (unit {}, control {})",
+                e.name, e.unit, e.control
+            )?;
+            let dash = || "-".to_owned();
+            let mut rows = vec![[
+                "arm",
+                "transport",
+                "weight",
+                "assigned",
+                "n",
+                "p50",
+                "p90",
+                "p99",
+                "throughput",
+                "errors",
+                "error rate",
+                "downgrades",
+                "status",
+            ]
+            .map(str::to_owned)
+            .to_vec()];
+            for a in &e.arms {
+                let status = match (&a.disabled, a.name == e.control) {
+                    (Some(why), _) => format!("disabled: {why}"),
+                    (None, true) => "control".to_owned(),
+                    (None, false) => "active".to_owned(),
+                };
+                rows.push(vec![
+                    a.name.clone(),
+                    a.transport.clone(),
+                    a.weight.to_string(),
+                    a.assigned.to_string(),
+                    a.n.to_string(),
+                    a.p50_ns.map_or_else(dash, latency_label),
+                    a.p90_ns.map_or_else(dash, latency_label),
+                    a.p99_ns.map_or_else(dash, latency_label),
+                    a.throughput_bytes_per_s.map_or_else(dash, throughput_label),
+                    a.errors.to_string(),
+                    a.error_rate
+                        .map_or_else(dash, |r| format!("{:.2}%", r * 100.0)),
+                    a.downgrades.to_string(),
+                    status,
+                ]);
+            }
+            table(f, "  ", &[0, 1, 12], &rows)?;
+            if e.differences.is_empty() {
+                continue;
+            }
+            writeln!(
+                f,
+                "  differences vs control {} (bootstrap 95% CI, {} resamples, seed {}):",
+                e.control, self.resamples, self.seed
+            )?;
+            let mut rows = Vec::new();
+            for d in &e.differences {
+                rows.push(vec![d.arm.clone(), "p50".to_owned(), d.p50.summary.clone()]);
+                rows.push(vec![
+                    d.arm.clone(),
+                    "error rate".to_owned(),
+                    d.error_rate.summary.clone(),
+                ]);
+            }
+            table(f, "    ", &[0, 1, 2], &rows)?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The latency CDF per arm as an SVG document, one panel per experiment.
+    pub fn plot_svg(&self) -> String {
+        let sizes = self.size.as_deref().unwrap_or("all sizes");
+        let panels: Vec<plot::Panel<'_>> = self
+            .experiments
+            .iter()
+            .map(|e| plot::Panel {
+                title: format!(
+                    "latency CDF, experiment {} ({sizes}, node {})",
+                    e.name, self.node
+                ),
+                series: e
+                    .arms
+                    .iter()
+                    .map(|a| plot::Series {
+                        label: if a.disabled.is_some() {
+                            format!("{} (disabled)", a.name)
+                        } else {
+                            a.name.clone()
+                        },
+                        histogram: &a.histogram,
+                    })
+                    .collect(),
+            })
+            .collect();
+        plot::svg(&panels)
+    }
+}
+
+#[cfg(test)]
+mod tests;
