@@ -45,7 +45,7 @@
 //! The bootstrap treats fetches as independent. With `unit = "shard"`
 //! fetches of one shard share an arm and are correlated, so the intervals
 //! can be narrower than the truth; they also cannot resolve differences
-//! finer than the histogram's 3 significant digits.
+//! finer than the histogram's 2 significant digits (1%).
 //!
 //! The generator is a seeded splitmix64 written here; each comparison gets
 //! its own stream derived from `(seed, experiment, arm, statistic)`, so a

@@ -264,6 +264,19 @@ enum AbCommand {
         #[arg(long, default_value_t = ab_report::DEFAULT_RESAMPLES)]
         resamples: usize,
     },
+    /// Re-enable the arms a guardrail disabled on running nodes (after the
+    /// cause is fixed), one call per node.
+    Reset {
+        /// Control endpoints (repeatable).
+        #[arg(long = "node", required = true)]
+        nodes: Vec<String>,
+        /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
+        #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Only this experiment (default: every experiment).
+        #[arg(long)]
+        experiment: Option<String>,
+    },
 }
 
 fn init_logging(verbose: u8) {
@@ -913,6 +926,60 @@ reason: {}",
                 }
             }
             Ok(())
+        }
+        Command::Ab {
+            command:
+                AbCommand::Reset {
+                    nodes,
+                    token,
+                    experiment,
+                },
+        } => {
+            let body = serde_json::json!({ "experiment": experiment }).to_string();
+            let mut failed = Vec::new();
+            for n in &nodes {
+                match shardport_host::control::client::call(
+                    n,
+                    "POST",
+                    "/v1/experiments/reset",
+                    token.as_deref(),
+                    body.as_bytes(),
+                    std::time::Duration::from_secs(10),
+                ) {
+                    Ok(r) => {
+                        let arms: Vec<String> = r["reenabled"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|p| {
+                                format!(
+                                    "{}/{}",
+                                    p[0].as_str().unwrap_or("?"),
+                                    p[1].as_str().unwrap_or("?")
+                                )
+                            })
+                            .collect();
+                        if arms.is_empty() {
+                            println!("{n}: no arm was disabled");
+                        } else {
+                            println!("{n}: re-enabled {}", arms.join(", "));
+                        }
+                    }
+                    Err(e) => {
+                        println!("{n}: FAILED: {e}");
+                        failed.push(n.clone());
+                    }
+                }
+            }
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                Err((
+                    EXIT_FAILURE,
+                    format!("reset failed on {}", failed.join(", ")),
+                )
+                    .into())
+            }
         }
         Command::Worker {
             config,

@@ -167,6 +167,30 @@ fn arms_follow_weights_stick_per_shard_across_consumers_and_show_in_metrics() {
         parsed.experiments[0].arms[1].series.fetches as usize,
         2 * spool
     );
+
+    // `shardport ab report` scrapes the live node and compares the arms.
+    let svg = dir.path().join("cdf.svg");
+    let out = std::process::Command::new(util::shardport_bin())
+        .args([
+            "ab", "report", "--node", &addr, "--token", "tok", "--json", "--plot",
+        ])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = report.to_string();
+    assert!(
+        text.contains("shm-vs-spool") && text.contains("\"spool\""),
+        "{text}"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.trim_end().ends_with("</svg>"));
+    assert_eq!(plot.matches("<polyline").count(), 2, "one CDF line per arm");
 }
 
 #[test]
@@ -257,17 +281,26 @@ guardrail = { max-error-rate = 0.2, window = "60s", min-samples = 10 }
         bad.contains("no experiment `nope` (configured: canary)"),
         "{bad}"
     );
-    let ok = shardport_host::control::client::call(
-        &addr,
-        "POST",
-        "/v1/experiments/reset",
-        None,
-        b"{}",
-        t,
-    )
-    .unwrap();
-    assert_eq!(ok["reenabled"], serde_json::json!([["canary", "spool"]]));
+    let out = std::process::Command::new(util::shardport_bin())
+        .args(["ab", "reset", "--node", &addr, "--experiment", "canary"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("re-enabled canary/spool"), "{stdout}");
     assert!(c.metrics_snapshot().experiments[0].arms[1]
         .disabled
         .is_none());
+    // The spool files are still gone: the arm fails again and trips again.
+    for h in &handles {
+        c.fetch_mode(h, FetchMode::Copy).unwrap();
+    }
+    assert_eq!(
+        c.metrics_snapshot().experiments[0].arms[1].guardrail_trips,
+        2
+    );
 }

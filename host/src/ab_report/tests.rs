@@ -16,6 +16,7 @@ fn arm_with(
         .map(|(size, counts)| SizeHistogram {
             size: (*size).to_owned(),
             counts: counts.to_vec(),
+            sum_ns: counts.iter().map(|&(v, c)| v * c).sum(),
         })
         .collect();
     let fetches: u64 = latency.iter().map(SizeHistogram::n).sum();
@@ -28,6 +29,8 @@ fn arm_with(
         weight: 50,
         assigned: fetches + errors,
         disabled: None,
+        guardrail_trips: 0,
+        redirected: 0,
         series: Series {
             name: name.to_owned(),
             transport: transport.to_owned(),
