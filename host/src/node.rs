@@ -41,9 +41,12 @@ use crate::{
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
     metrics::Metrics,
-    select::{plan, Attempt, Local, Plan, PluginFacts},
+    select::{Attempt, Plan, PluginFacts},
     services::{Clock, SystemClock},
 };
+
+mod device;
+pub use device::{DevicePtr, DeviceView};
 
 /// Shape, dtype and device of a shard being put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -494,6 +497,8 @@ impl Node {
                 Some(list) => list.contains(&p.name),
                 None => true,
             };
+            // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
+            let selected = selected && p.capabilities().contains(Capabilities::CPU);
             if selected && Some(pi) != storage_plugin {
                 order.push(pi);
             }
@@ -752,15 +757,10 @@ impl Node {
     }
 
     /// The selection plan for `handle` on this node.
+    /// Exports a transport refuses in `can_import` are skipped with its
+    /// reason; host fetches of CUDA shards are copies (see `node::device`).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
-        let local = Local {
-            plugins: &self.inner.facts,
-            identity: &self.inner.identity,
-            owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
-            same_node: self.inner.config.same_node,
-            routes: &self.inner.config.routes,
-        };
-        plan(handle, &local, mode)
+        self.plan_for(handle, mode, device::Memory::Host)
     }
 
     /// Builds the selection report of a successful attempt, applying the
