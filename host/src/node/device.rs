@@ -23,8 +23,8 @@
 use std::{collections::BTreeMap, fmt, time::Instant};
 
 use shardport_abi::{
-    AbiError, Capabilities, DeviceKind, ExportRequest, LeasedDeviceView, ROption, RSlice,
-    ShardMeta, SharedBytes, ShardId,
+    AbiError, Capabilities, DeviceKind, ExportRequest, LeasedDeviceView, ROption, RSlice, ShardId,
+    ShardMeta, SharedBytes,
 };
 
 use super::{lock, Node, OwnedShard, Selection, Stored, TensorSpec};
@@ -127,9 +127,10 @@ impl Node {
             }
             if cuda && memory == Memory::Host && a.zero_copy {
                 a.zero_copy = false;
-                a.reason = a
-                    .reason
-                    .replace(", zero-copy view", ", device-to-host copy (host view of device memory impossible)");
+                a.reason = a.reason.replace(
+                    ", zero-copy view",
+                    ", device-to-host copy (host view of device memory impossible)",
+                );
             }
             out.attempts.push(a);
         }
@@ -186,13 +187,22 @@ impl Node {
             .map(|(i, _)| i)
             .collect();
         if usable.is_empty() {
-            let loaded: Vec<String> = self.inner.plugins.iter().map(|p| p.name.to_string()).collect();
+            let loaded: Vec<String> = self
+                .inner
+                .plugins
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
             return Err(HostError::NoDeviceTransport {
                 device: meta.device.to_string(),
                 why: format!(
                     "no loaded transport has the cuda capability (loaded: {}; load cuda-ipc, \
                      and check put.export-to)",
-                    if loaded.is_empty() { "none".to_owned() } else { loaded.join(", ") }
+                    if loaded.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        loaded.join(", ")
+                    }
                 ),
             });
         }
@@ -203,7 +213,8 @@ impl Node {
                 .next_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
-        let _span = tracing::debug_span!(target: "store", "put_device", shard = %id, bytes = len).entered();
+        let _span =
+            tracing::debug_span!(target: "store", "put_device", shard = %id, bytes = len).entered();
         let mut exports = Vec::new();
         let mut exported_by = Vec::new();
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
@@ -299,11 +310,11 @@ impl Node {
     /// machine). Fails naming every transport that was skipped or failed.
     pub fn fetch_device(&self, handle: &Handle) -> Result<DeviceView, HostError> {
         let start = Instant::now();
-        let _span = tracing::debug_span!(target: "fetch", "fetch_device", shard = %handle.id).entered();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch_device", shard = %handle.id).entered();
         self.check_device_handle(handle)?;
         let mut plan = self.plan_for(handle, FetchMode::View, Memory::Device);
-        let (views, copies): (Vec<_>, Vec<_>) =
-            plan.attempts.drain(..).partition(|a| a.zero_copy);
+        let (views, copies): (Vec<_>, Vec<_>) = plan.attempts.drain(..).partition(|a| a.zero_copy);
         plan.skipped.extend(
             copies
                 .into_iter()
@@ -359,7 +370,8 @@ impl Node {
         len: u64,
     ) -> Result<Selection, HostError> {
         let start = Instant::now();
-        let _span = tracing::debug_span!(target: "fetch", "fetch_device_into", shard = %handle.id).entered();
+        let _span = tracing::debug_span!(target: "fetch", "fetch_device_into", shard = %handle.id)
+            .entered();
         self.check_device_handle(handle)?;
         if len != handle.meta.byte_len {
             return Err(HostError::InvalidShard(format!(
@@ -386,7 +398,9 @@ impl Node {
             match r {
                 Ok(_) => {
                     let mut selection = self.report(handle, attempt, failures)?;
-                    selection.reason = selection.reason.replace(", copy", ", device-to-device copy");
+                    selection.reason = selection
+                        .reason
+                        .replace(", copy", ", device-to-device copy");
                     self.inner.metrics.fetch_ok(
                         attempt.transport.as_str(),
                         handle.meta.byte_len,

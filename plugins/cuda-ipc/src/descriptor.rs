@@ -249,12 +249,14 @@ impl Descriptor {
         let size = r.u64("size")?;
         match offset.checked_add(size) {
             Some(end) if end <= alloc_size => {}
-            _ => return Err(bad(
-                "size",
-                format!(
+            _ => {
+                return Err(bad(
+                    "size",
+                    format!(
                     "offset {offset} + size {size} is outside the allocation of {alloc_size} bytes"
                 ),
-            )),
+                ))
+            }
         }
         let event_handle = r.array::<IPC_HANDLE_LEN>("event handle")?;
         let slot = r.u32("lease slot")?;

@@ -51,16 +51,24 @@ impl DeviceScratch {
 
     /// Copies `bytes` to the start of the buffer.
     pub fn upload(&self, bytes: &[u8]) -> Result<(), String> {
-        if bytes.len() as u64 > self.len() {
-            return Err(format!(
-                "{} bytes do not fit in {}",
-                bytes.len(),
-                self.len()
-            ));
+        self.upload_at(0, bytes)
+    }
+
+    /// Copies `bytes` to `offset` in the buffer.
+    pub fn upload_at(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        match offset.checked_add(bytes.len() as u64) {
+            Some(end) if end <= self.len() => {}
+            _ => {
+                return Err(format!(
+                    "{} bytes at offset {offset} do not fit in {}",
+                    bytes.len(),
+                    self.len()
+                ))
+            }
         }
         self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
         self.driver
-            .copy_htod(self.addr(), bytes)
+            .copy_htod(self.addr() + offset, bytes)
             .map_err(|e| e.to_string())
     }
 
