@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(c.refs(), 0);
         assert_eq!(c.open_count(), 1, "keep policy keeps the idle mapping");
         assert_eq!(c.release(key(1, 1)), Err(CacheError::NotAcquired));
-        assert_eq!(c.acquire(key(1, 1), &h(1)).unwrap().opened, false);
+        assert!(!c.acquire(key(1, 1), &h(1)).unwrap().opened);
     }
 
     #[test]
@@ -482,9 +482,10 @@ mod tests {
     #[test]
     fn failed_open_leaves_no_entry() {
         let mut c = keep();
-        let mut fake = FakeOpener::default();
-        fake.fail_next_open = true;
-        c.opener = fake;
+        c.opener = FakeOpener {
+            fail_next_open: true,
+            ..FakeOpener::default()
+        };
         assert!(matches!(
             c.acquire(key(1, 1), &h(1)),
             Err(CacheError::Open(_))

@@ -631,7 +631,8 @@ impl CudaIpc {
             slot: d.slot,
             slot_generation: d.slot_generation,
         };
-        let result = (|| {
+        // Under the lock: only the cache bookkeeping (and a first open).
+        let acquired = (|| {
             let gpu = live.gpu(ordinal)?;
             let cache = match c.caches.entry(ordinal) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -649,35 +650,42 @@ impl CudaIpc {
                 }
                 _ => AbiError::unavailable(format!("cuda-ipc: {e}")),
             })?;
-            let checked = (|| {
-                live.driver
-                    .bind(&gpu)
-                    .map_err(|e| cuda("binding the device", e))?;
-                let (base, size) = live
-                    .driver
-                    .address_range(got.base)
-                    .map_err(|e| cuda("checking the opened allocation", e))?;
-                if base != got.base || size < d.alloc_size {
-                    return Err(AbiError::invalid_descriptor(format!(
-                        "cuda-ipc descriptor field `allocation size`: {} bytes, the opened \
-                         allocation has {size}",
-                        d.alloc_size
-                    )));
-                }
-                live.driver
-                    .wait_ipc_event(&d.event_handle)
-                    .map_err(|e| cuda("waiting for the producer's event", e))?;
-                Ok(got.base + d.offset)
-            })();
-            if checked.is_err() {
-                let _ = cache.release(rec.key);
-            }
-            checked
+            Ok((gpu, got.base))
         })();
-        match result {
-            Ok(addr) => Ok((rec, addr)),
+        let (gpu, base) = match acquired {
+            Ok(v) => v,
             Err(e) => {
                 board::unlease(word, d.slot_generation);
+                return Err(e);
+            }
+        };
+        drop(c);
+        // Outside the lock: the checks and the event wait, which blocks until
+        // the producer's writes have finished.
+        let checked = (|| {
+            live.driver
+                .bind(&gpu)
+                .map_err(|e| cuda("binding the device", e))?;
+            let (found_base, size) = live
+                .driver
+                .address_range(base)
+                .map_err(|e| cuda("checking the opened allocation", e))?;
+            if found_base != base || size < d.alloc_size {
+                return Err(AbiError::invalid_descriptor(format!(
+                    "cuda-ipc descriptor field `allocation size`: {} bytes, the opened \
+                     allocation has {size}",
+                    d.alloc_size
+                )));
+            }
+            live.driver
+                .wait_ipc_event(&d.event_handle)
+                .map_err(|e| cuda("waiting for the producer's event", e))?;
+            Ok(base + d.offset)
+        })();
+        match checked {
+            Ok(addr) => Ok((rec, addr)),
+            Err(e) => {
+                self.close(&rec);
                 Err(e)
             }
         }
