@@ -368,3 +368,46 @@ fn gpu_stale_handles_are_detected_after_free_and_realloc() {
         "new handle must read the new bytes, never the stale mapping: {r}"
     );
 }
+
+/// The planner's `can_import` pre-check, shown with the `faulty` fixture
+/// (runs without a GPU): an export its transport refuses is "not a
+/// candidate" with the transport's reason, and the next candidate serves.
+#[test]
+fn exports_refused_by_can_import_are_not_candidates() {
+    let n = Node::start(util::parse(&format!(
+        "[put]\nstorage = \"heap\"\n{}[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n[plugin.config]\nmode = \"unreachable\"\n",
+        util::shm_plugin("pool-size = \"8MiB\""),
+        util::plugin_lib("shardport-faulty-plugin").display()
+    )))
+    .unwrap();
+    let h = n
+        .put(&[3u8; 64], &TensorSpec::bytes(64), Default::default())
+        .unwrap();
+    assert_eq!(h.exports.len(), 2, "both transports export");
+    let plan = n.plan(&h, FetchMode::Copy);
+    assert_eq!(plan.attempts.len(), 1);
+    assert_eq!(plan.attempts[0].transport.as_str(), "posix-shm");
+    assert_eq!(
+        plan.skipped,
+        [(
+            shardport_host::config::TransportName::new("faulty").unwrap(),
+            format!(
+                "not a candidate here: {}",
+                shardport_faulty_plugin::UNREACHABLE_MESSAGE
+            )
+        )]
+    );
+    let f = n.fetch_mode(&h, FetchMode::Copy).unwrap();
+    assert_eq!(f.selection.transport, "posix-shm");
+    assert!(f.data.iter().all(|&b| b == 3));
+    // With only the refused export left, the fetch fails naming the reason.
+    let mut only = h.clone();
+    assert!(only.keep_only("faulty"));
+    let e = n.fetch_mode(&only, FetchMode::Copy).unwrap_err();
+    assert!(matches!(e, HostError::NoCandidate { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(shardport_faulty_plugin::UNREACHABLE_MESSAGE),
+        "{e}"
+    );
+}
