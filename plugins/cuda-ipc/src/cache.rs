@@ -326,6 +326,20 @@ impl<O: Opener> OpenCache<O> {
     }
 }
 
+impl<O: Opener> Drop for OpenCache<O> {
+    /// Closes every mapping. Views hold the transport alive, so none is
+    /// left when the cache (owned by the transport) is dropped.
+    fn drop(&mut self) {
+        let live: Vec<Entry> = self.live.drain().map(|(_, e)| e).collect();
+        let retired: Vec<Entry> = self.retired.drain(..).map(|(_, e)| e).collect();
+        for e in live.iter().chain(retired.iter()) {
+            if let Err(err) = self.opener.close(e.base) {
+                tracing::warn!(target: "cuda_ipc", base = e.base, error = %err, "closing an IPC mapping at shutdown failed");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The real driver cannot exist on a machine without a GPU, so these
@@ -492,6 +506,36 @@ mod tests {
         ));
         assert_eq!(c.open_count(), 0);
         assert!(c.acquire(key(1, 1), &h(1)).unwrap().opened);
+    }
+
+    #[test]
+    fn dropping_the_cache_closes_everything() {
+        use std::sync::{Arc, Mutex};
+        /// Records closes in a shared list, so they are visible after the drop.
+        struct Recording(Arc<Mutex<Vec<u64>>>, u64);
+        impl Opener for Recording {
+            type Error = String;
+            fn open(&mut self, _h: &[u8; IPC_HANDLE_LEN]) -> Result<u64, String> {
+                self.1 += 1;
+                Ok(self.1)
+            }
+            fn close(&mut self, base: u64) -> Result<(), String> {
+                self.0.lock().unwrap().push(base);
+                Ok(())
+            }
+        }
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let mut c = OpenCache::new(
+            Recording(Arc::clone(&closed), 0),
+            Policy::Keep { max_idle: 8 },
+        );
+        c.acquire(key(1, 1), &h(1)).unwrap();
+        c.acquire(key(1, 2), &h(2)).unwrap();
+        c.release(key(1, 2)).unwrap();
+        drop(c);
+        let mut v = closed.lock().unwrap().clone();
+        v.sort();
+        assert_eq!(v, [1, 2]);
     }
 
     #[test]
