@@ -201,6 +201,14 @@ fn fetching_a_cuda_ipc_only_shard_without_cuda_fails_naming_cuda_ipc_and_why() {
     let owner = node(false);
     let consumer = node(true);
     let h = cuda_only_handle(&owner, 256);
+    // A host fetch of a cuda shard is never a host view of device memory.
+    let plan = consumer.plan(&h, FetchMode::View);
+    assert_eq!(plan.attempts.len(), 1, "{plan:?}");
+    assert!(!plan.attempts[0].zero_copy, "{plan:?}");
+    assert!(
+        plan.attempts[0].reason.contains("device-to-host copy"),
+        "{plan:?}"
+    );
     for (what, e) in [
         (
             "fetch",
