@@ -113,7 +113,7 @@ pub use transport::{
     Transport_TO,
 };
 // Host-side owners of plugin memory.
-pub use view::{AllocationGuard, LeasedView};
+pub use view::{AllocationGuard, LeasedDeviceView, LeasedView};
 // abi_stable types that appear in the trait's signatures.
 pub use abi_stable::{
     sabi_trait::TD_Opaque,

@@ -16,6 +16,19 @@
 //!   until `release(token)`. Nothing else returned across the boundary may
 //!   borrow plugin memory after the call.
 //! - Descriptors come from other processes: validate every byte before use.
+//!
+//! # Device memory (shards whose `meta.device` is `cuda:N`)
+//! - [`ExportRequest::data`] of a CUDA shard is a **device address** (made by
+//!   [`SharedBytes::device`]), never dereferenced by the host; the transport
+//!   reads it with its driver. A transport may also accept host bytes for a
+//!   CUDA shard (it tells them apart with its driver) and stage them.
+//! - A [`Region`] returned by `import_view` for a CUDA shard carries a device
+//!   address in `ptr`: the host never turns it into a slice (it exposes the
+//!   address only, see the host's `DeviceView`). The lease rules are the same.
+//! - [`Allocation::ptr`] is always host-writable memory: the host writes into
+//!   it from the CPU, so a device-memory transport does not offer `ALLOCATOR`.
+//! - [`Transport::import_into_device`] copies device to device into a
+//!   destination the caller owns; the destination is a device address too.
 
 use abi_stable::{
     sabi_trait,
@@ -148,6 +161,25 @@ impl SharedBytes {
             ptr: bytes.as_ptr(),
             len: bytes.len(),
         }
+    }
+
+    /// Lends `len` bytes of CUDA device memory at device address `addr`.
+    ///
+    /// Safe to construct: the host never dereferences it. The caller keeps
+    /// the device memory alive and unmodified until the matching `unexport`
+    /// returns, as for [`lend`](Self::lend); the transport reads it with its
+    /// driver only when `meta.device` is `cuda:N`, and never through
+    /// [`as_slice`](Self::as_slice).
+    pub fn device(addr: u64, len: usize) -> Self {
+        SharedBytes {
+            ptr: addr as usize as *const u8,
+            len,
+        }
+    }
+
+    /// The address as an integer (a device address for CUDA shards).
+    pub fn addr(&self) -> u64 {
+        self.ptr as usize as u64
     }
 
     /// Length in bytes.
@@ -380,6 +412,38 @@ pub trait Transport: Send + Sync {
     /// `UNSUPPORTED` (nothing to sweep).
     fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
         RResult::RErr(AbiError::unsupported("this transport has nothing to sweep"))
+    }
+
+    /// Consumer side: a cheap check, made while planning a fetch, of whether
+    /// this transport could import `desc` here at all (for CUDA IPC: the
+    /// descriptor's GPU is visible to this process and its owner runs on
+    /// this boot). `Err` means "not a candidate": the host skips the export
+    /// and reports the message as the reason. It must not do the import's
+    /// work, take leases or block. A transport that could serve such a
+    /// descriptor but is broken here (no driver) should return `Ok` and let
+    /// the import fail, so the fetch reports a downgrade. Appended after the
+    /// last prefix method: the default is `Ok` (every export is a candidate).
+    fn can_import(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<(), AbiError> {
+        let _ = (desc, meta);
+        RResult::ROk(())
+    }
+
+    /// Consumer side, for CUDA shards: copies the shard described by `desc`
+    /// device-to-device into `dst_len` bytes at device address `dst_addr`
+    /// (`dst_len == meta.byte_len`), after the owner's writes have finished.
+    /// The caller owns the destination and keeps it alive for the call.
+    /// Appended after the last prefix method: the default is `UNSUPPORTED`.
+    fn import_into_device(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        dst_addr: u64,
+        dst_len: u64,
+    ) -> RResult<ImportInfo, AbiError> {
+        let _ = (desc, meta, dst_addr, dst_len);
+        RResult::RErr(AbiError::unsupported(
+            "this transport has no device-to-device import",
+        ))
     }
 }
 

@@ -95,6 +95,88 @@ impl fmt::Debug for LeasedView {
     }
 }
 
+/// A zero-copy view of an imported **CUDA** shard: the region's address is
+/// device memory, so unlike [`LeasedView`] this never becomes a slice; it
+/// exposes the device address and length only. Holds a lease until dropped.
+pub struct LeasedDeviceView {
+    transport: SharedTransport,
+    region: Region,
+}
+
+// SAFETY: the type only carries an address and a token; it never reads
+// through the address. The transport object is `Send + Sync` by trait bound.
+unsafe impl Send for LeasedDeviceView {}
+// SAFETY: as above.
+unsafe impl Sync for LeasedDeviceView {}
+
+impl LeasedDeviceView {
+    /// Imports `desc` as a zero-copy device view through `transport`.
+    ///
+    /// Fails with the plugin's error, or `INTERNAL` when the plugin returned
+    /// a region whose length differs from `meta.byte_len` or a null address
+    /// for a non-empty shard (the lease is released).
+    pub fn import(
+        transport: &SharedTransport,
+        desc: &[u8],
+        meta: &ShardMeta,
+    ) -> Result<LeasedDeviceView, AbiError> {
+        let region = transport
+            .import_view(RSlice::from_slice(desc), meta)
+            .into_result()?;
+        let view = LeasedDeviceView {
+            transport: Arc::clone(transport),
+            region,
+        };
+        if view.region.len as u64 != meta.byte_len
+            || (view.region.ptr.is_null() && view.region.len > 0)
+        {
+            return Err(AbiError::internal(format!(
+                "transport returned a device region of {} bytes for a shard of {} bytes",
+                view.region.len, meta.byte_len
+            )));
+        }
+        Ok(view)
+    }
+
+    /// The device address of the first byte.
+    pub fn device_addr(&self) -> u64 {
+        self.region.ptr as usize as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.len == 0
+    }
+
+    /// The lease token (for logs and stats).
+    pub fn token(&self) -> u64 {
+        self.region.token
+    }
+}
+
+impl Drop for LeasedDeviceView {
+    fn drop(&mut self) {
+        if let RResult::RErr(e) = self.transport.release(self.region.token) {
+            tracing::warn!(target: "lease", token = self.region.token, error = %e, "release failed");
+        }
+    }
+}
+
+impl fmt::Debug for LeasedDeviceView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedDeviceView")
+            .field("addr", &format_args!("{:#x}", self.device_addr()))
+            .field("len", &self.region.len)
+            .field("token", &self.region.token)
+            .finish()
+    }
+}
+
 /// Transport-owned writable memory for one shard. Frees the allocation on
 /// drop unless it was [marked exported](Self::mark_exported).
 pub struct AllocationGuard {

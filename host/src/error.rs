@@ -30,6 +30,16 @@ pub enum HostError {
         /// Its error.
         error: AbiError,
     },
+    /// A GPU shard could not be exported: no transport with the `cuda`
+    /// capability is loaded, or every one refused (no CUDA driver, memory
+    /// not exportable by CUDA IPC).
+    #[error("no transport can export {device} memory: {why}")]
+    NoDeviceTransport {
+        /// The shard's device.
+        device: String,
+        /// Why, per transport.
+        why: String,
+    },
     /// The shard is not owned by this node.
     #[error("shard {0} is not owned by this node")]
     NotOwned(ShardId),

@@ -45,4 +45,6 @@ pub mod worker;
 pub use config::{Config, FetchMode};
 pub use error::HostError;
 pub use handle::Handle;
-pub use node::{Fetched, Node, NodeStats, Selection, ShardBytes, TensorSpec};
+pub use node::{
+    DevicePtr, DeviceView, Fetched, Node, NodeStats, Selection, ShardBytes, TensorSpec,
+};

@@ -42,10 +42,13 @@ use crate::{
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
     metrics::{ArmInfo, ExperimentInfo, Metrics},
-    select::{plan, Attempt, Local, Plan, PluginFacts},
+    select::{Attempt, Plan, PluginFacts},
     services::{Clock, SystemClock},
     snapshot::{Gauge, Snapshot},
 };
+
+mod device;
+pub use device::{DevicePtr, DeviceView};
 
 /// Shape, dtype and device of a shard being put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -514,6 +517,8 @@ impl Node {
                 Some(list) => list.contains(&p.name),
                 None => true,
             };
+            // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
+            let selected = selected && p.capabilities().contains(Capabilities::CPU);
             if selected && Some(pi) != storage_plugin {
                 order.push(pi);
             }
@@ -774,25 +779,11 @@ impl Node {
     }
 
     /// The selection plan for `handle` on this node (each call counts as
-    /// one fetch for per-fetch experiments).
+    /// one fetch for per-fetch experiments). Exports a transport refuses in
+    /// `can_import` are skipped with its reason; host fetches of CUDA shards
+    /// are copies (see `node::device`).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
-        let disabled: Vec<u64> = self
-            .inner
-            .experiments
-            .iter()
-            .map(|e| e.disabled())
-            .collect();
-        let local = Local {
-            plugins: &self.inner.facts,
-            identity: &self.inner.identity,
-            owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
-            same_node: self.inner.config.same_node,
-            routes: &self.inner.config.routes,
-            experiments: &self.inner.config.experiments,
-            disabled_arms: &disabled,
-            fetch_seq: self.inner.fetch_seq.fetch_add(1, Ordering::Relaxed),
-        };
-        plan(handle, &local, mode)
+        self.plan_for(handle, mode, device::Memory::Host)
     }
 
     /// Records the outcome of a fetch for its experiment arm, if it has one,

@@ -71,3 +71,13 @@ mod http_with_token {
     }
     shardport_abi::conformance_suite!(pair);
 }
+
+mod cuda_ipc {
+    fn pair() -> shardport_abi::conformance::Pair {
+        super::pair_from(&crate::util::cuda_plugin())
+    }
+    // Without a driver every case is skipped with the reason; with one, the
+    // CPU data cases skip themselves (cuda-ipc moves cuda shards only) and
+    // the two-process GPU checks live in `crate::cuda`.
+    shardport_abi::conformance_suite!(pair, skip_if: shardport_cuda_ipc::testkit::unavailable_reason);
+}

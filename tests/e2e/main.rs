@@ -10,6 +10,7 @@ mod util;
 mod conformance;
 mod crash;
 mod cross_process;
+mod cuda;
 mod experiments;
 mod loader;
 mod netns;

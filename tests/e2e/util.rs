@@ -189,3 +189,23 @@ impl shardport_host::services::Clock for ManualClock {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
+
+/// The cuda-ipc plugin table (optional, as in the default config).
+pub fn cuda_plugin() -> String {
+    format!(
+        "[[plugin]]\nname = \"cuda-ipc\"\npath = \"{}\"\nrequired = false\n",
+        plugin_lib("shardport-cuda-ipc").display()
+    )
+}
+
+/// An example binary of this package (`target/<profile>/examples/NAME`);
+/// `cargo test` builds the examples.
+pub fn example_bin(name: &str) -> PathBuf {
+    let p = profile_dir().join("examples").join(name);
+    assert!(
+        p.is_file(),
+        "{} not built: run the tests with `cargo test --workspace`",
+        p.display()
+    );
+    p
+}

@@ -1,0 +1,260 @@
+//! A GPU peer process for the two-process CUDA IPC test and benchmark
+//! (`tests/e2e/cuda.rs`, `shardport`'s BENCHMARKS): one process owns device
+//! buffers and puts them with `Node::put_device`; another fetches them as
+//! zero-copy device views, device-to-device copies and host copies, and
+//! checks every byte. Needs a CUDA GPU; without one it prints
+//! `SKIP <reason>` and exits 0.
+//!
+//! ```text
+//! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset | REALLOC len seed | REMOVE hex-id | EXIT
+//! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters | EXIT
+//! ```
+//! Replies are one line each: `OK ...`, `ERR ...`, `HANDLE <hex>`.
+
+#![allow(clippy::print_stdout)] // a line protocol on stdout is this program's interface
+
+use std::{
+    io::{BufRead, Write},
+    path::Path,
+    time::Instant,
+};
+
+use shardport_abi::{DType, Device};
+use shardport_cuda_ipc::testkit::{unavailable_reason, DeviceScratch};
+use shardport_host::{
+    config, worker::check_pattern, worker::fill_pattern, DevicePtr, FetchMode, Handle, Node,
+    TensorSpec,
+};
+
+fn spec(len: u64) -> TensorSpec {
+    TensorSpec {
+        dtype: DType::U8,
+        shape: vec![len],
+        device: Device::cuda(0),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 {
+        return Err("odd hex length".into());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| e.to_string()))
+        .collect()
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 3 {
+        eprintln!("usage: cuda_ipc_peer owner|consumer CONFIG");
+        return std::process::ExitCode::from(2);
+    }
+    if let Some(why) = unavailable_reason() {
+        println!("SKIP {why}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    let cfg = match config::load(Path::new(&args[2])) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("config: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let node = match Node::start(cfg) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("node: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    println!("READY");
+    let r = match args[1].as_str() {
+        "owner" => owner(&node),
+        "consumer" => consumer(&node),
+        other => Err(format!("unknown role {other}")),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+fn reply(line: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn owner(node: &Node) -> Result<(), String> {
+    // Buffers stay allocated until EXIT (or REALLOC frees the last one).
+    let mut buffers: Vec<DeviceScratch> = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| -> Result<u64, String> {
+            w.get(i)
+                .ok_or(format!("missing argument {i}"))?
+                .parse()
+                .map_err(|e| format!("argument {i}: {e}"))
+        };
+        match w.first().copied() {
+            Some("PUT") | Some("REALLOC") => {
+                let (len, seed) = (num(1)?, num(2)?);
+                let offset = if w[0] == "PUT" { num(3)? } else { 0 };
+                if w[0] == "REALLOC" {
+                    // Free the previous allocation first, so the driver may
+                    // hand the same address (and handle) out again.
+                    buffers.pop();
+                }
+                let buf = DeviceScratch::new(0, offset + len.max(1))?;
+                let mut bytes = vec![0u8; len as usize];
+                fill_pattern(&mut bytes, seed);
+                buf.upload_at(offset, &bytes)?;
+                match node.put_device(
+                    DevicePtr(buf.addr() + offset),
+                    len,
+                    &spec(len),
+                    Default::default(),
+                ) {
+                    Ok(h) => reply(format!("HANDLE {}", hex(&h.to_bytes()))),
+                    Err(e) => reply(format!("ERR {e}")),
+                }
+                buffers.push(buf);
+            }
+            Some("REMOVE") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                let missing = node.remove(&[h.id]);
+                reply(format!(
+                    "OK removed={} leases_held={}",
+                    missing.is_empty(),
+                    node.device_leases_held()
+                ));
+            }
+            Some("LEASES") => reply(format!("OK leases_held={}", node.device_leases_held())),
+            Some("EXIT") | None => break,
+            Some(other) => reply(format!("ERR unknown command {other}")),
+        }
+    }
+    node.clear();
+    Ok(())
+}
+
+fn consumer(node: &Node) -> Result<(), String> {
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.first().copied() {
+            Some("FETCH") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                let seed: u64 = w
+                    .get(2)
+                    .ok_or("missing seed")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?;
+                reply(match verify(node, &h, seed) {
+                    Ok(s) => format!("OK {s}"),
+                    Err(e) => format!("ERR {e}"),
+                });
+            }
+            Some("BENCH") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                let iters: u32 = w
+                    .get(2)
+                    .ok_or("missing iters")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?;
+                reply(match bench(node, &h, iters) {
+                    Ok(s) => format!("OK {s}"),
+                    Err(e) => format!("ERR {e}"),
+                });
+            }
+            Some("STATS") => {
+                let stats = node.stats();
+                let cuda = stats.plugins.iter().find(|p| p.name == "cuda-ipc");
+                reply(format!(
+                    "OK {}",
+                    serde_json::to_string(&cuda.map(|p| &p.stats)).unwrap_or_default()
+                ));
+            }
+            Some("EXIT") | None => break,
+            Some(other) => reply(format!("ERR unknown command {other}")),
+        }
+    }
+    Ok(())
+}
+
+/// Zero-copy view (read back through a device-to-device copy), a
+/// device-to-device fetch, and a host copy: all three must hold the pattern.
+fn verify(node: &Node, h: &Handle, seed: u64) -> Result<String, String> {
+    let len = h.meta.byte_len;
+    let view = node.fetch_device(h).map_err(|e| e.to_string())?;
+    let scratch = DeviceScratch::new(0, len.max(1))?;
+    scratch.copy_from_device(view.addr().0, len)?;
+    if !check_pattern(&scratch.download(len)?, seed) {
+        return Err("zero-copy view: wrong bytes".into());
+    }
+    let transport = view.selection().transport.clone();
+    drop(view);
+    scratch.fill(0)?;
+    node.fetch_device_into(h, DevicePtr(scratch.addr()), len)
+        .map_err(|e| e.to_string())?;
+    if !check_pattern(&scratch.download(len)?, seed) {
+        return Err("device-to-device fetch: wrong bytes".into());
+    }
+    let host = node
+        .fetch_mode(h, FetchMode::Copy)
+        .map_err(|e| e.to_string())?;
+    if !check_pattern(&host.data, seed) {
+        return Err("host copy: wrong bytes".into());
+    }
+    Ok(format!(
+        "transport={transport} host_transport={}",
+        host.selection.transport
+    ))
+}
+
+/// First-open and cached view latency, device-to-device fetch bandwidth and
+/// a local cuMemcpyDtoD baseline of the same size, all in this process.
+fn bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
+    let len = h.meta.byte_len;
+    let t = Instant::now();
+    let first = node.fetch_device(h).map_err(|e| e.to_string())?;
+    let first_us = t.elapsed().as_secs_f64() * 1e6;
+    drop(first);
+    let mut cached = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let v = node.fetch_device(h).map_err(|e| e.to_string())?;
+        cached.push(t.elapsed().as_secs_f64() * 1e6);
+        drop(v);
+    }
+    cached.sort_by(f64::total_cmp);
+    let dst = DeviceScratch::new(0, len.max(1))?;
+    let src = DeviceScratch::new(0, len.max(1))?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        node.fetch_device_into(h, DevicePtr(dst.addr()), len)
+            .map_err(|e| e.to_string())?;
+    }
+    let ipc_gbs = (len as f64 * f64::from(iters)) / t.elapsed().as_secs_f64() / 1e9;
+    let t = Instant::now();
+    for _ in 0..iters {
+        dst.copy_from_device(src.addr(), len)?;
+    }
+    let local_gbs = (len as f64 * f64::from(iters)) / t.elapsed().as_secs_f64() / 1e9;
+    Ok(format!(
+        "bytes={len} first_open_us={first_us:.1} cached_p50_us={:.1} d2d_fetch_gbs={ipc_gbs:.2} local_dtod_gbs={local_gbs:.2}",
+        cached.get(cached.len() / 2).copied().unwrap_or(f64::NAN)
+    ))
+}

@@ -1,0 +1,471 @@
+//! GPU shards: put a device pointer, fetch a device view or a device copy.
+//!
+//! A framework shares an existing tensor without copying it:
+//! [`Node::put_device`] exports the caller's device memory through every
+//! loaded transport with the `cuda` capability (cuda-ipc); a consumer on the
+//! same machine gets a zero-copy [`DeviceView`] ([`Node::fetch_device`]), a
+//! device-to-device copy into its own buffer ([`Node::fetch_device_into`]),
+//! or, through the ordinary [`Node::fetch`], a host copy (device-to-host).
+//!
+//! The host never touches device memory: a [`DevicePtr`] is a number it
+//! hands to the transport, and a [`DeviceView`] exposes an address and a
+//! length, never a slice (this crate forbids `unsafe`).
+//!
+//! # Contracts
+//! - The memory behind `put_device` belongs to the caller, who keeps it
+//!   allocated and unmodified until [`Node::remove`] of the shard has
+//!   returned **and** no consumer lease is left (the transport's
+//!   `leases_held_on_owner` stat, see [`Node::device_leases_held`]). Writes
+//!   must be complete or ordered on the legacy default stream before the put
+//!   (the transport records an IPC event there, which consumers wait on).
+//! - No checksum is computed for device shards (the host cannot read them).
+
+use std::{collections::BTreeMap, fmt, time::Instant};
+
+use shardport_abi::{
+    AbiError, Capabilities, DeviceKind, ExportRequest, LeasedDeviceView, ROption, RSlice, ShardId,
+    ShardMeta, SharedBytes,
+};
+
+use super::{lock, Node, OwnedShard, Selection, Stored, TensorSpec};
+use crate::{
+    config::{FetchMode, TransportName},
+    error::HostError,
+    handle::{Export, Handle, Owner},
+    select::{plan, Local, Plan},
+};
+
+/// A CUDA device address (a `CUdeviceptr`), as a plain number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DevicePtr(pub u64);
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A zero-copy view of a GPU shard owned by another process: its device
+/// address in this process and its length. Holds a lease on the owner's
+/// memory until dropped.
+#[derive(Debug)]
+pub struct DeviceView {
+    view: LeasedDeviceView,
+    id: ShardId,
+    meta: ShardMeta,
+    selection: Selection,
+}
+
+impl DeviceView {
+    /// Device address of the first byte, valid in this process while the view lives.
+    pub fn addr(&self) -> DevicePtr {
+        DevicePtr(self.view.device_addr())
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.view.len() as u64
+    }
+
+    /// True for an empty shard.
+    pub fn is_empty(&self) -> bool {
+        self.view.is_empty()
+    }
+
+    /// Shard id.
+    pub fn id(&self) -> ShardId {
+        self.id
+    }
+
+    /// Metadata from the handle.
+    pub fn meta(&self) -> &ShardMeta {
+        &self.meta
+    }
+
+    /// Which transport served it and why.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+}
+
+/// Which memory the fetch result lands in: host memory cannot hold a device
+/// view, so host fetches of CUDA shards become (device-to-host) copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Memory {
+    Host,
+    Device,
+}
+
+impl Node {
+    /// The selection plan, refined by what the loaded transports say about
+    /// each descriptor (`Transport::can_import`: an export they cannot reach
+    /// from here, such as a GPU not visible to this process, is not a
+    /// candidate), and for host-memory results of CUDA shards, copies only.
+    pub(super) fn plan_for(&self, handle: &Handle, mode: FetchMode, memory: Memory) -> Plan {
+        let disabled: Vec<u64> = self
+            .inner
+            .experiments
+            .iter()
+            .map(|e| e.disabled())
+            .collect();
+        let local = Local {
+            plugins: &self.inner.facts,
+            identity: &self.inner.identity,
+            owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
+            same_node: self.inner.config.same_node,
+            routes: &self.inner.config.routes,
+            experiments: &self.inner.config.experiments,
+            disabled_arms: &disabled,
+            fetch_seq: self
+                .inner
+                .fetch_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+        let mut out = plan(handle, &local, mode);
+        let cuda = handle.meta.device.kind == DeviceKind::CUDA;
+        let attempts = std::mem::take(&mut out.attempts);
+        for mut a in attempts {
+            let p = &self.inner.plugins[a.plugin];
+            let desc = &handle.exports[a.export].descriptor;
+            if let Err(e) = p
+                .transport
+                .can_import(RSlice::from_slice(desc), &handle.meta)
+                .into_result()
+            {
+                tracing::debug!(target: "select", transport = %a.transport, error = %e, "not a candidate");
+                out.skipped
+                    .push((a.transport, format!("not a candidate here: {}", e.message)));
+                continue;
+            }
+            if cuda && memory == Memory::Host && a.zero_copy {
+                a.zero_copy = false;
+                a.reason = a.reason.replace(
+                    ", zero-copy view",
+                    ", device-to-host copy (host view of device memory impossible)",
+                );
+            }
+            out.attempts.push(a);
+        }
+        // An experiment arm whose transport refused the shard: the shard
+        // does not take part (arms are compared on shards both can reach).
+        if let Some(choice) = &out.arm {
+            let arm = &self.inner.config.experiments[choice.experiment].arms[choice.arm];
+            if out.attempts.first().map(|a| &a.transport) != Some(&arm.transport) {
+                out.arm = None;
+            }
+        }
+        out
+    }
+
+    /// Puts a GPU shard without copying it: the caller's `len` bytes of
+    /// device memory at `addr` (`spec.device` must be `cuda:N`; `len` must
+    /// equal what dtype and shape imply) are exported through every loaded
+    /// transport with the `cuda` capability and selected by
+    /// `put.export-to`. Fails naming why when none is loaded or none can
+    /// export it (no driver, memory not IPC-exportable). See the module
+    /// docs for how long the memory must stay allocated.
+    pub fn put_device(
+        &self,
+        addr: DevicePtr,
+        len: u64,
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+    ) -> Result<Handle, HostError> {
+        let meta = spec.meta()?;
+        if meta.device.kind != DeviceKind::CUDA {
+            return Err(HostError::InvalidShard(format!(
+                "put_device needs a cuda:N device, the spec says {}",
+                meta.device
+            )));
+        }
+        if meta.byte_len != len {
+            return Err(HostError::InvalidShard(format!(
+                "{len} bytes given, dtype {} with shape {:?} needs {}",
+                spec.dtype, spec.shape, meta.byte_len
+            )));
+        }
+        if addr.0 == 0 && len > 0 {
+            return Err(HostError::InvalidShard("device address is null".to_owned()));
+        }
+        check_tags(&tags)?;
+        if meta.byte_len > self.inner.config.node.max_shard_size {
+            return Err(HostError::InvalidShard(format!(
+                "{} bytes exceeds node.max-shard-size = {}",
+                meta.byte_len, self.inner.config.node.max_shard_size
+            )));
+        }
+        let usable: Vec<usize> = self
+            .inner
+            .plugins
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.capabilities().contains(Capabilities::CUDA))
+            .filter(|(_, p)| match &self.inner.config.put.export_to {
+                Some(list) => list.contains(&p.name),
+                None => true,
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if usable.is_empty() {
+            let loaded: Vec<String> = self
+                .inner
+                .plugins
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
+            return Err(HostError::NoDeviceTransport {
+                device: meta.device.to_string(),
+                why: format!(
+                    "no loaded transport has the cuda capability (loaded: {}; load cuda-ipc, \
+                     and check put.export-to)",
+                    if loaded.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        loaded.join(", ")
+                    }
+                ),
+            });
+        }
+        let id = ShardId {
+            hi: self.inner.id_prefix,
+            lo: self
+                .inner
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+        let _span =
+            tracing::debug_span!(target: "store", "put_device", shard = %id, bytes = len).entered();
+        let mut exports = Vec::new();
+        let mut exported_by = Vec::new();
+        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        for pi in usable {
+            let p = &self.inner.plugins[pi];
+            let req = ExportRequest {
+                id,
+                meta: ShardMeta {
+                    checksum: ROption::RNone,
+                    ..meta.clone()
+                },
+                data: SharedBytes::device(addr.0, len as usize),
+                allocation: 0,
+            };
+            match p.transport.export(req).into_result() {
+                Ok(desc) if !desc.is_empty() && desc.len() <= crate::handle::MAX_DESCRIPTOR => {
+                    exports.push(Export {
+                        transport: p.name.clone(),
+                        descriptor: desc.into_vec(),
+                    });
+                    exported_by.push(pi);
+                }
+                Ok(desc) => {
+                    let _ = p.transport.unexport(id);
+                    failures.push((
+                        p.name.clone(),
+                        AbiError::internal(format!(
+                            "descriptor of {} bytes (handles carry 1..={})",
+                            desc.len(),
+                            crate::handle::MAX_DESCRIPTOR
+                        )),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(target: "store", transport = %p.name, error = %e, "device export failed");
+                    failures.push((p.name.clone(), e));
+                }
+            }
+        }
+        if exports.is_empty() {
+            return Err(HostError::NoDeviceTransport {
+                device: meta.device.to_string(),
+                why: failures
+                    .iter()
+                    .map(|(t, e)| format!("{t}: {e}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        let handle = Handle {
+            id,
+            meta,
+            tags,
+            owner: Owner {
+                addr: self.inner.config.node.advertise.clone(),
+                identity: self.inner.identity.clone(),
+                epoch: self.inner.epoch,
+            },
+            exports,
+        };
+        // The bytes are the caller's device memory: nothing is stored here.
+        let shard = OwnedShard {
+            handle: handle.clone(),
+            stored: Stored::Heap(Box::default()),
+            exported_by,
+        };
+        if let Err(why) = handle.validate() {
+            self.inner.unexport_all(id, shard);
+            return Err(HostError::InvalidShard(format!(
+                "the handle would be invalid: {why}"
+            )));
+        }
+        lock(&self.inner.shards).insert(id, shard);
+        Ok(handle)
+    }
+
+    /// Leases still held by consumers on device shards this node exported
+    /// (the sum of the `leases_held_on_owner` stat of CUDA transports): the
+    /// caller of [`put_device`](Self::put_device) must not free removed
+    /// memory while this is non-zero.
+    pub fn device_leases_held(&self) -> u64 {
+        self.inner
+            .plugins
+            .iter()
+            .filter(|p| p.capabilities().contains(Capabilities::CUDA))
+            .flat_map(|p| p.transport.stats().into_iter())
+            .filter(|s| s.name.as_str() == "leases_held_on_owner")
+            .map(|s| s.value)
+            .sum()
+    }
+
+    /// Fetches a GPU shard as a zero-copy device view (CUDA IPC on the same
+    /// machine). Fails naming every transport that was skipped or failed.
+    pub fn fetch_device(&self, handle: &Handle) -> Result<DeviceView, HostError> {
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch_device", shard = %handle.id).entered();
+        self.check_device_handle(handle)?;
+        let mut plan = self.plan_for(handle, FetchMode::View, Memory::Device);
+        let (views, copies): (Vec<_>, Vec<_>) = plan.attempts.drain(..).partition(|a| a.zero_copy);
+        plan.skipped.extend(
+            copies
+                .into_iter()
+                .map(|a| (a.transport, "no zero-copy device view".to_owned())),
+        );
+        if views.is_empty() {
+            self.inner.metrics.fetch_error(None);
+            return Err(HostError::NoCandidate {
+                id: handle.id,
+                skipped: plan.skipped,
+            });
+        }
+        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        for attempt in &views {
+            let p = &self.inner.plugins[attempt.plugin];
+            let desc = &handle.exports[attempt.export].descriptor;
+            match LeasedDeviceView::import(&p.transport, desc, &handle.meta) {
+                Ok(view) => {
+                    let selection = self.report(handle, attempt, failures)?;
+                    self.inner.metrics.fetch_ok(
+                        attempt.transport.as_str(),
+                        handle.meta.byte_len,
+                        start.elapsed(),
+                    );
+                    return Ok(DeviceView {
+                        view,
+                        id: handle.id,
+                        meta: handle.meta.clone(),
+                        selection,
+                    });
+                }
+                Err(e) => {
+                    self.inner
+                        .metrics
+                        .fetch_error(Some(attempt.transport.as_str()));
+                    failures.push((attempt.transport.clone(), e));
+                }
+            }
+        }
+        Err(HostError::FetchFailed {
+            id: handle.id,
+            failures,
+        })
+    }
+
+    /// Fetches a GPU shard by a device-to-device copy into `len` bytes at
+    /// `dst`, device memory the caller owns (`len` must equal the shard's
+    /// byte length). The copy has finished when this returns.
+    pub fn fetch_device_into(
+        &self,
+        handle: &Handle,
+        dst: DevicePtr,
+        len: u64,
+    ) -> Result<Selection, HostError> {
+        let start = Instant::now();
+        let _span = tracing::debug_span!(target: "fetch", "fetch_device_into", shard = %handle.id)
+            .entered();
+        self.check_device_handle(handle)?;
+        if len != handle.meta.byte_len {
+            return Err(HostError::InvalidShard(format!(
+                "destination is {len} bytes, shard {} is {}",
+                handle.id, handle.meta.byte_len
+            )));
+        }
+        let plan = self.plan_for(handle, FetchMode::Copy, Memory::Device);
+        if plan.attempts.is_empty() {
+            self.inner.metrics.fetch_error(None);
+            return Err(HostError::NoCandidate {
+                id: handle.id,
+                skipped: plan.skipped,
+            });
+        }
+        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        for attempt in &plan.attempts {
+            let p = &self.inner.plugins[attempt.plugin];
+            let desc = &handle.exports[attempt.export].descriptor;
+            let r = p
+                .transport
+                .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
+                .into_result();
+            match r {
+                Ok(_) => {
+                    let mut selection = self.report(handle, attempt, failures)?;
+                    selection.reason = selection
+                        .reason
+                        .replace(", copy", ", device-to-device copy");
+                    self.inner.metrics.fetch_ok(
+                        attempt.transport.as_str(),
+                        handle.meta.byte_len,
+                        start.elapsed(),
+                    );
+                    return Ok(selection);
+                }
+                Err(e) => {
+                    self.inner
+                        .metrics
+                        .fetch_error(Some(attempt.transport.as_str()));
+                    failures.push((attempt.transport.clone(), e));
+                }
+            }
+        }
+        Err(HostError::FetchFailed {
+            id: handle.id,
+            failures,
+        })
+    }
+
+    fn check_device_handle(&self, handle: &Handle) -> Result<(), HostError> {
+        if handle.meta.device.kind != DeviceKind::CUDA {
+            return Err(HostError::InvalidShard(format!(
+                "shard {} is on {}; fetch it with fetch/fetch_into",
+                handle.id, handle.meta.device
+            )));
+        }
+        self.check_claimed_size(handle)
+    }
+}
+
+fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
+    if tags.len() > crate::handle::MAX_TAGS
+        || tags.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.len() > crate::handle::MAX_TAG_LEN
+                || v.len() > crate::handle::MAX_TAG_LEN
+        })
+    {
+        return Err(HostError::InvalidShard(format!(
+            "at most {} tags, keys non-empty, keys and values at most {} bytes",
+            crate::handle::MAX_TAGS,
+            crate::handle::MAX_TAG_LEN
+        )));
+    }
+    Ok(())
+}

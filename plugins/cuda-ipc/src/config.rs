@@ -1,0 +1,67 @@
+//! The plugin's config table (`[plugin.config]`), validated; unknown keys
+//! are errors naming their dotted path.
+
+use shardport_abi::{ConfigTable, PluginResult};
+
+use crate::cache::Policy;
+
+/// Default `lease-slots`: shards one owner instance exports at a time. Each
+/// slot is one 8-byte word of the board, so 4096 slots cost 32 KiB.
+pub const DEFAULT_LEASE_SLOTS: u64 = 4096;
+/// Default `max-idle-mappings`: opened allocations kept open with no view,
+/// so a later fetch of the same allocation costs no `cuIpcOpenMemHandle`
+/// (the expensive part of a first fetch), bounded because each one pins the
+/// owner's allocation in this process's address space.
+pub const DEFAULT_MAX_IDLE: u64 = 64;
+
+/// Validated config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Lease board slots.
+    pub lease_slots: u32,
+    /// Consumer cache policy.
+    pub cache: Policy,
+}
+
+impl Config {
+    /// Parses the table of plugin instance `instance`.
+    pub fn parse(instance: &str, text: &str) -> PluginResult<Config> {
+        let t = ConfigTable::parse(instance, text)?;
+        let lease_slots = t.u64_in("lease-slots", 1..=1 << 20, DEFAULT_LEASE_SLOTS)? as u32;
+        let max_idle = t.u64_in("max-idle-mappings", 0..=1 << 16, DEFAULT_MAX_IDLE)? as usize;
+        let cache = match t
+            .choice("cache", &["keep", "close-on-release"], "keep")?
+            .as_str()
+        {
+            "close-on-release" => Policy::CloseOnRelease,
+            _ => Policy::Keep { max_idle },
+        };
+        t.finish()?;
+        Ok(Config { lease_slots, cache })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_keys() {
+        let c = Config::parse("gpu", "").unwrap();
+        assert_eq!(c.lease_slots, DEFAULT_LEASE_SLOTS as u32);
+        assert_eq!(c.cache, Policy::Keep { max_idle: 64 });
+        let c = Config::parse("gpu", "cache = \"close-on-release\"\nlease-slots = 8").unwrap();
+        assert_eq!(c.cache, Policy::CloseOnRelease);
+        assert_eq!(c.lease_slots, 8);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Config::parse("gpu", "cache = \"lru\"").unwrap_err();
+        assert!(e.message.contains("plugin.gpu.config.cache"), "{e:?}");
+        let e = Config::parse("gpu", "lease-slots = 0").unwrap_err();
+        assert!(e.message.contains("plugin.gpu.config.lease-slots"), "{e:?}");
+        let e = Config::parse("gpu", "bogus = 1").unwrap_err();
+        assert!(e.message.contains("bogus"), "{e:?}");
+    }
+}

@@ -1,0 +1,977 @@
+//! # shardport-cuda-ipc: the CUDA IPC transport
+//!
+//! An *implementation crate* of shardport's plugin system: moves GPU shards
+//! between processes on one machine without copying, through CUDA's legacy
+//! IPC handles. Built as a `cdylib` the host loads by config (and an `rlib`
+//! so its tests run in-process). It builds and loads on a machine without
+//! CUDA: the driver is loaded at run time, and without one the transport
+//! reports itself unavailable with the reason (`health`), and every data
+//! method returns `UNAVAILABLE` naming it, so the router falls back loudly.
+//!
+//! ```toml
+//! [[plugin]]
+//! name = "cuda-ipc"
+//! path = "libshardport_cuda_ipc.so"
+//! required = false            # machines without a GPU still start
+//! [plugin.config]
+//! cache = "keep"              # or "close-on-release"
+//! max-idle-mappings = 64
+//! lease-slots = 4096
+//! ```
+//!
+//! ## What earlier systems learned, and where it lives here
+//! - An IPC handle describes a whole allocation: the owner sends the base's
+//!   handle plus the shard's offset (`Owner::export`, `cuMemGetAddressRange`).
+//! - A handle opens once per process: opened allocations are cached per
+//!   (owner process, allocation generation) with a reference count, and a
+//!   reallocation is detected by its new generation (`cache`).
+//! - The exporter must not free memory a consumer still maps: leases on a
+//!   shared-memory board (`board`).
+//! - The consumer never reads before the producer's writes finished: the
+//!   owner records an interprocess event after them, the consumer waits on it
+//!   (`sys::Driver::record_ipc_event` / `wait_ipc_event`).
+//!
+//! ## Where to start reading
+//! This file (the transport, owner and consumer sides), then `descriptor`
+//! (the wire format), `cache`, `board`, and `sys`, the only module with
+//! `unsafe`.
+
+#![deny(unsafe_code)]
+
+pub mod board;
+pub mod cache;
+pub mod config;
+pub mod descriptor;
+#[allow(unsafe_code)]
+mod sys;
+pub mod testkit;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex, MutexGuard, PoisonError,
+    },
+};
+
+use shardport_abi::{
+    AbiError, Allocation, Capabilities, DeviceKind, ExportRequest, Health, IdentityParts,
+    ImportInfo, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
+    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+};
+
+use crate::{
+    board::{LeaseError, BOARD_MAGIC, HEADER_WORDS},
+    cache::{AllocKey, CacheError, OpenCache, OwnerKey},
+    config::Config,
+    descriptor::{format_uuid, Descriptor, BOARD_PREFIX},
+    sys::{BoardMap, CudaError, DeviceBuffer, Driver, Event, Gpu, IpcOpener, MemKind},
+};
+
+/// The transport's name, the key its descriptors are filed under.
+pub const TRANSPORT_NAME: &str = "cuda-ipc";
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn cuda(what: &str, e: CudaError) -> AbiError {
+    AbiError::new(
+        shardport_abi::ErrorKind::IO,
+        format!("cuda-ipc {what}: {e}"),
+    )
+}
+
+/// This process as an owner: boot id, pid and start time.
+fn this_process() -> OwnerKey {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let pid = std::process::id();
+    OwnerKey {
+        boot_id: descriptor::parse_boot_id(&boot).unwrap_or([0; 16]),
+        pid,
+        epoch: start_ticks(pid).unwrap_or(0),
+    }
+}
+
+/// Start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22).
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the owner process `o` is alive on this boot (a reused pid with
+/// another start time is another process).
+fn owner_alive(o: &OwnerKey, here: &OwnerKey) -> bool {
+    if o.boot_id != here.boot_id {
+        return false;
+    }
+    match start_ticks(o.pid) {
+        Some(t) => o.epoch == 0 || t == o.epoch,
+        None => false,
+    }
+}
+
+/// What the driver probe found.
+struct Live {
+    driver: Driver,
+    /// Visible devices: (local ordinal, UUID).
+    uuids: Vec<(u32, [u8; 16])>,
+    /// Primary contexts retained so far, by ordinal.
+    gpus: Mutex<HashMap<u32, Gpu>>,
+}
+
+impl Live {
+    fn gpu(&self, ordinal: u32) -> PluginResult<Gpu> {
+        if let Some(g) = lock(&self.gpus).get(&ordinal) {
+            return Ok(*g);
+        }
+        if ordinal >= self.driver.devices {
+            return Err(AbiError::unavailable(format!(
+                "cuda-ipc: device cuda:{ordinal} does not exist here ({} visible)",
+                self.driver.devices
+            )));
+        }
+        let g = self
+            .driver
+            .gpu(ordinal)
+            .map_err(|e| cuda(&format!("opening device cuda:{ordinal}"), e))?;
+        lock(&self.gpus).insert(ordinal, g);
+        Ok(g)
+    }
+
+    fn ordinal_of(&self, uuid: &[u8; 16]) -> Option<u32> {
+        self.uuids.iter().find(|(_, u)| u == uuid).map(|(o, _)| *o)
+    }
+}
+
+/// One exported shard on the owner side.
+struct Exported {
+    slot: u32,
+    slot_generation: u64,
+    /// Staged copy of host bytes (freed with this record), or `None` for
+    /// memory the host lent.
+    staged: Option<DeviceBuffer>,
+    /// Keeps the IPC event alive while consumers may open it.
+    _event: Event,
+    len: u64,
+}
+
+#[derive(Default)]
+struct OwnerState {
+    board: Option<BoardMap>,
+    next_slot: u32,
+    shards: HashMap<ShardId, Exported>,
+    /// Unexported shards whose slots still count leases.
+    deferred: Vec<Exported>,
+}
+
+/// A consumer lease: cache reference + board lease.
+struct LeaseRec {
+    ordinal: u32,
+    key: AllocKey,
+    board: String,
+    slot: u32,
+    slot_generation: u64,
+}
+
+#[derive(Default)]
+struct ConsumerState {
+    caches: HashMap<u32, OpenCache<IpcOpener>>,
+    boards: HashMap<String, std::sync::Arc<BoardMap>>,
+    leases: HashMap<u64, LeaseRec>,
+    next_token: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_exported: AtomicU64,
+    exports_staged: AtomicU64,
+    imports_copy: AtomicU64,
+    imports_view: AtomicU64,
+    imports_device: AtomicU64,
+    deferred_frees: AtomicU64,
+}
+
+/// One cuda-ipc transport instance.
+struct CudaIpc {
+    ctx: PluginContext,
+    cfg: Config,
+    state: Result<Live, String>,
+    here: OwnerKey,
+    owner: Mutex<OwnerState>,
+    consumer: Mutex<ConsumerState>,
+    counters: Counters,
+}
+
+/// Builds a transport instance: validates the config, then probes the
+/// driver. A missing driver is not an error: the instance reports itself
+/// unavailable. This is the constructor the plugin exports.
+pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
+    create_with(ctx, probe)
+}
+
+/// [`create`] with the driver probe replaced (tests play a machine without
+/// a driver on any machine).
+fn create_with(
+    ctx: PluginContext,
+    probe: impl FnOnce() -> Result<Live, String>,
+) -> PluginResult<TransportBox> {
+    let cfg = Config::parse(ctx.instance(), ctx.config())?;
+    let board_name = format!("{BOARD_PREFIX}{}", ctx.node_tag());
+    descriptor::check_board_name(&board_name).map_err(|why| {
+        AbiError::internal(format!(
+            "the host passed a node tag unusable in a board name: {why}"
+        ))
+    })?;
+    let state = probe();
+    match &state {
+        Ok(l) => tracing::info!(
+            target: "cuda_ipc",
+            driver = l.driver.version,
+            gpus = l.uuids.len(),
+            "cuda-ipc ready"
+        ),
+        Err(why) => tracing::warn!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
+    }
+    Ok(TransportBox::from_value(
+        CudaIpc {
+            ctx,
+            cfg,
+            state,
+            here: this_process(),
+            owner: Mutex::default(),
+            consumer: Mutex::default(),
+            counters: Counters::default(),
+        },
+        TD_Opaque,
+    ))
+}
+
+/// Probes the driver, catching a panic inside cudarc (a driver library
+/// missing a symbol) as a reason like any other.
+fn probe() -> Result<Live, String> {
+    if let Some(reason) = forced_unavailable() {
+        return Err(reason);
+    }
+    let driver = std::panic::catch_unwind(sys::probe).map_err(|p| {
+        format!(
+            "CUDA driver probe panicked: {}",
+            shardport_abi::plugin::panic_message(&*p)
+        )
+    })??;
+    let uuids = driver
+        .device_uuids()
+        .map_err(|e| format!("cannot list GPUs: {e}"))?;
+    Ok(Live {
+        driver,
+        uuids,
+        gpus: Mutex::default(),
+    })
+}
+
+/// `SHARDPORT_CUDA_IPC_DISABLE=<reason>` makes the transport unavailable
+/// even with a driver (to test the fallback on a GPU machine).
+fn forced_unavailable() -> Option<String> {
+    std::env::var("SHARDPORT_CUDA_IPC_DISABLE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("disabled by SHARDPORT_CUDA_IPC_DISABLE: {s}"))
+}
+
+impl CudaIpc {
+    fn live(&self) -> PluginResult<&Live> {
+        self.state
+            .as_ref()
+            .map_err(|why| AbiError::unavailable(format!("cuda-ipc unavailable: {why}")))
+    }
+
+    fn board_name(&self) -> String {
+        format!("{BOARD_PREFIX}{}", self.ctx.node_tag())
+    }
+
+    // ---- owner side ----
+
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        let live = self.live()?;
+        if req.meta.device.kind != DeviceKind::CUDA {
+            return Err(AbiError::unsupported(format!(
+                "cuda-ipc moves cuda:N shards; this shard is on {}",
+                req.meta.device
+            )));
+        }
+        if req.data.len() as u64 != req.meta.byte_len {
+            return Err(AbiError::invalid_argument(format!(
+                "export of {} bytes for a shard of {}",
+                req.data.len(),
+                req.meta.byte_len
+            )));
+        }
+        if req.allocation != 0 {
+            return Err(AbiError::invalid_argument(
+                "cuda-ipc hands out no allocations (no ALLOCATOR capability)",
+            ));
+        }
+        self.reap_deferred();
+        let gpu = live.gpu(req.meta.device.index)?;
+        let d = &live.driver;
+        d.bind(&gpu).map_err(|e| cuda("binding the device", e))?;
+        let kind = if req.data.is_empty() {
+            MemKind::Host
+        } else {
+            d.mem_kind(req.data.addr())
+                .map_err(|e| cuda("classifying the shard's address", e))?
+        };
+        let staged = match kind {
+            MemKind::Device { ordinal } if ordinal != gpu.ordinal => {
+                return Err(AbiError::invalid_argument(format!(
+                    "the shard's memory is on cuda:{ordinal}, its meta says {}",
+                    req.meta.device
+                )))
+            }
+            MemKind::Device { .. } => None,
+            MemKind::Host => {
+                self.counters.exports_staged.fetch_add(1, Ordering::Relaxed);
+                Some(
+                    d.stage_host(&gpu, &req.data)
+                        .map_err(|e| cuda("staging host bytes into device memory", e))?,
+                )
+            }
+        };
+        let addr = staged.as_ref().map_or(req.data.addr(), DeviceBuffer::addr);
+        let (base, alloc_size) = d
+            .address_range(addr)
+            .map_err(|e| cuda("finding the shard's allocation", e))?;
+        let offset = addr - base;
+        if offset + req.meta.byte_len > alloc_size {
+            return Err(AbiError::invalid_argument(format!(
+                "the shard ({} bytes at offset {offset}) overruns its allocation of {alloc_size} bytes",
+                req.meta.byte_len
+            )));
+        }
+        let generation = d
+            .buffer_id(base)
+            .map_err(|e| cuda("reading the allocation's buffer id", e))?
+            .max(1);
+        let mem_handle = d.ipc_mem_handle(base).map_err(|e| {
+            if e.is_invalid_value() {
+                AbiError::invalid_argument(format!(
+                    "cuda-ipc cannot export this memory: {e}; legacy CUDA IPC exports only \
+                     cuMemAlloc/cudaMalloc memory, not stream-ordered pool memory \
+                     (cudaMallocAsync) or host memory"
+                ))
+            } else {
+                cuda("getting the allocation's IPC handle", e)
+            }
+        })?;
+        let (event, event_handle) = d
+            .record_ipc_event()
+            .map_err(|e| cuda("recording the IPC event", e))?;
+
+        let mut o = lock(&self.owner);
+        if o.shards.contains_key(&req.id) {
+            return Err(AbiError::invalid_argument(format!(
+                "shard {} is already exported",
+                req.id
+            )));
+        }
+        if o.board.is_none() {
+            let words = HEADER_WORDS + self.cfg.lease_slots as usize;
+            let b = BoardMap::create(&self.board_name(), words).map_err(|e| {
+                AbiError::new(
+                    shardport_abi::ErrorKind::IO,
+                    format!("cuda-ipc cannot create its lease board: {e}"),
+                )
+            })?;
+            b.word(0)
+                .expect("header")
+                .store(BOARD_MAGIC, Ordering::Release);
+            b.word(1)
+                .expect("header")
+                .store(u64::from(self.cfg.lease_slots), Ordering::Release);
+            o.board = Some(b);
+        }
+        let slots = self.cfg.lease_slots;
+        let start = o.next_slot;
+        let board = o.board.as_ref().expect("created above");
+        let mut found = None;
+        for i in 0..slots {
+            let slot = (start + i) % slots;
+            let word = board
+                .word(HEADER_WORDS + slot as usize)
+                .expect("inside the board");
+            if let Some(g) = board::publish(word) {
+                found = Some((slot, g));
+                break;
+            }
+        }
+        let Some((slot, slot_generation)) = found else {
+            return Err(AbiError::new(
+                shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
+                format!(
+                    "cuda-ipc: all {slots} lease slots are in use (plugin config `lease-slots`)"
+                ),
+            ));
+        };
+        o.next_slot = (slot + 1) % slots;
+        let desc = Descriptor {
+            boot_id: self.here.boot_id,
+            pid: self.here.pid,
+            epoch: self.here.epoch,
+            generation,
+            device_uuid: gpu.uuid,
+            mem_handle,
+            alloc_size,
+            offset,
+            size: req.meta.byte_len,
+            event_handle,
+            slot,
+            slot_generation,
+            board: self.board_name(),
+        };
+        o.shards.insert(
+            req.id,
+            Exported {
+                slot,
+                slot_generation,
+                staged,
+                _event: event,
+                len: req.meta.byte_len,
+            },
+        );
+        self.counters
+            .bytes_exported
+            .fetch_add(req.meta.byte_len, Ordering::Relaxed);
+        Ok(desc.encode())
+    }
+
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        self.live()?;
+        let mut o = lock(&self.owner);
+        let e = o
+            .shards
+            .remove(&id)
+            .ok_or_else(|| AbiError::not_found(format!("cuda-ipc: shard {id} is not exported")))?;
+        let word = o
+            .board
+            .as_ref()
+            .and_then(|b| b.word(HEADER_WORDS + e.slot as usize))
+            .expect("an exported shard has a board slot");
+        let held = board::retire(word, e.slot_generation);
+        if held == 0 {
+            Self::free_exported(e);
+        } else {
+            if e.staged.is_none() {
+                tracing::warn!(
+                    target: "cuda_ipc",
+                    shard = %id,
+                    leases = held,
+                    "unexported while consumers still map the caller's device memory; keep it \
+                     allocated until leases_held_on_owner is 0"
+                );
+            }
+            self.counters.deferred_frees.fetch_add(1, Ordering::Relaxed);
+            o.deferred.push(e);
+        }
+        drop(o);
+        self.reap_deferred();
+        Ok(())
+    }
+
+    /// Drops an unexported shard whose slot holds no lease: frees its staged
+    /// buffer (if any) and destroys its event.
+    fn free_exported(e: Exported) {
+        if let Some(buf) = &e.staged {
+            tracing::debug!(target: "cuda_ipc", bytes = buf.len(), "freeing a staged buffer");
+        }
+        drop(e);
+    }
+
+    /// Frees unexported shards whose last lease has ended.
+    fn reap_deferred(&self) {
+        let mut o = lock(&self.owner);
+        if o.deferred.is_empty() {
+            return;
+        }
+        let deferred = std::mem::take(&mut o.deferred);
+        let mut keep = Vec::new();
+        for e in deferred {
+            let held = o
+                .board
+                .as_ref()
+                .and_then(|b| b.word(HEADER_WORDS + e.slot as usize))
+                .map_or(0, board::leases);
+            if held == 0 {
+                Self::free_exported(e);
+            } else {
+                keep.push(e);
+            }
+        }
+        o.deferred = keep;
+    }
+
+    fn owner_leases(&self) -> (u64, u64, u64) {
+        let o = lock(&self.owner);
+        let Some(b) = o.board.as_ref() else {
+            return (0, 0, 0);
+        };
+        let held = o
+            .shards
+            .values()
+            .chain(o.deferred.iter())
+            .filter_map(|e| b.word(HEADER_WORDS + e.slot as usize))
+            .map(board::leases)
+            .sum();
+        let staged = o
+            .shards
+            .values()
+            .chain(o.deferred.iter())
+            .filter(|e| e.staged.is_some())
+            .map(|e| e.len)
+            .sum();
+        (held, o.deferred.len() as u64, staged)
+    }
+
+    // ---- consumer side ----
+
+    /// Validates `desc` against `meta` and this machine: boot, visible GPU.
+    fn check(&self, live: &Live, desc: &[u8], meta: &ShardMeta) -> PluginResult<(Descriptor, u32)> {
+        let d = Descriptor::decode(desc)?;
+        self.check_decoded(live, &d, meta).map(|o| (d, o))
+    }
+
+    fn check_decoded(&self, live: &Live, d: &Descriptor, meta: &ShardMeta) -> PluginResult<u32> {
+        if meta.device.kind != DeviceKind::CUDA {
+            return Err(AbiError::invalid_argument(format!(
+                "cuda-ipc descriptor for a shard whose meta says {}",
+                meta.device
+            )));
+        }
+        if d.size != meta.byte_len {
+            return Err(AbiError::invalid_descriptor(format!(
+                "cuda-ipc descriptor field `size`: {} bytes, the shard's meta says {}",
+                d.size, meta.byte_len
+            )));
+        }
+        if d.boot_id != self.here.boot_id {
+            return Err(AbiError::unavailable(
+                "cuda-ipc: the owner runs on another machine or boot (boot id differs)",
+            ));
+        }
+        live.ordinal_of(&d.device_uuid).ok_or_else(|| {
+            AbiError::unavailable(format!(
+                "cuda-ipc: GPU {} is not visible to this process (visible: {})",
+                format_uuid(&d.device_uuid),
+                live.uuids
+                    .iter()
+                    .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// Takes a board lease and a cache reference, waits for the producer's
+    /// event; returns the lease record (token not yet assigned) and the
+    /// shard's device address here.
+    fn open(&self, live: &Live, d: &Descriptor, ordinal: u32) -> PluginResult<(LeaseRec, u64)> {
+        let mut c = lock(&self.consumer);
+        if !c.boards.contains_key(&d.board) {
+            let b = BoardMap::open(&d.board).map_err(|e| {
+                AbiError::not_found(format!(
+                    "cuda-ipc: the owner's lease board {} cannot be opened ({e}): the owner \
+                     exited or unexported everything",
+                    d.board
+                ))
+            })?;
+            let ok = b.word(0).map(|w| w.load(Ordering::Acquire)) == Some(BOARD_MAGIC)
+                && b.word(1).map(|w| w.load(Ordering::Acquire))
+                    == Some((b.words() - HEADER_WORDS) as u64);
+            if !ok {
+                return Err(AbiError::invalid_descriptor(format!(
+                    "cuda-ipc: {} is not a lease board of this version",
+                    d.board
+                )));
+            }
+            c.boards.insert(d.board.clone(), std::sync::Arc::new(b));
+        }
+        let board_map = std::sync::Arc::clone(&c.boards[&d.board]);
+        let word = board_map
+            .word(HEADER_WORDS + d.slot as usize)
+            .ok_or_else(|| {
+                AbiError::invalid_descriptor(format!(
+                    "cuda-ipc descriptor field `lease slot`: {} is outside the board {}",
+                    d.slot, d.board
+                ))
+            })?;
+        board::lease(word, d.slot_generation).map_err(|e| match e {
+            LeaseError::Gone { .. } => AbiError::not_found(format!(
+                "cuda-ipc: the shard was unexported by its owner (pid {}, slot {} generation {})",
+                d.pid, d.slot, d.slot_generation
+            )),
+            LeaseError::Full => AbiError::new(
+                shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
+                "cuda-ipc: the shard's lease count is at its maximum",
+            ),
+        })?;
+        let rec = LeaseRec {
+            ordinal,
+            key: AllocKey {
+                owner: OwnerKey {
+                    boot_id: d.boot_id,
+                    pid: d.pid,
+                    epoch: d.epoch,
+                },
+                generation: d.generation,
+            },
+            board: d.board.clone(),
+            slot: d.slot,
+            slot_generation: d.slot_generation,
+        };
+        // Under the lock: only the cache bookkeeping (and a first open).
+        let acquired = (|| {
+            let gpu = live.gpu(ordinal)?;
+            let cache = match c.caches.entry(ordinal) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(OpenCache::new(
+                    IpcOpener {
+                        driver: live.driver,
+                        gpu,
+                    },
+                    self.cfg.cache,
+                )),
+            };
+            let got = cache.acquire(rec.key, &d.mem_handle).map_err(|e| match e {
+                CacheError::HandleMismatch => {
+                    AbiError::invalid_descriptor(format!("cuda-ipc: {e}"))
+                }
+                _ => AbiError::unavailable(format!("cuda-ipc: {e}")),
+            })?;
+            Ok((gpu, got.base))
+        })();
+        let (gpu, base) = match acquired {
+            Ok(v) => v,
+            Err(e) => {
+                board::unlease(word, d.slot_generation);
+                return Err(e);
+            }
+        };
+        drop(c);
+        // Outside the lock: the checks and the event wait, which blocks until
+        // the producer's writes have finished.
+        let checked = (|| {
+            live.driver
+                .bind(&gpu)
+                .map_err(|e| cuda("binding the device", e))?;
+            let (found_base, size) = live
+                .driver
+                .address_range(base)
+                .map_err(|e| cuda("checking the opened allocation", e))?;
+            if found_base != base || size < d.alloc_size {
+                return Err(AbiError::invalid_descriptor(format!(
+                    "cuda-ipc descriptor field `allocation size`: {} bytes, the opened \
+                     allocation has {size}",
+                    d.alloc_size
+                )));
+            }
+            live.driver
+                .wait_ipc_event(&d.event_handle)
+                .map_err(|e| cuda("waiting for the producer's event", e))?;
+            Ok(base + d.offset)
+        })();
+        match checked {
+            Ok(addr) => Ok((rec, addr)),
+            Err(e) => {
+                self.close(&rec);
+                Err(e)
+            }
+        }
+    }
+
+    fn close(&self, rec: &LeaseRec) {
+        let mut c = lock(&self.consumer);
+        if let Some(cache) = c.caches.get_mut(&rec.ordinal) {
+            if let Err(e) = cache.release(rec.key) {
+                tracing::warn!(target: "cuda_ipc", error = %e, "cache release failed");
+            }
+        }
+        let ok = c
+            .boards
+            .get(&rec.board)
+            .and_then(|b| b.word(HEADER_WORDS + rec.slot as usize))
+            .is_some_and(|w| board::unlease(w, rec.slot_generation));
+        if !ok {
+            tracing::warn!(target: "cuda_ipc", board = %rec.board, slot = rec.slot, "lease was not on the board");
+        }
+    }
+
+    fn import_into(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        let live = self.live()?;
+        if dst.len() as u64 != meta.byte_len {
+            return Err(AbiError::invalid_argument(format!(
+                "destination is {} bytes, the shard is {}",
+                dst.len(),
+                meta.byte_len
+            )));
+        }
+        let (d, ordinal) = self.check(live, desc, meta)?;
+        let (rec, addr) = self.open(live, &d, ordinal)?;
+        let r = live
+            .driver
+            .copy_dtoh(dst, addr)
+            .map_err(|e| cuda("copying device to host", e));
+        self.close(&rec);
+        r?;
+        self.counters.imports_copy.fetch_add(1, Ordering::Relaxed);
+        Ok(ImportInfo {
+            note: format!("device-to-host copy from cuda:{ordinal}").into(),
+        })
+    }
+
+    fn import_into_device(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: u64,
+        dst_len: u64,
+    ) -> PluginResult<ImportInfo> {
+        let live = self.live()?;
+        if dst_len != meta.byte_len {
+            return Err(AbiError::invalid_argument(format!(
+                "destination is {dst_len} bytes, the shard is {}",
+                meta.byte_len
+            )));
+        }
+        let (d, ordinal) = self.check(live, desc, meta)?;
+        let (rec, addr) = self.open(live, &d, ordinal)?;
+        let r = live
+            .driver
+            .copy_dtod(dst, addr, dst_len)
+            .map_err(|e| cuda("copying device to device", e));
+        self.close(&rec);
+        r?;
+        self.counters.imports_device.fetch_add(1, Ordering::Relaxed);
+        Ok(ImportInfo {
+            note: format!("device-to-device copy on cuda:{ordinal}").into(),
+        })
+    }
+
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        let live = self.live()?;
+        let (d, ordinal) = self.check(live, desc, meta)?;
+        let (rec, addr) = self.open(live, &d, ordinal)?;
+        let mut c = lock(&self.consumer);
+        c.next_token += 1;
+        let token = c.next_token;
+        c.leases.insert(token, rec);
+        self.counters.imports_view.fetch_add(1, Ordering::Relaxed);
+        Ok(Region {
+            ptr: addr as usize as *const u8,
+            len: meta.byte_len as usize,
+            token,
+        })
+    }
+
+    fn release(&self, token: u64) -> PluginResult<()> {
+        self.live()?;
+        let rec = lock(&self.consumer).leases.remove(&token).ok_or_else(|| {
+            AbiError::invalid_argument(format!("cuda-ipc: unknown lease token {token}"))
+        })?;
+        self.close(&rec);
+        Ok(())
+    }
+
+    fn can_import(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<()> {
+        let d = Descriptor::decode(desc)?;
+        match &self.state {
+            // Broken here, not unreachable: let the import fail loudly.
+            Err(_) => Ok(()),
+            Ok(live) => self.check_decoded(live, &d, meta).map(|_| ()),
+        }
+    }
+
+    fn sweep(&self) -> PluginResult<Vec<Stat>> {
+        self.live()?;
+        self.reap_deferred();
+        let here = self.here;
+        let mut c = lock(&self.consumer);
+        let closed: usize = c
+            .caches
+            .values_mut()
+            .map(|cache| cache.sweep(|o| owner_alive(o, &here)))
+            .sum();
+        Ok(vec![Stat::counter("mappings_closed", closed as u64)])
+    }
+
+    fn stats(&self) -> Vec<Stat> {
+        let (held, deferred, staged) = self.owner_leases();
+        let exports = lock(&self.owner).shards.len() as u64;
+        let c = lock(&self.consumer);
+        let mut cc = cache::CacheCounters::default();
+        let mut open = 0;
+        for cache in c.caches.values() {
+            let k = cache.counters();
+            cc.opens += k.opens;
+            cc.closes += k.closes;
+            cc.hits += k.hits;
+            cc.stale += k.stale;
+            open += cache.open_count() as u64;
+        }
+        let k = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            Stat::gauge("available", u64::from(self.state.is_ok())),
+            Stat::gauge("shards_live", exports),
+            Stat::gauge("leases_held_on_owner", held),
+            Stat::gauge("shards_retired_leased", deferred),
+            Stat::gauge("staged_bytes", staged),
+            Stat::gauge("leases_active", c.leases.len() as u64),
+            Stat::gauge("mappings_open", open),
+            Stat::counter("handle_opens", cc.opens),
+            Stat::counter("handle_closes", cc.closes),
+            Stat::counter("handle_cache_hits", cc.hits),
+            Stat::counter("stale_mappings", cc.stale),
+            Stat::counter("bytes_exported", get(&k.bytes_exported)),
+            Stat::counter("exports_staged", get(&k.exports_staged)),
+            Stat::counter("imports_copy", get(&k.imports_copy)),
+            Stat::counter("imports_view", get(&k.imports_view)),
+            Stat::counter("imports_device", get(&k.imports_device)),
+            Stat::counter("deferred_frees", get(&k.deferred_frees)),
+        ]
+    }
+}
+
+impl Transport for CudaIpc {
+    fn describe(&self) -> TransportInfo {
+        TransportInfo {
+            name: TRANSPORT_NAME.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: Capabilities::CUDA
+                .with(Capabilities::SAME_NODE_ONLY)
+                .with(Capabilities::ZERO_COPY),
+            needs_identity: IdentityParts::BOOT_ID.with(IdentityParts::GPU_UUID),
+        }
+    }
+
+    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
+        self.ctx
+            .guard("export", || CudaIpc::export(self, &req).map(RVec::from))
+    }
+
+    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
+        self.ctx.guard("unexport", || CudaIpc::unexport(self, id))
+    }
+
+    fn import_into(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        mut dst: RSliceMut<'_, u8>,
+    ) -> RResult<ImportInfo, AbiError> {
+        self.ctx.guard("import_into", || {
+            CudaIpc::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
+        })
+    }
+
+    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
+        self.ctx.guard("import_view", || {
+            CudaIpc::import_view(self, desc.as_slice(), meta)
+        })
+    }
+
+    fn release(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx.guard("release", || CudaIpc::release(self, token))
+    }
+
+    fn allocate(&self, _id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
+        self.ctx.guard("allocate", || {
+            Err(AbiError::unsupported(
+                "cuda-ipc hands out no host-writable allocations; host bytes put as a cuda \
+                 shard are staged into device memory at export",
+            ))
+        })
+    }
+
+    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
+        self.ctx.guard("free_allocation", || {
+            Err(AbiError::unsupported(format!(
+                "cuda-ipc has no allocations (token {token})"
+            )))
+        })
+    }
+
+    fn stats(&self) -> RVec<Stat> {
+        self.ctx
+            .guard_infallible("stats", RVec::new(), || RVec::from(CudaIpc::stats(self)))
+    }
+
+    fn health(&self) -> Health {
+        self.ctx.guard_infallible(
+            "health",
+            Health {
+                ok: false,
+                message: "health check panicked".into(),
+            },
+            || match &self.state {
+                Ok(l) => Health {
+                    ok: true,
+                    message: format!(
+                        "ok, CUDA driver {}, {} GPU(s): {}",
+                        l.driver.version,
+                        l.uuids.len(),
+                        l.uuids
+                            .iter()
+                            .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                    .into(),
+                },
+                Err(why) => Health {
+                    ok: false,
+                    message: format!("unavailable: {why}").into(),
+                },
+            },
+        )
+    }
+
+    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
+        self.ctx
+            .guard("sweep", || CudaIpc::sweep(self).map(RVec::from))
+    }
+
+    fn can_import(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<(), AbiError> {
+        self.ctx.guard("can_import", || {
+            CudaIpc::can_import(self, desc.as_slice(), meta)
+        })
+    }
+
+    fn import_into_device(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        dst_addr: u64,
+        dst_len: u64,
+    ) -> RResult<ImportInfo, AbiError> {
+        self.ctx.guard("import_into_device", || {
+            CudaIpc::import_into_device(self, desc.as_slice(), meta, dst_addr, dst_len)
+        })
+    }
+}
+
+#[allow(unsafe_code)] // the macro emits the library header static and `export_name`
+mod plugin_export {
+    shardport_abi::export_plugin! {
+        name: super::TRANSPORT_NAME,
+        version: env!("CARGO_PKG_VERSION"),
+        new: super::create,
+    }
+}

@@ -1,0 +1,107 @@
+//! Device buffers for GPU tests, examples and benchmarks: the host crate
+//! forbids `unsafe` and has no driver, so the programs that need device
+//! memory of their own (the two-process GPU test's peers, the benchmark)
+//! get it here. Not part of the transport.
+
+use crate::sys::{self, DeviceBuffer, Driver, Gpu};
+
+/// Why CUDA cannot be used here (`None` when it can): the reason GPU tests
+/// print when they skip.
+pub fn unavailable_reason() -> Option<String> {
+    crate::forced_unavailable().or_else(|| {
+        std::panic::catch_unwind(sys::probe)
+            .map_err(|_| "CUDA driver probe panicked".to_owned())
+            .and_then(|r| r)
+            .err()
+    })
+}
+
+/// A `cuMemAlloc` buffer on one device, freed on drop.
+#[derive(Debug)]
+pub struct DeviceScratch {
+    driver: Driver,
+    gpu: Gpu,
+    buf: DeviceBuffer,
+}
+
+impl DeviceScratch {
+    /// Allocates `len` bytes on device `ordinal`.
+    pub fn new(ordinal: u32, len: u64) -> Result<DeviceScratch, String> {
+        let driver = std::panic::catch_unwind(sys::probe)
+            .map_err(|_| "CUDA driver probe panicked".to_owned())??;
+        let gpu = driver.gpu(ordinal).map_err(|e| e.to_string())?;
+        let buf = driver.alloc(&gpu, len).map_err(|e| e.to_string())?;
+        Ok(DeviceScratch { driver, gpu, buf })
+    }
+
+    /// Device address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.buf.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.buf.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+
+    /// Copies `bytes` to the start of the buffer.
+    pub fn upload(&self, bytes: &[u8]) -> Result<(), String> {
+        self.upload_at(0, bytes)
+    }
+
+    /// Copies `bytes` to `offset` in the buffer.
+    pub fn upload_at(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        match offset.checked_add(bytes.len() as u64) {
+            Some(end) if end <= self.len() => {}
+            _ => {
+                return Err(format!(
+                    "{} bytes at offset {offset} do not fit in {}",
+                    bytes.len(),
+                    self.len()
+                ))
+            }
+        }
+        self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
+        self.driver
+            .copy_htod(self.addr() + offset, bytes)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Reads the first `len` bytes back.
+    pub fn download(&self, len: u64) -> Result<Vec<u8>, String> {
+        if len > self.len() {
+            return Err(format!("{len} bytes exceed the buffer's {}", self.len()));
+        }
+        self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
+        let mut v = vec![0u8; len as usize];
+        self.driver
+            .copy_dtoh(&mut v, self.addr())
+            .map_err(|e| e.to_string())?;
+        Ok(v)
+    }
+
+    /// Fills the buffer with `byte`.
+    pub fn fill(&self, byte: u8) -> Result<(), String> {
+        self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
+        self.driver
+            .memset(self.addr(), byte, self.len())
+            .map_err(|e| e.to_string())
+    }
+
+    /// `cuMemcpyDtoD` of `len` bytes from `src` into this buffer, waited for
+    /// (the benchmark's baseline).
+    pub fn copy_from_device(&self, src: u64, len: u64) -> Result<(), String> {
+        if len > self.len() {
+            return Err(format!("{len} bytes exceed the buffer's {}", self.len()));
+        }
+        self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
+        self.driver
+            .copy_dtod(self.addr(), src, len)
+            .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,256 @@
+//! In-process tests of the transport. Those that need a GPU are gated: they
+//! print why they skip and return when no driver is present.
+
+use shardport_abi::{
+    plugin::guard_constructor, testing, Capabilities, Device, ErrorKind, ExportRequest,
+    IdentityParts, RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes, TransportBox,
+};
+
+use crate::descriptor::{Descriptor, BOARD_PREFIX};
+
+fn unavailable(reason: &'static str) -> TransportBox {
+    guard_constructor(testing::context("cuda-ipc", ""), move |ctx| {
+        crate::create_with(ctx, move || Err(reason.to_owned()))
+    })
+    .into_result()
+    .expect("constructor")
+}
+
+fn cuda_meta(len: u64) -> ShardMeta {
+    ShardMeta {
+        device: Device::cuda(0),
+        ..ShardMeta::bytes(len)
+    }
+}
+
+fn valid_descriptor(len: u64) -> Vec<u8> {
+    Descriptor {
+        boot_id: [1; 16],
+        pid: 1,
+        epoch: 1,
+        generation: 1,
+        device_uuid: [2; 16],
+        mem_handle: [3; 64],
+        alloc_size: len.max(1),
+        offset: 0,
+        size: len,
+        event_handle: [4; 64],
+        slot: 0,
+        slot_generation: 1,
+        board: format!("{BOARD_PREFIX}test"),
+    }
+    .encode()
+}
+
+#[test]
+fn without_a_driver_it_constructs_describes_and_says_why() {
+    let t = unavailable("no CUDA driver: test");
+    let info = t.describe();
+    assert_eq!(info.name.as_str(), "cuda-ipc");
+    assert!(info.capabilities.contains(Capabilities::CUDA));
+    assert!(info.capabilities.contains(Capabilities::ZERO_COPY));
+    assert!(!info.capabilities.contains(Capabilities::CPU));
+    assert!(!info.capabilities.contains(Capabilities::ALLOCATOR));
+    assert!(info
+        .needs_identity
+        .contains(IdentityParts::BOOT_ID.with(IdentityParts::GPU_UUID)));
+    let h = t.health();
+    assert!(!h.ok);
+    assert!(h.message.contains("no CUDA driver: test"), "{}", h.message);
+}
+
+#[test]
+fn without_a_driver_every_data_method_is_unavailable_naming_the_reason() {
+    let t = unavailable("no CUDA driver: test");
+    let data = [0u8; 16];
+    let expect = |r: Result<(), shardport_abi::AbiError>, op: &str| {
+        let e = r.expect_err(op);
+        assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{op}: {e:?}");
+        assert!(
+            e.message
+                .contains("cuda-ipc unavailable: no CUDA driver: test"),
+            "{op}: {e}"
+        );
+    };
+    let req = ExportRequest {
+        id: ShardId::from_u128(1),
+        meta: cuda_meta(16),
+        data: SharedBytes::device(0x1000, 16),
+        allocation: 0,
+    };
+    expect(t.export(req).into_result().map(|_| ()), "export");
+    expect(t.unexport(ShardId::from_u128(1)).into_result(), "unexport");
+    let desc = valid_descriptor(16);
+    let mut dst = [0u8; 16];
+    expect(
+        t.import_into(
+            RSlice::from_slice(&desc),
+            &cuda_meta(16),
+            RSliceMut::from_mut_slice(&mut dst),
+        )
+        .into_result()
+        .map(|_| ()),
+        "import_into",
+    );
+    expect(
+        t.import_view(RSlice::from_slice(&desc), &cuda_meta(16))
+            .into_result()
+            .map(|_| ()),
+        "import_view",
+    );
+    expect(
+        t.import_into_device(RSlice::from_slice(&desc), &cuda_meta(16), 0x2000, 16)
+            .into_result()
+            .map(|_| ()),
+        "import_into_device",
+    );
+    expect(t.release(1).into_result(), "release");
+    expect(t.sweep().into_result().map(|_| ()), "sweep");
+    assert_eq!(
+        t.allocate(ShardId::from_u128(1), 16)
+            .into_result()
+            .unwrap_err()
+            .kind,
+        ErrorKind::UNSUPPORTED
+    );
+    let _ = data;
+    let stats = t.stats();
+    let avail = stats
+        .iter()
+        .find(|s| s.name.as_str() == "available")
+        .unwrap();
+    assert_eq!(avail.value, 0);
+}
+
+#[test]
+fn can_import_refuses_garbage_and_defers_a_missing_driver_to_the_import() {
+    let t = unavailable("no CUDA driver: test");
+    let e = t
+        .can_import(RSlice::from_slice(b"garbage"), &cuda_meta(7))
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+    // A well-formed descriptor is a candidate: the import then fails with
+    // the reason, so the fetch reports a downgrade instead of hiding it.
+    t.can_import(RSlice::from_slice(&valid_descriptor(16)), &cuda_meta(16))
+        .into_result()
+        .unwrap();
+}
+
+#[test]
+fn bad_config_is_refused_naming_the_key() {
+    let e = guard_constructor(testing::context("gpu", "cache = 3"), crate::create)
+        .into_result()
+        .err()
+        .expect("config error");
+    assert_eq!(e.kind, ErrorKind::CONFIG);
+    assert!(e.message.contains("plugin.gpu.config.cache"), "{e}");
+}
+
+#[test]
+fn real_constructor_never_fails_for_lack_of_a_driver() {
+    let t = guard_constructor(testing::context("cuda-ipc", ""), crate::create)
+        .into_result()
+        .expect("constructs with or without CUDA");
+    let h = t.health();
+    match crate::testkit::unavailable_reason() {
+        Some(why) => {
+            assert!(!h.ok);
+            assert!(h.message.contains(&why), "{} vs {why}", h.message);
+        }
+        None => assert!(h.ok, "{}", h.message),
+    }
+}
+
+// ---- GPU-gated ----
+
+fn gpu_or_skip(test: &str) -> bool {
+    match crate::testkit::unavailable_reason() {
+        Some(why) => {
+            eprintln!("skipped {test}: {why}");
+            false
+        }
+        None => true,
+    }
+}
+
+#[test]
+fn gpu_export_sends_the_base_handle_plus_offset() {
+    if !gpu_or_skip("gpu_export_sends_the_base_handle_plus_offset") {
+        return;
+    }
+    let t = guard_constructor(testing::context("cuda-ipc", ""), crate::create)
+        .into_result()
+        .unwrap();
+    let buf = crate::testkit::DeviceScratch::new(0, 1 << 20).unwrap();
+    buf.fill(7).unwrap();
+    let req = ExportRequest {
+        id: ShardId::from_u128(1),
+        meta: cuda_meta(1000),
+        data: SharedBytes::device(buf.addr() + 4096, 1000),
+        allocation: 0,
+    };
+    let desc = t.export(req).into_result().expect("export");
+    let d = Descriptor::decode(&desc).unwrap();
+    assert_eq!(d.offset, 4096);
+    assert_eq!(d.size, 1000);
+    assert!(d.alloc_size >= 1 << 20);
+    t.can_import(RSlice::from_slice(&desc), &cuda_meta(1000))
+        .into_result()
+        .expect("the same machine and GPU are a candidate");
+    t.unexport(ShardId::from_u128(1)).into_result().unwrap();
+    assert_eq!(
+        t.unexport(ShardId::from_u128(1))
+            .into_result()
+            .unwrap_err()
+            .kind,
+        ErrorKind::NOT_FOUND
+    );
+}
+
+#[test]
+fn gpu_host_bytes_of_a_cuda_shard_are_staged() {
+    if !gpu_or_skip("gpu_host_bytes_of_a_cuda_shard_are_staged") {
+        return;
+    }
+    let t = guard_constructor(testing::context("cuda-ipc", ""), crate::create)
+        .into_result()
+        .unwrap();
+    let bytes: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+    let req = ExportRequest {
+        id: ShardId::from_u128(2),
+        meta: cuda_meta(4096),
+        data: SharedBytes::lend(&bytes),
+        allocation: 0,
+    };
+    t.export(req).into_result().expect("staged export");
+    let staged = t
+        .stats()
+        .iter()
+        .find(|s| s.name.as_str() == "staged_bytes")
+        .unwrap()
+        .value;
+    assert_eq!(staged, 4096);
+    t.unexport(ShardId::from_u128(2)).into_result().unwrap();
+}
+
+#[test]
+fn gpu_cpu_shards_are_refused() {
+    if !gpu_or_skip("gpu_cpu_shards_are_refused") {
+        return;
+    }
+    let t = guard_constructor(testing::context("cuda-ipc", ""), crate::create)
+        .into_result()
+        .unwrap();
+    let bytes = [0u8; 8];
+    let req = ExportRequest {
+        id: ShardId::from_u128(3),
+        meta: ShardMeta::bytes(8),
+        data: SharedBytes::lend(&bytes),
+        allocation: 0,
+    };
+    assert_eq!(
+        t.export(req).into_result().unwrap_err().kind,
+        ErrorKind::UNSUPPORTED
+    );
+}

@@ -1,0 +1,421 @@
+//! The cuda-ipc transport through the real host and its real `.so`.
+//!
+//! Tests marked "GPU" need a CUDA driver and GPU; without one they print
+//! `skipped ...: <reason>` and return. The others run everywhere (CI has no
+//! GPU) and check what a machine without CUDA must do: load the plugin,
+//! report it unavailable with the reason, and fail or fall back loudly.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use shardport_abi::{DType, Device, ErrorKind, RSlice, ShardMeta};
+use shardport_cuda_ipc::{
+    descriptor::{parse_boot_id, Descriptor, BOARD_PREFIX},
+    testkit::unavailable_reason,
+};
+use shardport_host::{handle::Export, DevicePtr, FetchMode, HostError, Node, TensorSpec};
+
+use crate::util;
+
+fn gpu_or_skip(test: &str) -> bool {
+    match unavailable_reason() {
+        Some(why) => {
+            eprintln!("skipped {test}: no usable CUDA: {why}");
+            false
+        }
+        None => true,
+    }
+}
+
+/// The reason cuda-ipc is unavailable here, or `None` (then the test that
+/// checks the unavailable path prints why it skips).
+fn no_gpu_or_skip(test: &str) -> Option<String> {
+    let why = unavailable_reason();
+    if why.is_none() {
+        eprintln!("skipped {test}: a CUDA driver is present (the in-process tests cover the unavailable path with an injected probe)");
+    }
+    why
+}
+
+fn node(with_cuda: bool) -> Node {
+    let cuda = if with_cuda {
+        util::cuda_plugin()
+    } else {
+        String::new()
+    };
+    Node::start(util::parse(&format!(
+        "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}{cuda}",
+        util::shm_plugin("pool-size = \"8MiB\"")
+    )))
+    .expect("node starts")
+}
+
+fn cuda_spec(len: u64) -> TensorSpec {
+    TensorSpec {
+        dtype: DType::U8,
+        shape: vec![len],
+        device: Device::cuda(0),
+    }
+}
+
+#[test]
+fn cuda_ipc_loads_from_its_real_so_and_reports_its_health() {
+    let cfg = util::parse(&util::cuda_plugin());
+    let (loaded, failures) = util::load(&cfg);
+    assert!(failures.is_empty(), "{failures:?}");
+    let p = &loaded[0];
+    assert_eq!(p.name.as_str(), "cuda-ipc");
+    assert!(p.capabilities().contains(shardport_abi::Capabilities::CUDA));
+    let h = p.transport.health();
+    match unavailable_reason() {
+        Some(why) => {
+            assert!(!h.ok, "unavailable transport reported healthy");
+            assert!(
+                h.message.contains(&why),
+                "health {:?} should name {why:?}",
+                h.message
+            );
+            // Data methods say why instead of panicking.
+            let e = p
+                .transport
+                .import_view(RSlice::from_slice(b"x"), &ShardMeta::bytes(1))
+                .into_result()
+                .unwrap_err();
+            assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{e:?}");
+            assert!(e.message.contains(&why), "{e}");
+        }
+        None => assert!(h.ok, "{}", h.message),
+    }
+}
+
+#[test]
+fn put_device_without_a_cuda_transport_says_so() {
+    let n = node(false);
+    let e = n
+        .put_device(
+            DevicePtr(0x7f00_0000_0000),
+            64,
+            &cuda_spec(64),
+            Default::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, HostError::NoDeviceTransport { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no transport can export cuda:0 memory: no loaded transport has the cuda capability \
+         (loaded: posix-shm; load cuda-ipc, and check put.export-to)"
+    );
+    // And a CPU spec is refused by put_device.
+    let e = n
+        .put_device(
+            DevicePtr(0x1000),
+            4,
+            &TensorSpec::bytes(4),
+            Default::default(),
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("put_device needs a cuda:N device"),
+        "{e}"
+    );
+}
+
+#[test]
+fn put_device_with_cuda_ipc_unavailable_names_the_reason() {
+    let Some(why) = no_gpu_or_skip("put_device_with_cuda_ipc_unavailable_names_the_reason") else {
+        return;
+    };
+    let n = node(true);
+    let e = n
+        .put_device(
+            DevicePtr(0x7f00_0000_0000),
+            64,
+            &cuda_spec(64),
+            Default::default(),
+        )
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with("no transport can export cuda:0 memory: cuda-ipc: "),
+        "{text}"
+    );
+    assert!(text.contains(&why), "{text}");
+}
+
+#[test]
+fn cpu_puts_are_not_offered_to_cuda_ipc() {
+    let n = node(true);
+    let h = n
+        .put(&[5u8; 100], &TensorSpec::bytes(100), Default::default())
+        .unwrap();
+    let names: Vec<&str> = h.exports.iter().map(|e| e.transport.as_str()).collect();
+    assert_eq!(names, ["posix-shm"]);
+    let f = n.fetch_mode(&h, FetchMode::Copy).unwrap();
+    assert!(f.data.iter().all(|&b| b == 5));
+    assert!(!f.selection.downgraded);
+}
+
+/// A handle for a cuda shard on this machine whose only export is a
+/// well-formed cuda-ipc descriptor (no owner behind it).
+fn cuda_only_handle(owner: &Node, len: u64) -> shardport_host::Handle {
+    let mut h = owner
+        .put(
+            &vec![1u8; len as usize],
+            &TensorSpec::bytes(len),
+            Default::default(),
+        )
+        .unwrap();
+    h.meta.device = Device::cuda(0);
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let desc = Descriptor {
+        boot_id: parse_boot_id(&boot).unwrap(),
+        pid: std::process::id(),
+        epoch: 1,
+        generation: 1,
+        device_uuid: [0x5a; 16],
+        mem_handle: [1; 64],
+        alloc_size: len,
+        offset: 0,
+        size: len,
+        event_handle: [2; 64],
+        slot: 0,
+        slot_generation: 1,
+        board: format!("{BOARD_PREFIX}e2e-none"),
+    };
+    h.exports = vec![Export {
+        transport: shardport_host::config::TransportName::new("cuda-ipc").unwrap(),
+        descriptor: desc.encode(),
+    }];
+    h
+}
+
+#[test]
+fn fetching_a_cuda_ipc_only_shard_without_cuda_fails_naming_cuda_ipc_and_why() {
+    let Some(why) =
+        no_gpu_or_skip("fetching_a_cuda_ipc_only_shard_without_cuda_fails_naming_cuda_ipc_and_why")
+    else {
+        return;
+    };
+    let owner = node(false);
+    let consumer = node(true);
+    let h = cuda_only_handle(&owner, 256);
+    // A host fetch of a cuda shard is never a host view of device memory.
+    let plan = consumer.plan(&h, FetchMode::View);
+    assert_eq!(plan.attempts.len(), 1, "{plan:?}");
+    assert!(!plan.attempts[0].zero_copy, "{plan:?}");
+    assert!(
+        plan.attempts[0].reason.contains("device-to-host copy"),
+        "{plan:?}"
+    );
+    for (what, e) in [
+        (
+            "fetch",
+            consumer
+                .fetch_mode(&h, FetchMode::Copy)
+                .map(|_| ())
+                .unwrap_err(),
+        ),
+        (
+            "fetch_device",
+            consumer.fetch_device(&h).map(|_| ()).unwrap_err(),
+        ),
+        (
+            "fetch_device_into",
+            consumer
+                .fetch_device_into(&h, DevicePtr(0x1000), 256)
+                .map(|_| ())
+                .unwrap_err(),
+        ),
+    ] {
+        let text = e.to_string();
+        assert!(matches!(e, HostError::FetchFailed { .. }), "{what}: {e:?}");
+        assert!(
+            text.contains("cuda-ipc: cuda-ipc unavailable: "),
+            "{what}: {text}"
+        );
+        assert!(text.contains(&why), "{what}: {text}");
+    }
+    // A consumer without the plugin says it is not loaded.
+    let e = owner.fetch_mode(&h, FetchMode::Copy).unwrap_err();
+    assert!(e.to_string().contains("cuda-ipc: not loaded here"), "{e}");
+}
+
+#[test]
+fn a_gpu_that_is_not_visible_here_is_not_a_candidate() {
+    // GPU: without a driver `can_import` cannot judge and defers to the import.
+    if !gpu_or_skip("a_gpu_that_is_not_visible_here_is_not_a_candidate") {
+        return;
+    }
+    let owner = node(false);
+    let consumer = node(true);
+    let h = cuda_only_handle(&owner, 256);
+    let e = consumer.fetch_device(&h).unwrap_err();
+    assert!(matches!(e, HostError::NoCandidate { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("is not visible to this process"),
+        "{e}"
+    );
+}
+
+// ---- two real processes (GPU) ----
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn start(role: &str, dir: &std::path::Path) -> Peer {
+        let cfg = dir.join(format!("{role}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[node]\nname = \"{role}\"\n{}{}",
+                util::shm_plugin("pool-size = \"8MiB\""),
+                util::cuda_plugin().replace("required = false", "required = true")
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(util::example_bin("cuda_ipc_peer"))
+            .args([role, cfg.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn cuda_ipc_peer");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut p = Peer {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(p.line(), "READY");
+        p
+    }
+
+    fn line(&mut self) -> String {
+        let mut s = String::new();
+        self.stdout.read_line(&mut s).expect("peer output");
+        s.trim_end().to_owned()
+    }
+
+    fn call(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        self.line()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "EXIT");
+        util::terminate(&mut self.child);
+    }
+}
+
+fn handle_of(reply: &str) -> String {
+    reply
+        .strip_prefix("HANDLE ")
+        .unwrap_or_else(|| panic!("expected a handle, got {reply:?}"))
+        .to_owned()
+}
+
+#[test]
+fn gpu_two_processes_share_a_device_buffer_zero_copy() {
+    if !gpu_or_skip("gpu_two_processes_share_a_device_buffer_zero_copy") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-two");
+    let mut owner = Peer::start("owner", dir.path());
+    let mut consumer = Peer::start("consumer", dir.path());
+    // A shard at an offset inside its allocation: base handle + offset.
+    for (len, seed, offset) in [
+        (1u64 << 20, 11u64, 4096u64),
+        (4097, 12, 0),
+        (64 << 20, 13, 512),
+    ] {
+        let h = handle_of(&owner.call(&format!("PUT {len} {seed} {offset}")));
+        let r = consumer.call(&format!("FETCH {h} {seed}"));
+        assert!(
+            r.starts_with("OK transport=cuda-ipc host_transport=cuda-ipc"),
+            "{len} bytes: {r}"
+        );
+    }
+    let r = owner.call("LEASES");
+    assert_eq!(r, "OK leases_held=0", "every lease ended");
+}
+
+#[test]
+fn gpu_stale_handles_are_detected_after_free_and_realloc() {
+    if !gpu_or_skip("gpu_stale_handles_are_detected_after_free_and_realloc") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-stale");
+    let mut owner = Peer::start("owner", dir.path());
+    let mut consumer = Peer::start("consumer", dir.path());
+    let len = 2u64 << 20;
+    let old = handle_of(&owner.call(&format!("REALLOC {len} 21")));
+    assert!(consumer.call(&format!("FETCH {old} 21")).starts_with("OK "));
+    assert!(owner
+        .call(&format!("REMOVE {old}"))
+        .starts_with("OK removed=true"));
+    // The owner frees the allocation and allocates again (often at the same
+    // address, with the same handle bytes): a new generation.
+    let new = handle_of(&owner.call(&format!("REALLOC {len} 22")));
+    let r = consumer.call(&format!("FETCH {old} 21"));
+    assert!(
+        r.starts_with("ERR ") && r.contains("unexported by its owner"),
+        "old handle: {r}"
+    );
+    let r = consumer.call(&format!("FETCH {new} 22"));
+    assert!(
+        r.starts_with("OK "),
+        "new handle must read the new bytes, never the stale mapping: {r}"
+    );
+}
+
+/// The planner's `can_import` pre-check, shown with the `faulty` fixture
+/// (runs without a GPU): an export its transport refuses is "not a
+/// candidate" with the transport's reason, and the next candidate serves.
+#[test]
+fn exports_refused_by_can_import_are_not_candidates() {
+    let n = Node::start(util::parse(&format!(
+        "[put]\nstorage = \"heap\"\n{}[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n[plugin.config]\nmode = \"unreachable\"\n",
+        util::shm_plugin("pool-size = \"8MiB\""),
+        util::plugin_lib("shardport-faulty-plugin").display()
+    )))
+    .unwrap();
+    let h = n
+        .put(&[3u8; 64], &TensorSpec::bytes(64), Default::default())
+        .unwrap();
+    assert_eq!(h.exports.len(), 2, "both transports export");
+    let plan = n.plan(&h, FetchMode::Copy);
+    assert_eq!(plan.attempts.len(), 1);
+    assert_eq!(plan.attempts[0].transport.as_str(), "posix-shm");
+    assert_eq!(
+        plan.skipped,
+        [(
+            shardport_host::config::TransportName::new("faulty").unwrap(),
+            format!(
+                "not a candidate here: {}",
+                shardport_faulty_plugin::UNREACHABLE_MESSAGE
+            )
+        )]
+    );
+    let f = n.fetch_mode(&h, FetchMode::Copy).unwrap();
+    assert_eq!(f.selection.transport, "posix-shm");
+    assert!(f.data.iter().all(|&b| b == 3));
+    // With only the refused export left, the fetch fails naming the reason.
+    let mut only = h.clone();
+    assert!(only.keep_only("faulty"));
+    let e = n.fetch_mode(&only, FetchMode::Copy).unwrap_err();
+    assert!(matches!(e, HostError::NoCandidate { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(shardport_faulty_plugin::UNREACHABLE_MESSAGE),
+        "{e}"
+    );
+}
