@@ -744,6 +744,27 @@ impl Ctx<'_> {
         ))
     }
 
+    /// An integer at `key` that must lie in `lo..=hi`.
+    fn int_in(
+        &self,
+        key: &str,
+        v: &Spanned<i64>,
+        lo: i64,
+        hi: i64,
+        example: &str,
+    ) -> Result<i64, ConfigError> {
+        let n = *v.get_ref();
+        if (lo..=hi).contains(&n) {
+            return Ok(n);
+        }
+        let leaf = key.rsplit('.').next().unwrap_or(key);
+        Err(self.error(
+            Some(v.span()),
+            format!("`{key}`: expected an integer in {lo}..={hi}, found {n}"),
+            Some(&format!("example: {leaf} = {example}")),
+        ))
+    }
+
     /// Validates the conditions of a route or experiment at `key`.
     fn when(&self, key: &str, r: RawWhen<'_>) -> Result<RouteWhen, ConfigError> {
         let size =
@@ -880,14 +901,7 @@ impl Ctx<'_> {
                     arms_help,
                 ));
             }
-            let weight = *a.weight.get_ref();
-            if !(1..=1_000_000).contains(&weight) {
-                return Err(self.error(
-                    Some(a.weight.span()),
-                    format!("`{akey}.weight`: expected an integer in 1..=1000000, found {weight}"),
-                    Some("example: weight = 10"),
-                ));
-            }
+            let weight = self.int_in(&format!("{akey}.weight"), &a.weight, 1, 1_000_000, "10")?;
             let name = match &a.name {
                 Some(n) => {
                     let v = n.get_ref();
@@ -969,16 +983,9 @@ impl Ctx<'_> {
                 };
                 let min_samples = match &g.min_samples {
                     None => DEFAULT_GUARDRAIL_MIN_SAMPLES,
-                    Some(v) if (1..=100_000_000).contains(v.get_ref()) => *v.get_ref() as u64,
                     Some(v) => {
-                        return Err(self.error(
-                            Some(v.span()),
-                            format!(
-                                "`{gkey}.min-samples`: expected 1..=100000000, found {}",
-                                v.get_ref()
-                            ),
-                            Some("example: min-samples = 100"),
-                        ))
+                        self.int_in(&format!("{gkey}.min-samples"), v, 1, 100_000_000, "100")?
+                            as u64
                     }
                 };
                 Some(Guardrail {
@@ -1115,19 +1122,9 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
             OnDowngrade::Warn,
         )?,
         verify_checksum: fetch_raw.verify_checksum.unwrap_or(true),
-        max_batch: match fetch_raw.max_batch {
+        max_batch: match &fetch_raw.max_batch {
             None => DEFAULT_MAX_BATCH,
-            Some(v) if (1..=1_000_000).contains(v.get_ref()) => *v.get_ref() as usize,
-            Some(v) => {
-                return Err(ctx.error(
-                    Some(v.span()),
-                    format!(
-                        "`fetch.max-batch`: expected 1..=1000000, found {}",
-                        v.get_ref()
-                    ),
-                    Some("example: max-batch = 4096"),
-                ))
-            }
+            Some(v) => ctx.int_in("fetch.max-batch", v, 1, 1_000_000, "4096")? as usize,
         },
     };
 

@@ -341,11 +341,7 @@ fn handle(
         )),
         ("GET", "/v1/metrics.json") => to_json(&node.metrics_snapshot()),
         ("POST", "/v1/experiments/reset") => {
-            let len = content_length(&req, MAX_JSON_BODY as u64)?;
-            let mut body = vec![0u8; len as usize];
-            reader
-                .read_exact(&mut body)
-                .map_err(|e| (400, "bad_request", format!("reading the body: {e}")))?;
+            let body = read_json_body(&req, reader)?;
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
             struct Reset {
@@ -443,16 +439,22 @@ fn handle(
     }
 }
 
-/// A `{"ids": [...]}` body (`Some`) or `{"all": true}` (`None`).
-fn read_ids(
-    req: &Request,
-    reader: &mut BufReader<TcpStream>,
-) -> Result<Option<Vec<ShardId>>, Refusal> {
+/// The request body, bounded by [`MAX_JSON_BODY`].
+fn read_json_body(req: &Request, reader: &mut BufReader<TcpStream>) -> Result<Vec<u8>, Refusal> {
     let len = content_length(req, MAX_JSON_BODY as u64)?;
     let mut body = vec![0u8; len as usize];
     reader
         .read_exact(&mut body)
         .map_err(|e| (400, "bad_request", format!("reading the body: {e}")))?;
+    Ok(body)
+}
+
+/// A `{"ids": [...]}` body (`Some`) or `{"all": true}` (`None`).
+fn read_ids(
+    req: &Request,
+    reader: &mut BufReader<TcpStream>,
+) -> Result<Option<Vec<ShardId>>, Refusal> {
+    let body = read_json_body(req, reader)?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Ids {

@@ -279,6 +279,45 @@ enum AbCommand {
     },
 }
 
+/// POSTs `body` to `path` on every node, printing one line per node
+/// (`describe` turns an answer into words); fails naming the nodes that did
+/// not answer 200.
+fn post_each(
+    nodes: &[String],
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+    what: &str,
+    describe: impl Fn(&serde_json::Value) -> String,
+) -> Result<(), Failure> {
+    let mut failed = Vec::new();
+    for n in nodes {
+        match shardport_host::control::client::call(
+            n,
+            "POST",
+            path,
+            token,
+            body.as_bytes(),
+            std::time::Duration::from_secs(10),
+        ) {
+            Ok(r) => println!("{n}: {}", describe(&r)),
+            Err(e) => {
+                println!("{n}: FAILED: {e}");
+                failed.push(n.clone());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err((
+            EXIT_FAILURE,
+            format!("{what} failed on {}", failed.join(", ")),
+        )
+            .into())
+    }
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -752,32 +791,9 @@ reason: {}",
                 serde_json::json!({ "ids": ids })
             };
             let body = body.to_string();
-            let mut failed = Vec::new();
-            for n in &nodes {
-                match shardport_host::control::client::call(
-                    n,
-                    "POST",
-                    "/v1/drain",
-                    token.as_deref(),
-                    body.as_bytes(),
-                    std::time::Duration::from_secs(10),
-                ) {
-                    Ok(r) => println!("{n}: drained {}", r["drained"]),
-                    Err(e) => {
-                        println!("{n}: FAILED: {e}");
-                        failed.push(n.clone());
-                    }
-                }
-            }
-            if failed.is_empty() {
-                Ok(())
-            } else {
-                Err((
-                    EXIT_FAILURE,
-                    format!("drain failed on {}", failed.join(", ")),
-                )
-                    .into())
-            }
+            post_each(&nodes, "/v1/drain", token.as_deref(), &body, "drain", |r| {
+                format!("drained {}", r["drained"])
+            })
         }
         Command::Gc { config } => {
             let cfg = load_config(config.as_deref())?;
@@ -936,50 +952,32 @@ reason: {}",
                 },
         } => {
             let body = serde_json::json!({ "experiment": experiment }).to_string();
-            let mut failed = Vec::new();
-            for n in &nodes {
-                match shardport_host::control::client::call(
-                    n,
-                    "POST",
-                    "/v1/experiments/reset",
-                    token.as_deref(),
-                    body.as_bytes(),
-                    std::time::Duration::from_secs(10),
-                ) {
-                    Ok(r) => {
-                        let arms: Vec<String> = r["reenabled"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|p| {
-                                format!(
-                                    "{}/{}",
-                                    p[0].as_str().unwrap_or("?"),
-                                    p[1].as_str().unwrap_or("?")
-                                )
-                            })
-                            .collect();
-                        if arms.is_empty() {
-                            println!("{n}: no arm was disabled");
-                        } else {
-                            println!("{n}: re-enabled {}", arms.join(", "));
-                        }
+            post_each(
+                &nodes,
+                "/v1/experiments/reset",
+                token.as_deref(),
+                &body,
+                "reset",
+                |r| {
+                    let arms: Vec<String> = r["reenabled"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|p| {
+                            format!(
+                                "{}/{}",
+                                p[0].as_str().unwrap_or("?"),
+                                p[1].as_str().unwrap_or("?")
+                            )
+                        })
+                        .collect();
+                    if arms.is_empty() {
+                        "no arm was disabled".to_owned()
+                    } else {
+                        format!("re-enabled {}", arms.join(", "))
                     }
-                    Err(e) => {
-                        println!("{n}: FAILED: {e}");
-                        failed.push(n.clone());
-                    }
-                }
-            }
-            if failed.is_empty() {
-                Ok(())
-            } else {
-                Err((
-                    EXIT_FAILURE,
-                    format!("reset failed on {}", failed.join(", ")),
-                )
-                    .into())
-            }
+                },
+            )
         }
         Command::Worker {
             config,

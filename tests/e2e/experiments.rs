@@ -170,19 +170,11 @@ fn arms_follow_weights_stick_per_shard_across_consumers_and_show_in_metrics() {
 
     // `shardport ab report` scrapes the live node and compares the arms.
     let svg = dir.path().join("cdf.svg");
-    let out = std::process::Command::new(util::shardport_bin())
-        .args([
-            "ab", "report", "--node", &addr, "--token", "tok", "--json", "--plot",
-        ])
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let svg_arg = svg.display().to_string();
+    let stdout = util::shardport_ok(&[
+        "ab", "report", "--node", &addr, "--token", "tok", "--json", "--plot", &svg_arg,
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let text = report.to_string();
     assert!(
         text.contains("shm-vs-spool") && text.contains("\"spool\""),
@@ -281,16 +273,7 @@ guardrail = { max-error-rate = 0.2, window = "60s", min-samples = 10 }
         bad.contains("no experiment `nope` (configured: canary)"),
         "{bad}"
     );
-    let out = std::process::Command::new(util::shardport_bin())
-        .args(["ab", "reset", "--node", &addr, "--experiment", "canary"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = util::shardport_ok(&["ab", "reset", "--node", &addr, "--experiment", "canary"]);
     assert!(stdout.contains("re-enabled canary/spool"), "{stdout}");
     assert!(c.metrics_snapshot().experiments[0].arms[1]
         .disabled

@@ -209,3 +209,21 @@ pub fn example_bin(name: &str) -> PathBuf {
     );
     p
 }
+
+/// Runs the `shardport` binary with `args`; asserts it succeeded and
+/// returns its stdout.
+pub fn shardport_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+    let out = std::process::Command::new(shardport_bin())
+        .args(args)
+        .output()
+        .expect("run shardport");
+    assert!(
+        out.status.success(),
+        "shardport {:?} failed:\n{}",
+        args.iter()
+            .map(|a| a.as_ref().to_string_lossy())
+            .collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 stdout")
+}
