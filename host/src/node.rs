@@ -397,6 +397,15 @@ impl Node {
         })
     }
 
+    /// This node as the owner written into its handles.
+    fn owner(&self) -> Owner {
+        Owner {
+            addr: self.inner.config.node.advertise.clone(),
+            identity: self.inner.identity.clone(),
+            epoch: self.inner.epoch,
+        }
+    }
+
     /// The node's config.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -584,11 +593,7 @@ impl Node {
             id,
             meta,
             tags,
-            owner: Owner {
-                addr: self.inner.config.node.advertise.clone(),
-                identity: self.inner.identity.clone(),
-                epoch: self.inner.epoch,
-            },
+            owner: self.owner(),
             exports,
         };
         let shard = OwnedShard {

@@ -31,7 +31,7 @@ use super::{lock, Node, OwnedShard, Selection, Stored, TensorSpec};
 use crate::{
     config::{FetchMode, TransportName},
     error::HostError,
-    handle::{Export, Handle, Owner},
+    handle::{Export, Handle},
     select::{plan, Local, Plan},
 };
 
@@ -288,11 +288,7 @@ impl Node {
             id,
             meta,
             tags,
-            owner: Owner {
-                addr: self.inner.config.node.advertise.clone(),
-                identity: self.inner.identity.clone(),
-                epoch: self.inner.epoch,
-            },
+            owner: self.owner(),
             exports,
         };
         // The bytes are the caller's device memory: nothing is stored here.
