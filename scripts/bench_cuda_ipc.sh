@@ -13,11 +13,28 @@
 # Compare with PyTorch's own CUDA IPC sharing: scripts/bench_torch_ipc.py.
 #
 # Usage: scripts/bench_cuda_ipc.sh [iters]   (from the repository root)
+# On a machine without cargo (a GPU box the binaries were copied to), set
+# SHARDPORT_BIN_DIR to the directory holding examples/cuda_ipc_peer and
+# libshardport_cuda_ipc.so (a copy of target/<profile>/); nothing is built.
 set -euo pipefail
 iters=${1:-50}
-cargo build --quiet -p shardport --example cuda_ipc_peer
-cargo build --quiet -p shardport-posix-shm -p shardport-cuda-ipc
-peer=target/debug/examples/cuda_ipc_peer
+bindir=${SHARDPORT_BIN_DIR:-}
+if [ -z "$bindir" ]; then
+    if ! command -v cargo >/dev/null; then
+        echo "bench_cuda_ipc: no cargo here: build elsewhere and set SHARDPORT_BIN_DIR" >&2
+        exit 2
+    fi
+    cargo build --quiet --release -p shardport --example cuda_ipc_peer
+    cargo build --quiet --release -p shardport-cuda-ipc
+    bindir=${CARGO_TARGET_DIR:-target}/release
+fi
+bindir=$(cd "$bindir" && pwd)
+peer=$bindir/examples/cuda_ipc_peer
+so=$bindir/libshardport_cuda_ipc.so
+[ -f "$so" ] || so=$bindir/deps/libshardport_cuda_ipc.so
+for f in "$peer" "$so"; do
+    [ -e "$f" ] || { echo "bench_cuda_ipc: $f is missing" >&2; exit 2; }
+done
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 for role in owner consumer; do
@@ -26,7 +43,7 @@ for role in owner consumer; do
 name = "$role"
 [[plugin]]
 name = "cuda-ipc"
-path = "$PWD/target/debug/libshardport_cuda_ipc.so"
+path = "$so"
 required = true
 TOML
 done
@@ -34,15 +51,23 @@ first=$("$peer" owner "$dir/owner.toml" </dev/null | head -1)
 case "$first" in
 SKIP*) echo "bench_cuda_ipc: skipped: ${first#SKIP }"; exit 0 ;;
 esac
-coproc OWNER { "$peer" owner "$dir/owner.toml"; }
-coproc CONSUMER { "$peer" consumer "$dir/consumer.toml"; }
-read -r _ <&"${OWNER[0]}"
-read -r _ <&"${CONSUMER[0]}"
+# Two peers on named pipes (bash runs only one coproc at a time reliably).
+mkfifo "$dir/owner.in" "$dir/owner.out" "$dir/consumer.in" "$dir/consumer.out"
+"$peer" owner "$dir/owner.toml" <"$dir/owner.in" >"$dir/owner.out" &
+"$peer" consumer "$dir/consumer.toml" <"$dir/consumer.in" >"$dir/consumer.out" &
+exec 3>"$dir/owner.in" 4<"$dir/owner.out" 5>"$dir/consumer.in" 6<"$dir/consumer.out"
+OWNER=(4 3)
+CONSUMER=(6 5)
+read -r r <&4; [ "$r" = READY ] || { echo "owner: $r" >&2; exit 1; }
+read -r r <&6; [ "$r" = READY ] || { echo "consumer: $r" >&2; exit 1; }
 echo "size_bytes first_open_us cached_p50_us d2d_fetch_gbs local_dtod_gbs"
 for size in 4096 1048576 16777216 67108864 268435456; do
     echo "PUT $size 1 0" >&"${OWNER[1]}"
     read -r reply <&"${OWNER[0]}"
-    handle=${reply#HANDLE }
+    case "$reply" in
+    HANDLE*) handle=${reply#HANDLE } ;;
+    *) echo "size $size: owner: $reply" >&2; exit 1 ;;
+    esac
     echo "BENCH $handle $iters" >&"${CONSUMER[1]}"
     read -r r <&"${CONSUMER[0]}"
     case "$r" in

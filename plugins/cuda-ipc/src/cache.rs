@@ -250,9 +250,28 @@ impl<O: Opener> OpenCache<O> {
     }
 
     /// Drops a reference taken by `acquire`; closes the mapping when the
-    /// policy (or staleness) says so.
+    /// policy (or staleness) says so. When one key has both a retired and a
+    /// live mapping (an owner that broke the contract), the retired one is
+    /// released: use [`release_at`](Self::release_at) to say which.
     pub fn release(&mut self, key: AllocKey) -> Result<(), CacheError> {
-        if let Some(i) = self.retired.iter().position(|(k, _)| *k == key) {
+        self.release_where(key, None)
+    }
+
+    /// [`release`](Self::release) of the mapping at `base` (what `acquire`
+    /// returned), so a reference is never taken off the wrong mapping of a
+    /// key that is both retired and live.
+    pub fn release_at(&mut self, key: AllocKey, base: u64) -> Result<(), CacheError> {
+        self.release_where(key, Some(base))
+    }
+
+    fn release_where(&mut self, key: AllocKey, base: Option<u64>) -> Result<(), CacheError> {
+        // Mappings open at the same time have distinct bases, so `base`
+        // picks exactly one.
+        let retired = self
+            .retired
+            .iter()
+            .position(|(k, e)| *k == key && base.is_none_or(|b| b == e.base));
+        if let Some(i) = retired {
             let e = &mut self.retired[i].1;
             e.refs -= 1;
             if e.refs == 0 {
@@ -261,7 +280,11 @@ impl<O: Opener> OpenCache<O> {
             }
             return Ok(());
         }
-        let e = self.live.get_mut(&key).ok_or(CacheError::NotAcquired)?;
+        let e = self
+            .live
+            .get_mut(&key)
+            .filter(|e| base.is_none_or(|b| b == e.base))
+            .ok_or(CacheError::NotAcquired)?;
         if e.refs == 0 {
             return Err(CacheError::NotAcquired);
         }
@@ -421,6 +444,33 @@ mod tests {
         assert_eq!(c.open_count(), 1, "keep policy keeps the idle mapping");
         assert_eq!(c.release(key(1, 1)), Err(CacheError::NotAcquired));
         assert!(!c.acquire(key(1, 1), &h(1)).unwrap().opened);
+    }
+
+    #[test]
+    fn release_at_takes_the_reference_off_the_right_mapping() {
+        let mut c = keep();
+        // (1, 1) is retired with a view held, then the same key opens again
+        // with other handle bytes (an owner that broke the contract).
+        let old = c.acquire(key(1, 1), &h(5)).unwrap();
+        // Retires (1, 1); the fake refuses the second open of h(5).
+        c.acquire(key(1, 2), &h(5)).unwrap_err();
+        let new = c.acquire(key(1, 1), &h(6)).unwrap();
+        assert!(new.opened);
+        assert_ne!(old.base, new.base);
+        c.release_at(key(1, 1), new.base).unwrap();
+        assert!(
+            c.opener().open.contains_key(&old.base),
+            "the retired mapping still has its view"
+        );
+        c.release_at(key(1, 1), old.base).unwrap();
+        assert!(
+            !c.opener().open.contains_key(&old.base),
+            "last view of the retired mapping closes it"
+        );
+        assert_eq!(
+            c.release_at(key(1, 1), old.base),
+            Err(CacheError::NotAcquired)
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub mod testkit;
 mod tests;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         atomic::{AtomicU64, Ordering},
         Mutex, MutexGuard, PoisonError,
@@ -120,27 +120,21 @@ struct Live {
     driver: Driver,
     /// Visible devices: (local ordinal, UUID).
     uuids: Vec<(u32, [u8; 16])>,
-    /// Primary contexts retained so far, by ordinal.
-    gpus: Mutex<HashMap<u32, Gpu>>,
 }
 
 impl Live {
+    /// Device `ordinal` with its primary context retained (once per device
+    /// per process: `sys::Driver::gpu` shares one retain).
     fn gpu(&self, ordinal: u32) -> PluginResult<Gpu> {
-        if let Some(g) = lock(&self.gpus).get(&ordinal) {
-            return Ok(*g);
-        }
         if ordinal >= self.driver.devices {
             return Err(AbiError::unavailable(format!(
                 "cuda-ipc: device cuda:{ordinal} does not exist here ({} visible)",
                 self.driver.devices
             )));
         }
-        let g = self
-            .driver
+        self.driver
             .gpu(ordinal)
-            .map_err(|e| cuda(&format!("opening device cuda:{ordinal}"), e))?;
-        lock(&self.gpus).insert(ordinal, g);
-        Ok(g)
+            .map_err(|e| cuda(&format!("opening device cuda:{ordinal}"), e))
     }
 
     fn ordinal_of(&self, uuid: &[u8; 16]) -> Option<u32> {
@@ -173,14 +167,24 @@ struct OwnerState {
 struct LeaseRec {
     ordinal: u32,
     key: AllocKey,
+    /// The mapping's base here (tells a live entry from a retired one of the
+    /// same key).
+    base: u64,
     board: String,
     slot: u32,
     slot_generation: u64,
 }
 
+/// The consumer's opened allocations, by local device ordinal. Process-wide,
+/// not per transport instance: CUDA lets a process open an allocation's
+/// handle once per context, so two transport instances of one process (two
+/// nodes) consuming the same allocation must share the mapping. Created
+/// with the cache policy of the first instance that imports on a device.
+/// Lock order: an instance's `consumer` lock, then this one.
+static CACHES: Mutex<BTreeMap<u32, OpenCache<IpcOpener>>> = Mutex::new(BTreeMap::new());
+
 #[derive(Default)]
 struct ConsumerState {
-    caches: HashMap<u32, OpenCache<IpcOpener>>,
     boards: HashMap<String, std::sync::Arc<BoardMap>>,
     leases: HashMap<u64, LeaseRec>,
     next_token: u64,
@@ -257,20 +261,19 @@ fn probe() -> Result<Live, String> {
     if let Some(reason) = forced_unavailable() {
         return Err(reason);
     }
-    let driver = std::panic::catch_unwind(sys::probe).map_err(|p| {
+    std::panic::catch_unwind(|| {
+        let driver = sys::probe()?;
+        let uuids = driver
+            .device_uuids()
+            .map_err(|e| format!("cannot list GPUs: {e}"))?;
+        Ok(Live { driver, uuids })
+    })
+    .map_err(|p| {
         format!(
             "CUDA driver probe panicked: {}",
             shardport_abi::plugin::panic_message(&*p)
         )
-    })??;
-    let uuids = driver
-        .device_uuids()
-        .map_err(|e| format!("cannot list GPUs: {e}"))?;
-    Ok(Live {
-        driver,
-        uuids,
-        gpus: Mutex::default(),
-    })
+    })?
 }
 
 /// `SHARDPORT_CUDA_IPC_DISABLE=<reason>` makes the transport unavailable
@@ -345,8 +348,12 @@ impl CudaIpc {
         let (base, alloc_size) = d
             .address_range(addr)
             .map_err(|e| cuda("finding the shard's allocation", e))?;
+        // The driver returned the allocation containing `addr`, so base <= addr.
         let offset = addr - base;
-        if offset + req.meta.byte_len > alloc_size {
+        if offset
+            .checked_add(req.meta.byte_len)
+            .is_none_or(|end| end > alloc_size)
+        {
             return Err(AbiError::invalid_argument(format!(
                 "the shard ({} bytes at offset {offset}) overruns its allocation of {alloc_size} bytes",
                 req.meta.byte_len
@@ -361,14 +368,15 @@ impl CudaIpc {
                 AbiError::invalid_argument(format!(
                     "cuda-ipc cannot export this memory: {e}; legacy CUDA IPC exports only \
                      cuMemAlloc/cudaMalloc memory, not stream-ordered pool memory \
-                     (cudaMallocAsync) or host memory"
+                     (cudaMallocAsync), managed memory (cudaMallocManaged) or VMM \
+                     (cuMemCreate) memory"
                 ))
             } else {
                 cuda("getting the allocation's IPC handle", e)
             }
         })?;
         let (event, event_handle) = d
-            .record_ipc_event()
+            .record_ipc_event(&gpu)
             .map_err(|e| cuda("recording the IPC event", e))?;
 
         let mut o = lock(&self.owner);
@@ -561,7 +569,7 @@ impl CudaIpc {
                 "cuda-ipc: the owner runs on another machine or boot (boot id differs)",
             ));
         }
-        live.ordinal_of(&d.device_uuid).ok_or_else(|| {
+        let ordinal = live.ordinal_of(&d.device_uuid).ok_or_else(|| {
             AbiError::unavailable(format!(
                 "cuda-ipc: GPU {} is not visible to this process (visible: {})",
                 format_uuid(&d.device_uuid),
@@ -571,7 +579,18 @@ impl CudaIpc {
                     .collect::<Vec<_>>()
                     .join(", ")
             ))
-        })
+        })?;
+        // CUDA refuses to open an IPC handle in the process that exported it
+        // (cuIpcOpenMemHandle fails, typically CUDA_ERROR_INVALID_CONTEXT):
+        // say so before any driver call, so the planner skips this export.
+        if d.pid == self.here.pid {
+            return Err(AbiError::unavailable(format!(
+                "cuda-ipc: the shard was exported by this process (pid {}); CUDA cannot open \
+                 a process's own IPC handle: use the device pointer that was put",
+                d.pid
+            )));
+        }
+        Ok(ordinal)
     }
 
     /// Takes a board lease and a cache reference, waits for the producer's
@@ -630,20 +649,21 @@ impl CudaIpc {
             board: d.board.clone(),
             slot: d.slot,
             slot_generation: d.slot_generation,
+            base: 0,
         };
         // Under the lock: only the cache bookkeeping (and a first open).
         let acquired = (|| {
             let gpu = live.gpu(ordinal)?;
-            let cache = match c.caches.entry(ordinal) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => v.insert(OpenCache::new(
+            let mut caches = lock(&CACHES);
+            let cache = caches.entry(ordinal).or_insert_with(|| {
+                OpenCache::new(
                     IpcOpener {
                         driver: live.driver,
-                        gpu,
+                        gpu: gpu.clone(),
                     },
                     self.cfg.cache,
-                )),
-            };
+                )
+            });
             let got = cache.acquire(rec.key, &d.mem_handle).map_err(|e| match e {
                 CacheError::HandleMismatch => {
                     AbiError::invalid_descriptor(format!("cuda-ipc: {e}"))
@@ -659,6 +679,7 @@ impl CudaIpc {
                 return Err(e);
             }
         };
+        let rec = LeaseRec { base, ..rec };
         drop(c);
         // Outside the lock: the checks and the event wait, which blocks until
         // the producer's writes have finished.
@@ -678,7 +699,7 @@ impl CudaIpc {
                 )));
             }
             live.driver
-                .wait_ipc_event(&d.event_handle)
+                .wait_ipc_event(&gpu, &d.event_handle)
                 .map_err(|e| cuda("waiting for the producer's event", e))?;
             Ok(base + d.offset)
         })();
@@ -692,9 +713,9 @@ impl CudaIpc {
     }
 
     fn close(&self, rec: &LeaseRec) {
-        let mut c = lock(&self.consumer);
-        if let Some(cache) = c.caches.get_mut(&rec.ordinal) {
-            if let Err(e) = cache.release(rec.key) {
+        let c = lock(&self.consumer);
+        if let Some(cache) = lock(&CACHES).get_mut(&rec.ordinal) {
+            if let Err(e) = cache.release_at(rec.key, rec.base) {
                 tracing::warn!(target: "cuda_ipc", error = %e, "cache release failed");
             }
         }
@@ -802,9 +823,7 @@ impl CudaIpc {
         self.live()?;
         self.reap_deferred();
         let here = self.here;
-        let mut c = lock(&self.consumer);
-        let closed: usize = c
-            .caches
+        let closed: usize = lock(&CACHES)
             .values_mut()
             .map(|cache| cache.sweep(|o| owner_alive(o, &here)))
             .sum();
@@ -814,10 +833,11 @@ impl CudaIpc {
     fn stats(&self) -> Vec<Stat> {
         let (held, deferred, staged) = self.owner_leases();
         let exports = lock(&self.owner).shards.len() as u64;
-        let c = lock(&self.consumer);
+        let leases_active = lock(&self.consumer).leases.len() as u64;
+        // Process-wide: the caches are shared by every instance.
         let mut cc = cache::CacheCounters::default();
         let mut open = 0;
-        for cache in c.caches.values() {
+        for cache in lock(&CACHES).values() {
             let k = cache.counters();
             cc.opens += k.opens;
             cc.closes += k.closes;
@@ -833,7 +853,7 @@ impl CudaIpc {
             Stat::gauge("leases_held_on_owner", held),
             Stat::gauge("shards_retired_leased", deferred),
             Stat::gauge("staged_bytes", staged),
-            Stat::gauge("leases_active", c.leases.len() as u64),
+            Stat::gauge("leases_active", leases_active),
             Stat::gauge("mappings_open", open),
             Stat::counter("handle_opens", cc.opens),
             Stat::counter("handle_closes", cc.closes),
@@ -846,6 +866,47 @@ impl CudaIpc {
             Stat::counter("imports_device", get(&k.imports_device)),
             Stat::counter("deferred_frees", get(&k.deferred_frees)),
         ]
+    }
+}
+
+impl Drop for CudaIpc {
+    /// Ends the leases this instance still holds (a view the host never
+    /// released) so owners can free their memory, then lets the fields go:
+    /// staged buffers and events (each holding its primary context), the
+    /// board. Runs outside any `guard` (the host drops the transport across
+    /// the FFI boundary), so a panic is caught here.
+    fn drop(&mut self) {
+        // A panic's message already went to the hook; nothing else to do.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let leases: Vec<LeaseRec> = lock(&self.consumer)
+                .leases
+                .drain()
+                .map(|(_, r)| r)
+                .collect();
+            if !leases.is_empty() {
+                tracing::warn!(target: "cuda_ipc", leases = leases.len(), "transport dropped with device views still leased; ending them");
+            }
+            for rec in &leases {
+                self.close(rec);
+            }
+            let o = std::mem::take(&mut *lock(&self.owner));
+            let held: u64 = o
+                .board
+                .as_ref()
+                .map(|b| {
+                    o.shards
+                        .values()
+                        .chain(o.deferred.iter())
+                        .filter_map(|e| b.word(HEADER_WORDS + e.slot as usize))
+                        .map(board::leases)
+                        .sum()
+                })
+                .unwrap_or(0);
+            if held > 0 {
+                tracing::warn!(target: "cuda_ipc", leases = held, "transport dropped while consumers still lease its exports; their memory is freed now");
+            }
+            drop(o);
+        }));
     }
 }
 

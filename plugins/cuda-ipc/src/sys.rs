@@ -13,19 +13,35 @@
 //! Every entry point makes the device's **primary context** current on the
 //! calling thread first ([`Driver::bind`]): the host calls plugins from any
 //! thread, and a primary context is what frameworks (PyTorch) share, so IPC
-//! handles opened here are valid in their kernels too.
+//! handles opened here are valid in their kernels too. A primary context is
+//! retained at most once per device per process (a process-wide registry,
+//! [`Driver::gpu`]) and released when the last value using it (a [`Gpu`]
+//! held by a transport, a staged buffer, an event, an opened mapping) is
+//! dropped; what else in the process retained it (the CUDA runtime,
+//! PyTorch) keeps it alive independently.
+//!
+//! # Streams
+//! Every operation here is issued on the **legacy default stream** (the
+//! NULL stream) of the primary context. It waits for prior work of every
+//! *blocking* stream of that context (including a per-thread default
+//! stream), but NOT for streams created non-blocking (`cudaStreamNonBlocking`,
+//! which is what PyTorch's side streams are): a producer that wrote its
+//! tensor on such a stream must synchronize it (or make the default stream
+//! wait on it) before `put_device`.
 //!
 //! # Failure modes
-//! A driver error never panics; a driver that disappears after the probe
-//! (impossible for a loaded library) would panic inside cudarc, which the
-//! `PluginContext::guard` around every entry point turns into an error.
+//! A driver error never panics. cudarc panics on the first call of a
+//! symbol the loaded library lacks, so [`probe`] looks every symbol this
+//! module calls up front ([`REQUIRED_SYMBOLS`]) and reports a driver that
+//! lacks one as unavailable: after a successful probe no call can panic.
 
 use std::{
+    collections::BTreeMap,
     ffi::{c_void, CStr},
     fmt,
     os::raw::c_uint,
     ptr::NonNull,
-    sync::atomic::AtomicU64,
+    sync::{atomic::AtomicU64, Arc, Mutex, PoisonError, Weak},
 };
 
 use cudarc::driver::sys::{
@@ -103,6 +119,38 @@ pub(crate) struct Driver {
     pub devices: u32,
 }
 
+/// Every driver symbol this module calls (cudarc's names: the `_v2` entry
+/// points where the API has them). `probe` fails unless all are present.
+pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuGetErrorName",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetUuid_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuPointerGetAttribute",
+    "cuMemGetAddressRange_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemsetD8_v2",
+    "cuStreamSynchronize",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuIpcGetEventHandle",
+    "cuIpcOpenEventHandle",
+];
+
 /// Loads the driver library if present and initialises it. `Err` is the
 /// reason the transport is unavailable, phrased for an operator.
 pub(crate) fn probe() -> Result<Driver, String> {
@@ -114,9 +162,23 @@ pub(crate) fn probe() -> Result<Driver, String> {
                 .to_owned(),
         );
     }
-    // The library loads, so the symbol lookups inside cudarc succeed (a
-    // symbol missing from an ancient driver panics; the caller's guard turns
-    // that into an error).
+    // cudarc resolves each symbol on its first call and panics when it is
+    // missing: look them all up now, so that no later call can panic.
+    // SAFETY: `culib` loads the library `is_culib_present` just found (it
+    // only panics when none loads); the symbols are looked up, not called.
+    let lib = unsafe { sys::culib() };
+    let missing: Vec<&str> = REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: a lookup only; the pointer is never called or read.
+        .filter(|name| unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the CUDA driver library lacks {} (driver too old for CUDA 12 IPC?)",
+            missing.join(", ")
+        ));
+    }
     // SAFETY: cuInit takes flags 0; the library is loaded.
     check("cuInit", unsafe { sys::cuInit(0) })
         .map_err(|e| format!("CUDA driver present but {e}"))?;
@@ -143,25 +205,53 @@ pub(crate) fn probe() -> Result<Driver, String> {
     })
 }
 
-/// One device with its retained primary context.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Gpu {
-    pub ordinal: u32,
-    pub uuid: [u8; 16],
+/// One retain of a device's primary context, released on drop (when the
+/// last [`Gpu`] sharing it is gone).
+#[derive(Debug)]
+struct PrimaryCtx {
     dev: CUdevice,
     ctx: CUcontext,
 }
 
 // SAFETY: a CUcontext is a driver handle usable from any thread once made
 // current there (`bind`); the value holds no thread-local state.
-unsafe impl Send for Gpu {}
-// SAFETY: as above; it is only copied and passed to the driver.
-unsafe impl Sync for Gpu {}
+unsafe impl Send for PrimaryCtx {}
+// SAFETY: as above; it is only passed to the driver.
+unsafe impl Sync for PrimaryCtx {}
+
+impl Drop for PrimaryCtx {
+    fn drop(&mut self) {
+        // SAFETY: this value holds exactly one retain of `dev`'s primary
+        // context (taken in `Driver::gpu`), released once, here; every
+        // buffer, event and mapping made in it holds a `Gpu` (an `Arc` of
+        // this value), so none is left.
+        let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        if let Err(e) = check("cuDevicePrimaryCtxRelease", r) {
+            tracing::warn!(target: "cuda_ipc", error = %e, "releasing a primary context failed");
+        }
+    }
+}
+
+/// Primary contexts this process retained, by ordinal: at most one retain
+/// per device at a time, shared by every transport instance.
+static PRIMARY: Mutex<BTreeMap<u32, Weak<PrimaryCtx>>> = Mutex::new(BTreeMap::new());
+
+/// One device with its retained primary context (shared; released when the
+/// last clone is dropped).
+#[derive(Debug, Clone)]
+pub(crate) struct Gpu {
+    pub ordinal: u32,
+    pub uuid: [u8; 16],
+    ctx: Arc<PrimaryCtx>,
+}
 
 /// An owned event created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`,
-/// or opened from a peer's IPC handle. Destroyed on drop.
+/// or opened from a peer's IPC handle, in `gpu`'s context. Destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct Event(CUevent);
+pub(crate) struct Event {
+    ev: CUevent,
+    gpu: Gpu,
+}
 
 // SAFETY: event handles are process-wide driver objects.
 unsafe impl Send for Event {}
@@ -170,10 +260,16 @@ unsafe impl Sync for Event {}
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: the event was created or opened by this value and is
-        // destroyed once, here. A `Driver` existed to make it.
-        let r = unsafe { sys::cuEventDestroy_v2(self.0) };
-        if let Err(e) = check("cuEventDestroy", r) {
+        let r = (|| {
+            // SAFETY: the context is retained while `self.gpu` lives.
+            check("cuCtxSetCurrent", unsafe {
+                sys::cuCtxSetCurrent(self.gpu.ctx.ctx)
+            })?;
+            // SAFETY: the event was created or opened by this value and is
+            // destroyed once, here. A `Driver` existed to make it.
+            check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(self.ev) })
+        })();
+        if let Err(e) = r {
             tracing::warn!(target: "cuda_ipc", error = %e, "event destroy failed");
         }
     }
@@ -189,7 +285,9 @@ pub(crate) enum MemKind {
 }
 
 impl Driver {
-    /// Retains device `ordinal`'s primary context and reads its UUID.
+    /// Device `ordinal` with its primary context retained: the process's
+    /// existing retain when one is alive, else a new one (so a device is
+    /// retained at most once at a time, whatever the threads and instances).
     pub(crate) fn gpu(&self, ordinal: u32) -> Result<Gpu, CudaError> {
         let mut dev: CUdevice = 0;
         // SAFETY: out-pointer to a live local; the driver is initialised.
@@ -201,26 +299,28 @@ impl Driver {
         check("cuDeviceGetUuid", unsafe {
             sys::cuDeviceGetUuid_v2(&mut uuid, dev)
         })?;
+        let uuid = uuid.bytes.map(|b| b as u8);
+        let mut registry = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ctx) = registry.get(&ordinal).and_then(Weak::upgrade) {
+            return Ok(Gpu { ordinal, uuid, ctx });
+        }
         let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a live local. The primary context is
-        // retained for the life of the process (never released: the plugin
-        // library is never unloaded, and frameworks share it).
+        // SAFETY: out-pointer to a live local. Released by `PrimaryCtx`'s
+        // drop, once, when the last `Gpu` using it is gone.
         check("cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
         })?;
-        Ok(Gpu {
-            ordinal,
-            uuid: uuid.bytes.map(|b| b as u8),
-            dev,
-            ctx,
-        })
+        let ctx = Arc::new(PrimaryCtx { dev, ctx });
+        registry.insert(ordinal, Arc::downgrade(&ctx));
+        Ok(Gpu { ordinal, uuid, ctx })
     }
 
     /// Makes `gpu`'s primary context current on this thread.
     pub(crate) fn bind(&self, gpu: &Gpu) -> Result<(), CudaError> {
-        let _ = gpu.dev;
         // SAFETY: `ctx` is a retained primary context (see `gpu`).
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(gpu.ctx) })
+        check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(gpu.ctx.ctx)
+        })
     }
 
     /// Classifies `addr` (`cuPointerGetAttribute(MEMORY_TYPE)`); the caller
@@ -298,7 +398,7 @@ impl Driver {
         Ok(DeviceBuffer {
             addr: p,
             len,
-            gpu: *gpu,
+            gpu: gpu.clone(),
         })
     }
 
@@ -379,10 +479,14 @@ impl Driver {
         check("cuMemcpyDtoD", unsafe {
             sys::cuMemcpyDtoD_v2(dst, src, len as usize)
         })?;
-        // cuMemcpyDtoD may return before the copy ends: finish it, so the
+        // cuMemcpyDtoD is issued on the legacy default stream and may return
+        // before the copy ends: wait for that stream (not the whole context,
+        // which would also wait for unrelated non-blocking streams), so the
         // lease that covers `src` can end when this returns.
-        // SAFETY: a context is bound.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        // SAFETY: a context is bound; the NULL stream is its legacy stream.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(std::ptr::null_mut())
+        })
     }
 
     /// Fills `len` bytes of device memory with `byte` (tests and benchmarks).
@@ -391,8 +495,10 @@ impl Driver {
         check("cuMemsetD8", unsafe {
             sys::cuMemsetD8_v2(dst, byte, len as usize)
         })?;
-        // SAFETY: a context is bound.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        // SAFETY: a context is bound; the NULL stream is its legacy stream.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(std::ptr::null_mut())
+        })
     }
 
     /// The IPC handle of the allocation whose **base** is `base`.
@@ -426,35 +532,53 @@ impl Driver {
         Ok(p)
     }
 
-    /// Creates an interprocess event and records it on the legacy default
-    /// stream, which orders it after the work of every blocking stream of
-    /// the current context: the producer's writes.
-    pub(crate) fn record_ipc_event(&self) -> Result<(Event, [u8; IPC_HANDLE_LEN]), CudaError> {
+    /// Creates an interprocess event in `gpu`'s primary context (bound by
+    /// the caller) and records it on the legacy default stream, which orders
+    /// it after the work of every *blocking* stream of that context: the
+    /// producer's writes, when they were made on the default stream or a
+    /// blocking stream. Work on non-blocking streams (PyTorch side streams)
+    /// is not covered: the caller synchronizes those before exporting.
+    pub(crate) fn record_ipc_event(
+        &self,
+        gpu: &Gpu,
+    ) -> Result<(Event, [u8; IPC_HANDLE_LEN]), CudaError> {
         let mut ev: CUevent = std::ptr::null_mut();
+        // Both flags: an interprocess event must not record timing.
         let flags = CUevent_flags::CU_EVENT_INTERPROCESS as c_uint
             | CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
         // SAFETY: out-pointer to a live local; a context is bound.
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(&mut ev, flags)
         })?;
-        let ev = Event(ev);
+        let ev = Event {
+            ev,
+            gpu: gpu.clone(),
+        };
         // SAFETY: a live event; the null stream is the legacy default stream.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(ev.0, std::ptr::null_mut())
+            sys::cuEventRecord(ev.ev, std::ptr::null_mut())
         })?;
         let mut h = CUipcEventHandle {
             reserved: [0; IPC_HANDLE_LEN],
         };
         // SAFETY: out-pointer to a live local; the event is interprocess.
         check("cuIpcGetEventHandle", unsafe {
-            sys::cuIpcGetEventHandle(&mut h, ev.0)
+            sys::cuIpcGetEventHandle(&mut h, ev.ev)
         })?;
         Ok((ev, h.reserved.map(|b| b as u8)))
     }
 
-    /// Opens a peer's event and waits (host side) until it has completed:
-    /// the producer's writes are then visible to every later read here.
-    pub(crate) fn wait_ipc_event(&self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<(), CudaError> {
+    /// Opens a peer's event in `gpu`'s context (bound by the caller) and
+    /// waits, host side, until it has completed: the producer's writes are
+    /// then finished, so every later read here (a copy on any stream, a
+    /// kernel the caller launches on the view) comes after them. A host wait
+    /// rather than `cuStreamWaitEvent` because a view's reads are launched
+    /// by the caller, on streams this plugin does not know.
+    pub(crate) fn wait_ipc_event(
+        &self,
+        gpu: &Gpu,
+        handle: &[u8; IPC_HANDLE_LEN],
+    ) -> Result<(), CudaError> {
         let h = CUipcEventHandle {
             reserved: handle.map(|b| b as std::os::raw::c_char),
         };
@@ -463,10 +587,13 @@ impl Driver {
         check("cuIpcOpenEventHandle", unsafe {
             sys::cuIpcOpenEventHandle(&mut ev, h)
         })?;
-        let ev = Event(ev);
+        let ev = Event {
+            ev,
+            gpu: gpu.clone(),
+        };
         // SAFETY: a live event opened above.
         check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(ev.0)
+            sys::cuEventSynchronize(ev.ev)
         })
     }
 }
@@ -495,9 +622,9 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let r = (|| {
-            // SAFETY: the primary context is retained for the process.
+            // SAFETY: the primary context is retained while `self.gpu` lives.
             check("cuCtxSetCurrent", unsafe {
-                sys::cuCtxSetCurrent(self.gpu.ctx)
+                sys::cuCtxSetCurrent(self.gpu.ctx.ctx)
             })?;
             // SAFETY: `addr` came from cuMemAlloc in `Driver::alloc` and is
             // freed once, here; no copy is pending (copies are synchronous)

@@ -137,6 +137,65 @@ fn can_import_refuses_garbage_and_defers_a_missing_driver_to_the_import() {
         .unwrap();
 }
 
+/// A transport whose probe "found" one GPU with UUID `[2; 16]` (no driver
+/// call is made by the paths these tests take: descriptor checks only).
+fn with_fake_gpu() -> TransportBox {
+    guard_constructor(testing::context("cuda-ipc", ""), |ctx| {
+        crate::create_with(ctx, || {
+            Ok(crate::Live {
+                driver: crate::sys::Driver {
+                    version: 12080,
+                    devices: 1,
+                },
+                uuids: vec![(0, [2; 16])],
+            })
+        })
+    })
+    .into_result()
+    .expect("constructor")
+}
+
+fn descriptor_from(pid: u32) -> Vec<u8> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let mut d = Descriptor::decode(&valid_descriptor(16)).unwrap();
+    d.boot_id = crate::descriptor::parse_boot_id(&boot).unwrap();
+    d.pid = pid;
+    d.encode()
+}
+
+#[test]
+fn a_descriptor_this_process_exported_is_not_a_candidate() {
+    let t = with_fake_gpu();
+    let e = t
+        .can_import(
+            RSlice::from_slice(&descriptor_from(std::process::id())),
+            &cuda_meta(16),
+        )
+        .into_result()
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{e:?}");
+    assert!(
+        e.message.contains("exported by this process")
+            && e.message.contains("cannot open a process's own IPC handle"),
+        "{e}"
+    );
+    // The same descriptor from another process of this boot is a candidate.
+    t.can_import(
+        RSlice::from_slice(&descriptor_from(std::process::id().wrapping_add(1).max(1))),
+        &cuda_meta(16),
+    )
+    .into_result()
+    .expect("another process on the same GPU");
+    // A GPU not visible here is refused first, naming the UUID.
+    let mut d = Descriptor::decode(&descriptor_from(std::process::id())).unwrap();
+    d.device_uuid = [9; 16];
+    let e = t
+        .can_import(RSlice::from_slice(&d.encode()), &cuda_meta(16))
+        .into_result()
+        .unwrap_err();
+    assert!(e.message.contains("is not visible to this process"), "{e}");
+}
+
 #[test]
 fn bad_config_is_refused_naming_the_key() {
     let e = guard_constructor(testing::context("gpu", "cache = 3"), crate::create)
@@ -195,9 +254,13 @@ fn gpu_export_sends_the_base_handle_plus_offset() {
     assert_eq!(d.offset, 4096);
     assert_eq!(d.size, 1000);
     assert!(d.alloc_size >= 1 << 20);
-    t.can_import(RSlice::from_slice(&desc), &cuda_meta(1000))
+    // CUDA cannot open a process's own IPC handle: refused before any
+    // driver call, naming why.
+    let e = t
+        .can_import(RSlice::from_slice(&desc), &cuda_meta(1000))
         .into_result()
-        .expect("the same machine and GPU are a candidate");
+        .unwrap_err();
+    assert!(e.message.contains("exported by this process"), "{e}");
     t.unexport(ShardId::from_u128(1)).into_result().unwrap();
     assert_eq!(
         t.unexport(ShardId::from_u128(1))
