@@ -1,0 +1,487 @@
+//! The matrix: sizes x paths x operations, each cell warm-up iterations
+//! then timed repetitions, with real owner and consumer processes.
+//!
+//! - `put`: this process puts the shard from a warm buffer into a node that
+//!   exports it through the path's transport only (plus the storage
+//!   transport, which always exports what it holds). The pool is cycled
+//!   once before the first put so its pages are backed and touched.
+//! - `fetch`: an owner process (`shardport worker`) holds the shard; this
+//!   process fetches it through the path (the handle keeps only that
+//!   transport's export): a view, or a copy into a warm buffer.
+//! - `put-fetch`: the owner process puts from its warm buffer, a separate
+//!   consumer process fetches (a view, or into its warm buffer). The time is
+//!   the owner's put plus the consumer's fetch, each timed inside its own
+//!   process; passing the handle between them (the application's RPC, here
+//!   a pipe through this process) is not counted.
+//!
+//! The first repetition of each cell verifies every byte against the
+//! pattern (after its timing).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    hint::black_box,
+    time::{Duration, Instant},
+};
+
+use shardport_abi::ShardId;
+
+use super::{
+    limits::Limits,
+    spec::{FetchLimit, Op, PathSpec},
+    stats::Summary,
+    BenchError, BenchOptions,
+};
+use crate::{
+    config::{FetchMode, TransportName},
+    handle::Handle,
+    node::{Node, TensorSpec},
+    worker::{check_pattern, fill_pattern, Request, WorkerProcess},
+};
+
+/// The zero-copy view target: a fetch that moves no bytes answers within this.
+pub const VIEW_TARGET_US: f64 = 20.0;
+
+/// Outcome of one cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CellStatus {
+    /// Measured.
+    Ok,
+    /// Not run; `reason` says why.
+    Skipped,
+    /// Started and failed; `reason` has the error.
+    Failed,
+}
+
+/// What a cell is compared with.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CellLimit {
+    /// `memcpy`, `tcp round trip`, `memcpy + tcp round trip`, ...
+    pub name: String,
+    /// The limit's median time for the same work, microseconds.
+    pub median_us: f64,
+    /// The limit's throughput for the same work, GB/s.
+    pub gbps: f64,
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cell {
+    /// Path.
+    pub path: super::spec::PathId,
+    /// Operation.
+    pub op: Op,
+    /// Shard size in bytes.
+    pub size: u64,
+    /// Transport the path uses.
+    pub transport: String,
+    /// Measured, skipped or failed.
+    pub status: CellStatus,
+    /// Why it was skipped or how it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Warm-up iterations run before the samples.
+    pub warmup: usize,
+    /// Timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<Summary>,
+    /// Throughput at the median time, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    /// The machine's limit for the same work, measured in this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<CellLimit>,
+    /// Limit time / median time: the fraction of the machine's limit reached
+    /// (1.0 = as fast as the limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// For zero-copy fetches: the latency target, microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_us: Option<f64>,
+}
+
+impl Cell {
+    /// A cell that did not run.
+    pub fn skipped(spec: &PathSpec, op: Op, size: u64, reason: String) -> Cell {
+        Cell {
+            path: spec.id,
+            op,
+            size,
+            transport: spec.transport.to_owned(),
+            status: CellStatus::Skipped,
+            reason: Some(reason),
+            warmup: 0,
+            samples: None,
+            gbps: None,
+            limit: None,
+            ratio: None,
+            target_us: None,
+        }
+    }
+
+    /// A measured cell, compared with `limits`.
+    pub fn measured(
+        spec: &PathSpec,
+        op: Op,
+        size: u64,
+        warmup: usize,
+        samples: Summary,
+        limits: &Limits,
+    ) -> Cell {
+        let limit = cell_limit(spec, op, size, limits);
+        let ratio = limit.as_ref().map(|l| l.median_us / samples.median_us);
+        let target_us = (op == Op::Fetch && spec.fetch_limit == FetchLimit::LatencyTarget)
+            .then_some(VIEW_TARGET_US);
+        Cell {
+            path: spec.id,
+            op,
+            size,
+            transport: spec.transport.to_owned(),
+            status: CellStatus::Ok,
+            reason: None,
+            warmup,
+            gbps: Some(samples.gbps(size)),
+            samples: Some(samples),
+            limit,
+            ratio,
+            target_us,
+        }
+    }
+}
+
+/// The fastest this machine could do a cell's work: the sum of the limits
+/// of its parts (a put is one memcpy into storage; a copy fetch one memcpy
+/// or one TCP round trip; a zero-copy fetch moves nothing).
+pub fn cell_limit(spec: &PathSpec, op: Op, size: u64, limits: &Limits) -> Option<CellLimit> {
+    let memcpy = limits.memcpy_at(size).map(|l| l.samples.median_us);
+    let fetch = match spec.fetch_limit {
+        FetchLimit::LatencyTarget => None,
+        FetchLimit::Memcpy => memcpy.map(|us| ("memcpy", us)),
+        FetchLimit::Tcp => limits
+            .tcp_at(size)
+            .map(|l| ("tcp round trip", l.samples.median_us)),
+    };
+    let (name, us) = match op {
+        Op::Put => ("memcpy".to_owned(), memcpy?),
+        Op::Fetch => fetch.map(|(n, us)| (n.to_owned(), us))?,
+        Op::PutFetch => match fetch {
+            None => ("memcpy".to_owned(), memcpy?),
+            Some(("memcpy", us)) => ("2x memcpy".to_owned(), memcpy? + us),
+            Some((n, us)) => (format!("memcpy + {n}"), memcpy? + us),
+        },
+    };
+    Some(CellLimit {
+        name,
+        median_us: us,
+        gbps: super::stats::gbps_us(size, us),
+    })
+}
+
+/// Runs cells; owns the nodes and processes they share.
+pub struct Runner<'a> {
+    opts: &'a BenchOptions,
+    /// This process as a consumer.
+    consumer: &'a Node,
+    /// This process as an owner, one node per transport exported.
+    put_nodes: HashMap<&'static str, Node>,
+    owner: Option<WorkerProcess>,
+    consumer_proc: Option<WorkerProcess>,
+    /// Warm source bytes, as long as the largest size.
+    source: Vec<u8>,
+    seed: u64,
+}
+
+fn other(msg: impl Into<String>) -> BenchError {
+    BenchError::Other(msg.into())
+}
+
+/// Puts `len` pattern bytes in the owner process; returns the id and the decoded handle.
+pub fn put_remote(
+    owner: &mut WorkerProcess,
+    len: u64,
+    seed: u64,
+) -> Result<(String, Handle), BenchError> {
+    let put = owner.call(&Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })?;
+    let handle = decode(put.handle.as_deref().unwrap_or_default())?;
+    Ok((put.id.unwrap_or_default(), handle))
+}
+
+fn decode(hex_text: &str) -> Result<Handle, BenchError> {
+    let bytes = hex::decode(hex_text).map_err(|e| other(format!("owner sent bad hex: {e}")))?;
+    Handle::from_bytes(&bytes).map_err(|e| other(format!("owner sent a bad handle: {e}")))
+}
+
+/// Keeps only `transport`'s export of `h`.
+pub fn only(mut h: Handle, transport: &str) -> Result<Handle, BenchError> {
+    if !h.keep_only(transport) {
+        return Err(other(format!(
+            "the owner did not export through {transport}"
+        )));
+    }
+    Ok(h)
+}
+
+/// Bytes of the pool of `node`'s storage transport (0 without a pool).
+pub fn pool_bytes(node: &Node) -> u64 {
+    node.stats()
+        .plugins
+        .iter()
+        .find_map(|p| p.stats.get("pool_bytes_total").copied())
+        .unwrap_or(0)
+}
+
+impl<'a> Runner<'a> {
+    /// A runner for `opts`, fetching into `consumer`.
+    pub fn new(opts: &'a BenchOptions, consumer: &'a Node) -> Runner<'a> {
+        let largest = opts.sizes.iter().copied().max().unwrap_or(0) as usize;
+        let mut source = vec![0u8; largest];
+        fill_pattern(&mut source, 1);
+        Runner {
+            opts,
+            consumer,
+            put_nodes: HashMap::new(),
+            owner: None,
+            consumer_proc: None,
+            source,
+            seed: 1000,
+        }
+    }
+
+    /// The owner process, started (and its pool cycled) on first use.
+    pub fn owner(&mut self) -> Result<&mut WorkerProcess, BenchError> {
+        if self.owner.is_none() {
+            let mut w = WorkerProcess::spawn("owner", &self.opts.exe, &self.opts.config_args)?;
+            if !self.opts.quick {
+                let pool = pool_bytes(self.consumer);
+                let chunk = (self.source.len() as u64).min(pool);
+                let mut done = 0;
+                while chunk > 0 && done <= pool {
+                    let r = w.call(&Request::PutBuffer {
+                        len: chunk,
+                        seed: 1,
+                    })?;
+                    w.call(&Request::Remove {
+                        ids: vec![r.id.unwrap_or_default()],
+                    })?;
+                    done += chunk;
+                }
+            }
+            self.owner = Some(w);
+        }
+        Ok(self.owner.as_mut().expect("just started"))
+    }
+
+    fn consumer_proc(&mut self) -> Result<&mut WorkerProcess, BenchError> {
+        if self.consumer_proc.is_none() {
+            self.consumer_proc = Some(WorkerProcess::spawn(
+                "consumer",
+                &self.opts.exe,
+                &self.opts.config_args,
+            )?);
+        }
+        Ok(self.consumer_proc.as_mut().expect("just started"))
+    }
+
+    /// The in-process owner node exporting through `transport`, started
+    /// (and its pool cycled) on first use.
+    fn put_node(&mut self, transport: &'static str) -> Result<&Node, BenchError> {
+        if !self.put_nodes.contains_key(transport) {
+            let mut cfg = self.opts.config.clone();
+            cfg.put.export_to = Some(vec![TransportName::new(transport).map_err(other)?]);
+            let node = Node::start(cfg)?;
+            if !self.opts.quick {
+                let pool = pool_bytes(&node);
+                let chunk = (self.source.len() as u64).min(pool) as usize;
+                let mut done = 0;
+                while chunk > 0 && done <= pool {
+                    let h = node.put(
+                        &self.source[..chunk],
+                        &TensorSpec::bytes(chunk as u64),
+                        BTreeMap::new(),
+                    )?;
+                    node.remove(&[h.id]);
+                    done += chunk as u64;
+                }
+            }
+            self.put_nodes.insert(transport, node);
+        }
+        Ok(&self.put_nodes[transport])
+    }
+
+    /// Runs one cell: `warmup` + `reps` timings.
+    pub fn run(&mut self, spec: &PathSpec, op: Op, size: u64) -> Result<Vec<Duration>, BenchError> {
+        self.seed += 1;
+        let rounds = self.opts.warmup + self.opts.reps;
+        let mut times = match op {
+            Op::Put => self.put(spec, size, rounds)?,
+            Op::Fetch => self.fetch(spec, size, rounds)?,
+            Op::PutFetch => self.put_fetch(spec, size, rounds)?,
+        };
+        Ok(times.split_off(self.opts.warmup.min(times.len())))
+    }
+
+    fn put(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+    ) -> Result<Vec<Duration>, BenchError> {
+        self.put_node(spec.transport)?;
+        let node = &self.put_nodes[spec.transport];
+        let src = &self.source[..size as usize];
+        let tensor = TensorSpec::bytes(size);
+        let transport = TransportName::new(spec.transport).map_err(other)?;
+        let mut times = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let h = node.put(src, &tensor, BTreeMap::new())?;
+            times.push(t.elapsed());
+            let exported = h.export(&transport).is_some();
+            node.remove(&[h.id]);
+            if !exported {
+                return Err(other(format!(
+                    "the put did not export through {}",
+                    spec.transport
+                )));
+            }
+        }
+        Ok(times)
+    }
+
+    fn fetch(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+    ) -> Result<Vec<Duration>, BenchError> {
+        let seed = self.seed;
+        let (id, h) = put_remote(self.owner()?, size, seed)?;
+        let h = only(h, spec.transport)?;
+        let result = self.fetch_rounds(spec, &h, seed, rounds);
+        self.owner()?.call(&Request::Remove { ids: vec![id] })?;
+        result
+    }
+
+    fn fetch_rounds(
+        &mut self,
+        spec: &PathSpec,
+        h: &Handle,
+        seed: u64,
+        rounds: usize,
+    ) -> Result<Vec<Duration>, BenchError> {
+        let node = self.consumer;
+        let mut times = Vec::with_capacity(rounds);
+        let mut dst = match spec.mode {
+            FetchMode::View => Vec::new(),
+            FetchMode::Copy => vec![0u8; h.meta.byte_len as usize],
+        };
+        for i in 0..rounds {
+            let (served_by, mode, verified) = match spec.mode {
+                FetchMode::View => {
+                    let t = Instant::now();
+                    let f = node.fetch_mode(h, FetchMode::View)?;
+                    black_box(f.data.first());
+                    times.push(t.elapsed());
+                    let ok = i > 0 || check_pattern(&f.data, seed);
+                    (f.selection.transport, f.selection.mode, ok)
+                }
+                FetchMode::Copy => {
+                    let t = Instant::now();
+                    let sel = node.fetch_into(h, &mut dst)?;
+                    times.push(t.elapsed());
+                    let ok = i > 0 || check_pattern(&dst, seed);
+                    (sel.transport, sel.mode, ok)
+                }
+            };
+            check_served(spec, &served_by, mode, Some(verified))?;
+        }
+        Ok(times)
+    }
+
+    fn put_fetch(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+    ) -> Result<Vec<Duration>, BenchError> {
+        let seed = self.seed;
+        self.owner()?;
+        self.consumer_proc()?;
+        let mut times = Vec::with_capacity(rounds);
+        for i in 0..rounds {
+            let owner = self.owner.as_mut().expect("started");
+            let put = owner.call(&Request::PutBuffer { len: size, seed })?;
+            let id: ShardId =
+                crate::worker::parse_id(put.id.as_deref().unwrap_or_default()).map_err(other)?;
+            let handle = put.handle.unwrap_or_default();
+            let verify = (i == 0).then_some(seed);
+            let only = Some(spec.transport.to_owned());
+            let request = match spec.mode {
+                FetchMode::View => Request::Fetch {
+                    handle,
+                    mode: Some(FetchMode::View),
+                    seed: verify,
+                    hold: false,
+                    only,
+                },
+                FetchMode::Copy => Request::FetchBuffer {
+                    handle,
+                    only,
+                    seed: verify,
+                },
+            };
+            let fetched = self.consumer_proc.as_mut().expect("started").call(&request);
+            let owner = self.owner.as_mut().expect("started");
+            owner.call(&Request::Remove {
+                ids: vec![id.to_string()],
+            })?;
+            let fetched = fetched?;
+            check_served(
+                spec,
+                fetched.transport.as_deref().unwrap_or_default(),
+                fetched.mode.unwrap_or(FetchMode::Copy),
+                fetched.verified,
+            )?;
+            times.push(Duration::from_nanos(
+                put.ns.unwrap_or_default() + fetched.ns.unwrap_or_default(),
+            ));
+        }
+        Ok(times)
+    }
+
+    /// Stops the worker processes.
+    pub fn finish(self) -> Result<(), BenchError> {
+        for w in [self.owner, self.consumer_proc].into_iter().flatten() {
+            w.exit()?;
+        }
+        Ok(())
+    }
+}
+
+/// The fetch went through the path's transport, in its mode, and the bytes
+/// were right.
+fn check_served(
+    spec: &PathSpec,
+    transport: &str,
+    mode: FetchMode,
+    verified: Option<bool>,
+) -> Result<(), BenchError> {
+    if transport != spec.transport || mode != spec.mode {
+        return Err(other(format!(
+            "{} fetch was served by {transport} as a {mode}",
+            spec.id
+        )));
+    }
+    if verified == Some(false) {
+        return Err(other(format!(
+            "{} fetch returned bytes that differ from what the owner put",
+            spec.id
+        )));
+    }
+    Ok(())
+}
