@@ -136,43 +136,47 @@ pub fn run_bench(
     let load_before = report::load_average();
     let node = Node::start(opts.config.clone())?;
     let cells_total = opts.sizes.len() * opts.paths.len() * opts.ops.len();
-    let total = 2 + cells_total + 3;
+    let total = opts.sizes.len() + cells_total + 3;
     let mut step = 0;
     let mut say = |what: &str| {
         step += 1;
         progress(&format!("[{step}/{total}] {what}"));
     };
 
-    // 1. Limits.
-    say("limits: memcpy per size");
-    let mut limits = limits::Limits::default();
-    for &size in &opts.sizes {
-        limits
-            .memcpy
-            .push(limits::memcpy(size as usize, opts.warmup, opts.reps.max(5)));
-    }
-    say("limits: tcp loopback per size");
+    // 1 + 2. Size by size: this machine's limits at that size, then every
+    // cell of that size, so each limit is measured close in time to the
+    // cells it is compared with (other work on the machine drifts).
     let tcp_err = |e: std::io::Error| BenchError::Other(format!("raw TCP loopback: {e}"));
-    for &size in &opts.sizes {
-        limits.tcp_round_trip.push(
-            limits::tcp_round_trip(size as usize, opts.warmup, opts.reps.max(5))
-                .map_err(tcp_err)?,
-        );
-    }
+    let mut limits = limits::Limits::default();
     let largest = opts.sizes.iter().copied().max().expect("sizes not empty");
-    limits.tcp_stream =
-        Some(limits::tcp_stream(largest as usize, opts.reps.max(3)).map_err(tcp_err)?);
-
-    // 2. The matrix.
+    let available: Vec<(PathId, Result<(), String>)> = opts
+        .paths
+        .iter()
+        .map(|&p| (p, availability(p.spec(), &node)))
+        .collect();
     let mut runner = Runner::new(opts, &node);
     let mut cells = Vec::with_capacity(cells_total);
-    for &path in &opts.paths {
-        let spec = path.spec();
-        let available = availability(spec, &node);
-        for &op in &opts.ops {
-            for &size in &opts.sizes {
-                let label = format!("{path} {op} {}", shardport_abi::format_byte_size(size));
-                let cell = match &available {
+    for &size in &opts.sizes {
+        let size_label = shardport_abi::format_byte_size(size);
+        say(&format!(
+            "limits {size_label}: memcpy, tcp loopback round trip"
+        ));
+        let reps = opts.reps.max(5);
+        limits
+            .memcpy
+            .push(limits::memcpy(size as usize, opts.warmup, reps));
+        limits
+            .tcp_round_trip
+            .push(limits::tcp_round_trip(size as usize, opts.warmup, reps).map_err(tcp_err)?);
+        if size == largest {
+            limits.tcp_stream =
+                Some(limits::tcp_stream(largest as usize, opts.reps.max(3)).map_err(tcp_err)?);
+        }
+        for (path, available) in &available {
+            let spec = path.spec();
+            for &op in &opts.ops {
+                let label = format!("{path} {op} {size_label}");
+                let cell = match available {
                     Err(why) => {
                         say(&format!("{label}: skipped ({why})"));
                         Cell::skipped(spec, op, size, why.clone())
@@ -196,6 +200,15 @@ pub fn run_bench(
             }
         }
     }
+    // Reported path by path, operation by operation, size by size.
+    let order = |c: &Cell| {
+        (
+            opts.paths.iter().position(|&p| p == c.path),
+            opts.ops.iter().position(|&o| o == c.op),
+            opts.sizes.iter().position(|&s| s == c.size),
+        )
+    };
+    cells.sort_by_key(order);
 
     // 3. Outside the matrix.
     say("dispatch: vtable vs direct call");

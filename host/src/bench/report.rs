@@ -169,7 +169,7 @@ fn rfc3339(secs: u64) -> String {
     )
 }
 
-fn find<'c>(cells: &'c [Cell], path: PathId, op: Op) -> impl Iterator<Item = &'c Cell> {
+fn find(cells: &[Cell], path: PathId, op: Op) -> impl Iterator<Item = &Cell> {
     cells
         .iter()
         .filter(move |c| c.path == path && c.op == op && c.status == CellStatus::Ok)
