@@ -64,55 +64,100 @@ pub fn memcpy(len: usize, warmup: usize, reps: usize) -> SizeLimit {
     let src = vec![1u8; len];
     let mut dst = vec![0u8; len];
     dst.copy_from_slice(&src); // touch both
-    let inner = (MEMCPY_SAMPLE_BYTES / len.max(1)).max(1);
     let mut samples = Vec::with_capacity(reps);
     for i in 0..warmup + reps.max(1) {
-        let t = Instant::now();
-        for _ in 0..inner {
-            dst.copy_from_slice(black_box(&src));
-            black_box(&mut dst);
-        }
+        let d = memcpy_once(&src, &mut dst);
         if i >= warmup {
-            samples.push(t.elapsed() / inner as u32);
+            samples.push(d);
         }
     }
     size_limit(len as u64, &samples).expect("at least one sample")
 }
 
-/// Raw TCP loopback round trips carrying `len` bytes back: `warmup` +
-/// `reps` samples on one kept-alive socket pair (Nagle off, like any
-/// request/response client).
-pub fn tcp_round_trip(len: usize, warmup: usize, reps: usize) -> std::io::Result<SizeLimit> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let rounds = warmup + reps.max(1);
-    let server = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = listener.accept()?;
-        s.set_nodelay(true)?;
-        let src = vec![7u8; len];
-        let mut req = [0u8; 8];
-        for _ in 0..rounds {
-            s.read_exact(&mut req)?;
-            s.write_all(&src)?;
-        }
-        Ok(())
-    });
-    let mut s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    let mut dst = vec![0u8; len];
-    let mut samples = Vec::with_capacity(reps);
-    for i in 0..rounds {
+/// A raw TCP loopback socket pair whose server thread answers each 8-byte
+/// request with `len` bytes from a warm buffer (Nagle off on both ends,
+/// like any request/response client). Dropping it ends the thread.
+pub struct TcpPair {
+    stream: TcpStream,
+    dst: Vec<u8>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpPair {
+    /// Connects a pair carrying `len` bytes per round trip.
+    pub fn new(len: usize) -> std::io::Result<TcpPair> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let server = std::thread::Builder::new()
+            .name("bench-tcp".into())
+            .spawn(move || {
+                let Ok((mut s, _)) = listener.accept() else {
+                    return;
+                };
+                let _ = s.set_nodelay(true);
+                let src = vec![7u8; len];
+                let mut req = [0u8; 8];
+                while s.read_exact(&mut req).is_ok() {
+                    if s.write_all(&src).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut pair = TcpPair {
+            stream,
+            dst: vec![0u8; len],
+            server: Some(server),
+        };
+        pair.round_trip()?; // warms the buffers and the connection
+        Ok(pair)
+    }
+
+    /// One round trip: the request out, all `len` bytes back.
+    pub fn round_trip(&mut self) -> std::io::Result<Duration> {
         let t = Instant::now();
-        s.write_all(&(len as u64).to_le_bytes())?;
-        s.read_exact(&mut dst)?;
-        if i >= warmup {
-            samples.push(t.elapsed());
+        self.stream
+            .write_all(&(self.dst.len() as u64).to_le_bytes())?;
+        self.stream.read_exact(&mut self.dst)?;
+        Ok(t.elapsed())
+    }
+}
+
+impl Drop for TcpPair {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
         }
     }
-    server
-        .join()
-        .map_err(|_| std::io::Error::other("the TCP server thread panicked"))??;
+}
+
+/// Raw TCP loopback round trips carrying `len` bytes back: `warmup` +
+/// `reps` samples on one kept-alive [`TcpPair`].
+pub fn tcp_round_trip(len: usize, warmup: usize, reps: usize) -> std::io::Result<SizeLimit> {
+    let mut pair = TcpPair::new(len)?;
+    let mut samples = Vec::with_capacity(reps);
+    for i in 0..warmup + reps.max(1) {
+        let d = pair.round_trip()?;
+        if i >= warmup {
+            samples.push(d);
+        }
+    }
     Ok(size_limit(len as u64, &samples).expect("at least one sample"))
+}
+
+/// One memcpy of `src` into `dst` (same length), timed; small copies are
+/// repeated so the sample is long enough for the clock, and the time per
+/// copy returned.
+pub fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
+    let inner = (MEMCPY_SAMPLE_BYTES / src.len().max(1)).max(1);
+    let t = Instant::now();
+    for _ in 0..inner {
+        dst.copy_from_slice(black_box(src));
+        black_box(&mut *dst);
+    }
+    t.elapsed() / inner as u32
 }
 
 /// Raw TCP loopback stream: one thread writes `len` bytes from a warm

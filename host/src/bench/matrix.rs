@@ -14,6 +14,11 @@
 //!   process; passing the handle between them (the application's RPC, here
 //!   a pipe through this process) is not counted.
 //!
+//! After each of a cell's repetitions this process takes one sample of the
+//! cell's limit (a memcpy of the same size, a TCP round trip carrying it, or
+//! their sum, see [`limit_parts`]), so the cell and its limit see the same
+//! load on the machine; the ratio is the limit's median over the cell's.
+//!
 //! The first repetition of each cell verifies every byte against the
 //! pattern (after its timing).
 
@@ -26,7 +31,7 @@ use std::{
 use shardport_abi::ShardId;
 
 use super::{
-    limits::Limits,
+    limits::{memcpy_once, Limits, TcpPair},
     spec::{FetchLimit, Op, PathSpec},
     stats::Summary,
     BenchError, BenchOptions,
@@ -62,6 +67,8 @@ pub struct CellLimit {
     pub median_us: f64,
     /// The limit's throughput for the same work, GB/s.
     pub gbps: f64,
+    /// Measured between the cell's own repetitions (else: the limits table).
+    pub paired: bool,
 }
 
 /// One cell of the matrix.
@@ -126,9 +133,10 @@ impl Cell {
         size: u64,
         warmup: usize,
         samples: Summary,
+        paired: Option<&Summary>,
         limits: &Limits,
     ) -> Cell {
-        let limit = cell_limit(spec, op, size, limits);
+        let limit = cell_limit(spec, op, size, paired, limits);
         let ratio = limit.as_ref().map(|l| l.median_us / samples.median_us);
         let target_us = (op == Op::Fetch && spec.fetch_limit == FetchLimit::LatencyTarget)
             .then_some(VIEW_TARGET_US);
@@ -149,31 +157,71 @@ impl Cell {
     }
 }
 
-/// The fastest this machine could do a cell's work: the sum of the limits
-/// of its parts (a put is one memcpy into storage; a copy fetch one memcpy
-/// or one TCP round trip; a zero-copy fetch moves nothing).
-pub fn cell_limit(spec: &PathSpec, op: Op, size: u64, limits: &Limits) -> Option<CellLimit> {
-    let memcpy = limits.memcpy_at(size).map(|l| l.samples.median_us);
+/// One part of a cell's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitPart {
+    /// A single-thread memcpy of the shard between warm buffers.
+    Memcpy,
+    /// A raw TCP loopback round trip carrying the shard.
+    Tcp,
+}
+
+/// What the fastest way to do a cell's work consists of: a put is one
+/// memcpy into storage; a copy fetch one memcpy or one TCP round trip; a
+/// zero-copy fetch moves nothing (judged by its latency target instead).
+pub fn limit_parts(spec: &PathSpec, op: Op) -> Vec<LimitPart> {
     let fetch = match spec.fetch_limit {
         FetchLimit::LatencyTarget => None,
-        FetchLimit::Memcpy => memcpy.map(|us| ("memcpy", us)),
-        FetchLimit::Tcp => limits
-            .tcp_at(size)
-            .map(|l| ("tcp round trip", l.samples.median_us)),
+        FetchLimit::Memcpy => Some(LimitPart::Memcpy),
+        FetchLimit::Tcp => Some(LimitPart::Tcp),
     };
-    let (name, us) = match op {
-        Op::Put => ("memcpy".to_owned(), memcpy?),
-        Op::Fetch => fetch.map(|(n, us)| (n.to_owned(), us))?,
-        Op::PutFetch => match fetch {
-            None => ("memcpy".to_owned(), memcpy?),
-            Some(("memcpy", us)) => ("2x memcpy".to_owned(), memcpy? + us),
-            Some((n, us)) => (format!("memcpy + {n}"), memcpy? + us),
-        },
+    match op {
+        Op::Put => vec![LimitPart::Memcpy],
+        Op::Fetch => fetch.into_iter().collect(),
+        Op::PutFetch => std::iter::once(LimitPart::Memcpy).chain(fetch).collect(),
+    }
+}
+
+fn limit_name(parts: &[LimitPart]) -> String {
+    let word = |p: &LimitPart| match p {
+        LimitPart::Memcpy => "memcpy",
+        LimitPart::Tcp => "tcp round trip",
+    };
+    match parts {
+        [LimitPart::Memcpy, LimitPart::Memcpy] => "2x memcpy".into(),
+        _ => parts.iter().map(word).collect::<Vec<_>>().join(" + "),
+    }
+}
+
+/// A cell's limit: from limit samples taken between the cell's own samples
+/// (`paired`, so both see the same load on the machine), or else from the
+/// run's limits table at that size.
+pub fn cell_limit(
+    spec: &PathSpec,
+    op: Op,
+    size: u64,
+    paired: Option<&Summary>,
+    limits: &Limits,
+) -> Option<CellLimit> {
+    let parts = limit_parts(spec, op);
+    if parts.is_empty() {
+        return None;
+    }
+    let us = match paired {
+        Some(s) => s.median_us,
+        None => parts
+            .iter()
+            .map(|p| match p {
+                LimitPart::Memcpy => limits.memcpy_at(size).map(|l| l.samples.median_us),
+                LimitPart::Tcp => limits.tcp_at(size).map(|l| l.samples.median_us),
+            })
+            .sum::<Option<f64>>()?,
     };
     Some(CellLimit {
-        name,
+        name: limit_name(&parts),
         median_us: us,
         gbps: super::stats::gbps_us(size, us),
+        paired: paired.is_some(),
     })
 }
 
@@ -186,9 +234,51 @@ pub struct Runner<'a> {
     put_nodes: HashMap<&'static str, Node>,
     owner: Option<WorkerProcess>,
     consumer_proc: Option<WorkerProcess>,
-    /// Warm source bytes, as long as the largest size.
-    source: Vec<u8>,
+    sampler: LimitSampler,
     seed: u64,
+}
+
+/// Takes limit samples between a cell's samples.
+struct LimitSampler {
+    /// Warm source bytes, as long as the largest size (also the put source).
+    source: Vec<u8>,
+    /// Warm memcpy destination, as long as the largest size.
+    dst: Vec<u8>,
+    /// The TCP pair for the current size.
+    tcp: Option<(u64, TcpPair)>,
+}
+
+impl LimitSampler {
+    /// One sample of the limit made of `parts` at `size`.
+    fn sample(&mut self, parts: &[LimitPart], size: u64) -> Result<Duration, BenchError> {
+        let n = size as usize;
+        let mut total = Duration::ZERO;
+        for part in parts {
+            total += match part {
+                LimitPart::Memcpy => memcpy_once(&self.source[..n], &mut self.dst[..n]),
+                LimitPart::Tcp => {
+                    if self.tcp.as_ref().is_none_or(|(s, _)| *s != size) {
+                        self.tcp = None; // one pair at a time
+                        let pair =
+                            TcpPair::new(n).map_err(|e| other(format!("raw TCP loopback: {e}")))?;
+                        self.tcp = Some((size, pair));
+                    }
+                    let (_, pair) = self.tcp.as_mut().expect("just set");
+                    pair.round_trip()
+                        .map_err(|e| other(format!("raw TCP loopback: {e}")))?
+                }
+            };
+        }
+        Ok(total)
+    }
+}
+
+/// A cell's own timings and the limit timings taken between them.
+pub struct Timings {
+    /// The cell's samples.
+    pub cell: Vec<Duration>,
+    /// Limit samples, one after each cell sample (empty: no limit).
+    pub limit: Vec<Duration>,
 }
 
 fn other(msg: impl Into<String>) -> BenchError {
@@ -241,13 +331,19 @@ impl<'a> Runner<'a> {
         let largest = opts.sizes.iter().copied().max().unwrap_or(0) as usize;
         let mut source = vec![0u8; largest];
         fill_pattern(&mut source, 1);
+        let mut dst = vec![0u8; largest];
+        dst.copy_from_slice(&source); // touched: warm
         Runner {
             opts,
             consumer,
             put_nodes: HashMap::new(),
             owner: None,
             consumer_proc: None,
-            source,
+            sampler: LimitSampler {
+                source,
+                dst,
+                tcp: None,
+            },
             seed: 1000,
         }
     }
@@ -258,7 +354,7 @@ impl<'a> Runner<'a> {
             let mut w = WorkerProcess::spawn("owner", &self.opts.exe, &self.opts.config_args)?;
             if !self.opts.quick {
                 let pool = pool_bytes(self.consumer);
-                let chunk = (self.source.len() as u64).min(pool);
+                let chunk = (self.sampler.source.len() as u64).min(pool);
                 let mut done = 0;
                 while chunk > 0 && done <= pool {
                     let r = w.call(&Request::PutBuffer {
@@ -296,11 +392,11 @@ impl<'a> Runner<'a> {
             let node = Node::start(cfg)?;
             if !self.opts.quick {
                 let pool = pool_bytes(&node);
-                let chunk = (self.source.len() as u64).min(pool) as usize;
+                let chunk = (self.sampler.source.len() as u64).min(pool) as usize;
                 let mut done = 0;
                 while chunk > 0 && done <= pool {
                     let h = node.put(
-                        &self.source[..chunk],
+                        &self.sampler.source[..chunk],
                         &TensorSpec::bytes(chunk as u64),
                         BTreeMap::new(),
                     )?;
@@ -313,16 +409,34 @@ impl<'a> Runner<'a> {
         Ok(&self.put_nodes[transport])
     }
 
-    /// Runs one cell: `warmup` + `reps` timings.
-    pub fn run(&mut self, spec: &PathSpec, op: Op, size: u64) -> Result<Vec<Duration>, BenchError> {
+    /// Runs one cell: `warmup` + `reps` timings, each followed by a sample
+    /// of the cell's limit; the warm-up ones are dropped.
+    pub fn run(&mut self, spec: &PathSpec, op: Op, size: u64) -> Result<Timings, BenchError> {
         self.seed += 1;
         let rounds = self.opts.warmup + self.opts.reps;
-        let mut times = match op {
-            Op::Put => self.put(spec, size, rounds)?,
-            Op::Fetch => self.fetch(spec, size, rounds)?,
-            Op::PutFetch => self.put_fetch(spec, size, rounds)?,
+        let parts = limit_parts(spec, op);
+        let mut t = Timings {
+            cell: Vec::with_capacity(rounds),
+            limit: Vec::with_capacity(rounds),
         };
-        Ok(times.split_off(self.opts.warmup.min(times.len())))
+        match op {
+            Op::Put => self.put(spec, size, rounds, &parts, &mut t)?,
+            Op::Fetch => self.fetch(spec, size, rounds, &parts, &mut t)?,
+            Op::PutFetch => self.put_fetch(spec, size, rounds, &parts, &mut t)?,
+        }
+        let w = self.opts.warmup;
+        Ok(Timings {
+            cell: t.cell.split_off(w.min(t.cell.len())),
+            limit: t.limit.split_off(w.min(t.limit.len())),
+        })
+    }
+
+    /// Records a limit sample after a cell sample, when the cell has a limit.
+    fn pair(&mut self, parts: &[LimitPart], size: u64, t: &mut Timings) -> Result<(), BenchError> {
+        if !parts.is_empty() {
+            t.limit.push(self.sampler.sample(parts, size)?);
+        }
+        Ok(())
     }
 
     fn put(
@@ -330,17 +444,18 @@ impl<'a> Runner<'a> {
         spec: &PathSpec,
         size: u64,
         rounds: usize,
-    ) -> Result<Vec<Duration>, BenchError> {
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
         self.put_node(spec.transport)?;
-        let node = &self.put_nodes[spec.transport];
-        let src = &self.source[..size as usize];
         let tensor = TensorSpec::bytes(size);
         let transport = TransportName::new(spec.transport).map_err(other)?;
-        let mut times = Vec::with_capacity(rounds);
         for _ in 0..rounds {
+            let node = &self.put_nodes[spec.transport];
+            let src = &self.sampler.source[..size as usize];
             let t = Instant::now();
             let h = node.put(src, &tensor, BTreeMap::new())?;
-            times.push(t.elapsed());
+            times.cell.push(t.elapsed());
             let exported = h.export(&transport).is_some();
             node.remove(&[h.id]);
             if !exported {
@@ -349,8 +464,9 @@ impl<'a> Runner<'a> {
                     spec.transport
                 )));
             }
+            self.pair(parts, size, times)?;
         }
-        Ok(times)
+        Ok(())
     }
 
     fn fetch(
@@ -358,11 +474,13 @@ impl<'a> Runner<'a> {
         spec: &PathSpec,
         size: u64,
         rounds: usize,
-    ) -> Result<Vec<Duration>, BenchError> {
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
         let seed = self.seed;
         let (id, h) = put_remote(self.owner()?, size, seed)?;
         let h = only(h, spec.transport)?;
-        let result = self.fetch_rounds(spec, &h, seed, rounds);
+        let result = self.fetch_rounds(spec, &h, seed, rounds, parts, times);
         self.owner()?.call(&Request::Remove { ids: vec![id] })?;
         result
     }
@@ -373,9 +491,11 @@ impl<'a> Runner<'a> {
         h: &Handle,
         seed: u64,
         rounds: usize,
-    ) -> Result<Vec<Duration>, BenchError> {
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
         let node = self.consumer;
-        let mut times = Vec::with_capacity(rounds);
+        let size = h.meta.byte_len;
         let mut dst = match spec.mode {
             FetchMode::View => Vec::new(),
             FetchMode::Copy => vec![0u8; h.meta.byte_len as usize],
@@ -386,21 +506,22 @@ impl<'a> Runner<'a> {
                     let t = Instant::now();
                     let f = node.fetch_mode(h, FetchMode::View)?;
                     black_box(f.data.first());
-                    times.push(t.elapsed());
+                    times.cell.push(t.elapsed());
                     let ok = i > 0 || check_pattern(&f.data, seed);
                     (f.selection.transport, f.selection.mode, ok)
                 }
                 FetchMode::Copy => {
                     let t = Instant::now();
                     let sel = node.fetch_into(h, &mut dst)?;
-                    times.push(t.elapsed());
+                    times.cell.push(t.elapsed());
                     let ok = i > 0 || check_pattern(&dst, seed);
                     (sel.transport, sel.mode, ok)
                 }
             };
             check_served(spec, &served_by, mode, Some(verified))?;
+            self.pair(parts, size, times)?;
         }
-        Ok(times)
+        Ok(())
     }
 
     fn put_fetch(
@@ -408,11 +529,12 @@ impl<'a> Runner<'a> {
         spec: &PathSpec,
         size: u64,
         rounds: usize,
-    ) -> Result<Vec<Duration>, BenchError> {
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
         let seed = self.seed;
         self.owner()?;
         self.consumer_proc()?;
-        let mut times = Vec::with_capacity(rounds);
         for i in 0..rounds {
             let owner = self.owner.as_mut().expect("started");
             let put = owner.call(&Request::PutBuffer { len: size, seed })?;
@@ -447,11 +569,12 @@ impl<'a> Runner<'a> {
                 fetched.mode.unwrap_or(FetchMode::Copy),
                 fetched.verified,
             )?;
-            times.push(Duration::from_nanos(
+            times.cell.push(Duration::from_nanos(
                 put.ns.unwrap_or_default() + fetched.ns.unwrap_or_default(),
             ));
+            self.pair(parts, size, times)?;
         }
-        Ok(times)
+        Ok(())
     }
 
     /// Stops the worker processes.

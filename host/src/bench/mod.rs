@@ -184,8 +184,19 @@ pub fn run_bench(
                     Ok(()) => {
                         say(&format!("{label} ..."));
                         match runner.run(spec, op, size) {
-                            Ok(times) => match stats::Summary::of(&times) {
-                                Some(s) => Cell::measured(spec, op, size, opts.warmup, s, &limits),
+                            Ok(t) => match stats::Summary::of(&t.cell) {
+                                Some(s) => {
+                                    let paired = stats::Summary::of(&t.limit);
+                                    Cell::measured(
+                                        spec,
+                                        op,
+                                        size,
+                                        opts.warmup,
+                                        s,
+                                        paired.as_ref(),
+                                        &limits,
+                                    )
+                                }
                                 None => Cell::skipped(spec, op, size, "no samples".into()),
                             },
                             Err(e) => {

@@ -383,7 +383,11 @@ impl fmt::Display for BenchReport {
 
         writeln!(
             f,
-            "\n{:<9} {:<9} {:<8} {:>10} {:>10} {:>9}  {:<34} {:>7}",
+            "\nmatrix (ratio = limit time / median time; each cell's limit is sampled between its repetitions)"
+        )?;
+        writeln!(
+            f,
+            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>9}  {:<34} {:>7}",
             "path", "op", "size", "p50", "p90", "GB/s", "limit (same work)", "ratio"
         )?;
         for c in &self.cells {
