@@ -242,7 +242,7 @@ pub fn run_bench(
     runner.finish()?;
     drop(node);
 
-    let targets = report::targets(&cells, &extras);
+    let targets = report::targets(&cells, &extras, limits.tcp_stream.as_ref());
     Ok(BenchReport {
         schema: report::SCHEMA,
         date: report::utc_now(),
