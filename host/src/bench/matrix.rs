@@ -608,3 +608,75 @@ fn check_served(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{limits::SizeLimit, spec::PathId};
+
+    fn limit(size: u64, us: f64) -> SizeLimit {
+        let samples = Summary::of_us(&mut [us]).unwrap();
+        SizeLimit {
+            size,
+            samples,
+            gbps: super::super::stats::gbps_us(size, us),
+        }
+    }
+
+    #[test]
+    fn each_cell_is_compared_with_the_same_work() {
+        let parts = |p: PathId, o| limit_parts(p.spec(), o);
+        use LimitPart::{Memcpy, Tcp};
+        assert_eq!(parts(PathId::ShmView, Op::Put), [Memcpy]);
+        assert_eq!(parts(PathId::ShmView, Op::Fetch), []);
+        assert_eq!(parts(PathId::ShmView, Op::PutFetch), [Memcpy]);
+        assert_eq!(parts(PathId::ShmCopy, Op::Fetch), [Memcpy]);
+        assert_eq!(parts(PathId::ShmCopy, Op::PutFetch), [Memcpy, Memcpy]);
+        assert_eq!(parts(PathId::Http, Op::Fetch), [Tcp]);
+        assert_eq!(parts(PathId::Http, Op::PutFetch), [Memcpy, Tcp]);
+
+        let limits = Limits {
+            memcpy: vec![limit(4096, 1.0)],
+            tcp_round_trip: vec![limit(4096, 10.0)],
+            tcp_stream: None,
+        };
+        let http = PathId::Http.spec();
+        let l = cell_limit(http, Op::PutFetch, 4096, None, &limits).unwrap();
+        assert_eq!(
+            (l.name.as_str(), l.median_us, l.paired),
+            ("memcpy + tcp round trip", 11.0, false)
+        );
+        let copy = PathId::ShmCopy.spec();
+        let l = cell_limit(copy, Op::PutFetch, 4096, None, &limits).unwrap();
+        assert_eq!((l.name.as_str(), l.median_us), ("2x memcpy", 2.0));
+        // Paired samples win over the table; no table entry, no limit.
+        let paired = Summary::of_us(&mut [3.0, 5.0, 4.0]).unwrap();
+        let l = cell_limit(copy, Op::Fetch, 4096, Some(&paired), &limits).unwrap();
+        assert_eq!((l.median_us, l.paired), (4.0, true));
+        assert!(cell_limit(copy, Op::Fetch, 1 << 20, None, &limits).is_none());
+        assert!(cell_limit(PathId::ShmView.spec(), Op::Fetch, 4096, None, &limits).is_none());
+
+        let cell = Cell::measured(
+            copy,
+            Op::Fetch,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!(cell.ratio, Some(0.5));
+        assert_eq!(cell.target_us, None);
+        let view = PathId::ShmView.spec();
+        let cell = Cell::measured(
+            view,
+            Op::Fetch,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
+    }
+}
