@@ -569,7 +569,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 write_file(path, bench::plot::svg(&report).as_bytes())?;
                 eprintln!("wrote {}", path.display());
             }
-            let failed: Vec<String> = report
+            let mut failed: Vec<String> = report
                 .cells
                 .iter()
                 .filter(|c| c.status == bench::matrix::CellStatus::Failed)
@@ -582,10 +582,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     )
                 })
                 .collect();
+            failed.extend(
+                report
+                    .extras
+                    .iter()
+                    .filter(|e| e.failed)
+                    .map(|e| e.name.clone()),
+            );
             if !failed.is_empty() {
                 return Err((
                     EXIT_FAILURE,
-                    format!("{} cells failed: {}", failed.len(), failed.join(", ")),
+                    format!(
+                        "{} measurements failed (see the table): {}",
+                        failed.len(),
+                        failed.join(", ")
+                    ),
                 )
                     .into());
             }

@@ -35,6 +35,8 @@ pub struct Extra {
     /// Why it was not measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// It was started and failed (`skipped` has the error).
+    pub failed: bool,
 }
 
 impl Extra {
@@ -46,6 +48,15 @@ impl Extra {
             unit: unit.to_owned(),
             detail,
             skipped: None,
+            failed: false,
+        }
+    }
+
+    /// A measurement that failed: the error in place of the value.
+    pub fn failed(key: &str, name: &str, unit: &str, e: &BenchError) -> Extra {
+        Extra {
+            failed: true,
+            ..Extra::skipped(key, name, unit, format!("FAILED: {e}"))
         }
     }
 
@@ -57,6 +68,7 @@ impl Extra {
             unit: unit.to_owned(),
             detail: String::new(),
             skipped: Some(why),
+            failed: false,
         }
     }
 }

@@ -231,14 +231,21 @@ pub fn run_bench(
     let mut extras = extras::dispatch(&node, calls);
     let http_ok = availability(PathId::Http.spec(), &node);
     say("batch: 1000 x 4 KiB over http");
-    extras.push(extras::batch(
-        &mut runner,
-        &node,
-        opts.reps.min(10),
-        http_ok.clone(),
-    )?);
+    // A failure here is reported in its row; the matrix is still worth printing.
+    let batch = extras::batch(&mut runner, &node, opts.reps.min(10), http_ok.clone());
+    extras.push(batch.unwrap_or_else(|e| {
+        extras::Extra::failed("batch_shards_per_s", "http batch", "shards/s", &e)
+    }));
     say("consumer peak RSS during an http fetch");
-    extras.push(extras::consumer_rss(&mut runner, opts, largest, http_ok)?);
+    let rss = extras::consumer_rss(&mut runner, opts, largest, http_ok);
+    extras.push(rss.unwrap_or_else(|e| {
+        extras::Extra::failed(
+            "http_consumer_peak_rss_x",
+            "http consumer peak RSS",
+            "x size",
+            &e,
+        )
+    }));
     runner.finish()?;
     drop(node);
 

@@ -451,8 +451,9 @@ impl fmt::Display for BenchReport {
                 }
                 (None, why) => writeln!(
                     f,
-                    "  {:<52} skipped: {}",
+                    "  {:<52} {}{}",
                     e.name,
+                    if e.failed { "" } else { "skipped: " },
                     why.as_deref().unwrap_or("")
                 )?,
             }
