@@ -163,7 +163,7 @@ fn bench_quick_writes_every_cell_json_and_svg() {
     }
     // The skip reason is shown in the table too, not only in the JSON.
     assert!(
-        stdout.contains("cuda-ipc  fetch     4 KiB    skipped: plugin `cuda-ipc`"),
+        stdout.contains("cuda-ipc  every op and size  skipped (6 cells): plugin `cuda-ipc`"),
         "{stdout}"
     );
     let extras = report["extras"].as_array().unwrap();

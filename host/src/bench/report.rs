@@ -413,7 +413,28 @@ impl fmt::Display for BenchReport {
             "{:<9} {:<9} {:<8} {:>10} {:>10} {:>9}  {:<34} {:>7}",
             "path", "op", "size", "p50", "p90", "GB/s", "limit (same work)", "ratio"
         )?;
+        let mut folded: Vec<PathId> = Vec::new();
         for c in &self.cells {
+            // A path skipped as a whole (its plugin is absent) takes one line.
+            let of_path: Vec<&Cell> = self.cells.iter().filter(|x| x.path == c.path).collect();
+            if c.status == CellStatus::Skipped
+                && of_path
+                    .iter()
+                    .all(|x| x.status == CellStatus::Skipped && x.reason == c.reason)
+            {
+                if !folded.contains(&c.path) {
+                    folded.push(c.path);
+                    writeln!(
+                        f,
+                        "{:<9} {:<18} skipped ({} cells): {}",
+                        c.path.name(),
+                        "every op and size",
+                        of_path.len(),
+                        c.reason.as_deref().unwrap_or("")
+                    )?;
+                }
+                continue;
+            }
             let head = format!(
                 "{:<9} {:<9} {:<8}",
                 c.path.name(),
