@@ -9,7 +9,7 @@ use std::{
 use clap::{Parser, Subcommand};
 use shardport_host::{
     ab_report,
-    bench::{run_bench, BenchOptions},
+    bench::{self, run_bench, BenchOptions, Op, PathId},
     config::{self, Config},
     demo::{run_demo, DemoOptions},
     Node,
@@ -62,20 +62,40 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Measure dispatch, fetch and put against this machine's memcpy.
+    /// Measure put and fetch through every path at several sizes, each
+    /// next to this machine's own limit (memcpy, raw TCP loopback) measured
+    /// in the same run; plus dispatch, a 1000 x 4 KiB batch and consumer RSS.
+    /// The table goes to stdout, progress to stderr.
     Bench {
         /// Config file (default: the embedded default config).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Large-shard size.
-        #[arg(long, default_value = "256MiB", value_parser = config::byte_size_arg)]
-        size: u64,
-        /// Repetitions of each large-shard measurement.
-        #[arg(long, default_value_t = 7)]
-        reps: usize,
-        /// Print the report as JSON.
+        /// Shard sizes, comma separated [default: 4KiB,1MiB,64MiB,256MiB].
+        #[arg(long, value_delimiter = ',', value_parser = bench::spec::parse_size)]
+        sizes: Vec<u64>,
+        /// Paths, comma separated: shm-view, shm-copy, http, cuda-ipc
+        /// [default: all; a path whose plugin is absent is listed as skipped].
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(PathId))]
+        paths: Vec<PathId>,
+        /// Operations, comma separated: put, fetch, put-fetch [default: all].
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(Op))]
+        ops: Vec<Op>,
+        /// Timed repetitions per cell [default: 30; 3 with --quick].
         #[arg(long)]
-        json: bool,
+        reps: Option<usize>,
+        /// Untimed warm-up iterations per cell [default: 3; 1 with --quick].
+        #[arg(long)]
+        warmup: Option<usize>,
+        /// Write the full report as JSON to this file (`-`: stdout, instead of the table).
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Write an SVG chart of each cell's ratio to its limit to this file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Small sizes (4KiB,256KiB) and few repetitions, pools not
+        /// pre-cycled: checks that everything runs, in seconds.
+        #[arg(long)]
+        quick: bool,
     },
     /// Run a long-lived node that owns shards and serves them through its
     /// transports, with a control endpoint for `put`, `stats` and `remove`.
@@ -426,6 +446,36 @@ fn spawn_sweeper(node: &Node) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     stop
 }
 
+/// `given`, or `default` when nothing was given.
+fn or<T: Clone>(given: Vec<T>, default: &[T]) -> Vec<T> {
+    if given.is_empty() {
+        default.to_vec()
+    } else {
+        given
+    }
+}
+
+/// The items of `v` in order, each once.
+fn dedup<T: PartialEq>(v: Vec<T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// Writes a report file, naming it in the error.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, bytes).map_err(|e| {
+        Failure::from((
+            EXIT_FAILURE,
+            format!("cannot write {}: {e}", path.display()),
+        ))
+    })
+}
+
 /// Prints a report as pretty JSON or as its table.
 #[allow(clippy::print_stdout)] // the binary's own output
 fn print_report(json: bool, report: &(impl serde::Serialize + std::fmt::Display)) {
@@ -580,23 +630,95 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Bench {
             config,
-            size,
+            sizes,
+            paths,
+            ops,
             reps,
+            warmup,
             json,
+            plot,
+            quick,
         } => {
-            if size == 0 {
-                return Err((EXIT_CONFIG, "--size must be at least 1 byte").into());
-            }
             let cfg = load_config(config.as_deref())?;
             let opts = BenchOptions {
                 exe: current_exe()?,
                 config_args: config_args(config.as_deref())?,
                 config: cfg,
-                large: size,
-                reps: reps.max(1),
+                sizes: dedup(or(
+                    sizes,
+                    if quick {
+                        bench::spec::QUICK_SIZES
+                    } else {
+                        bench::spec::DEFAULT_SIZES
+                    },
+                )),
+                paths: dedup(or(paths, bench::spec::DEFAULT_PATHS)),
+                ops: dedup(or(ops, bench::spec::ALL_OPS)),
+                reps: reps
+                    .unwrap_or(if quick {
+                        bench::QUICK_REPS
+                    } else {
+                        bench::DEFAULT_REPS
+                    })
+                    .max(1),
+                warmup: warmup.unwrap_or(if quick {
+                    bench::QUICK_WARMUP
+                } else {
+                    bench::DEFAULT_WARMUP
+                }),
+                quick,
+                command: std::env::args().collect(),
             };
-            let report = run_bench(&opts).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-            print_report(json, &report);
+            let report = run_bench(&opts, &mut |line| eprintln!("{line}"))
+                .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+            let to_stdout = json.as_deref() == Some(Path::new("-"));
+            if !to_stdout {
+                print!("{report}");
+            }
+            if let Some(path) = &json {
+                let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+                if to_stdout {
+                    println!("{text}");
+                } else {
+                    write_file(path, text.as_bytes())?;
+                    eprintln!("wrote {}", path.display());
+                }
+            }
+            if let Some(path) = &plot {
+                write_file(path, bench::plot::svg(&report).as_bytes())?;
+                eprintln!("wrote {}", path.display());
+            }
+            let mut failed: Vec<String> = report
+                .cells
+                .iter()
+                .filter(|c| c.status == bench::matrix::CellStatus::Failed)
+                .map(|c| {
+                    format!(
+                        "{} {} {}",
+                        c.path,
+                        c.op,
+                        shardport_abi::format_byte_size(c.size)
+                    )
+                })
+                .collect();
+            failed.extend(
+                report
+                    .extras
+                    .iter()
+                    .filter(|e| e.failed)
+                    .map(|e| e.name.clone()),
+            );
+            if !failed.is_empty() {
+                return Err((
+                    EXIT_FAILURE,
+                    format!(
+                        "{} measurements failed (see the table): {}",
+                        failed.len(),
+                        failed.join(", ")
+                    ),
+                )
+                    .into());
+            }
             Ok(())
         }
         Command::Serve { config, control } => {

@@ -5,8 +5,9 @@
 //! them through its own RPC.
 //!
 //! Requests (`op`): `put {len, seed, dtype?, tags?}`, `fetch {handle, mode?,
-//! seed?, hold?}`, `check {id, seed}`, `release {ids}`, `remove {ids}`, `stats`, `exit`. Every
-//! reply has `ok`; failures carry `error`.
+//! seed?, hold?}`, `put_buffer {len, seed}`, `fetch_buffer {handle, only?,
+//! seed?}`, `check {id, seed}`, `release {ids}`, `remove {ids}`, `stats`,
+//! `exit`. Every reply has `ok`; failures carry `error`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -61,6 +62,29 @@ pub enum Request {
         /// Use only this transport's export (drops the handle's others).
         #[serde(default)]
         only: Option<String>,
+    },
+    /// Put `len` bytes copied from a buffer this worker keeps (filled with
+    /// the pattern for `seed` once, untimed, and reused while `len` and
+    /// `seed` stay the same): times a put the way an application whose
+    /// bytes are ready sees it (`shardport bench`).
+    PutBuffer {
+        /// Byte length.
+        len: u64,
+        /// Pattern seed.
+        seed: u64,
+    },
+    /// Fetch a copy into a buffer this worker reuses (`Node::fetch_into`;
+    /// warm after the first fetch of that size); verify the pattern for
+    /// `seed` after timing when given (`shardport bench`).
+    FetchBuffer {
+        /// Hex of the handle's binary form.
+        handle: String,
+        /// Use only this transport's export (drops the handle's others).
+        #[serde(default)]
+        only: Option<String>,
+        /// Pattern seed to verify against.
+        #[serde(default)]
+        seed: Option<u64>,
     },
     /// Verify a held fetch result against the pattern for `seed`.
     Check {
@@ -226,9 +250,20 @@ pub fn parse_id(s: &str) -> Result<ShardId, String> {
         .map_err(|_| format!("shard id `{s}` is not 32 hex digits"))
 }
 
+/// What a worker keeps between requests.
+#[derive(Default)]
+struct State {
+    /// Fetch results kept until `release`.
+    held: HashMap<ShardId, Arc<ShardBytes>>,
+    /// `put_buffer`'s source: `(seed, bytes)`.
+    source: Option<(u64, Vec<u8>)>,
+    /// `fetch_buffer`'s destination.
+    scratch: Vec<u8>,
+}
+
 /// Serves requests until `exit` or end of input.
 pub fn serve(node: &Node, input: impl BufRead, mut output: impl Write) -> io::Result<()> {
-    let mut held: HashMap<ShardId, Arc<ShardBytes>> = HashMap::new();
+    let mut state = State::default();
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -246,7 +281,7 @@ pub fn serve(node: &Node, input: impl BufRead, mut output: impl Write) -> io::Re
             match serde_json::from_str::<Request>(&line) {
                 Err(e) => (Reply::err(format!("bad request: {e}")), false),
                 Ok(Request::Exit) => (Reply::ok(), true),
-                Ok(req) => (handle(node, req, &mut held), false),
+                Ok(req) => (handle(node, req, &mut state), false),
             }
         };
         serde_json::to_writer(&mut output, &reply)?;
@@ -259,8 +294,83 @@ pub fn serve(node: &Node, input: impl BufRead, mut output: impl Write) -> io::Re
     Ok(())
 }
 
-fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>>) -> Reply {
+/// Decodes a hex handle and keeps only `only`'s export when given.
+fn decode_handle(hex_text: &str, only: Option<&str>) -> Result<Handle, String> {
+    let mut h = hex::decode(hex_text)
+        .map_err(|e| e.to_string())
+        .and_then(|b| Handle::from_bytes(&b).map_err(|e| e.to_string()))
+        .map_err(|e| format!("bad handle: {e}"))?;
+    if let Some(only) = only {
+        if !h.keep_only(only) {
+            return Err(format!("the handle has no `{only}` export"));
+        }
+    }
+    Ok(h)
+}
+
+fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
+    let held = &mut state.held;
     match req {
+        Request::PutBuffer { len, seed } => {
+            let Ok(n) = usize::try_from(len) else {
+                return Reply::err(format!("{len} bytes do not fit in memory here"));
+            };
+            let source = match &mut state.source {
+                Some((s, buf)) if *s == seed && buf.len() == n => buf,
+                slot => {
+                    let mut buf = Vec::new();
+                    if buf.try_reserve_exact(n).is_err() {
+                        return Reply::err(format!("cannot allocate a {len}-byte source buffer"));
+                    }
+                    buf.resize(n, 0);
+                    fill_pattern(&mut buf, seed);
+                    &mut slot.insert((seed, buf)).1
+                }
+            };
+            let start = Instant::now();
+            match node.put(source, &TensorSpec::bytes(len), BTreeMap::new()) {
+                Ok(h) => Reply {
+                    ns: Some(start.elapsed().as_nanos() as u64),
+                    handle: Some(hex::encode(h.to_bytes())),
+                    id: Some(h.id.to_string()),
+                    ..Reply::ok()
+                },
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::FetchBuffer { handle, only, seed } => {
+            let h = match decode_handle(&handle, only.as_deref()) {
+                Ok(h) => h,
+                Err(e) => return Reply::err(e),
+            };
+            let Ok(n) = usize::try_from(h.meta.byte_len) else {
+                return Reply::err("the shard does not fit in memory here");
+            };
+            if state.scratch.len() != n {
+                state.scratch = Vec::new();
+                if state.scratch.try_reserve_exact(n).is_err() {
+                    return Reply::err(format!("cannot allocate a {n}-byte buffer"));
+                }
+                state.scratch.resize(n, 0);
+            }
+            let start = Instant::now();
+            match node.fetch_into(&h, &mut state.scratch) {
+                Ok(sel) => {
+                    let ns = start.elapsed().as_nanos() as u64;
+                    Reply {
+                        id: Some(h.id.to_string()),
+                        ns: Some(ns),
+                        transport: Some(sel.transport),
+                        reason: Some(sel.reason),
+                        downgraded: Some(sel.downgraded),
+                        mode: Some(sel.mode),
+                        verified: seed.map(|s| check_pattern(&state.scratch, s)),
+                        ..Reply::ok()
+                    }
+                }
+                Err(e) => Reply::err(e),
+            }
+        }
         Request::Put {
             len,
             seed,
@@ -303,19 +413,10 @@ fn handle(node: &Node, req: Request, held: &mut HashMap<ShardId, Arc<ShardBytes>
             hold,
             only,
         } => {
-            let h = match hex::decode(&handle)
-                .map_err(|e| e.to_string())
-                .and_then(|b| Handle::from_bytes(&b).map_err(|e| e.to_string()))
-            {
+            let h = match decode_handle(&handle, only.as_deref()) {
                 Ok(h) => h,
-                Err(e) => return Reply::err(format!("bad handle: {e}")),
+                Err(e) => return Reply::err(e),
             };
-            let mut h = h;
-            if let Some(only) = &only {
-                if !h.keep_only(only) {
-                    return Reply::err(format!("the handle has no `{only}` export"));
-                }
-            }
             let mode = mode.unwrap_or(node.config().fetch.mode);
             match node.fetch_mode(&h, mode) {
                 Ok(f) => {

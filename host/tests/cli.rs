@@ -85,3 +85,143 @@ fn plugins_reports_a_required_plugin_that_does_not_load() {
     assert!(text.contains("posix-shm    NOT LOADED"), "{text}");
     assert!(text.contains("library `libnothere.so` not found"), "{text}");
 }
+
+#[test]
+fn bench_quick_writes_every_cell_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let svg = dir.path().join("bench.svg");
+    let out = shardport()
+        .args([
+            "bench",
+            "--quick",
+            "--sizes",
+            "4KiB,64KiB",
+            "--paths",
+            "shm-view,shm-copy,http,cuda-ipc",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Progress goes to stderr, the table to stdout.
+    assert!(stderr.contains("http fetch 64 KiB"), "{stderr}");
+    assert!(stdout.contains("targets"), "{stdout}");
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["schema"], 1);
+    for key in ["cpu_model", "cores", "memory_bytes", "kernel", "hostname"] {
+        assert!(!report["machine"][key].is_null(), "machine.{key} missing");
+    }
+    assert!(report["date"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(report["command"][1], "bench");
+    assert_eq!(report["limits"]["memcpy"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        report["limits"]["tcp_round_trip"].as_array().unwrap().len(),
+        2
+    );
+
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4 * 3 * 2, "{cells:?}");
+    for path in ["shm-view", "shm-copy", "http", "cuda-ipc"] {
+        for op in ["put", "fetch", "put-fetch"] {
+            for size in [4096u64, 65536] {
+                let c = cells
+                    .iter()
+                    .find(|c| c["path"] == path && c["op"] == op && c["size"] == size)
+                    .unwrap_or_else(|| panic!("no cell {path} {op} {size}"));
+                match c["status"].as_str().unwrap() {
+                    "ok" => {
+                        let s = &c["samples"];
+                        assert_eq!(s["n"], 3, "{c}");
+                        for k in ["median_us", "p90_us", "min_us", "max_us"] {
+                            assert!(s[k].as_f64().unwrap() > 0.0, "{c}");
+                        }
+                        assert!(s["min_us"].as_f64() <= s["median_us"].as_f64());
+                        assert!(s["median_us"].as_f64() <= s["max_us"].as_f64());
+                        if path != "shm-view" || op != "fetch" {
+                            assert!(c["ratio"].as_f64().unwrap() > 0.0, "{c}");
+                            assert!(c["limit"]["name"].is_string(), "{c}");
+                        } else {
+                            assert_eq!(c["target_us"], 20.0, "{c}");
+                        }
+                    }
+                    "skipped" => {
+                        assert_eq!(path, "cuda-ipc", "{c}");
+                        assert!(c["reason"].as_str().unwrap().contains("cuda-ipc"), "{c}");
+                    }
+                    other => panic!("cell {path} {op} {size} is {other}: {c}"),
+                }
+            }
+        }
+    }
+    // The skip reason is shown in the table too, not only in the JSON.
+    assert!(
+        stdout.contains("cuda-ipc  every op and size  skipped (6 cells): plugin `cuda-ipc`"),
+        "{stdout}"
+    );
+    let extras = report["extras"].as_array().unwrap();
+    for key in [
+        "dispatch_overhead_ns",
+        "batch_shards_per_s",
+        "http_consumer_peak_rss_x",
+    ] {
+        assert!(
+            extras
+                .iter()
+                .any(|e| e["key"] == key && e["value"].is_number()),
+            "{key} missing: {extras:?}"
+        );
+    }
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 7);
+    assert!(targets
+        .iter()
+        .all(|t| t["met"].is_boolean() || t["met"].is_null()));
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg}");
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert!(
+        svg.contains("shm-copy fetch"),
+        "the legend names the series"
+    );
+}
+
+#[test]
+fn bench_refuses_unknown_paths_and_malformed_sizes() {
+    let out = shardport()
+        .args(["bench", "--paths", "shm-view,rdma"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown path `rdma`; expected one of shm-view, shm-copy, http, cuda-ipc"),
+        "{err}"
+    );
+
+    let out = shardport()
+        .args(["bench", "--sizes", "4KiB,12 parsecs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`12 parsecs` is not a byte size") && err.contains("--sizes"),
+        "{err}"
+    );
+
+    let out = shardport()
+        .args(["bench", "--ops", "get"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown operation `get`"));
+}

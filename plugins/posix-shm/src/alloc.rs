@@ -135,10 +135,128 @@ impl BumpAllocator {
     }
 }
 
+/// Byte ranges of the pool already backed with real pages (`fallocate`).
+///
+/// tmpfs keeps a backed page for the segment's lifetime (nothing here
+/// punches holes), so each byte needs backing once: after the allocator
+/// has moved through the whole pool, a put pays no `fallocate` at all
+/// (backing 256 MiB of pages that are already there walks 65536 page-cache
+/// entries, ~50 ms here, as long as copying the bytes). Ranges are kept
+/// disjoint and coalesced, so a fully backed pool is one entry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BackedRanges {
+    /// `start -> end` (exclusive), disjoint, never adjacent.
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl BackedRanges {
+    /// The parts of `[start, end)` not backed yet, in order.
+    pub(crate) fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut pos = start;
+        if let Some((_, &e)) = self.ranges.range(..=start).next_back() {
+            pos = pos.max(e);
+        }
+        for (&s, &e) in self.ranges.range(start..end) {
+            if pos >= end {
+                break;
+            }
+            if s > pos {
+                out.push((pos, s));
+            }
+            pos = pos.max(e);
+        }
+        if pos < end {
+            out.push((pos, end));
+        }
+        out
+    }
+
+    /// Records `[start, end)` as backed.
+    pub(crate) fn insert(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        if let Some((&ps, &pe)) = self.ranges.range(..=s).next_back() {
+            if pe >= s {
+                s = ps;
+                e = e.max(pe);
+                self.ranges.remove(&ps);
+            }
+        }
+        while let Some((&ns, &ne)) = self.ranges.range(s..=e).next() {
+            e = e.max(ne);
+            self.ranges.remove(&ns);
+        }
+        self.ranges.insert(s, e);
+    }
+
+    /// Number of disjoint ranges.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.ranges.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn backed_ranges_coalesce_and_report_gaps() {
+        let mut b = BackedRanges::default();
+        assert_eq!(b.gaps(0, 100), vec![(0, 100)]);
+        b.insert(10, 20);
+        b.insert(30, 40);
+        assert_eq!(b.gaps(0, 100), vec![(0, 10), (20, 30), (40, 100)]);
+        assert_eq!(b.gaps(12, 18), vec![]);
+        assert_eq!(b.gaps(15, 35), vec![(20, 30)]);
+        b.insert(20, 30);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.gaps(10, 40), vec![]);
+        b.insert(0, 100);
+        assert_eq!((b.len(), b.gaps(0, 100)), (1, vec![]));
+    }
+
+    proptest! {
+        #[test]
+        fn backed_ranges_match_a_bitmap(
+            ops in proptest::collection::vec((0u64..200, 0u64..40), 1..60),
+            probe in (0u64..200, 0u64..60),
+        ) {
+            let mut b = BackedRanges::default();
+            let mut model = [false; 260];
+            for (s, l) in ops {
+                b.insert(s, s + l);
+                for m in &mut model[s as usize..(s + l) as usize] {
+                    *m = true;
+                }
+            }
+            let (ps, pl) = probe;
+            let mut expect = Vec::new();
+            let mut i = ps;
+            while i < ps + pl {
+                if model[i as usize] {
+                    i += 1;
+                    continue;
+                }
+                let from = i;
+                while i < ps + pl && !model[i as usize] {
+                    i += 1;
+                }
+                expect.push((from, i));
+            }
+            prop_assert_eq!(b.gaps(ps, ps + pl), expect);
+            let mut prev_end = None;
+            for (&s, &e) in &b.ranges {
+                prop_assert!(s < e);
+                prop_assert!(prev_end.is_none_or(|p| p < s), "adjacent or overlapping");
+                prev_end = Some(e);
+            }
+        }
+    }
 
     #[test]
     fn aligned_next_fit_then_wrap() {

@@ -47,7 +47,7 @@ use shardport_abi::{
 };
 
 use crate::{
-    alloc::BumpAllocator,
+    alloc::{BackedRanges, BumpAllocator},
     board::{Board, EntryState, Holder, Layout},
     config::{self, Config, OnFull},
     descriptor::{Descriptor, Mode},
@@ -96,6 +96,8 @@ struct Reservation {
 #[derive(Debug)]
 struct Books {
     alloc: BumpAllocator,
+    /// Pool bytes already backed by `fallocate` (never needed twice).
+    backed: BackedRanges,
     free_slots: Vec<u32>,
     next_generation: u64,
     next_token: u64,
@@ -243,6 +245,7 @@ impl Owner {
         Owner {
             books: Mutex::new(Books {
                 alloc,
+                backed: BackedRanges::default(),
                 free_slots,
                 next_generation: 1,
                 next_token: 1,
@@ -507,7 +510,8 @@ impl Owner {
                         Ok(ptr) => {
                             b.pending.insert(token, r);
                             b.pending_ids.insert(id, token);
-                            Some((token, offset, ptr))
+                            let gaps = b.backed.gaps(offset, offset + len);
+                            Some((token, gaps, ptr))
                         }
                         Err(e) => {
                             self.retire(&mut b, r);
@@ -524,11 +528,21 @@ impl Owner {
         };
 
         let (token, ptr) = match pool_place {
-            Some((token, offset, ptr)) => {
+            Some((token, gaps, ptr)) => {
+                // Only the part of the range never backed before; the
+                // reservation is ours alone, so no one else backs it meanwhile.
                 let pool = self.pool()?.expect("pool reservation");
-                if let Err(e) = pool.data.reserve(offset, len) {
-                    self.abandon(token);
-                    return Err(errors::reserve_failed(pool.data.name(), len, e));
+                for &(start, end) in &gaps {
+                    if let Err(e) = pool.data.reserve(start, end - start) {
+                        self.abandon(token);
+                        return Err(errors::reserve_failed(pool.data.name(), len, e));
+                    }
+                }
+                if !gaps.is_empty() {
+                    let mut b = lock(&self.books);
+                    for (start, end) in gaps {
+                        b.backed.insert(start, end);
+                    }
                 }
                 (token, ptr)
             }

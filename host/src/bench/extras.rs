@@ -1,0 +1,241 @@
+//! Measurements outside the matrix: plugin dispatch, the 1000 x 4 KiB
+//! batch, and a consumer's peak RSS during a large http fetch.
+
+use std::{hint::black_box, time::Instant};
+
+use super::{
+    matrix::{only, put_remote, Runner},
+    BenchError, BenchOptions,
+};
+use crate::{
+    config::FetchMode,
+    node::Node,
+    worker::{Request, WorkerProcess},
+};
+
+/// Shards in the batch measurement.
+pub const BATCH_SHARDS: usize = 1000;
+/// Bytes per batch shard.
+pub const BATCH_SHARD_BYTES: u64 = 4 << 10;
+
+/// One measurement outside the matrix.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Extra {
+    /// Stable key (`dispatch_overhead_ns`, `batch_shards_per_s`, ...).
+    pub key: String,
+    /// What was measured.
+    pub name: String,
+    /// The value (absent when skipped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    /// Its unit.
+    pub unit: String,
+    /// How it was measured, or what it was compared with.
+    pub detail: String,
+    /// Why it was not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// It was started and failed (`skipped` has the error).
+    pub failed: bool,
+}
+
+impl Extra {
+    fn value(key: &str, name: String, value: f64, unit: &str, detail: String) -> Extra {
+        Extra {
+            key: key.to_owned(),
+            name,
+            value: Some(value),
+            unit: unit.to_owned(),
+            detail,
+            skipped: None,
+            failed: false,
+        }
+    }
+
+    /// A measurement that failed: the error in place of the value.
+    pub fn failed(key: &str, name: &str, unit: &str, e: &BenchError) -> Extra {
+        Extra {
+            failed: true,
+            ..Extra::skipped(key, name, unit, format!("FAILED: {e}"))
+        }
+    }
+
+    fn skipped(key: &str, name: &str, unit: &str, why: String) -> Extra {
+        Extra {
+            key: key.to_owned(),
+            name: name.to_owned(),
+            value: None,
+            unit: unit.to_owned(),
+            detail: String::new(),
+            skipped: Some(why),
+            failed: false,
+        }
+    }
+}
+
+#[inline(never)]
+fn direct_echo(x: u64) -> u64 {
+    black_box(x)
+}
+
+/// `Transport::echo` through a loaded plugin's vtable vs a direct call.
+pub fn dispatch(node: &Node, calls: u64) -> Vec<Extra> {
+    let Some(plugin) = node
+        .plugins()
+        .iter()
+        .find(|p| p.name.as_str() == "posix-shm")
+        .or_else(|| node.plugins().first())
+    else {
+        let why = "no plugin loaded".to_owned();
+        return vec![Extra::skipped(
+            "dispatch_overhead_ns",
+            "plugin dispatch overhead",
+            "ns",
+            why,
+        )];
+    };
+    let mut acc = 0u64;
+    let t = Instant::now();
+    for i in 0..calls {
+        acc = acc.wrapping_add(plugin.transport.echo(black_box(i)));
+    }
+    let via = t.elapsed().as_nanos() as f64 / calls as f64;
+    let t = Instant::now();
+    for i in 0..calls {
+        acc = acc.wrapping_add(direct_echo(black_box(i)));
+    }
+    let direct = t.elapsed().as_nanos() as f64 / calls as f64;
+    black_box(acc);
+    vec![
+        Extra::value(
+            "dispatch_vtable_ns",
+            format!("`{}` Transport::echo through the .so vtable", plugin.name),
+            via,
+            "ns",
+            format!("{calls} calls"),
+        ),
+        Extra::value(
+            "dispatch_direct_ns",
+            "direct (non-inlined) call, same loop".into(),
+            direct,
+            "ns",
+            format!("{calls} calls"),
+        ),
+        Extra::value(
+            "dispatch_overhead_ns",
+            "plugin dispatch overhead (vtable - direct)".into(),
+            via - direct,
+            "ns",
+            "per call".into(),
+        ),
+    ]
+}
+
+/// `fetch_many` of 1000 x 4 KiB shards owned by another process, over http
+/// (one request for the batch). Shards per second, median of `reps`.
+pub fn batch(
+    runner: &mut Runner<'_>,
+    node: &Node,
+    reps: usize,
+    http_ok: Result<(), String>,
+) -> Result<Extra, BenchError> {
+    const KEY: &str = "batch_shards_per_s";
+    let name = format!("http batch fetch_many, {BATCH_SHARDS} x 4 KiB");
+    if let Err(why) = http_ok {
+        return Ok(Extra::skipped(KEY, &name, "shards/s", why));
+    }
+    let owner = runner.owner()?;
+    let mut ids = Vec::with_capacity(BATCH_SHARDS);
+    let mut handles = Vec::with_capacity(BATCH_SHARDS);
+    for i in 0..BATCH_SHARDS {
+        let (id, h) = put_remote(owner, BATCH_SHARD_BYTES, 100 + i as u64)?;
+        ids.push(id);
+        handles.push(only(h, "http")?);
+    }
+    let mut rates = Vec::new();
+    let mut failure = None;
+    // One untimed round warms the connection and the consumer's buffers.
+    for round in 0..=reps.max(3) {
+        let t = Instant::now();
+        let results = node.fetch_many(&handles, FetchMode::Copy);
+        let elapsed = t.elapsed();
+        match results {
+            Ok(results) => {
+                if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                    failure = Some(BenchError::from(e));
+                    break;
+                }
+            }
+            Err(e) => {
+                failure = Some(e.into());
+                break;
+            }
+        }
+        if round > 0 {
+            rates.push(BATCH_SHARDS as f64 / elapsed.as_secs_f64());
+        }
+    }
+    runner.owner()?.call(&Request::Remove { ids })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let mut rates_us: Vec<f64> = rates;
+    let s = super::stats::Summary::of_us(&mut rates_us).expect("at least three rounds");
+    Ok(Extra::value(
+        KEY,
+        name,
+        s.median_us,
+        "shards/s",
+        format!(
+            "median of {} rounds (min {:.0}, max {:.0})",
+            s.n, s.min_us, s.max_us
+        ),
+    ))
+}
+
+/// Peak RSS of a fresh consumer process fetching a `size` shard over http.
+pub fn consumer_rss(
+    runner: &mut Runner<'_>,
+    opts: &BenchOptions,
+    size: u64,
+    http_ok: Result<(), String>,
+) -> Result<Extra, BenchError> {
+    const KEY: &str = "http_consumer_peak_rss_x";
+    let name = format!(
+        "http consumer peak RSS, {} fetch",
+        shardport_abi::format_byte_size(size)
+    );
+    if let Err(why) = http_ok {
+        return Ok(Extra::skipped(KEY, &name, "x size", why));
+    }
+    let (id, h) = put_remote(runner.owner()?, size, 21)?;
+    let h = only(h, "http")?;
+    let mut consumer = WorkerProcess::spawn("consumer", &opts.exe, &opts.config_args)?;
+    let before = consumer.call(&Request::Stats)?.rss.unwrap_or(0);
+    let fetched = consumer.call(&Request::Fetch {
+        handle: hex::encode(h.to_bytes()),
+        mode: Some(FetchMode::Copy),
+        seed: Some(21),
+        hold: false,
+        only: Some("http".into()),
+    });
+    let peak = consumer.call(&Request::Stats)?.peak_rss.unwrap_or(0);
+    consumer.exit()?;
+    runner.owner()?.call(&Request::Remove { ids: vec![id] })?;
+    if fetched?.verified != Some(true) {
+        return Err(BenchError::Other(
+            "http fetch for the RSS measurement returned wrong bytes".into(),
+        ));
+    }
+    Ok(Extra::value(
+        KEY,
+        name,
+        peak as f64 / size as f64,
+        "x size",
+        format!(
+            "peak {:.1} MiB, {:.1} MiB before the fetch (the shard is fetched into a fresh buffer)",
+            peak as f64 / (1u64 << 20) as f64,
+            before as f64 / (1u64 << 20) as f64
+        ),
+    ))
+}

@@ -1,0 +1,220 @@
+//! This machine's own limits, measured in the same run as the matrix:
+//! single-thread memcpy between warm buffers, and raw TCP over loopback with
+//! our own socket pair (a round trip carrying a shard, and a stream).
+
+use std::{
+    hint::black_box,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use super::stats::{gbps_us, Summary};
+
+/// Each memcpy sample copies at least this many bytes (repeating small
+/// copies), so a 4 KiB copy is not lost in the clock's resolution.
+const MEMCPY_SAMPLE_BYTES: usize = 1 << 20;
+
+/// A limit at one size.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct SizeLimit {
+    /// Shard size in bytes.
+    pub size: u64,
+    /// Time per operation.
+    pub samples: Summary,
+    /// Throughput at the median, GB/s.
+    pub gbps: f64,
+}
+
+/// Every limit of one run.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Limits {
+    /// Single-thread memcpy between two warm buffers, per size.
+    pub memcpy: Vec<SizeLimit>,
+    /// Raw TCP loopback round trip: an 8-byte request out, the shard back,
+    /// read into a warm buffer (the floor of any fetch over TCP), per size.
+    pub tcp_round_trip: Vec<SizeLimit>,
+    /// Raw TCP loopback stream, one direction, 1 MiB writes, at the largest size.
+    pub tcp_stream: Option<SizeLimit>,
+}
+
+impl Limits {
+    /// The memcpy limit at `size`.
+    pub fn memcpy_at(&self, size: u64) -> Option<&SizeLimit> {
+        self.memcpy.iter().find(|l| l.size == size)
+    }
+
+    /// The TCP round-trip limit at `size`.
+    pub fn tcp_at(&self, size: u64) -> Option<&SizeLimit> {
+        self.tcp_round_trip.iter().find(|l| l.size == size)
+    }
+}
+
+fn size_limit(size: u64, samples: &[Duration]) -> Option<SizeLimit> {
+    let s = Summary::of(samples)?;
+    Some(SizeLimit {
+        size,
+        samples: s,
+        gbps: gbps_us(size, s.median_us),
+    })
+}
+
+/// Warm single-thread memcpy of `len` bytes: `warmup` + `reps` samples.
+pub fn memcpy(len: usize, warmup: usize, reps: usize) -> SizeLimit {
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    dst.copy_from_slice(&src); // touch both
+    let mut samples = Vec::with_capacity(reps);
+    for i in 0..warmup + reps.max(1) {
+        let d = memcpy_once(&src, &mut dst);
+        if i >= warmup {
+            samples.push(d);
+        }
+    }
+    size_limit(len as u64, &samples).expect("at least one sample")
+}
+
+/// A raw TCP loopback socket pair whose server thread answers each 8-byte
+/// request with `len` bytes from a warm buffer (Nagle off on both ends,
+/// like any request/response client). Dropping it ends the thread.
+pub struct TcpPair {
+    stream: TcpStream,
+    dst: Vec<u8>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpPair {
+    /// Connects a pair carrying `len` bytes per round trip.
+    pub fn new(len: usize) -> std::io::Result<TcpPair> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let server = std::thread::Builder::new()
+            .name("bench-tcp".into())
+            .spawn(move || {
+                let Ok((mut s, _)) = listener.accept() else {
+                    return;
+                };
+                let _ = s.set_nodelay(true);
+                let src = vec![7u8; len];
+                let mut req = [0u8; 8];
+                while s.read_exact(&mut req).is_ok() {
+                    if s.write_all(&src).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut pair = TcpPair {
+            stream,
+            dst: vec![0u8; len],
+            server: Some(server),
+        };
+        pair.round_trip()?; // warms the buffers and the connection
+        Ok(pair)
+    }
+
+    /// One round trip: the request out, all `len` bytes back.
+    pub fn round_trip(&mut self) -> std::io::Result<Duration> {
+        let t = Instant::now();
+        self.stream
+            .write_all(&(self.dst.len() as u64).to_le_bytes())?;
+        self.stream.read_exact(&mut self.dst)?;
+        Ok(t.elapsed())
+    }
+}
+
+impl Drop for TcpPair {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Raw TCP loopback round trips carrying `len` bytes back: `warmup` +
+/// `reps` samples on one kept-alive [`TcpPair`].
+pub fn tcp_round_trip(len: usize, warmup: usize, reps: usize) -> std::io::Result<SizeLimit> {
+    let mut pair = TcpPair::new(len)?;
+    let mut samples = Vec::with_capacity(reps);
+    for i in 0..warmup + reps.max(1) {
+        let d = pair.round_trip()?;
+        if i >= warmup {
+            samples.push(d);
+        }
+    }
+    Ok(size_limit(len as u64, &samples).expect("at least one sample"))
+}
+
+/// One memcpy of `src` into `dst` (same length), timed; small copies are
+/// repeated so the sample is long enough for the clock, and the time per
+/// copy returned.
+pub fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
+    let inner = (MEMCPY_SAMPLE_BYTES / src.len().max(1)).max(1);
+    let t = Instant::now();
+    for _ in 0..inner {
+        dst.copy_from_slice(black_box(src));
+        black_box(&mut *dst);
+    }
+    t.elapsed() / inner as u32
+}
+
+/// Raw TCP loopback stream: one thread writes `len` bytes from a warm
+/// buffer in 1 MiB writes, the other reads them into a warm buffer; the
+/// first round warms up.
+pub fn tcp_stream(len: usize, reps: usize) -> std::io::Result<SizeLimit> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let rounds = reps.max(1) + 1;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let src = vec![7u8; 1 << 20];
+        for _ in 0..rounds {
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(src.len());
+                s.write_all(&src[..n])?;
+                left -= n;
+            }
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr)?;
+    let mut dst = vec![0u8; len];
+    let mut samples = Vec::new();
+    for round in 0..rounds {
+        let t = Instant::now();
+        s.read_exact(&mut dst)?;
+        if round > 0 {
+            samples.push(t.elapsed());
+        }
+    }
+    writer
+        .join()
+        .map_err(|_| std::io::Error::other("the TCP writer thread panicked"))??;
+    Ok(size_limit(len as u64, &samples).expect("at least one sample"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_measure_something() {
+        let m = memcpy(4096, 1, 3);
+        assert_eq!((m.size, m.samples.n), (4096, 3));
+        assert!(m.gbps > 0.0);
+        let t = tcp_round_trip(4096, 1, 3).unwrap();
+        assert_eq!(t.samples.n, 3);
+        let s = tcp_stream(1 << 16, 2).unwrap();
+        assert_eq!(s.samples.n, 2);
+        let l = Limits {
+            memcpy: vec![m],
+            tcp_round_trip: vec![t],
+            tcp_stream: Some(s),
+        };
+        assert!(l.memcpy_at(4096).is_some() && l.memcpy_at(1).is_none());
+        assert!(l.tcp_at(4096).is_some());
+    }
+}

@@ -1,0 +1,682 @@
+//! The matrix: sizes x paths x operations, each cell warm-up iterations
+//! then timed repetitions, with real owner and consumer processes.
+//!
+//! - `put`: this process puts the shard from a warm buffer into a node that
+//!   exports it through the path's transport only (plus the storage
+//!   transport, which always exports what it holds). The pool is cycled
+//!   once before the first put so its pages are backed and touched.
+//! - `fetch`: an owner process (`shardport worker`) holds the shard; this
+//!   process fetches it through the path (the handle keeps only that
+//!   transport's export): a view, or a copy into a warm buffer.
+//! - `put-fetch`: the owner process puts from its warm buffer, a separate
+//!   consumer process fetches (a view, or into its warm buffer). The time is
+//!   the owner's put plus the consumer's fetch, each timed inside its own
+//!   process; passing the handle between them (the application's RPC, here
+//!   a pipe through this process) is not counted.
+//!
+//! After each of a cell's repetitions this process takes one sample of the
+//! cell's limit (a memcpy of the same size, a TCP round trip carrying it, or
+//! their sum, see [`limit_parts`]), so the cell and its limit see the same
+//! load on the machine; the ratio is the limit's median over the cell's.
+//!
+//! The first repetition of each cell verifies every byte against the
+//! pattern (after its timing).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    hint::black_box,
+    time::{Duration, Instant},
+};
+
+use shardport_abi::ShardId;
+
+use super::{
+    limits::{memcpy_once, Limits, TcpPair},
+    spec::{FetchLimit, Op, PathSpec},
+    stats::Summary,
+    BenchError, BenchOptions,
+};
+use crate::{
+    config::{FetchMode, TransportName},
+    handle::Handle,
+    node::{Node, TensorSpec},
+    worker::{check_pattern, fill_pattern, Request, WorkerProcess},
+};
+
+/// The zero-copy view target: a fetch that moves no bytes answers within this.
+pub const VIEW_TARGET_US: f64 = 20.0;
+
+/// Outcome of one cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CellStatus {
+    /// Measured.
+    Ok,
+    /// Not run; `reason` says why.
+    Skipped,
+    /// Started and failed; `reason` has the error.
+    Failed,
+}
+
+/// What a cell is compared with.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CellLimit {
+    /// `memcpy`, `tcp round trip`, `memcpy + tcp round trip`, ...
+    pub name: String,
+    /// The limit's median time for the same work, microseconds.
+    pub median_us: f64,
+    /// The limit's throughput for the same work, GB/s.
+    pub gbps: f64,
+    /// Measured between the cell's own repetitions (else: the limits table).
+    pub paired: bool,
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cell {
+    /// Path.
+    pub path: super::spec::PathId,
+    /// Operation.
+    pub op: Op,
+    /// Shard size in bytes.
+    pub size: u64,
+    /// Transport the path uses.
+    pub transport: String,
+    /// Measured, skipped or failed.
+    pub status: CellStatus,
+    /// Why it was skipped or how it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Warm-up iterations run before the samples.
+    pub warmup: usize,
+    /// Timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<Summary>,
+    /// Throughput at the median time, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    /// The machine's limit for the same work, measured in this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<CellLimit>,
+    /// Limit time / median time: the fraction of the machine's limit reached
+    /// (1.0 = as fast as the limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// For zero-copy fetches: the latency target, microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_us: Option<f64>,
+}
+
+impl Cell {
+    /// A cell that did not run.
+    pub fn skipped(spec: &PathSpec, op: Op, size: u64, reason: String) -> Cell {
+        Cell {
+            path: spec.id,
+            op,
+            size,
+            transport: spec.transport.to_owned(),
+            status: CellStatus::Skipped,
+            reason: Some(reason),
+            warmup: 0,
+            samples: None,
+            gbps: None,
+            limit: None,
+            ratio: None,
+            target_us: None,
+        }
+    }
+
+    /// A measured cell, compared with `limits`.
+    pub fn measured(
+        spec: &PathSpec,
+        op: Op,
+        size: u64,
+        warmup: usize,
+        samples: Summary,
+        paired: Option<&Summary>,
+        limits: &Limits,
+    ) -> Cell {
+        let limit = cell_limit(spec, op, size, paired, limits);
+        let ratio = limit.as_ref().map(|l| l.median_us / samples.median_us);
+        let target_us = (op == Op::Fetch && spec.fetch_limit == FetchLimit::LatencyTarget)
+            .then_some(VIEW_TARGET_US);
+        Cell {
+            path: spec.id,
+            op,
+            size,
+            transport: spec.transport.to_owned(),
+            status: CellStatus::Ok,
+            reason: None,
+            warmup,
+            gbps: Some(samples.gbps(size)),
+            samples: Some(samples),
+            limit,
+            ratio,
+            target_us,
+        }
+    }
+}
+
+/// One part of a cell's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitPart {
+    /// A single-thread memcpy of the shard between warm buffers.
+    Memcpy,
+    /// A raw TCP loopback round trip carrying the shard.
+    Tcp,
+}
+
+/// What the fastest way to do a cell's work consists of: a put is one
+/// memcpy into storage; a copy fetch one memcpy or one TCP round trip; a
+/// zero-copy fetch moves nothing (judged by its latency target instead).
+pub fn limit_parts(spec: &PathSpec, op: Op) -> Vec<LimitPart> {
+    let fetch = match spec.fetch_limit {
+        FetchLimit::LatencyTarget => None,
+        FetchLimit::Memcpy => Some(LimitPart::Memcpy),
+        FetchLimit::Tcp => Some(LimitPart::Tcp),
+    };
+    match op {
+        Op::Put => vec![LimitPart::Memcpy],
+        Op::Fetch => fetch.into_iter().collect(),
+        Op::PutFetch => std::iter::once(LimitPart::Memcpy).chain(fetch).collect(),
+    }
+}
+
+fn limit_name(parts: &[LimitPart]) -> String {
+    let word = |p: &LimitPart| match p {
+        LimitPart::Memcpy => "memcpy",
+        LimitPart::Tcp => "tcp round trip",
+    };
+    match parts {
+        [LimitPart::Memcpy, LimitPart::Memcpy] => "2x memcpy".into(),
+        _ => parts.iter().map(word).collect::<Vec<_>>().join(" + "),
+    }
+}
+
+/// A cell's limit: from limit samples taken between the cell's own samples
+/// (`paired`, so both see the same load on the machine), or else from the
+/// run's limits table at that size.
+pub fn cell_limit(
+    spec: &PathSpec,
+    op: Op,
+    size: u64,
+    paired: Option<&Summary>,
+    limits: &Limits,
+) -> Option<CellLimit> {
+    let parts = limit_parts(spec, op);
+    if parts.is_empty() {
+        return None;
+    }
+    let us = match paired {
+        Some(s) => s.median_us,
+        None => parts
+            .iter()
+            .map(|p| match p {
+                LimitPart::Memcpy => limits.memcpy_at(size).map(|l| l.samples.median_us),
+                LimitPart::Tcp => limits.tcp_at(size).map(|l| l.samples.median_us),
+            })
+            .sum::<Option<f64>>()?,
+    };
+    Some(CellLimit {
+        name: limit_name(&parts),
+        median_us: us,
+        gbps: super::stats::gbps_us(size, us),
+        paired: paired.is_some(),
+    })
+}
+
+/// Runs cells; owns the nodes and processes they share.
+pub struct Runner<'a> {
+    opts: &'a BenchOptions,
+    /// This process as a consumer.
+    consumer: &'a Node,
+    /// This process as an owner, one node per transport exported.
+    put_nodes: HashMap<&'static str, Node>,
+    owner: Option<WorkerProcess>,
+    consumer_proc: Option<WorkerProcess>,
+    sampler: LimitSampler,
+    seed: u64,
+}
+
+/// Takes limit samples between a cell's samples.
+struct LimitSampler {
+    /// Warm source bytes, as long as the largest size (also the put source).
+    source: Vec<u8>,
+    /// Warm memcpy destination, as long as the largest size.
+    dst: Vec<u8>,
+    /// The TCP pair for the current size.
+    tcp: Option<(u64, TcpPair)>,
+}
+
+impl LimitSampler {
+    /// One sample of the limit made of `parts` at `size`.
+    fn sample(&mut self, parts: &[LimitPart], size: u64) -> Result<Duration, BenchError> {
+        let n = size as usize;
+        let mut total = Duration::ZERO;
+        for part in parts {
+            total += match part {
+                LimitPart::Memcpy => memcpy_once(&self.source[..n], &mut self.dst[..n]),
+                LimitPart::Tcp => {
+                    if self.tcp.as_ref().is_none_or(|(s, _)| *s != size) {
+                        self.tcp = None; // one pair at a time
+                        let pair =
+                            TcpPair::new(n).map_err(|e| other(format!("raw TCP loopback: {e}")))?;
+                        self.tcp = Some((size, pair));
+                    }
+                    let (_, pair) = self.tcp.as_mut().expect("just set");
+                    pair.round_trip()
+                        .map_err(|e| other(format!("raw TCP loopback: {e}")))?
+                }
+            };
+        }
+        Ok(total)
+    }
+}
+
+/// A cell's own timings and the limit timings taken between them.
+pub struct Timings {
+    /// The cell's samples.
+    pub cell: Vec<Duration>,
+    /// Limit samples, one after each cell sample (empty: no limit).
+    pub limit: Vec<Duration>,
+}
+
+fn other(msg: impl Into<String>) -> BenchError {
+    BenchError::Other(msg.into())
+}
+
+/// Puts `len` pattern bytes in the owner process; returns the id and the decoded handle.
+pub fn put_remote(
+    owner: &mut WorkerProcess,
+    len: u64,
+    seed: u64,
+) -> Result<(String, Handle), BenchError> {
+    let put = owner.call(&Request::Put {
+        len,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })?;
+    let handle = decode(put.handle.as_deref().unwrap_or_default())?;
+    Ok((put.id.unwrap_or_default(), handle))
+}
+
+fn decode(hex_text: &str) -> Result<Handle, BenchError> {
+    let bytes = hex::decode(hex_text).map_err(|e| other(format!("owner sent bad hex: {e}")))?;
+    Handle::from_bytes(&bytes).map_err(|e| other(format!("owner sent a bad handle: {e}")))
+}
+
+/// Keeps only `transport`'s export of `h`.
+pub fn only(mut h: Handle, transport: &str) -> Result<Handle, BenchError> {
+    if !h.keep_only(transport) {
+        return Err(other(format!(
+            "the owner did not export through {transport}"
+        )));
+    }
+    Ok(h)
+}
+
+/// Bytes of the pool of `node`'s storage transport (0 without a pool).
+pub fn pool_bytes(node: &Node) -> u64 {
+    node.stats()
+        .plugins
+        .iter()
+        .find_map(|p| p.stats.get("pool_bytes_total").copied())
+        .unwrap_or(0)
+}
+
+impl<'a> Runner<'a> {
+    /// A runner for `opts`, fetching into `consumer`.
+    pub fn new(opts: &'a BenchOptions, consumer: &'a Node) -> Runner<'a> {
+        let largest = opts.sizes.iter().copied().max().unwrap_or(0) as usize;
+        let mut source = vec![0u8; largest];
+        fill_pattern(&mut source, 1);
+        let mut dst = vec![0u8; largest];
+        dst.copy_from_slice(&source); // touched: warm
+        Runner {
+            opts,
+            consumer,
+            put_nodes: HashMap::new(),
+            owner: None,
+            consumer_proc: None,
+            sampler: LimitSampler {
+                source,
+                dst,
+                tcp: None,
+            },
+            seed: 1000,
+        }
+    }
+
+    /// The owner process, started (and its pool cycled) on first use.
+    pub fn owner(&mut self) -> Result<&mut WorkerProcess, BenchError> {
+        if self.owner.is_none() {
+            let mut w = WorkerProcess::spawn("owner", &self.opts.exe, &self.opts.config_args)?;
+            if !self.opts.quick {
+                let pool = pool_bytes(self.consumer);
+                let chunk = (self.sampler.source.len() as u64).min(pool);
+                let mut done = 0;
+                while chunk > 0 && done <= pool {
+                    let r = w.call(&Request::PutBuffer {
+                        len: chunk,
+                        seed: 1,
+                    })?;
+                    w.call(&Request::Remove {
+                        ids: vec![r.id.unwrap_or_default()],
+                    })?;
+                    done += chunk;
+                }
+            }
+            self.owner = Some(w);
+        }
+        Ok(self.owner.as_mut().expect("just started"))
+    }
+
+    fn consumer_proc(&mut self) -> Result<&mut WorkerProcess, BenchError> {
+        if self.consumer_proc.is_none() {
+            self.consumer_proc = Some(WorkerProcess::spawn(
+                "consumer",
+                &self.opts.exe,
+                &self.opts.config_args,
+            )?);
+        }
+        Ok(self.consumer_proc.as_mut().expect("just started"))
+    }
+
+    /// The in-process owner node exporting through `transport`, started
+    /// (and its pool cycled) on first use.
+    fn put_node(&mut self, transport: &'static str) -> Result<&Node, BenchError> {
+        if !self.put_nodes.contains_key(transport) {
+            let mut cfg = self.opts.config.clone();
+            cfg.put.export_to = Some(vec![TransportName::new(transport).map_err(other)?]);
+            let node = Node::start(cfg)?;
+            if !self.opts.quick {
+                let pool = pool_bytes(&node);
+                let chunk = (self.sampler.source.len() as u64).min(pool) as usize;
+                let mut done = 0;
+                while chunk > 0 && done <= pool {
+                    let h = node.put(
+                        &self.sampler.source[..chunk],
+                        &TensorSpec::bytes(chunk as u64),
+                        BTreeMap::new(),
+                    )?;
+                    node.remove(&[h.id]);
+                    done += chunk as u64;
+                }
+            }
+            self.put_nodes.insert(transport, node);
+        }
+        Ok(&self.put_nodes[transport])
+    }
+
+    /// Runs one cell: `warmup` + `reps` timings, each followed by a sample
+    /// of the cell's limit; the warm-up ones are dropped.
+    pub fn run(&mut self, spec: &PathSpec, op: Op, size: u64) -> Result<Timings, BenchError> {
+        self.seed += 1;
+        let rounds = self.opts.warmup + self.opts.reps;
+        let parts = limit_parts(spec, op);
+        let mut t = Timings {
+            cell: Vec::with_capacity(rounds),
+            limit: Vec::with_capacity(rounds),
+        };
+        match op {
+            Op::Put => self.put(spec, size, rounds, &parts, &mut t)?,
+            Op::Fetch => self.fetch(spec, size, rounds, &parts, &mut t)?,
+            Op::PutFetch => self.put_fetch(spec, size, rounds, &parts, &mut t)?,
+        }
+        let w = self.opts.warmup;
+        Ok(Timings {
+            cell: t.cell.split_off(w.min(t.cell.len())),
+            limit: t.limit.split_off(w.min(t.limit.len())),
+        })
+    }
+
+    /// Records a limit sample after a cell sample, when the cell has a limit.
+    fn pair(&mut self, parts: &[LimitPart], size: u64, t: &mut Timings) -> Result<(), BenchError> {
+        if !parts.is_empty() {
+            t.limit.push(self.sampler.sample(parts, size)?);
+        }
+        Ok(())
+    }
+
+    fn put(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
+        self.put_node(spec.transport)?;
+        let tensor = TensorSpec::bytes(size);
+        let transport = TransportName::new(spec.transport).map_err(other)?;
+        for _ in 0..rounds {
+            let node = &self.put_nodes[spec.transport];
+            let src = &self.sampler.source[..size as usize];
+            let t = Instant::now();
+            let h = node.put(src, &tensor, BTreeMap::new())?;
+            times.cell.push(t.elapsed());
+            let exported = h.export(&transport).is_some();
+            node.remove(&[h.id]);
+            if !exported {
+                return Err(other(format!(
+                    "the put did not export through {}",
+                    spec.transport
+                )));
+            }
+            self.pair(parts, size, times)?;
+        }
+        Ok(())
+    }
+
+    fn fetch(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
+        let seed = self.seed;
+        let (id, h) = put_remote(self.owner()?, size, seed)?;
+        let h = only(h, spec.transport)?;
+        let result = self.fetch_rounds(spec, &h, seed, rounds, parts, times);
+        self.owner()?.call(&Request::Remove { ids: vec![id] })?;
+        result
+    }
+
+    fn fetch_rounds(
+        &mut self,
+        spec: &PathSpec,
+        h: &Handle,
+        seed: u64,
+        rounds: usize,
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
+        let node = self.consumer;
+        let size = h.meta.byte_len;
+        let mut dst = match spec.mode {
+            FetchMode::View => Vec::new(),
+            FetchMode::Copy => vec![0u8; h.meta.byte_len as usize],
+        };
+        for i in 0..rounds {
+            let (served_by, mode, verified) = match spec.mode {
+                FetchMode::View => {
+                    let t = Instant::now();
+                    let f = node.fetch_mode(h, FetchMode::View)?;
+                    black_box(f.data.first());
+                    times.cell.push(t.elapsed());
+                    let ok = i > 0 || check_pattern(&f.data, seed);
+                    (f.selection.transport, f.selection.mode, ok)
+                }
+                FetchMode::Copy => {
+                    let t = Instant::now();
+                    let sel = node.fetch_into(h, &mut dst)?;
+                    times.cell.push(t.elapsed());
+                    let ok = i > 0 || check_pattern(&dst, seed);
+                    (sel.transport, sel.mode, ok)
+                }
+            };
+            check_served(spec, &served_by, mode, Some(verified))?;
+            self.pair(parts, size, times)?;
+        }
+        Ok(())
+    }
+
+    fn put_fetch(
+        &mut self,
+        spec: &PathSpec,
+        size: u64,
+        rounds: usize,
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
+        let seed = self.seed;
+        self.owner()?;
+        self.consumer_proc()?;
+        for i in 0..rounds {
+            let owner = self.owner.as_mut().expect("started");
+            let put = owner.call(&Request::PutBuffer { len: size, seed })?;
+            let id: ShardId =
+                crate::worker::parse_id(put.id.as_deref().unwrap_or_default()).map_err(other)?;
+            let handle = put.handle.unwrap_or_default();
+            let verify = (i == 0).then_some(seed);
+            let only = Some(spec.transport.to_owned());
+            let request = match spec.mode {
+                FetchMode::View => Request::Fetch {
+                    handle,
+                    mode: Some(FetchMode::View),
+                    seed: verify,
+                    hold: false,
+                    only,
+                },
+                FetchMode::Copy => Request::FetchBuffer {
+                    handle,
+                    only,
+                    seed: verify,
+                },
+            };
+            let fetched = self.consumer_proc.as_mut().expect("started").call(&request);
+            let owner = self.owner.as_mut().expect("started");
+            owner.call(&Request::Remove {
+                ids: vec![id.to_string()],
+            })?;
+            let fetched = fetched?;
+            check_served(
+                spec,
+                fetched.transport.as_deref().unwrap_or_default(),
+                fetched.mode.unwrap_or(FetchMode::Copy),
+                fetched.verified,
+            )?;
+            times.cell.push(Duration::from_nanos(
+                put.ns.unwrap_or_default() + fetched.ns.unwrap_or_default(),
+            ));
+            self.pair(parts, size, times)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the worker processes.
+    pub fn finish(self) -> Result<(), BenchError> {
+        for w in [self.owner, self.consumer_proc].into_iter().flatten() {
+            w.exit()?;
+        }
+        Ok(())
+    }
+}
+
+/// The fetch went through the path's transport, in its mode, and the bytes
+/// were right.
+fn check_served(
+    spec: &PathSpec,
+    transport: &str,
+    mode: FetchMode,
+    verified: Option<bool>,
+) -> Result<(), BenchError> {
+    if transport != spec.transport || mode != spec.mode {
+        return Err(other(format!(
+            "{} fetch was served by {transport} as a {mode}",
+            spec.id
+        )));
+    }
+    if verified == Some(false) {
+        return Err(other(format!(
+            "{} fetch returned bytes that differ from what the owner put",
+            spec.id
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{limits::SizeLimit, spec::PathId};
+
+    fn limit(size: u64, us: f64) -> SizeLimit {
+        let samples = Summary::of_us(&mut [us]).unwrap();
+        SizeLimit {
+            size,
+            samples,
+            gbps: super::super::stats::gbps_us(size, us),
+        }
+    }
+
+    #[test]
+    fn each_cell_is_compared_with_the_same_work() {
+        let parts = |p: PathId, o| limit_parts(p.spec(), o);
+        use LimitPart::{Memcpy, Tcp};
+        assert_eq!(parts(PathId::ShmView, Op::Put), [Memcpy]);
+        assert_eq!(parts(PathId::ShmView, Op::Fetch), []);
+        assert_eq!(parts(PathId::ShmView, Op::PutFetch), [Memcpy]);
+        assert_eq!(parts(PathId::ShmCopy, Op::Fetch), [Memcpy]);
+        assert_eq!(parts(PathId::ShmCopy, Op::PutFetch), [Memcpy, Memcpy]);
+        assert_eq!(parts(PathId::Http, Op::Fetch), [Tcp]);
+        assert_eq!(parts(PathId::Http, Op::PutFetch), [Memcpy, Tcp]);
+
+        let limits = Limits {
+            memcpy: vec![limit(4096, 1.0)],
+            tcp_round_trip: vec![limit(4096, 10.0)],
+            tcp_stream: None,
+        };
+        let http = PathId::Http.spec();
+        let l = cell_limit(http, Op::PutFetch, 4096, None, &limits).unwrap();
+        assert_eq!(
+            (l.name.as_str(), l.median_us, l.paired),
+            ("memcpy + tcp round trip", 11.0, false)
+        );
+        let copy = PathId::ShmCopy.spec();
+        let l = cell_limit(copy, Op::PutFetch, 4096, None, &limits).unwrap();
+        assert_eq!((l.name.as_str(), l.median_us), ("2x memcpy", 2.0));
+        // Paired samples win over the table; no table entry, no limit.
+        let paired = Summary::of_us(&mut [3.0, 5.0, 4.0]).unwrap();
+        let l = cell_limit(copy, Op::Fetch, 4096, Some(&paired), &limits).unwrap();
+        assert_eq!((l.median_us, l.paired), (4.0, true));
+        assert!(cell_limit(copy, Op::Fetch, 1 << 20, None, &limits).is_none());
+        assert!(cell_limit(PathId::ShmView.spec(), Op::Fetch, 4096, None, &limits).is_none());
+
+        let cell = Cell::measured(
+            copy,
+            Op::Fetch,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!(cell.ratio, Some(0.5));
+        assert_eq!(cell.target_us, None);
+        let view = PathId::ShmView.spec();
+        let cell = Cell::measured(
+            view,
+            Op::Fetch,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
+    }
+}

@@ -1,0 +1,532 @@
+//! The report: machine, settings, limits, cells, extras and targets; its
+//! table (`Display`) and its JSON form (`Serialize`, [`SCHEMA`]).
+
+use std::fmt;
+
+use shardport_abi::format_byte_size;
+
+use super::{
+    extras::Extra,
+    limits::{Limits, SizeLimit},
+    matrix::{Cell, CellStatus, VIEW_TARGET_US},
+    spec::{Op, PathId},
+};
+
+/// Version of the JSON layout; bumped when a field changes meaning.
+pub const SCHEMA: u32 = 1;
+
+// The targets of issue 7: what "fast enough" means on any machine, relative
+// to its own limits where bytes move, absolute where latency is the point.
+/// Copy fetch, warm-pool put and large http fetch: at least this fraction of
+/// the machine's limit for the same work.
+pub const MIN_RATIO: f64 = 0.8;
+/// http fetch of 4 KiB over a kept-alive connection, p50: a small shard must
+/// cost about a few loopback round trips, not a new connection.
+pub const HTTP_4K_P50_US: f64 = 60.0;
+/// 1000 x 4 KiB batch: shards per second (one request per owner, not per shard).
+pub const MIN_BATCH_PER_S: f64 = 50_000.0;
+/// Calling a plugin through its vtable: at most this much more than a direct call.
+pub const MAX_DISPATCH_OVERHEAD_NS: f64 = 10.0;
+
+/// Everything one run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// When the run ended, UTC, RFC 3339.
+    pub date: String,
+    /// The command line.
+    pub command: Vec<String>,
+    /// The machine.
+    pub machine: Machine,
+    /// 1-minute load average before and after: other work skews numbers.
+    pub load_average: LoadAverage,
+    /// What was asked for.
+    pub settings: Settings,
+    /// The machine's limits, measured in this run.
+    pub limits: Limits,
+    /// The matrix, path by path, operation by operation, size by size.
+    pub cells: Vec<Cell>,
+    /// Measurements outside the matrix.
+    pub extras: Vec<Extra>,
+    /// The targets, met or missed.
+    pub targets: Vec<TargetCheck>,
+}
+
+/// The machine the run measured.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Machine {
+    /// Host name.
+    pub hostname: String,
+    /// CPU model (`/proc/cpuinfo`).
+    pub cpu_model: String,
+    /// CPUs this process may run on.
+    pub cores: usize,
+    /// Physical memory in bytes (`/proc/meminfo`).
+    pub memory_bytes: u64,
+    /// Kernel release.
+    pub kernel: String,
+}
+
+/// Load average around the run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadAverage {
+    /// 1-minute load average at the start.
+    pub before: Option<f64>,
+    /// 1-minute load average at the end.
+    pub after: Option<f64>,
+}
+
+/// What the run was asked to measure.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Settings {
+    /// Sizes in bytes.
+    pub sizes: Vec<u64>,
+    /// Paths.
+    pub paths: Vec<PathId>,
+    /// Operations.
+    pub ops: Vec<Op>,
+    /// Timed repetitions per cell.
+    pub reps: usize,
+    /// Warm-up iterations per cell.
+    pub warmup: usize,
+    /// `--quick`.
+    pub quick: bool,
+}
+
+/// One target of issue 7.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TargetCheck {
+    /// What is measured.
+    pub name: String,
+    /// The target, as text.
+    pub target: String,
+    /// The measured figure, as text.
+    pub measured: String,
+    /// `true` met, `false` missed, `None` not measured in this run.
+    pub met: Option<bool>,
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+impl Machine {
+    /// Reads what `/proc` says about this machine.
+    pub fn probe() -> Machine {
+        let cpu_model = read("/proc/cpuinfo")
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let memory_bytes = read("/proc/meminfo")
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kib| kib.parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib * 1024);
+        Machine {
+            hostname: read("/proc/sys/kernel/hostname")
+                .map_or_else(|| "unknown".into(), |h| h.trim().to_owned()),
+            cpu_model,
+            cores: std::thread::available_parallelism().map_or(0, usize::from),
+            memory_bytes,
+            kernel: read("/proc/sys/kernel/osrelease")
+                .map_or_else(|| "unknown".into(), |k| k.trim().to_owned()),
+        }
+    }
+}
+
+/// The 1-minute load average (`/proc/loadavg`).
+pub fn load_average() -> Option<f64> {
+    read("/proc/loadavg")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Now, UTC, as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (proleptic
+/// Gregorian calendar; days converted through 400-year eras).
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Shift the epoch to 0000-03-01 so leap days fall at the end of a year.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn find(cells: &[Cell], path: PathId, op: Op) -> impl Iterator<Item = &Cell> {
+    cells
+        .iter()
+        .filter(move |c| c.path == path && c.op == op && c.status == CellStatus::Ok)
+}
+
+fn extra<'e>(extras: &'e [Extra], key: &str) -> Option<&'e Extra> {
+    extras.iter().find(|e| e.key == key && e.value.is_some())
+}
+
+fn not_measured(name: &str, target: &str, why: &str) -> TargetCheck {
+    TargetCheck {
+        name: name.to_owned(),
+        target: target.to_owned(),
+        measured: format!("not measured ({why})"),
+        met: None,
+    }
+}
+
+/// A ratio target on the largest measured cell of `path` / `op`.
+fn ratio_target(cells: &[Cell], path: PathId, op: Op, name: &str, min: f64) -> TargetCheck {
+    let target = format!(">= {min}x {}", limit_word(path, op));
+    match find(cells, path, op)
+        .filter(|c| c.ratio.is_some())
+        .max_by_key(|c| c.size)
+    {
+        Some(c) => {
+            let ratio = c.ratio.expect("filtered");
+            TargetCheck {
+                name: format!("{name} ({})", format_byte_size(c.size)),
+                target,
+                measured: format!(
+                    "{ratio:.2}x ({:.2} / {:.2} GB/s)",
+                    c.gbps.unwrap_or_default(),
+                    c.limit.as_ref().map_or(0.0, |l| l.gbps)
+                ),
+                met: Some(ratio >= min),
+            }
+        }
+        None => not_measured(name, &target, &format!("no {path} {op} cell in this run")),
+    }
+}
+
+fn limit_word(path: PathId, op: Op) -> &'static str {
+    match (path, op) {
+        (PathId::Http, Op::Fetch) => "TCP loopback",
+        _ => "memcpy",
+    }
+}
+
+/// Checks the targets of issue 7 against what was measured. `stream` is
+/// the raw TCP loopback stream limit, shown beside the http target.
+pub fn targets(cells: &[Cell], extras: &[Extra], stream: Option<&SizeLimit>) -> Vec<TargetCheck> {
+    let mut out = Vec::new();
+
+    let name = "shm zero-copy view fetch p50, every size";
+    let target = format!("<= {VIEW_TARGET_US} us");
+    let views: Vec<&Cell> = find(cells, PathId::ShmView, Op::Fetch).collect();
+    out.push(
+        match views
+            .iter()
+            .filter_map(|c| c.samples.map(|s| (c.size, s.median_us)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+        {
+            Some((size, worst)) => TargetCheck {
+                name: name.into(),
+                target,
+                measured: format!(
+                    "worst {worst:.2} us (at {}, {} sizes)",
+                    format_byte_size(size),
+                    views.len()
+                ),
+                met: Some(worst <= VIEW_TARGET_US),
+            },
+            None => not_measured(name, &target, "no shm-view fetch cell in this run"),
+        },
+    );
+    out.push(ratio_target(
+        cells,
+        PathId::ShmCopy,
+        Op::Fetch,
+        "shm copy fetch",
+        MIN_RATIO,
+    ));
+    out.push(ratio_target(
+        cells,
+        PathId::ShmCopy,
+        Op::Put,
+        "warm-pool put",
+        MIN_RATIO,
+    ));
+    let mut http = ratio_target(cells, PathId::Http, Op::Fetch, "http fetch", MIN_RATIO);
+    if let (Some(stream), Some(c)) = (
+        stream,
+        find(cells, PathId::Http, Op::Fetch)
+            .filter(|c| c.ratio.is_some())
+            .max_by_key(|c| c.size),
+    ) {
+        // The round trip sends the shard from a shard-sized buffer, like the
+        // owner does; the stream resends one cache-resident 1 MiB buffer.
+        http.measured.push_str(&format!(
+            "; {:.2}x the one-way stream of a cache-resident 1 MiB buffer ({:.2} GB/s)",
+            c.gbps.unwrap_or_default() / stream.gbps,
+            stream.gbps
+        ));
+    }
+    out.push(http);
+
+    let name = "http fetch p50, 4 KiB";
+    let target = &format!("<= {HTTP_4K_P50_US} us");
+    out.push(
+        match find(cells, PathId::Http, Op::Fetch).find(|c| c.size == 4 << 10) {
+            Some(c) => {
+                let s = c.samples.expect("measured cells have samples");
+                TargetCheck {
+                    name: name.into(),
+                    target: target.into(),
+                    measured: format!("{:.1} us (p90 {:.1} us)", s.median_us, s.p90_us),
+                    met: Some(s.median_us <= HTTP_4K_P50_US),
+                }
+            }
+            None => not_measured(name, target, "no http fetch of 4 KiB in this run"),
+        },
+    );
+
+    let name = "http batch, 1000 x 4 KiB";
+    let target = &format!(">= {MIN_BATCH_PER_S} shards/s");
+    out.push(match extra(extras, "batch_shards_per_s") {
+        Some(e) => {
+            let v = e.value.expect("filtered");
+            TargetCheck {
+                name: name.into(),
+                target: target.into(),
+                measured: format!("{v:.0} shards/s"),
+                met: Some(v >= MIN_BATCH_PER_S),
+            }
+        }
+        None => not_measured(name, target, "batch skipped"),
+    });
+
+    let name = "plugin dispatch overhead";
+    let target = &format!("<= {MAX_DISPATCH_OVERHEAD_NS} ns");
+    out.push(match extra(extras, "dispatch_overhead_ns") {
+        Some(e) => {
+            let v = e.value.expect("filtered");
+            TargetCheck {
+                name: name.into(),
+                target: target.into(),
+                measured: format!("{v:.2} ns"),
+                met: Some(v <= MAX_DISPATCH_OVERHEAD_NS),
+            }
+        }
+        None => not_measured(name, target, "no plugin loaded"),
+    });
+    out
+}
+
+fn time(us: f64) -> String {
+    if us < 1.0 {
+        format!("{:.0} ns", us * 1e3)
+    } else if us < 10_000.0 {
+        format!("{us:.1} us")
+    } else {
+        format!("{:.1} ms", us / 1e3)
+    }
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.machine;
+        writeln!(
+            f,
+            "shardport bench  {}  {}: {}, {} cores, {}, Linux {}",
+            self.date,
+            m.hostname,
+            m.cpu_model,
+            m.cores,
+            format_byte_size(m.memory_bytes),
+            m.kernel
+        )?;
+        let load = |l: Option<f64>| l.map_or("?".into(), |v| format!("{v:.2}"));
+        writeln!(
+            f,
+            "load average {} -> {}; {} warm-up + {} timed repetitions per cell{}",
+            load(self.load_average.before),
+            load(self.load_average.after),
+            self.settings.warmup,
+            self.settings.reps,
+            if self.settings.quick {
+                " (--quick)"
+            } else {
+                ""
+            }
+        )?;
+
+        writeln!(f, "\nlimits (this machine, same run; median)")?;
+        writeln!(
+            f,
+            "  {:<9} {:>10} {:>10}   {:>10} {:>10}",
+            "size", "memcpy", "GB/s", "tcp rt", "GB/s"
+        )?;
+        for m in &self.limits.memcpy {
+            let t = self.limits.tcp_at(m.size);
+            writeln!(
+                f,
+                "  {:<9} {:>10} {:>10.2}   {:>10} {:>10}",
+                format_byte_size(m.size),
+                time(m.samples.median_us),
+                m.gbps,
+                t.map_or("-".into(), |t| time(t.samples.median_us)),
+                t.map_or("-".into(), |t| format!("{:.2}", t.gbps)),
+            )?;
+        }
+        if let Some(s) = &self.limits.tcp_stream {
+            writeln!(
+                f,
+                "  tcp loopback stream, {}: {:.2} GB/s",
+                format_byte_size(s.size),
+                s.gbps
+            )?;
+        }
+
+        writeln!(
+            f,
+            "\nmatrix (ratio = limit time / median time; each cell's limit is sampled between its repetitions)"
+        )?;
+        writeln!(
+            f,
+            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>9}  {:<34} {:>7}",
+            "path", "op", "size", "p50", "p90", "GB/s", "limit (same work)", "ratio"
+        )?;
+        let mut folded: Vec<PathId> = Vec::new();
+        for c in &self.cells {
+            // A path skipped as a whole (its plugin is absent) takes one line.
+            let of_path: Vec<&Cell> = self.cells.iter().filter(|x| x.path == c.path).collect();
+            if c.status == CellStatus::Skipped
+                && of_path
+                    .iter()
+                    .all(|x| x.status == CellStatus::Skipped && x.reason == c.reason)
+            {
+                if !folded.contains(&c.path) {
+                    folded.push(c.path);
+                    writeln!(
+                        f,
+                        "{:<9} {:<18} skipped ({} cells): {}",
+                        c.path.name(),
+                        "every op and size",
+                        of_path.len(),
+                        c.reason.as_deref().unwrap_or("")
+                    )?;
+                }
+                continue;
+            }
+            let head = format!(
+                "{:<9} {:<9} {:<8}",
+                c.path.name(),
+                c.op.name(),
+                format_byte_size(c.size)
+            );
+            match (c.status, c.samples) {
+                (CellStatus::Ok, Some(s)) => {
+                    let (limit, ratio) = match (&c.limit, c.ratio, c.target_us) {
+                        (Some(l), Some(r), _) => (
+                            format!("{} {} {:.2} GB/s", l.name, time(l.median_us), l.gbps),
+                            format!("{r:.2}x"),
+                        ),
+                        (_, _, Some(t)) => (
+                            format!("target p50 <= {t} us"),
+                            if s.median_us <= t { "met" } else { "MISSED" }.to_owned(),
+                        ),
+                        _ => (String::new(), String::new()),
+                    };
+                    writeln!(
+                        f,
+                        "{head} {:>10} {:>10} {:>9.2}  {:<34} {:>7}",
+                        time(s.median_us),
+                        time(s.p90_us),
+                        c.gbps.unwrap_or_default(),
+                        limit,
+                        ratio
+                    )?;
+                }
+                (status, _) => writeln!(
+                    f,
+                    "{head} {}: {}",
+                    if status == CellStatus::Failed {
+                        "FAILED"
+                    } else {
+                        "skipped"
+                    },
+                    c.reason.as_deref().unwrap_or("")
+                )?,
+            }
+        }
+
+        writeln!(f, "\noutside the matrix")?;
+        for e in &self.extras {
+            match (e.value, &e.skipped) {
+                (Some(v), _) => {
+                    writeln!(f, "  {:<52} {:>12.2} {:<9} {}", e.name, v, e.unit, e.detail)?
+                }
+                (None, why) => writeln!(
+                    f,
+                    "  {:<52} {}{}",
+                    e.name,
+                    if e.failed { "" } else { "skipped: " },
+                    why.as_deref().unwrap_or("")
+                )?,
+            }
+        }
+
+        writeln!(f, "\ntargets")?;
+        for t in &self.targets {
+            writeln!(
+                f,
+                "  {:<7} {:<44} {:<20} {}",
+                match t.met {
+                    Some(true) => "met",
+                    Some(false) => "MISSED",
+                    None => "-",
+                },
+                t.name,
+                t.target,
+                t.measured
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
+    }
+
+    #[test]
+    fn targets_without_cells_are_not_measured() {
+        let t = targets(&[], &[], None);
+        assert_eq!(t.len(), 7);
+        assert!(t.iter().all(|t| t.met.is_none()), "{t:?}");
+    }
+}
