@@ -302,6 +302,7 @@ enum AbCommand {
 /// POSTs `body` to `path` on every node, printing one line per node
 /// (`describe` turns an answer into words); fails naming the nodes that did
 /// not answer 200.
+#[allow(clippy::print_stdout)] // the binary's own output
 fn post_each(
     nodes: &[String],
     path: &str,
