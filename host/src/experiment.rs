@@ -34,19 +34,21 @@ pub struct Assignment {
 /// The point in `[0, 2^64)` a fetch draws: per shard from the salt and the
 /// id, per fetch from the salt and the fetch's sequence number.
 pub fn draw(exp: &Experiment, id: ShardId, fetch_seq: u64) -> u64 {
-    let mut key = Vec::with_capacity(exp.salt.len() + 17);
-    key.extend_from_slice(exp.salt.as_bytes());
+    // Streaming xxh3 gives the same digest as hashing the concatenation
+    // (salt, unit tag, little-endian id or sequence), without allocating.
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(exp.salt.as_bytes());
     match exp.unit {
         ExperimentUnit::Shard => {
-            key.push(b's');
-            key.extend_from_slice(&id.as_u128().to_le_bytes());
+            h.update(b"s");
+            h.update(&id.as_u128().to_le_bytes());
         }
         ExperimentUnit::Fetch => {
-            key.push(b'f');
-            key.extend_from_slice(&fetch_seq.to_le_bytes());
+            h.update(b"f");
+            h.update(&fetch_seq.to_le_bytes());
         }
     }
-    xxhash_rust::xxh3::xxh3_64(&key)
+    h.digest()
 }
 
 /// The arm of a draw: arms own consecutive slices of `[0, total weight)`
@@ -357,6 +359,19 @@ mod tests {
             })
             .count();
         assert!(moved > 300 && moved < 700, "{moved} of 1000 moved");
+    }
+
+    #[test]
+    fn draw_is_xxh3_of_salt_unit_and_id() {
+        // Pinned so a refactor cannot silently reshuffle every deployment.
+        let e = exp(ExperimentUnit::Shard, &[1, 1], None);
+        let mut key = b"salt-1s".to_vec();
+        key.extend_from_slice(&id(3).as_u128().to_le_bytes());
+        assert_eq!(draw(&e, id(3), 77), xxhash_rust::xxh3::xxh3_64(&key));
+        let f = exp(ExperimentUnit::Fetch, &[1, 1], None);
+        let mut key = b"salt-1f".to_vec();
+        key.extend_from_slice(&77u64.to_le_bytes());
+        assert_eq!(draw(&f, id(3), 77), xxhash_rust::xxh3::xxh3_64(&key));
     }
 
     #[test]

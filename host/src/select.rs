@@ -207,7 +207,13 @@ pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
             reason,
         });
     }
-    let candidates = out.attempts.clone();
+    // Experiments need the candidates before a route filters them; most
+    // nodes have none, so the copy is made only when there is one.
+    let candidates = if local.experiments.is_empty() {
+        Vec::new()
+    } else {
+        out.attempts.clone()
+    };
     if let Some(route) = local
         .routes
         .iter()

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Packs what the GPU checks need into .device-carry/ (git-ignored, < 64 MiB),
+# for a GPU machine that has CUDA, nvcc and PyTorch but no Rust toolchain:
+#
+#   .device-carry/release/shardport                  the CLI (bench, worker)
+#   .device-carry/release/libshardport_*.so          the plugins
+#   .device-carry/release/examples/cuda_ipc_peer     the two-process GPU peer
+#   .device-carry/release/deps/e2e-gpu               the end-to-end test binary
+#   .device-carry/release/deps/shardport_cuda_ipc-gpu  cuda-ipc's unit tests
+#   .device-carry/release/deps/conformance-gpu         its conformance suite
+#   .device-carry/release/deps/libshardport_*.so     (tests look in deps/)
+#   .device-carry/run-gpu-checks.sh                  what to run there
+#
+# The layout mirrors target/release so the tests find the .so files and the
+# example relative to their own executable. Binaries are stripped.
+# Usage: scripts/gpu-carry.sh   (then carry `.device-carry` with the device tool
+# and run `bash .device-carry/run-gpu-checks.sh`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device-carry/release
+rm -rf .device-carry
+mkdir -p "$out/deps" "$out/examples"
+cargo build --release --quiet -p shardport-host -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc
+cargo build --release --quiet -p shardport --example cuda_ipc_peer
+# Test executables: the e2e binary of the root package and the cuda-ipc
+# crate's unit tests (their paths come from cargo's JSON messages).
+collect() {
+    cargo test --release --no-run --message-format=json "$@" 2>/dev/null |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"] + " " + m["executable"])'
+}
+mapfile -t tests < <(collect -p shardport --test e2e; collect -p shardport-cuda-ipc --lib --test conformance)
+[ "${#tests[@]}" -eq 3 ] || { echo "gpu-carry: expected 3 test binaries, found: ${tests[*]}" >&2; exit 1; }
+for t in "${tests[@]}"; do
+    name=${t%% *}; exe=${t#* }
+    cp "$exe" "$out/deps/${name//-/_}-gpu"
+done
+cp target/release/shardport "$out/"
+cp target/release/examples/cuda_ipc_peer "$out/examples/"
+for so in target/release/libshardport_{posix_shm,http,cuda_ipc}.so; do
+    cp "$so" "$out/"
+    cp "$so" "$out/deps/"
+done
+strip "$out"/shardport "$out"/examples/* "$out"/deps/*-gpu "$out"/*.so "$out"/deps/*.so
+cp scripts/bench_torch_ipc.py scripts/bench_cuda_ipc.sh .device-carry/
+cat > .device-carry/run-gpu-checks.sh <<'RUN'
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root: the GPU-gated tests
+# (they print "skipped" without a driver), then both benchmarks.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+nvidia-smi -L || true
+rc=0
+"$here"/release/deps/shardport_cuda_ipc-gpu --nocapture --test-threads 1 || rc=1
+"$here"/release/deps/e2e-gpu cuda --nocapture --test-threads 1 || rc=1
+"$here"/release/deps/conformance-gpu --nocapture --test-threads 1 || rc=1
+"$here"/release/deps/e2e-gpu conformance::cuda_ipc --nocapture --test-threads 1 || rc=1
+SHARDPORT_BIN_DIR="$here/release" bash "$here"/bench_cuda_ipc.sh || rc=1
+python3 "$here"/bench_torch_ipc.py || rc=1
+exit $rc
+RUN
+chmod +x .device-carry/run-gpu-checks.sh
+du -sh .device-carry
