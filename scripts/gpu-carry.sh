@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 out=.device-carry/release
 rm -rf .device-carry
 mkdir -p "$out/deps" "$out/examples"
-cargo build --release --quiet -p shardport-host -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc
+cargo build --release --quiet -p shardport-host -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc -p shardport-faulty-plugin
 cargo build --release --quiet -p shardport --example cuda_ipc_peer
 # Test executables: the e2e binary of the root package and the cuda-ipc
 # crate's unit tests (their paths come from cargo's JSON messages).
@@ -40,7 +40,8 @@ for t in "${tests[@]}"; do
 done
 cp target/release/shardport "$out/"
 cp target/release/examples/cuda_ipc_peer "$out/examples/"
-for so in target/release/libshardport_{posix_shm,http,cuda_ipc}.so; do
+# faulty-plugin: the e2e cuda tests load it (its `unreachable` mode).
+for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so; do
     cp "$so" "$out/"
     cp "$so" "$out/deps/"
 done

@@ -380,6 +380,12 @@ fn gpu_stale_handles_are_detected_after_free_and_realloc() {
 /// The planner's `can_import` pre-check, shown with the `faulty` fixture
 /// (runs without a GPU): an export its transport refuses is "not a
 /// candidate" with the transport's reason, and the next candidate serves.
+/// The faulty fixture's `can_import` refusal (`UNREACHABLE_MESSAGE` in
+/// tests/fixtures/faulty-plugin). Written out rather than imported: linking
+/// a second plugin rlib into this binary would give it two copies of the
+/// exported library-header symbol, which fails to link in release builds.
+const FAULTY_UNREACHABLE: &str = "faulty plugin told to refuse every descriptor in can_import";
+
 #[test]
 fn exports_refused_by_can_import_are_not_candidates() {
     let n = Node::start(util::parse(&format!(
@@ -399,10 +405,7 @@ fn exports_refused_by_can_import_are_not_candidates() {
         plan.skipped,
         [(
             shardport_host::config::TransportName::new("faulty").unwrap(),
-            format!(
-                "not a candidate here: {}",
-                shardport_faulty_plugin::UNREACHABLE_MESSAGE
-            )
+            format!("not a candidate here: {}", FAULTY_UNREACHABLE)
         )]
     );
     let f = n.fetch_mode(&h, FetchMode::Copy).unwrap();
@@ -413,9 +416,5 @@ fn exports_refused_by_can_import_are_not_candidates() {
     assert!(only.keep_only("faulty"));
     let e = n.fetch_mode(&only, FetchMode::Copy).unwrap_err();
     assert!(matches!(e, HostError::NoCandidate { .. }), "{e:?}");
-    assert!(
-        e.to_string()
-            .contains(shardport_faulty_plugin::UNREACHABLE_MESSAGE),
-        "{e}"
-    );
+    assert!(e.to_string().contains(FAULTY_UNREACHABLE), "{e}");
 }
