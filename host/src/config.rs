@@ -744,6 +744,28 @@ impl Ctx<'_> {
         ))
     }
 
+    /// A positive duration (`"30s"`, `"500ms"`) at `key`.
+    fn duration(
+        &self,
+        key: &str,
+        v: &Spanned<String>,
+        example: &str,
+    ) -> Result<std::time::Duration, ConfigError> {
+        parse_duration(v.get_ref())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                let leaf = key.rsplit('.').next().unwrap_or(key);
+                self.error(
+                    Some(v.span()),
+                    format!(
+                        "`{key}`: expected a duration such as \"{example}\", found \"{}\"",
+                        v.get_ref()
+                    ),
+                    Some(&format!("example: {leaf} = \"{example}\"")),
+                )
+            })
+    }
+
     /// An integer at `key` that must lie in `lo..=hi`.
     fn int_in(
         &self,
@@ -973,13 +995,7 @@ impl Ctx<'_> {
                 }
                 let window = match &g.window {
                     None => DEFAULT_GUARDRAIL_WINDOW,
-                    Some(v) => parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-                        self.error(
-                            Some(v.span()),
-                            format!("`{gkey}.window`: expected a duration such as \"60s\", found \"{}\"", v.get_ref()),
-                            Some("example: window = \"60s\""),
-                        )
-                    })?,
+                    Some(v) => self.duration(&format!("{gkey}.window"), v, "60s")?,
                 };
                 let min_samples = match &g.min_samples {
                     None => DEFAULT_GUARDRAIL_MIN_SAMPLES,
@@ -1073,13 +1089,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
         },
         sweep_interval: match &node_raw.sweep_interval {
             None => DEFAULT_SWEEP_INTERVAL,
-            Some(v) => parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-                ctx.error(
-                    Some(v.span()),
-                    format!("`node.sweep-interval`: expected a duration such as \"30s\", found \"{}\"", v.get_ref()),
-                    Some("example: sweep-interval = \"30s\""),
-                )
-            })?,
+            Some(v) => ctx.duration("node.sweep-interval", v, "30s")?,
         },
         max_shard_size: match node_raw.max_shard_size {
             None => DEFAULT_MAX_SHARD_SIZE,
@@ -1209,7 +1219,6 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 }
             }
         }
-        let span_of = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
         if lru {
             let Some(v) = &cache_raw.max_bytes else {
                 return Err(ctx.error(
@@ -1246,13 +1255,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                     Some("example: ttl = \"30s\""),
                 ));
             };
-            policy.ttl = Some(parse_duration(v.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-                ctx.error(
-                    span_of(&cache_raw.ttl),
-                    format!("`cache.ttl`: expected a duration such as \"30s\" or \"500ms\", found \"{}\"", v.get_ref()),
-                    Some("example: ttl = \"30s\""),
-                )
-            })?);
+            policy.ttl = Some(ctx.duration("cache.ttl", v, "30s")?);
         } else if cache_raw.ttl.is_some() {
             warnings.push(
                 "`cache.ttl` has no effect unless `cache.policy` includes \"ttl\"".to_owned(),
