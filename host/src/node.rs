@@ -467,19 +467,7 @@ impl Node {
                 meta.device
             )));
         }
-        if tags.len() > crate::handle::MAX_TAGS
-            || tags.iter().any(|(k, v)| {
-                k.is_empty()
-                    || k.len() > crate::handle::MAX_TAG_LEN
-                    || v.len() > crate::handle::MAX_TAG_LEN
-            })
-        {
-            return Err(HostError::InvalidShard(format!(
-                "at most {} tags, keys non-empty, keys and values at most {} bytes",
-                crate::handle::MAX_TAGS,
-                crate::handle::MAX_TAG_LEN
-            )));
-        }
+        device::check_tags(&tags)?;
         let id = ShardId {
             hi: self.inner.id_prefix,
             lo: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
@@ -859,6 +847,15 @@ impl Node {
         Ok(out)
     }
 
+    /// Shards this node owns and their bytes.
+    fn owned_totals(&self) -> (usize, u64) {
+        let shards = lock(&self.inner.shards);
+        (
+            shards.len(),
+            shards.values().map(|s| s.stored.bytes().len() as u64).sum(),
+        )
+    }
+
     /// The node's metrics as a snapshot (the JSON of `/v1/metrics.json`;
     /// [`crate::metrics::prometheus`] renders it for `/metrics`).
     pub fn metrics_snapshot(&self) -> Snapshot {
@@ -885,20 +882,21 @@ impl Node {
                     .collect(),
             })
             .collect();
-        let stats = self.stats();
+        let cache = self.cache_stats();
+        let (shards_owned, bytes_owned) = self.owned_totals();
         let g = |name: &str, labels: Vec<(String, String)>, value: f64| Gauge {
             name: name.to_owned(),
             labels,
             value,
         };
         let mut gauges = vec![
-            g("cache_entries", vec![], stats.cache.entries as f64),
-            g("cache_bytes", vec![], stats.cache.bytes as f64),
-            g("cache_held_entries", vec![], stats.cache.held as f64),
-            g("cache_evicted_total", vec![], stats.cache.evicted as f64),
-            g("cache_hits_total", vec![], stats.cache.hits as f64),
-            g("shards_owned", vec![], stats.shards_owned as f64),
-            g("bytes_owned", vec![], stats.bytes_owned as f64),
+            g("cache_entries", vec![], cache.entries as f64),
+            g("cache_bytes", vec![], cache.bytes as f64),
+            g("cache_held_entries", vec![], cache.held as f64),
+            g("cache_evicted_total", vec![], cache.evicted as f64),
+            g("cache_hits_total", vec![], cache.hits as f64),
+            g("shards_owned", vec![], shards_owned as f64),
+            g("bytes_owned", vec![], bytes_owned as f64),
         ];
         for p in &self.inner.plugins {
             for st in p.transport.stats() {
@@ -1312,13 +1310,7 @@ impl Node {
 
     /// A snapshot of the node's state and its plugins' stats.
     pub fn stats(&self) -> NodeStats {
-        let (shards_owned, bytes_owned) = {
-            let shards = lock(&self.inner.shards);
-            (
-                shards.len(),
-                shards.values().map(|s| s.stored.bytes().len() as u64).sum(),
-            )
-        };
+        let (shards_owned, bytes_owned) = self.owned_totals();
         let cache = self.cache_stats();
         let plugins = self
             .inner

@@ -449,7 +449,8 @@ impl Node {
     }
 }
 
-fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
+/// Bounds on a put's tags (shared by `put_with` and `put_device`).
+pub(super) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
     if tags.len() > crate::handle::MAX_TAGS
         || tags.iter().any(|(k, v)| {
             k.is_empty()
