@@ -20,11 +20,9 @@ use std::{
 };
 
 use shardport_abi::{DType, Device};
+use shardport_cli::worker::{check_pattern, fill_pattern};
 use shardport_cuda_ipc::testkit::{unavailable_reason, DeviceScratch};
-use shardport_host::{
-    config, worker::check_pattern, worker::fill_pattern, DevicePtr, FetchMode, Handle, Node,
-    TensorSpec,
-};
+use shardport_host::{config, DevicePtr, FetchMode, Handle, Node, TensorSpec};
 
 fn spec(len: u64) -> TensorSpec {
     TensorSpec {

@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 out=.device-carry/release
 rm -rf .device-carry
 mkdir -p "$out/deps" "$out/examples"
-cargo build --release --quiet -p shardport-host -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc -p shardport-faulty-plugin
+cargo build --release --quiet -p shardport-cli -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc -p shardport-faulty-plugin
 cargo build --release --quiet -p shardport --example cuda_ipc_peer
 # Test executables: the e2e binary of the root package and the cuda-ipc
 # crate's unit tests (their paths come from cargo's JSON messages).

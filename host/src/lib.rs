@@ -22,12 +22,8 @@
 //! [`loader`] (how plugins are opened and checked) and [`config`].
 #![forbid(unsafe_code)]
 
-pub mod ab_report;
-pub mod bench;
 pub mod cache;
 pub mod config;
-pub mod control;
-pub mod demo;
 pub mod error;
 pub mod experiment;
 pub mod handle;
@@ -39,8 +35,6 @@ pub mod node;
 pub mod select;
 pub mod services;
 pub mod snapshot;
-pub mod soak;
-pub mod worker;
 
 pub use config::{Config, FetchMode};
 pub use error::HostError;

@@ -1,9 +1,7 @@
 //! Crash safety with real processes and `kill -9`: nothing leaks, nobody hangs.
 
-use shardport_host::{
-    worker::{Request, WorkerProcess},
-    FetchMode,
-};
+use shardport_cli::worker::{Request, WorkerProcess};
+use shardport_host::FetchMode;
 
 use crate::util;
 

@@ -1,10 +1,8 @@
 //! Owner and consumer in separate processes (`shardport worker`), shards
 //! moving through real shared-memory segments.
 
-use shardport_host::{
-    worker::{Request, WorkerProcess},
-    FetchMode,
-};
+use shardport_cli::worker::{Request, WorkerProcess};
+use shardport_host::FetchMode;
 
 use crate::util;
 

@@ -195,7 +195,8 @@ fn the_control_endpoint_checks_tokens_and_survives_bad_requests() {
 
 #[test]
 fn cluster_drain_empties_every_consumers_cache_and_releases_leases() {
-    use shardport_host::{control::ControlServer, FetchMode, Node, TensorSpec};
+    use shardport_cli::control::ControlServer;
+    use shardport_host::{FetchMode, Node, TensorSpec};
     let owner = Node::start(util::parse(&util::shm_plugin("pool-size = \"1MiB\""))).unwrap();
     let handles: Vec<_> = (0..3u8)
         .map(|v| {

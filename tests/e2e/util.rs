@@ -127,11 +127,11 @@ pub fn terminate(child: &mut std::process::Child) {
 
 /// Asks a worker to put `len` bytes of the pattern for `seed`.
 pub fn try_put(
-    w: &mut shardport_host::worker::WorkerProcess,
+    w: &mut shardport_cli::worker::WorkerProcess,
     len: u64,
     seed: u64,
-) -> Result<shardport_host::worker::Reply, String> {
-    w.call(&shardport_host::worker::Request::Put {
+) -> Result<shardport_cli::worker::Reply, String> {
+    w.call(&shardport_cli::worker::Request::Put {
         len,
         seed,
         dtype: None,
@@ -142,24 +142,24 @@ pub fn try_put(
 
 /// [`try_put`] that must succeed.
 pub fn put(
-    w: &mut shardport_host::worker::WorkerProcess,
+    w: &mut shardport_cli::worker::WorkerProcess,
     len: u64,
     seed: u64,
-) -> shardport_host::worker::Reply {
+) -> shardport_cli::worker::Reply {
     try_put(w, len, seed).expect("put")
 }
 
 /// Asks a worker to fetch `handle` (verifying the pattern for `seed` when
 /// given; keeping it when `hold`; through `only` that transport when given).
 pub fn fetch(
-    w: &mut shardport_host::worker::WorkerProcess,
+    w: &mut shardport_cli::worker::WorkerProcess,
     handle: &str,
     mode: shardport_host::FetchMode,
     seed: Option<u64>,
     hold: bool,
     only: Option<&str>,
-) -> Result<shardport_host::worker::Reply, String> {
-    w.call(&shardport_host::worker::Request::Fetch {
+) -> Result<shardport_cli::worker::Reply, String> {
+    w.call(&shardport_cli::worker::Request::Fetch {
         handle: handle.to_owned(),
         mode: Some(mode),
         seed,

@@ -7,10 +7,8 @@ use std::{ffi::OsString, fmt, path::PathBuf};
 
 use serde::Serialize;
 
-use crate::{
-    config::FetchMode,
-    worker::{Request, WorkerError, WorkerProcess},
-};
+use crate::worker::{Request, WorkerError, WorkerProcess};
+use shardport_host::config::FetchMode;
 
 /// Sizes the steps cycle through.
 pub const SOAK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];

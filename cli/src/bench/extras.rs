@@ -7,11 +7,8 @@ use super::{
     matrix::{only, put_remote, Runner},
     BenchError, BenchOptions,
 };
-use crate::{
-    config::FetchMode,
-    node::Node,
-    worker::{Request, WorkerProcess},
-};
+use crate::worker::{Request, WorkerProcess};
+use shardport_host::{config::FetchMode, node::Node};
 
 /// Shards in the batch measurement.
 pub const BATCH_SHARDS: usize = 1000;

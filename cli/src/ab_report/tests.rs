@@ -1,7 +1,7 @@
 //! Reports of synthetic snapshots whose numbers are worked out by hand.
 
 use super::*;
-use crate::snapshot::{Series, SizeHistogram};
+use shardport_host::snapshot::{Series, SizeHistogram};
 
 /// An arm whose fetches are its histogram counts, 4 KiB each, with
 /// `latency_ns_total` the histogram's sum.

@@ -32,8 +32,8 @@ use std::{ffi::OsString, path::PathBuf};
 pub use report::BenchReport;
 pub use spec::{Op, PathId};
 
-use crate::{config::Config, node::Node};
 use matrix::{Cell, CellStatus, Runner};
+use shardport_host::{config::Config, node::Node};
 use spec::PathSpec;
 
 /// Bench settings.
@@ -81,7 +81,7 @@ const QUICK_DISPATCH_CALLS: u64 = 200_000;
 pub enum BenchError {
     /// Node start failed.
     #[error(transparent)]
-    Host(#[from] crate::HostError),
+    Host(#[from] shardport_host::HostError),
     /// Worker failed.
     #[error(transparent)]
     Worker(#[from] crate::worker::WorkerError),

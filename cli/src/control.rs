@@ -4,7 +4,7 @@
 //!
 //! Endpoints (JSON errors are `{"code": "...", "message": "..."}`):
 //! - `GET /v1/health` -> `{"ok": true, "node": ...}`
-//! - `GET /v1/stats` -> the node's [`NodeStats`](crate::NodeStats)
+//! - `GET /v1/stats` -> the node's [`NodeStats`](shardport_host::NodeStats)
 //! - `POST /v1/put?dtype=bf16&shape=4,8&tag.k=v` with the raw bytes as body
 //!   -> `{"id", "handle" (hex of the binary form), "handle_json"}`
 //! - `POST /v1/remove` with `{"ids": ["<32 hex>", ...]}` -> `{"missing": [...]}`
@@ -32,7 +32,8 @@ use std::{
 use serde_json::json;
 use shardport_abi::{DType, Device, ShardId};
 
-use crate::{node::Node, node::TensorSpec, worker::parse_id};
+use crate::worker::parse_id;
+use shardport_host::{node::Node, node::TensorSpec};
 
 /// Largest request head (request line + headers).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -337,7 +338,7 @@ fn handle(
         ("GET", "/v1/stats") => to_json(&node.stats()),
         ("GET", "/metrics") => Ok((
             PROMETHEUS_TEXT,
-            crate::metrics::prometheus(&node.metrics_snapshot()).into_bytes(),
+            shardport_host::metrics::prometheus(&node.metrics_snapshot()).into_bytes(),
         )),
         ("GET", "/v1/metrics.json") => to_json(&node.metrics_snapshot()),
         ("POST", "/v1/experiments/reset") => {
@@ -393,7 +394,7 @@ fn handle(
                     node.remove(&[h.id]);
                     Err(e)
                 }
-                (Err(crate::HostError::InvalidShard(_)), Some(r)) => Err(r),
+                (Err(shardport_host::HostError::InvalidShard(_)), Some(r)) => Err(r),
                 (Err(e), _) => Err((400, "put_failed", e.to_string())),
                 (Ok(h), None) => json_out(json!({
                     "id": h.id.to_string(),

@@ -63,7 +63,7 @@ use std::{fmt, path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::snapshot::{self, ArmSnapshot, ExperimentSnapshot, Snapshot};
+use shardport_host::snapshot::{self, ArmSnapshot, ExperimentSnapshot, Snapshot};
 
 /// Bootstrap resamples by default: the 2.5%/97.5% tails then rest on 50
 /// resampled values each, enough for stable two-digit interval bounds.

@@ -19,7 +19,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use shardport_abi::{DType, ShardId};
 
-use crate::{
+use shardport_host::{
     config::FetchMode,
     handle::Handle,
     node::{Node, ShardBytes, TensorSpec},

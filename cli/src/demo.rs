@@ -123,7 +123,10 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
             verified: None,
             downgraded: false,
         });
-        for mode in [crate::FetchMode::View, crate::FetchMode::Copy] {
+        for mode in [
+            shardport_host::FetchMode::View,
+            shardport_host::FetchMode::Copy,
+        ] {
             let r = consumer.call(&Request::Fetch {
                 handle: handle.clone(),
                 mode: Some(mode),

@@ -36,11 +36,11 @@ use super::{
     stats::Summary,
     BenchError, BenchOptions,
 };
-use crate::{
+use crate::worker::{check_pattern, fill_pattern, Request, WorkerProcess};
+use shardport_host::{
     config::{FetchMode, TransportName},
     handle::Handle,
     node::{Node, TensorSpec},
-    worker::{check_pattern, fill_pattern, Request, WorkerProcess},
 };
 
 /// The zero-copy view target: a fetch that moves no bytes answers within this.

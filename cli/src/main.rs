@@ -7,11 +7,13 @@ use std::{
 };
 
 use clap::{Parser, Subcommand};
-use shardport_host::{
+use shardport_cli::{
     ab_report,
     bench::{self, run_bench, BenchOptions, Op, PathId},
-    config::{self, Config},
     demo::{run_demo, DemoOptions},
+};
+use shardport_host::{
+    config::{self, Config},
     Node,
 };
 
@@ -313,7 +315,7 @@ fn post_each(
 ) -> Result<(), Failure> {
     let mut failed = Vec::new();
     for n in nodes {
-        match shardport_host::control::client::call(
+        match shardport_cli::control::client::call(
             n,
             "POST",
             path,
@@ -738,7 +740,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 Failure::from((EXIT_FAILURE, format!("cannot install signal handlers: {e}")))
             })?;
             let node = start_node(cfg)?;
-            let server = shardport_host::control::ControlServer::start(&node, &bind, token)
+            let server = shardport_cli::control::ControlServer::start(&node, &bind, token)
                 .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
             let sweeper = spawn_sweeper(&node);
             println!("control: {}", server.addr());
@@ -757,7 +759,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             tracing::info!(target: "node", signal = ?sig, "shutting down");
             drop(server);
             sweeper.store(true, std::sync::atomic::Ordering::Relaxed);
-            if !node.shutdown(shardport_host::control::IO_TIMEOUT * 2) {
+            if !node.shutdown(shardport_cli::control::IO_TIMEOUT * 2) {
                 tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
             }
             println!("stopped");
@@ -782,7 +784,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     let n = usize::try_from(n)
                         .map_err(|_| Failure::from((EXIT_CONFIG, "--size too large")))?;
                     let mut v = vec![0u8; n];
-                    shardport_host::worker::fill_pattern(&mut v, seed);
+                    shardport_cli::worker::fill_pattern(&mut v, seed);
                     v
                 }
                 (None, None) => return Err((EXIT_CONFIG, "give --file or --size").into()),
@@ -805,7 +807,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 format!("/v1/put?{}", query.join("&"))
             };
-            let r = shardport_host::control::client::call(
+            let r = shardport_cli::control::client::call(
                 &node,
                 "POST",
                 &path,
@@ -874,7 +876,7 @@ reason: {}",
                 f.id,
                 f.data.len(),
                 f.selection.transport,
-                shardport_host::demo::time_label(f.elapsed.as_nanos() as u64),
+                shardport_cli::demo::time_label(f.elapsed.as_nanos() as u64),
                 if f.selection.downgraded {
                     " (DOWNGRADED)"
                 } else {
@@ -883,7 +885,7 @@ reason: {}",
                 f.selection.reason
             );
             if let Some(seed) = verify_seed {
-                if !shardport_host::worker::check_pattern(&f.data, seed) {
+                if !shardport_cli::worker::check_pattern(&f.data, seed) {
                     return Err((
                         EXIT_FAILURE,
                         format!("bytes do not match the pattern for seed {seed}"),
@@ -950,7 +952,7 @@ reason: {}",
             Ok(())
         }
         Command::Stats { node, token } => {
-            let r = shardport_host::control::client::call(
+            let r = shardport_cli::control::client::call(
                 &node,
                 "GET",
                 "/v1/stats",
@@ -966,7 +968,7 @@ reason: {}",
             let timeout = std::time::Duration::from_secs(10);
             let client_err = |e| Failure::from((EXIT_FAILURE, e));
             if json {
-                let r = shardport_host::control::client::call(
+                let r = shardport_cli::control::client::call(
                     &node,
                     "GET",
                     "/v1/metrics.json",
@@ -977,7 +979,7 @@ reason: {}",
                 .map_err(client_err)?;
                 println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
             } else {
-                let text = shardport_host::control::client::get_text(
+                let text = shardport_cli::control::client::get_text(
                     &node,
                     "/metrics",
                     token.as_deref(),
@@ -993,12 +995,12 @@ reason: {}",
             steps,
             json,
         } => {
-            let opts = shardport_host::soak::SoakOptions {
+            let opts = shardport_cli::soak::SoakOptions {
                 exe: current_exe()?,
                 config_args: config_args(config.as_deref())?,
                 steps,
             };
-            let report = shardport_host::soak::run_soak(&opts, |s| eprintln!("soak: step {s}"))
+            let report = shardport_cli::soak::run_soak(&opts, |s| eprintln!("soak: step {s}"))
                 .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
             print_report(json, &report);
             if !json {
@@ -1113,7 +1115,7 @@ reason: {}",
             let node = start_node(cfg)?;
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();
-            shardport_host::worker::serve(&node, stdin, stdout)
+            shardport_cli::worker::serve(&node, stdin, stdout)
                 .map_err(|e| Failure::from((EXIT_FAILURE, format!("worker pipe: {e}"))))?;
             node.clear();
             Ok(())
