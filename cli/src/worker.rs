@@ -609,9 +609,20 @@ impl WorkerProcess {
         exe: &std::path::Path,
         args: &[std::ffi::OsString],
     ) -> Result<WorkerProcess, WorkerError> {
+        Self::spawn_with_env(role, exe, args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with these environment variables set in the child.
+    pub fn spawn_with_env(
+        role: &str,
+        exe: &std::path::Path,
+        args: &[std::ffi::OsString],
+        env: &[(String, String)],
+    ) -> Result<WorkerProcess, WorkerError> {
         let mut child = std::process::Command::new(exe)
             .arg("worker")
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())

@@ -232,27 +232,50 @@ fn segments_are_removed_when_the_owner_exits_and_when_it_is_killed_they_stay_nam
 }
 
 #[test]
-fn the_demo_runs_end_to_end() {
+fn the_demo_runs_end_to_end_and_reads_well_in_a_pipe() {
+    // Piped output, as into a file: no colour codes even though the demo
+    // styles its table, and no RUST_LOG from the test environment.
     let out = std::process::Command::new(util::shardport_bin())
         .args(["demo", "--max-size", "1MiB"])
         .env("SHARDPORT_PLUGIN_DIR", util::profile_dir().join("deps"))
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .env_remove("CLICOLOR_FORCE")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
     assert!(
-        out.status.success(),
-        "demo failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        !stdout.contains('\x1b') && !stderr.contains('\x1b'),
+        "ANSI escapes in piped output:\n{stdout:?}\n{stderr:?}"
     );
     let rows: Vec<&str> = stdout
         .lines()
         .filter(|l| l.contains(" view ") || l.contains(" copy "))
         .collect();
-    // 4 KiB, 64 KiB and 1 MiB, each as a view and a copy, all verified.
-    assert_eq!(rows.len(), 6, "{stdout}");
+    // 4 KiB, 64 KiB and 1 MiB, each as a view and a copy through shared
+    // memory, and one copy over http chosen by the `network` route; all
+    // verified.
+    let shm: Vec<&&str> = rows.iter().filter(|r| r.contains(" posix-shm ")).collect();
+    assert_eq!(shm.len(), 6, "{stdout}");
+    let http: Vec<&&str> = rows.iter().filter(|r| r.contains(" http ")).collect();
+    assert_eq!(http.len(), 1, "{stdout}");
+    assert!(http[0].contains("route `network`"), "{stdout}");
+    assert!(rows.iter().all(|r| r.contains(" ok ")), "{stdout}");
     assert!(
-        rows.iter()
-            .all(|r| r.contains(" posix-shm ") && r.contains(" ok ")),
+        stdout.contains("0 B of"),
+        "storage did not come back:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("Transports available here: posix-shm, http"),
         "{stdout}"
     );
+    // An unavailable transport is logged by the demo process only, once,
+    // not again by each worker process.
+    let warned = stderr
+        .lines()
+        .filter(|l| l.contains("cuda-ipc unavailable"))
+        .count();
+    assert!(warned <= 1, "cuda-ipc warned {warned} times:\n{stderr}");
 }

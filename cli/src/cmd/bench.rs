@@ -1,0 +1,150 @@
+//! `shardport bench`: put and fetch through every path at several sizes,
+//! each next to this machine's own limit measured in the same run.
+
+use std::path::{Path, PathBuf};
+
+use shardport_cli::bench::{self, run_bench, BenchOptions, Op, PathId};
+
+use super::{config_args, current_exe, load_config, write_file, Failure, Outcome, EXIT_FAILURE};
+
+/// Arguments of `shardport bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Config file (default: the embedded default config).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Shard sizes, comma separated [default: 4KiB,1MiB,64MiB,256MiB].
+    #[arg(long, value_delimiter = ',', value_parser = bench::spec::parse_size)]
+    sizes: Vec<u64>,
+    /// Paths, comma separated: shm-view, shm-copy, http, cuda-ipc
+    /// [default: all; a path whose plugin is absent is listed as skipped].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(PathId))]
+    paths: Vec<PathId>,
+    /// Operations, comma separated: put, fetch, put-fetch [default: all].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(Op))]
+    ops: Vec<Op>,
+    /// Timed repetitions per cell [default: 30; 3 with --quick].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Untimed warm-up iterations per cell [default: 3; 1 with --quick].
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Write the full report as JSON to this file (`-`: stdout, instead of the table).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write an SVG chart of each cell's ratio to its limit to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Small sizes (4KiB,256KiB) and few repetitions, pools not
+    /// pre-cycled: checks that everything runs, in seconds.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// Runs the matrix, prints the table, writes the JSON and plot files;
+/// fails naming the measurements that failed.
+pub fn run(args: Args) -> Outcome {
+    let opts = options(&args)?;
+    let report = run_bench(&opts, &mut |line| eprintln!("{line}"))
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
+    if !to_stdout {
+        print!("{report}");
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        if to_stdout {
+            println!("{text}");
+        } else {
+            write_file(path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    if let Some(path) = &args.plot {
+        write_file(path, bench::plot::svg(&report).as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    let mut failed: Vec<String> = report
+        .cells
+        .iter()
+        .filter(|c| c.status == bench::matrix::CellStatus::Failed)
+        .map(|c| {
+            format!(
+                "{} {} {}",
+                c.path,
+                c.op,
+                shardport_abi::format_byte_size(c.size)
+            )
+        })
+        .collect();
+    failed.extend(
+        report
+            .extras
+            .iter()
+            .filter(|e| e.failed)
+            .map(|e| e.name.clone()),
+    );
+    if !failed.is_empty() {
+        return Err((
+            EXIT_FAILURE,
+            format!(
+                "{} measurements failed (see the table): {}",
+                failed.len(),
+                failed.join(", ")
+            ),
+        )
+            .into());
+    }
+    Ok(())
+}
+
+/// The arguments with their defaults filled in (`--quick` picks smaller ones).
+fn options(args: &Args) -> Result<BenchOptions, Failure> {
+    let quick = args.quick;
+    let (sizes, reps, warmup) = if quick {
+        (
+            bench::spec::QUICK_SIZES,
+            bench::QUICK_REPS,
+            bench::QUICK_WARMUP,
+        )
+    } else {
+        (
+            bench::spec::DEFAULT_SIZES,
+            bench::DEFAULT_REPS,
+            bench::DEFAULT_WARMUP,
+        )
+    };
+    let config = load_config(args.config.as_deref())?;
+    Ok(BenchOptions {
+        exe: current_exe()?,
+        config_args: config_args(args.config.as_deref())?,
+        config,
+        sizes: dedup(or(&args.sizes, sizes)),
+        paths: dedup(or(&args.paths, bench::spec::DEFAULT_PATHS)),
+        ops: dedup(or(&args.ops, bench::spec::ALL_OPS)),
+        reps: args.reps.unwrap_or(reps).max(1),
+        warmup: args.warmup.unwrap_or(warmup),
+        quick,
+        command: std::env::args().collect(),
+    })
+}
+
+/// `given`, or `default` when nothing was given.
+fn or<T: Clone>(given: &[T], default: &[T]) -> Vec<T> {
+    if given.is_empty() {
+        default.to_vec()
+    } else {
+        given.to_vec()
+    }
+}
+
+/// The items of `v` in order, each once.
+fn dedup<T: PartialEq>(v: Vec<T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}

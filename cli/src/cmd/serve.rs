@@ -1,0 +1,105 @@
+//! `shardport serve`: a long-lived node that owns shards and serves them
+//! through its transports, with a control endpoint for `put`, `stats` and
+//! `remove`. SIGINT/SIGTERM shut it down cleanly (segments removed).
+
+use std::{
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use shardport_cli::control::{ControlServer, IO_TIMEOUT};
+use shardport_host::Node;
+
+use super::{load_config, start_node, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE};
+
+/// How often the sweeper thread looks at its stop flag.
+const SWEEPER_TICK: Duration = Duration::from_millis(200);
+
+/// Arguments of `shardport serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Config file (default: the embedded default config).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Control endpoint address (overrides `control.bind`).
+    #[arg(long)]
+    control: Option<String>,
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub fn run(args: Args) -> Outcome {
+    let cfg = load_config(args.config.as_deref())?;
+    let bind = args.control.unwrap_or_else(|| cfg.control.bind.clone());
+    let token = cfg
+        .control
+        .token
+        .resolve()
+        .map_err(|e| Failure::from((EXIT_CONFIG, e)))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| Failure::from((EXIT_FAILURE, format!("cannot install signal handlers: {e}"))))?;
+    let node = start_node(cfg)?;
+    let server =
+        ControlServer::start(&node, &bind, token).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    let sweeper = spawn_sweeper(&node);
+    println!("control: {}", server.addr());
+    println!(
+        "node: {} advertising {} (tag {})",
+        node.config().node.name,
+        node.config().node.advertise,
+        node.tag()
+    );
+    for p in node.plugins() {
+        println!("plugin: {} {}", p.name, p.transport.health().message);
+    }
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let sig = signals.forever().next();
+    tracing::info!(target: "node", signal = ?sig, "shutting down");
+    drop(server);
+    sweeper.store(true, Ordering::Relaxed);
+    if !node.shutdown(IO_TIMEOUT * 2) {
+        tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
+    }
+    println!("stopped");
+    Ok(())
+}
+
+/// Sweeps `node` every `node.sweep-interval` until the returned flag is set
+/// or the node is gone.
+fn spawn_sweeper(node: &Node) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (weak, flag, every) = (
+        node.downgrade(),
+        Arc::clone(&stop),
+        node.config().node.sweep_interval,
+    );
+    let step = SWEEPER_TICK.min(every);
+    let spawned = std::thread::Builder::new()
+        .name("shardport-sweep".into())
+        .spawn(move || {
+            let mut waited = Duration::ZERO;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(step);
+                waited += step;
+                if waited < every {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                match weak.upgrade() {
+                    Some(n) => drop(n.sweep()),
+                    None => break,
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "cleanup", error = %e, "cannot start the periodic sweep");
+    }
+    stop
+}
