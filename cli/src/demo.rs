@@ -1,10 +1,11 @@
 //! `shardport demo`: the main job on a config (the embedded default unless
 //! told otherwise). It starts a real owner process and a real consumer
-//! process (`shardport worker`), puts bf16 shards of several sizes in the
-//! owner, passes each handle to the consumer, fetches it as a zero-copy view
-//! and as a copy, verifies every byte, fetches one shard the way a consumer
-//! on another machine would (over http, chosen by a route), removes the
-//! shards and checks the owner's storage came back.
+//! process (`shardport worker`), puts shards of several sizes in the owner
+//! (bytes ready in a buffer, as an application has them), passes each
+//! handle to the consumer, fetches it as a zero-copy view and as a copy,
+//! verifies every byte, fetches one shard the way a consumer on another
+//! machine would (over http, chosen by a route), removes the shards and
+//! checks the owner's storage came back.
 //!
 //! Timings are steady state: every size is put, fetched and removed
 //! [`DEMO_WARMUP`] times untimed before [`DEMO_REPS`] timed rounds, whose
@@ -226,10 +227,9 @@ impl Pair {
         if case.network {
             tags.insert(NETWORK_TAG.0.to_owned(), NETWORK_TAG.1.to_owned());
         }
-        let put = self.owner.call(&Request::Put {
+        let put = self.owner.call(&Request::PutBuffer {
             len: case.size,
             seed,
-            dtype: Some("bf16".to_owned()),
             tags,
         })?;
         let handle = put.handle.ok_or(DemoError::Incomplete("owner"))?;
@@ -266,7 +266,8 @@ fn summarize(case: &Case, rounds: &[(u64, Vec<Reply>)]) -> Vec<DemoRow> {
             size: case.size,
             op: "put".to_owned(),
             transport: "owner".to_owned(),
-            reason: "pattern generated once, straight into storage, then exported".to_owned(),
+            reason: "bytes ready in the owner's buffer, copied once into storage, then exported"
+                .to_owned(),
             ns: median(rounds.iter().map(|(ns, _)| *ns).collect()),
             reps: rounds.len(),
             verified: None,

@@ -72,6 +72,9 @@ pub enum Request {
         len: u64,
         /// Pattern seed.
         seed: u64,
+        /// Routing tags.
+        #[serde(default)]
+        tags: BTreeMap<String, String>,
     },
     /// Fetch a copy into a buffer this worker reuses (`Node::fetch_into`;
     /// warm after the first fetch of that size); verify the pattern for
@@ -311,7 +314,7 @@ fn decode_handle(hex_text: &str, only: Option<&str>) -> Result<Handle, String> {
 fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
     let held = &mut state.held;
     match req {
-        Request::PutBuffer { len, seed } => {
+        Request::PutBuffer { len, seed, tags } => {
             let Ok(n) = usize::try_from(len) else {
                 return Reply::err(format!("{len} bytes do not fit in memory here"));
             };
@@ -328,7 +331,7 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 }
             };
             let start = Instant::now();
-            match node.put(source, &TensorSpec::bytes(len), BTreeMap::new()) {
+            match node.put(source, &TensorSpec::bytes(len), tags) {
                 Ok(h) => Reply {
                     ns: Some(start.elapsed().as_nanos() as u64),
                     handle: Some(hex::encode(h.to_bytes())),

@@ -360,6 +360,7 @@ impl<'a> Runner<'a> {
                     let r = w.call(&Request::PutBuffer {
                         len: chunk,
                         seed: 1,
+                        tags: Default::default(),
                     })?;
                     w.call(&Request::Remove {
                         ids: vec![r.id.unwrap_or_default()],
@@ -537,7 +538,11 @@ impl<'a> Runner<'a> {
         self.consumer_proc()?;
         for i in 0..rounds {
             let owner = self.owner.as_mut().expect("started");
-            let put = owner.call(&Request::PutBuffer { len: size, seed })?;
+            let put = owner.call(&Request::PutBuffer {
+                len: size,
+                seed,
+                tags: Default::default(),
+            })?;
             let id: ShardId =
                 crate::worker::parse_id(put.id.as_deref().unwrap_or_default()).map_err(other)?;
             let handle = put.handle.unwrap_or_default();
