@@ -25,6 +25,11 @@ fn with_http(shm: &str) -> String {
     )
 }
 
+/// A `segment-prefix` line unique to this test process and `name`.
+fn own_prefix(name: &str) -> String {
+    format!("segment-prefix = \"{name}{}\"", std::process::id())
+}
+
 fn owner_tag(w: &mut WorkerProcess) -> String {
     w.call(&Request::Stats).unwrap().stats.unwrap()["tag"]
         .as_str()
@@ -76,7 +81,13 @@ fn a_consumer_killed_while_holding_a_lease_gives_the_space_back() {
 #[test]
 fn an_owner_killed_leaves_consumers_a_clear_error_and_its_segments_are_swept() {
     let dir = util::temp_dir("crash-owner");
-    let cfg = with_http("pool-size = \"8MiB\"");
+    // A prefix of its own: nodes that other tests start at the same time
+    // sweep dead owners' segments with their prefix only, so the segments
+    // checked below are swept by this test's node and no other.
+    let cfg = with_http(&format!(
+        "pool-size = \"8MiB\"\n{}",
+        own_prefix("crashowner")
+    ));
     let mut owner = spawn(dir.path(), "owner", &cfg);
     let mut consumer = spawn(dir.path(), "consumer", &cfg);
     let tag = owner_tag(&mut owner);
@@ -146,4 +157,36 @@ fn an_owner_killed_mid_transfer_never_hangs_its_consumer() {
     // The killed owner's segments: swept by the next node to start.
     consumer.call(&Request::Sweep).unwrap();
     consumer.exit().unwrap();
+}
+
+#[test]
+fn gc_reports_the_segments_it_swept_including_at_start_up() {
+    let dir = util::temp_dir("crash-gc");
+    let cfg = with_http(&format!("pool-size = \"8MiB\"\n{}", own_prefix("gcsweep")));
+    let mut owner = spawn(dir.path(), "owner", &cfg);
+    let tag = owner_tag(&mut owner);
+    util::put(&mut owner, 1 << 20, 4).handle.unwrap();
+    let before = util::shm_segments(&tag).len();
+    assert!(before > 0);
+    owner.kill().unwrap();
+    let sub = dir.path().join("gc");
+    std::fs::create_dir_all(&sub).unwrap();
+    let (path, _) = util::write_config(&sub, &cfg);
+    let out = std::process::Command::new(util::shardport_bin())
+        .arg("gc")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("segments_swept={before}")),
+        "gc did not report the {before} segments it swept:\n{stdout}"
+    );
+    assert_eq!(util::shm_segments(&tag), Vec::<String>::new());
 }

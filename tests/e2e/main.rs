@@ -8,6 +8,7 @@
 mod util;
 
 mod conformance;
+mod control_hostile;
 mod crash;
 mod cross_process;
 mod cuda;

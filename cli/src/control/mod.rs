@@ -5,45 +5,107 @@
 //! Endpoints (JSON errors are `{"code": "...", "message": "..."}`):
 //! - `GET /v1/health` -> `{"ok": true, "node": ...}`
 //! - `GET /v1/stats` -> the node's [`NodeStats`](shardport_host::NodeStats)
+//! - `GET /metrics` (Prometheus text), `GET /v1/metrics.json`
 //! - `POST /v1/put?dtype=bf16&shape=4,8&tag.k=v` with the raw bytes as body
 //!   -> `{"id", "handle" (hex of the binary form), "handle_json"}`
 //! - `POST /v1/remove` with `{"ids": ["<32 hex>", ...]}` -> `{"missing": [...]}`
 //! - `POST /v1/drain` with `{"ids": [...]}` or `{"all": true}` -> `{"drained": n}`:
 //!   drops this node's cached copies (and their leases) of those shards
 //! - `POST /v1/sweep` -> per transport, what was reclaimed from dead processes
+//! - `POST /v1/experiments/reset` -> arms a guardrail disabled, re-enabled
 //!
-//! Bounded everywhere: header block [`MAX_HEADER_BYTES`], JSON bodies
-//! [`MAX_JSON_BODY`], put bodies `node.max-shard-size`, [`MAX_CONNECTIONS`]
-//! at once, [`IO_TIMEOUT`] per read/write. One request per connection. With a
-//! token configured, every endpoint needs `Authorization: Bearer <token>`
-//! (compared in constant time). Binds to loopback unless told otherwise.
+//! # Limits
+//! Bounded everywhere ([`Limits`]): the request head in size
+//! ([`MAX_HEADER_BYTES`]) and in time as a whole ([`HEAD_DEADLINE`], however
+//! the bytes are paced); bodies in size (JSON [`MAX_JSON_BODY`], puts
+//! `node.max-shard-size`) and in time (a grace period plus a minimum rate).
+//! Connections whose head has not arrived are *pending* and have their own
+//! budget ([`admission`]): a new connection evicts the oldest pending one,
+//! so clients that trickle their heads cannot lock operators out.
+//! Authenticated requests have a separate budget ([`MAX_CONNECTIONS`]).
+//! One request per connection. Framing is strict ([`head`]): conflicting or
+//! repeated `Content-Length`, `Transfer-Encoding`, obs-fold and bare CR are
+//! refused with 400.
+//!
+//! # Authentication
+//! With a token configured, every endpoint needs `Authorization: Bearer
+//! <token>`, compared in constant time as soon as that header line arrives
+//! (a wrong token is refused before the rest of the head). Binds to
+//! loopback unless told otherwise.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufReader, Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde_json::json;
 use shardport_abi::{DType, Device, ShardId};
+use shardport_host::{node::Node, node::TensorSpec};
 
 use crate::worker::parse_id;
-use shardport_host::{node::Node, node::TensorSpec};
+
+pub mod admission;
+pub mod client;
+pub mod head;
+
+use admission::{Admission, Ticket};
+use head::{DeadlineStream, HeadError};
 
 /// Largest request head (request line + headers).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Largest JSON request body.
 pub const MAX_JSON_BODY: usize = 1 << 20;
-/// Most connections served at once; more get 503.
+/// Most authenticated requests served at once; more get 503.
 pub const MAX_CONNECTIONS: usize = 64;
-/// Read/write timeout per socket operation: a stalled client loses its
-/// connection, never a server thread forever.
+/// Most connections whose head has not arrived yet; one more evicts the
+/// oldest of them.
+pub const MAX_PENDING: usize = 64;
+/// Most pending connections from one address; one more evicts that
+/// address's oldest.
+pub const MAX_PENDING_PER_PEER: usize = 16;
+/// The whole request head must arrive within this, however it is paced:
+/// generous for any real client (heads are a few hundred bytes).
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// A body gets this long plus its length at [`MIN_BODY_RATE`].
+pub const BODY_GRACE: Duration = Duration::from_secs(10);
+/// The slowest body rate served (bytes per second): far below any real
+/// network, far above a trickle meant to hold a connection.
+pub const MIN_BODY_RATE: u64 = 1 << 20;
+/// Write timeout per socket operation, and what `shutdown` waits for
+/// requests in flight: a stalled client loses its connection, never a
+/// server thread forever.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The control server's limits (the defaults are the constants above;
+/// tests shorten them).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// See [`HEAD_DEADLINE`].
+    pub head_deadline: Duration,
+    /// See [`MAX_CONNECTIONS`].
+    pub max_connections: usize,
+    /// See [`MAX_PENDING`].
+    pub max_pending: usize,
+    /// See [`MAX_PENDING_PER_PEER`].
+    pub max_pending_per_peer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            head_deadline: HEAD_DEADLINE,
+            max_connections: MAX_CONNECTIONS,
+            max_pending: MAX_PENDING,
+            max_pending_per_peer: MAX_PENDING_PER_PEER,
+        }
+    }
+}
 
 /// Constant-time equality of two byte strings (length is not secret).
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -55,17 +117,43 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// A running control server; stops accepting when dropped. It holds the
 /// node only weakly, so dropping the node's last owner shuts the node down.
-#[derive(Debug)]
 pub struct ControlServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    admission: Arc<Admission<TcpStream>>,
     accept: Option<thread::JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for ControlServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every connection thread shares.
+struct Shared {
+    node: shardport_host::node::WeakNode,
+    token: Option<Arc<str>>,
+    limits: Limits,
+    active: AtomicUsize,
+}
+
 impl ControlServer {
-    /// Binds `bind` and serves `node` on a background thread.
+    /// Binds `bind` and serves `node` on a background thread, with the
+    /// default [`Limits`].
     pub fn start(node: &Node, bind: &str, token: Option<String>) -> std::io::Result<ControlServer> {
-        let node = node.downgrade();
+        Self::start_with(node, bind, token, Limits::default())
+    }
+
+    /// [`start`](Self::start) with these limits.
+    pub fn start_with(
+        node: &Node,
+        bind: &str,
+        token: Option<String>,
+        limits: Limits,
+    ) -> std::io::Result<ControlServer> {
         let listener = TcpListener::bind(bind).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -74,52 +162,22 @@ impl ControlServer {
         })?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let active = Arc::new(AtomicUsize::new(0));
-        let token = token.map(Arc::<str>::from);
-        let stop2 = Arc::clone(&stop);
+        let admission = Admission::new(limits.max_pending, limits.max_pending_per_peer);
+        let shared = Arc::new(Shared {
+            node: node.downgrade(),
+            token: token.map(Arc::<str>::from),
+            limits,
+            active: AtomicUsize::new(0),
+        });
+        let (stop2, admission2) = (Arc::clone(&stop), Arc::clone(&admission));
         let accept = thread::Builder::new()
             .name("shardport-control".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let Ok(mut stream) = conn else { continue };
-                    if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                        let _ = respond(
-                            &mut stream,
-                            503,
-                            JSON,
-                            &err_body("busy", "too many control connections"),
-                        );
-                        continue;
-                    }
-                    let Some(node) = node.upgrade() else {
-                        let _ = respond(
-                            &mut stream,
-                            503,
-                            JSON,
-                            &err_body("shutting_down", "the node is shutting down"),
-                        );
-                        break;
-                    };
-                    active.fetch_add(1, Ordering::Relaxed);
-                    let (token, active) = (token.clone(), Arc::clone(&active));
-                    let spawned = thread::Builder::new()
-                        .name("shardport-control-conn".into())
-                        .spawn(move || {
-                            serve_conn(&node, stream, token.as_deref());
-                            active.fetch_sub(1, Ordering::Relaxed);
-                        });
-                    if spawned.is_err() {
-                        tracing::warn!(target: "control", "cannot spawn a connection thread");
-                    }
-                }
-            })?;
+            .spawn(move || accept_loop(&listener, &stop2, &admission2, &shared))?;
         tracing::info!(target: "control", %addr, "control endpoint listening");
         Ok(ControlServer {
             addr,
             stop,
+            admission,
             accept: Some(accept),
         })
     }
@@ -127,6 +185,50 @@ impl ControlServer {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Connections whose head has not arrived yet.
+    pub fn pending(&self) -> usize {
+        self.admission.pending()
+    }
+
+    /// Pending connections closed to make room for newer ones.
+    pub fn evicted_total(&self) -> u64 {
+        self.admission.evicted_total()
+    }
+}
+
+fn accept_loop(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    admission: &Arc<Admission<TcpStream>>,
+    shared: &Arc<Shared>,
+) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let Ok(mut stream) = conn else { continue };
+        if shared.node.upgrade().is_none() {
+            let _ = respond(
+                &mut stream,
+                503,
+                JSON,
+                &err_body("shutting_down", "the node is shutting down"),
+            );
+            break;
+        }
+        let (Ok(peer), Ok(closer)) = (stream.peer_addr(), stream.try_clone()) else {
+            continue;
+        };
+        let ticket = admission.enter(peer.ip(), closer);
+        let shared = Arc::clone(shared);
+        let spawned = thread::Builder::new()
+            .name("shardport-control-conn".into())
+            .spawn(move || serve_conn(&shared, stream, ticket));
+        if spawned.is_err() {
+            tracing::warn!(target: "control", "cannot spawn a connection thread");
+        }
     }
 }
 
@@ -146,6 +248,8 @@ struct Request {
     path: String,
     query: Vec<(String, String)>,
     headers: Vec<(String, String)>,
+    /// The declared body length (strictly framed; see [`head::body_length`]).
+    body_len: Option<u64>,
 }
 
 impl Request {
@@ -177,6 +281,7 @@ fn respond(
         401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         411 => "Length Required",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
@@ -192,53 +297,19 @@ fn respond(
     stream.flush()
 }
 
-/// Reads the request head, bounded in size.
-fn read_head(reader: &mut BufReader<TcpStream>) -> Result<Request, (u16, &'static str, String)> {
-    let mut head = Vec::new();
-    loop {
-        let before = head.len();
-        let n = reader
-            .by_ref()
-            .take((MAX_HEADER_BYTES + 1 - head.len().min(MAX_HEADER_BYTES)) as u64)
-            .read_until(b'\n', &mut head)
-            .map_err(|e| (400, "bad_request", format!("reading the request: {e}")))?;
-        if head.len() > MAX_HEADER_BYTES {
-            return Err((
-                431,
-                "headers_too_large",
-                format!("request head over {MAX_HEADER_BYTES} bytes"),
-            ));
-        }
-        if n == 0 {
-            return Err((
-                400,
-                "bad_request",
-                "connection closed before the end of the request head".into(),
-            ));
-        }
-        if head[before..] == *b"\r\n" || head[before..] == *b"\n" {
-            break;
-        }
-    }
-    let text = std::str::from_utf8(&head)
-        .map_err(|_| (400, "bad_request", "request head is not UTF-8".into()))?;
-    let mut lines = text.lines();
-    let line = lines.next().unwrap_or_default();
+/// A request line: method, path and query pairs.
+type RequestLine = (String, String, Vec<(String, String)>);
+
+/// The request line as method, path and query.
+fn parse_request_line(line: &str) -> Result<RequestLine, Refusal> {
     let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err((
-            400,
-            "bad_request",
-            format!("malformed request line `{line}`"),
-        ));
+        return Err(bad(format!("malformed request line `{line}`")));
     };
     if !version.starts_with("HTTP/1.") {
-        return Err((
-            400,
-            "bad_request",
-            format!("unsupported protocol `{version}`"),
-        ));
+        return Err(bad(format!("unsupported protocol `{version}`")));
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let query = query
@@ -249,37 +320,89 @@ fn read_head(reader: &mut BufReader<TcpStream>) -> Result<Request, (u16, &'stati
             (k.to_owned(), v.to_owned())
         })
         .collect();
-    let mut headers = Vec::new();
-    for h in lines.filter(|l| !l.is_empty()) {
-        let (k, v) = h
-            .split_once(':')
-            .ok_or_else(|| (400, "bad_request", format!("malformed header `{h}`")))?;
-        headers.push((k.trim().to_owned(), v.trim().to_owned()));
-    }
-    Ok(Request {
-        method: method.to_owned(),
-        path: path.to_owned(),
-        query,
-        headers,
-    })
+    Ok((method.to_owned(), path.to_owned(), query))
 }
 
-fn content_length(req: &Request, max: u64) -> Result<u64, (u16, &'static str, String)> {
-    let len: u64 = req
-        .header("content-length")
-        .ok_or((
-            411,
-            "length_required",
-            "content-length is required".to_owned(),
-        ))?
-        .parse()
-        .map_err(|_| {
-            (
-                400,
-                "bad_request",
-                "content-length is not a number".to_owned(),
-            )
-        })?;
+fn bad(message: String) -> Refusal {
+    (400, "bad_request", message)
+}
+
+fn unauthorized() -> Refusal {
+    (401, "unauthorized", "missing or wrong bearer token".into())
+}
+
+fn head_refusal(e: HeadError) -> Refusal {
+    match e {
+        HeadError::TooLarge(_) => (431, "headers_too_large", e.to_string()),
+        HeadError::Malformed(m) => bad(m),
+        HeadError::Io(m) => (408, "request_timeout", m),
+    }
+}
+
+/// Reads the request head, bounded in size and time, checking the token as
+/// soon as the `Authorization` line arrives.
+fn read_request(
+    reader: &mut BufReader<DeadlineStream>,
+    token: Option<&str>,
+) -> Result<Request, Refusal> {
+    let mut line_no = 0usize;
+    let mut start = None;
+    let mut headers = Vec::new();
+    let mut refused = None;
+    let read = head::read_lines(reader, MAX_HEADER_BYTES, |line| {
+        line_no += 1;
+        if line_no == 1 {
+            start = Some(parse_request_line(line).map_err(|r| {
+                let m = r.2.clone();
+                refused = Some(r);
+                HeadError::Malformed(m)
+            })?);
+            return Ok(());
+        }
+        let field = head::parse_field(line)?;
+        if let Some(expected) = token {
+            if field.0.eq_ignore_ascii_case("authorization") && !bearer_matches(&field.1, expected)
+            {
+                refused = Some(unauthorized());
+                return Err(HeadError::Malformed("wrong bearer token".into()));
+            }
+        }
+        headers.push(field);
+        Ok(())
+    });
+    if let Some(r) = refused {
+        return Err(r);
+    }
+    read.map_err(head_refusal)?;
+    let (method, path, query) = start.ok_or_else(|| bad("empty request".into()))?;
+    let body_len = head::body_length(&headers).map_err(head_refusal)?;
+    let req = Request {
+        method,
+        path,
+        query,
+        headers,
+        body_len,
+    };
+    if let Some(expected) = token {
+        let given = req.header("authorization").unwrap_or("");
+        if !bearer_matches(given, expected) {
+            return Err(unauthorized());
+        }
+    }
+    Ok(req)
+}
+
+fn bearer_matches(value: &str, expected: &str) -> bool {
+    let given = value.strip_prefix("Bearer ").unwrap_or("");
+    constant_time_eq(given.as_bytes(), expected.as_bytes())
+}
+
+fn content_length(req: &Request, max: u64) -> Result<u64, Refusal> {
+    let len = req.body_len.ok_or((
+        411,
+        "length_required",
+        "content-length is required".to_owned(),
+    ))?;
     if len > max {
         return Err((
             413,
@@ -290,15 +413,26 @@ fn content_length(req: &Request, max: u64) -> Result<u64, (u16, &'static str, St
     Ok(len)
 }
 
-fn serve_conn(node: &Node, stream: TcpStream, token: Option<&str>) {
-    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+/// How long a body of `len` bytes may take.
+fn body_deadline(len: u64) -> Instant {
+    Instant::now() + BODY_GRACE + Duration::from_secs(len / MIN_BODY_RATE)
+}
+
+fn serve_conn(shared: &Shared, stream: TcpStream, ticket: Ticket<TcpStream>) {
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-    let Ok(write_half) = stream.try_clone() else {
+    let Ok(mut out) = stream.try_clone() else {
         return;
     };
-    let mut out = write_half;
-    let mut reader = BufReader::new(stream);
-    let (status, content_type, body) = match handle(node, &mut reader, token) {
+    let deadline = Instant::now() + shared.limits.head_deadline;
+    let mut reader = BufReader::new(DeadlineStream::new(stream, deadline));
+    let result = match read_request(&mut reader, shared.token.as_deref()) {
+        Err(r) => Err(r),
+        Ok(req) => {
+            ticket.admit();
+            serve_request(shared, req, &mut reader)
+        }
+    };
+    let (status, content_type, body) = match result {
         Ok((content_type, body)) => (200, content_type, body),
         Err((status, code, message)) => {
             tracing::debug!(target: "control", status, code, %message, "control request refused");
@@ -308,23 +442,34 @@ fn serve_conn(node: &Node, stream: TcpStream, token: Option<&str>) {
     let _ = respond(&mut out, status, content_type, &body);
 }
 
+/// An authenticated request, within the budget of [`Limits::max_connections`].
+fn serve_request(
+    shared: &Shared,
+    req: Request,
+    reader: &mut BufReader<DeadlineStream>,
+) -> Result<(&'static str, Vec<u8>), Refusal> {
+    let Some(node) = shared.node.upgrade() else {
+        return Err((503, "shutting_down", "the node is shutting down".into()));
+    };
+    if shared.active.fetch_add(1, Ordering::AcqRel) >= shared.limits.max_connections {
+        shared.active.fetch_sub(1, Ordering::AcqRel);
+        return Err((503, "busy", "too many control requests at once".into()));
+    }
+    reader
+        .get_mut()
+        .set_deadline(body_deadline(req.body_len.unwrap_or(0)));
+    let result = handle(&node, &req, reader);
+    shared.active.fetch_sub(1, Ordering::AcqRel);
+    result
+}
+
 type Refusal = (u16, &'static str, String);
 
 fn handle(
     node: &Node,
-    reader: &mut BufReader<TcpStream>,
-    token: Option<&str>,
+    req: &Request,
+    reader: &mut BufReader<DeadlineStream>,
 ) -> Result<(&'static str, Vec<u8>), Refusal> {
-    let req = read_head(reader)?;
-    if let Some(expected) = token {
-        let given = req
-            .header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            return Err((401, "unauthorized", "missing or wrong bearer token".into()));
-        }
-    }
     fn to_json<T: serde::Serialize>(v: &T) -> Result<(&'static str, Vec<u8>), Refusal> {
         serde_json::to_vec(v)
             .map(|b| (JSON, b))
@@ -342,7 +487,7 @@ fn handle(
         )),
         ("GET", "/v1/metrics.json") => to_json(&node.metrics_snapshot()),
         ("POST", "/v1/experiments/reset") => {
-            let body = read_json_body(&req, reader)?;
+            let body = read_json_body(req, reader)?;
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
             struct Reset {
@@ -366,13 +511,13 @@ fn handle(
             json_out(json!({ "reenabled": done }))
         }
         ("POST", "/v1/put") => {
-            let spec = put_spec(&req)?;
+            let spec = put_spec(req)?;
             let tags = req
                 .query
                 .iter()
                 .filter_map(|(k, v)| k.strip_prefix("tag.").map(|k| (k.to_owned(), v.clone())))
                 .collect();
-            let len = content_length(&req, node.config().node.max_shard_size)?;
+            let len = content_length(req, node.config().node.max_shard_size)?;
             let mut read_err = None;
             let spec = match spec {
                 Some(s) => s,
@@ -404,7 +549,7 @@ fn handle(
             }
         }
         ("POST", "/v1/remove") => {
-            let ids = read_ids(&req, reader)?;
+            let ids = read_ids(req, reader)?;
             let Some(ids) = ids else {
                 return Err((400, "bad_request", "expected {\"ids\": [...]}".to_owned()));
             };
@@ -412,7 +557,7 @@ fn handle(
             json_out(json!({ "missing": missing }))
         }
         ("POST", "/v1/drain") => {
-            let drained = match read_ids(&req, reader)? {
+            let drained = match read_ids(req, reader)? {
                 Some(ids) => node.drain(&ids),
                 None => node.drain_all(),
             };
@@ -441,7 +586,10 @@ fn handle(
 }
 
 /// The request body, bounded by [`MAX_JSON_BODY`].
-fn read_json_body(req: &Request, reader: &mut BufReader<TcpStream>) -> Result<Vec<u8>, Refusal> {
+fn read_json_body(
+    req: &Request,
+    reader: &mut BufReader<DeadlineStream>,
+) -> Result<Vec<u8>, Refusal> {
     let len = content_length(req, MAX_JSON_BODY as u64)?;
     let mut body = vec![0u8; len as usize];
     reader
@@ -453,7 +601,7 @@ fn read_json_body(req: &Request, reader: &mut BufReader<TcpStream>) -> Result<Ve
 /// A `{"ids": [...]}` body (`Some`) or `{"all": true}` (`None`).
 fn read_ids(
     req: &Request,
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<DeadlineStream>,
 ) -> Result<Option<Vec<ShardId>>, Refusal> {
     let body = read_json_body(req, reader)?;
     #[derive(serde::Deserialize)]
@@ -529,144 +677,6 @@ fn put_spec(req: &Request) -> Result<Option<TensorSpec>, Refusal> {
         shape,
         device: Device::CPU,
     }))
-}
-
-/// A minimal client for the control endpoint (used by the CLI).
-pub mod client {
-    use std::{
-        io::{Read, Write},
-        net::{TcpStream, ToSocketAddrs},
-        time::Duration,
-    };
-
-    /// A control call failed.
-    #[derive(Debug, thiserror::Error)]
-    pub enum ClientError {
-        /// Connecting or talking failed.
-        #[error("control endpoint {addr}: {source}")]
-        Io {
-            /// Address.
-            addr: String,
-            /// OS error.
-            source: std::io::Error,
-        },
-        /// Non-200 answer.
-        #[error("control endpoint {addr} answered {status}: {message}")]
-        Status {
-            /// Address.
-            addr: String,
-            /// HTTP status.
-            status: u16,
-            /// The error message from the body.
-            message: String,
-        },
-        /// Unparseable answer.
-        #[error("control endpoint {addr} sent an invalid response: {what}")]
-        Invalid {
-            /// Address.
-            addr: String,
-            /// What was wrong.
-            what: String,
-        },
-    }
-
-    /// Sends one request; returns the status and the body.
-    pub fn request(
-        addr: &str,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<(u16, Vec<u8>), ClientError> {
-        let io = |source| ClientError::Io {
-            addr: addr.to_owned(),
-            source,
-        };
-        let sock = addr.to_socket_addrs().map_err(io)?.next().ok_or_else(|| {
-            io(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "address resolves to nothing",
-            ))
-        })?;
-        let mut s = TcpStream::connect_timeout(&sock, timeout).map_err(io)?;
-        s.set_read_timeout(Some(timeout)).map_err(io)?;
-        s.set_write_timeout(Some(timeout)).map_err(io)?;
-        let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .map_err(io)?;
-        s.write_all(body).map_err(io)?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).map_err(io)?;
-        let invalid = |what: &str| ClientError::Invalid {
-            addr: addr.to_owned(),
-            what: what.to_owned(),
-        };
-        let split = resp
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| invalid("no end of headers"))?;
-        let head = std::str::from_utf8(&resp[..split]).map_err(|_| invalid("non-UTF-8 head"))?;
-        let status: u16 = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| invalid("no status code"))?;
-        resp.drain(..split + 4);
-        Ok((status, resp))
-    }
-
-    fn refusal(addr: &str, status: u16, body: &[u8]) -> ClientError {
-        let message = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
-        ClientError::Status {
-            addr: addr.to_owned(),
-            status,
-            message,
-        }
-    }
-
-    /// Sends one request and returns the JSON body of a 200 answer.
-    pub fn call(
-        addr: &str,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<serde_json::Value, ClientError> {
-        let (status, resp) = request(addr, method, path, token, body, timeout)?;
-        if status != 200 {
-            return Err(refusal(addr, status, &resp));
-        }
-        serde_json::from_slice(&resp).map_err(|e| ClientError::Invalid {
-            addr: addr.to_owned(),
-            what: format!("body is not JSON: {e}"),
-        })
-    }
-
-    /// `GET path` and returns the text body of a 200 answer (`/metrics`).
-    pub fn get_text(
-        addr: &str,
-        path: &str,
-        token: Option<&str>,
-        timeout: Duration,
-    ) -> Result<String, ClientError> {
-        let (status, resp) = request(addr, "GET", path, token, &[], timeout)?;
-        if status != 200 {
-            return Err(refusal(addr, status, &resp));
-        }
-        String::from_utf8(resp).map_err(|_| ClientError::Invalid {
-            addr: addr.to_owned(),
-            what: "body is not UTF-8".to_owned(),
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,199 @@
+//! A minimal client for the control endpoint (used by the CLI). It reads
+//! answers with the same strict framing rules as the server ([`super::head`])
+//! and a bounded body, so a hostile or broken endpoint gets a clear error,
+//! never an unbounded allocation or a body read two ways.
+
+use std::{
+    io::{BufReader, Read, Write},
+    net::{TcpStream, ToSocketAddrs},
+    time::{Duration, Instant},
+};
+
+use super::head::{self, DeadlineStream, HeadError};
+
+/// Largest response head accepted.
+pub const MAX_RESPONSE_HEAD: usize = 16 * 1024;
+/// Largest response body accepted (metrics of a node with many experiments
+/// stay far below this).
+pub const MAX_RESPONSE_BODY: u64 = 64 << 20;
+
+/// A control call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting or talking failed.
+    #[error("control endpoint {addr}: {source}")]
+    Io {
+        /// Address.
+        addr: String,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Non-200 answer.
+    #[error("control endpoint {addr} answered {status}: {message}")]
+    Status {
+        /// Address.
+        addr: String,
+        /// HTTP status.
+        status: u16,
+        /// The error message from the body.
+        message: String,
+    },
+    /// Unparseable answer.
+    #[error("control endpoint {addr} sent an invalid response: {what}")]
+    Invalid {
+        /// Address.
+        addr: String,
+        /// What was wrong.
+        what: String,
+    },
+}
+
+/// Sends one request; returns the status and the body.
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), ClientError> {
+    let io = |source| ClientError::Io {
+        addr: addr.to_owned(),
+        source,
+    };
+    let sock = addr.to_socket_addrs().map_err(io)?.next().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "address resolves to nothing",
+        ))
+    })?;
+    let mut s = TcpStream::connect_timeout(&sock, timeout).map_err(io)?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.set_write_timeout(Some(timeout)).map_err(io)?;
+    let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .map_err(io)?;
+    s.write_all(body).map_err(io)?;
+    read_response(addr, s, Instant::now() + timeout)
+}
+
+/// Reads a whole response: status line, fields (strict framing), and a body
+/// of exactly `Content-Length` bytes (or up to the end of the stream when
+/// there is none), bounded by [`MAX_RESPONSE_BODY`].
+fn read_response(
+    addr: &str,
+    stream: TcpStream,
+    deadline: Instant,
+) -> Result<(u16, Vec<u8>), ClientError> {
+    let invalid = |what: String| ClientError::Invalid {
+        addr: addr.to_owned(),
+        what,
+    };
+    let mut reader = BufReader::new(DeadlineStream::new(stream, deadline));
+    let mut status = None;
+    let mut fields = Vec::new();
+    head::read_lines(&mut reader, MAX_RESPONSE_HEAD, |line| {
+        if status.is_none() {
+            status = Some(parse_status_line(line)?);
+        } else {
+            fields.push(head::parse_field(line)?);
+        }
+        Ok(())
+    })
+    .map_err(|e| invalid(e.to_string()))?;
+    let status = status.ok_or_else(|| invalid("no status line".into()))?;
+    let declared = head::body_length(&fields).map_err(|e| invalid(e.to_string()))?;
+    if declared.is_some_and(|n| n > MAX_RESPONSE_BODY) {
+        return Err(invalid(format!(
+            "body of {} bytes is over the client's limit of {MAX_RESPONSE_BODY}",
+            declared.unwrap_or_default()
+        )));
+    }
+    let mut body = Vec::new();
+    reader
+        .take(declared.unwrap_or(MAX_RESPONSE_BODY) + 1)
+        .read_to_end(&mut body)
+        .map_err(|source| ClientError::Io {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    match declared {
+        Some(n) if body.len() as u64 != n => Err(invalid(format!(
+            "body is {} bytes, content-length said {n}",
+            body.len()
+        ))),
+        None if body.len() as u64 > MAX_RESPONSE_BODY => Err(invalid(format!(
+            "body is over the client's limit of {MAX_RESPONSE_BODY} bytes"
+        ))),
+        _ => Ok((status, body)),
+    }
+}
+
+/// The status code of `HTTP/1.x DDD reason`.
+fn parse_status_line(line: &str) -> Result<u16, HeadError> {
+    let mut parts = line.splitn(3, ' ');
+    match (parts.next(), parts.next()) {
+        (Some(v), Some(code))
+            if v.starts_with("HTTP/1.")
+                && code.len() == 3
+                && code.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Ok(code.parse().unwrap_or_default())
+        }
+        _ => Err(HeadError::Malformed(format!(
+            "malformed status line `{line}`"
+        ))),
+    }
+}
+
+fn refusal(addr: &str, status: u16, body: &[u8]) -> ClientError {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
+    ClientError::Status {
+        addr: addr.to_owned(),
+        status,
+        message,
+    }
+}
+
+/// Sends one request and returns the JSON body of a 200 answer.
+pub fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
+    let (status, resp) = request(addr, method, path, token, body, timeout)?;
+    if status != 200 {
+        return Err(refusal(addr, status, &resp));
+    }
+    serde_json::from_slice(&resp).map_err(|e| ClientError::Invalid {
+        addr: addr.to_owned(),
+        what: format!("body is not JSON: {e}"),
+    })
+}
+
+/// `GET path` and returns the text body of a 200 answer (`/metrics`).
+pub fn get_text(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<String, ClientError> {
+    let (status, resp) = request(addr, "GET", path, token, &[], timeout)?;
+    if status != 200 {
+        return Err(refusal(addr, status, &resp));
+    }
+    String::from_utf8(resp).map_err(|_| ClientError::Invalid {
+        addr: addr.to_owned(),
+        what: "body is not UTF-8".to_owned(),
+    })
+}
