@@ -244,114 +244,10 @@ struct RawPlugin {
 // ---------------------------------------------------------------------------
 // Validated layer
 
-/// A transport's name: `[a-z0-9-]`, 1..=64 chars, starting with a letter.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TransportName(String);
-
-/// Longest transport name accepted anywhere (configs, handles, plugins).
-pub const MAX_TRANSPORT_NAME: usize = 64;
-
-impl TransportName {
-    /// Validates a name.
-    pub fn new(name: &str) -> Result<TransportName, String> {
-        let ok_chars = name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        let starts = name.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
-        if name.is_empty() || name.len() > MAX_TRANSPORT_NAME || !ok_chars || !starts {
-            Err(format!(
-                "`{name}` is not a transport name (lowercase letters, digits and `-`, \
-                 starting with a letter, at most {MAX_TRANSPORT_NAME} characters)"
-            ))
-        } else {
-            Ok(TransportName(name.to_owned()))
-        }
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for TransportName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(&self.0)
-    }
-}
-
-/// How `fetch` returns bytes unless the call says otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FetchMode {
-    /// A zero-copy view holding a lease on the owner's memory (falls back to a
-    /// copy, reported as a downgrade, when no zero-copy transport can serve).
-    View,
-    /// An owned buffer.
-    Copy,
-}
-
-impl fmt::Display for FetchMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FetchMode::View => "view",
-            FetchMode::Copy => "copy",
-        })
-    }
-}
-
-/// What a downgrade (a faster candidate failed or was unavailable) does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnDowngrade {
-    /// Count it, log at debug.
-    Allow,
-    /// Count it, log at warn.
-    Warn,
-    /// Fail the fetch.
-    Fail,
-}
-
-/// Where the owner's bytes live after `put`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Storage {
-    /// A host heap buffer; every transport copies or lends from it.
-    Heap,
-    /// Written once into this transport's allocator (falls back to heap, loudly,
-    /// when the transport is not loaded).
-    Pool(TransportName),
-}
-
-/// Checksum computed at put.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChecksumPolicy {
-    /// None.
-    None,
-    /// CRC-32C.
-    Crc32c,
-    /// XXH3-64.
-    Xxh3,
-}
-
-/// Which evidence makes an owner "same node" for same-node transports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SameNodeMatch {
-    /// The owner's advertised address is local (`is_local_addr`).
-    Address,
-    /// The identity parts the transport needs agree.
-    Identity,
-    /// Both (the default: an address is not proof that `/dev/shm` is shared,
-    /// and identity alone cannot tell network namespaces apart).
-    Both,
-}
-
-/// Which device kind a route matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceSel {
-    /// Host memory.
-    Cpu,
-    /// Any CUDA device.
-    Cuda,
-}
+pub use crate::vocab::{
+    ChecksumPolicy, DeviceSel, FetchMode, OnDowngrade, SameNodeMatch, Storage, TransportName,
+    MAX_TRANSPORT_NAME,
+};
 
 /// A `*`/`?` glob over an owner address (`10.0.*:7070`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -615,7 +511,7 @@ pub struct Config {
     /// Put settings.
     pub put: PutConfig,
     /// Consumer cache policy.
-    pub cache: crate::cache::Policy,
+    pub cache: crate::vocab::CachePolicy,
     /// Same-node evidence.
     pub same_node: SameNodeMatch,
     /// Plugins to load, in config order.
@@ -1073,12 +969,12 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 let ok = s
                     .rsplit_once(':')
                     .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-                if !ok || s.len() > crate::handle::MAX_ADDR {
+                if !ok || s.len() > crate::vocab::MAX_ADDR {
                     return Err(ctx.error(
                         Some(a.span()),
                         format!(
                             "`node.advertise`: expected `host:port` of at most {} bytes, found \"{s}\"",
-                            crate::handle::MAX_ADDR
+                            crate::vocab::MAX_ADDR
                         ),
                         Some("example: advertise = \"10.0.0.5:7070\""),
                     ));
@@ -1202,7 +1098,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
                 _ => return Err(bad()),
             }
         }
-        let mut policy = crate::cache::Policy::default();
+        let mut policy = crate::vocab::CachePolicy::default();
         let (mut lru, mut ttl) = (false, false);
         for k in &kinds {
             match k.get_ref().as_str() {
@@ -1952,7 +1848,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.cache,
-            crate::cache::Policy {
+            crate::vocab::CachePolicy {
                 enabled: true,
                 max_bytes: Some(1 << 30),
                 ttl: Some(std::time::Duration::from_secs(30))

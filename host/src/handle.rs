@@ -17,25 +17,14 @@ use shardport_abi::{
     Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
 };
 
-use crate::{config::TransportName, identity::NodeIdentity};
+use crate::{identity::NodeIdentity, vocab::TransportName};
 
 const MAGIC: &[u8; 4] = b"SPHD";
 const VERSION: u8 = 1;
 
-/// Most exports in one handle (one per loaded transport in practice).
-pub const MAX_EXPORTS: usize = 16;
-/// Largest descriptor accepted (shm/http/cuda descriptors are < 300 bytes).
-pub const MAX_DESCRIPTOR: usize = 4096;
-/// Most dimensions in a shape.
-pub const MAX_DIMS: usize = 32;
-/// Most tags on a shard.
-pub const MAX_TAGS: usize = 32;
-/// Longest tag key or value.
-pub const MAX_TAG_LEN: usize = 128;
-/// Longest owner address.
-pub const MAX_ADDR: usize = 255;
-/// Largest JSON handle accepted by [`Handle::from_json`].
-pub const MAX_JSON: usize = 64 * 1024;
+pub use crate::vocab::{
+    MAX_ADDR, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_JSON, MAX_TAGS, MAX_TAG_LEN,
+};
 
 /// The owner of a shard as recorded in its handle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,7 +324,7 @@ impl Handle {
         }
         let mut exports = Vec::with_capacity(nexports);
         for _ in 0..nexports {
-            let name = r.str8("transport name", crate::config::MAX_TRANSPORT_NAME)?;
+            let name = r.str8("transport name", crate::vocab::MAX_TRANSPORT_NAME)?;
             let transport = TransportName::new(&name).map_err(|m| r.err(m))?;
             let len = r.u16("descriptor length")? as usize;
             if len > MAX_DESCRIPTOR {

@@ -17,7 +17,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    ops::Deref,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, MutexGuard,
@@ -110,40 +109,7 @@ struct OwnedShard {
     exported_by: Vec<usize>,
 }
 
-/// The bytes of a fetched shard.
-pub enum ShardBytes {
-    /// Zero-copy view holding a lease on the owner's memory.
-    View(LeasedView),
-    /// An owned copy.
-    Owned(Vec<u8>),
-}
-
-impl Deref for ShardBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            ShardBytes::View(v) => v,
-            ShardBytes::Owned(v) => v,
-        }
-    }
-}
-
-impl fmt::Debug for ShardBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ShardBytes::View(v) => write!(f, "View({} bytes, lease {})", v.len(), v.token()),
-            ShardBytes::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
-        }
-    }
-}
-
-impl ShardBytes {
-    /// True for a zero-copy view.
-    pub fn is_view(&self) -> bool {
-        matches!(self, ShardBytes::View(_))
-    }
-}
+pub use crate::vocab::ShardBytes;
 
 /// Which transport served a fetch and why. Every fetch carries one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

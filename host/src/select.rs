@@ -383,7 +383,7 @@ mod tests {
             when,
             transports: transports
                 .iter()
-                .map(|t| super::super::config::TransportName::new(t).unwrap())
+                .map(|t| crate::vocab::TransportName::new(t).unwrap())
                 .collect(),
         }
     }
