@@ -326,18 +326,7 @@ impl Node {
             .iter()
             .map(ExperimentState::new)
             .collect();
-        let storage_plugin = match &config.put.storage {
-            Storage::Heap => None,
-            Storage::Pool(t) => {
-                let found = report.loaded.iter().position(|p| {
-                    &p.name == t && p.capabilities().contains(Capabilities::ALLOCATOR)
-                });
-                if found.is_none() {
-                    tracing::warn!(target: "store", transport = %t, "put.pool-transport is not loaded or has no allocator; shards will be stored on the heap");
-                }
-                found
-            }
-        };
+        let storage_plugin = storage_plugin(&config.put.storage, &report.loaded);
         tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = report.loaded.len(), "node started");
         Ok(Node {
             inner: Arc::new(Inner {
@@ -471,6 +460,21 @@ impl Drop for Inner {
         let cached = lock(&self.cache).clear();
         drop(cached);
     }
+}
+
+/// The plugin whose allocator holds owned bytes under `storage = "pool"`;
+/// `None` (the heap, with a warning) when it is not loaded or has no allocator.
+fn storage_plugin(storage: &Storage, loaded: &[LoadedPlugin]) -> Option<usize> {
+    let Storage::Pool(t) = storage else {
+        return None;
+    };
+    let found = loaded
+        .iter()
+        .position(|p| &p.name == t && p.capabilities().contains(Capabilities::ALLOCATOR));
+    if found.is_none() {
+        tracing::warn!(target: "store", transport = %t, "put.pool-transport is not loaded or has no allocator; shards will be stored on the heap");
+    }
+    found
 }
 
 /// A zero-filled buffer of `len` bytes, or an error instead of an abort when
