@@ -68,7 +68,8 @@ pub const MAX_TAGS: usize = 32;
 pub const MAX_TAG_LEN: usize = 128;
 /// Longest owner address.
 pub const MAX_ADDR: usize = 255;
-/// Largest JSON handle accepted by [`Handle::from_json`].
+/// Largest JSON handle accepted by
+/// [`Handle::from_json`](crate::handle::Handle::from_json).
 pub const MAX_JSON: usize = 64 * 1024;
 
 // ---------------------------------------------------------------------------

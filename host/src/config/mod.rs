@@ -2,12 +2,12 @@
 //! validated [`Config`] the rest of the host uses.
 //!
 //! Two layers (STYLE: "config in two layers"):
-//! - [`schema`]: serde structs that mirror the TOML, spans kept;
-//! - [`check`]: [`parse_str`] turns them into the enums and newtypes of this
+//! - `schema.rs`: serde structs that mirror the TOML, spans kept;
+//! - `check.rs`: [`parse_str`] turns them into the enums and newtypes of this
 //!   module (and of [`crate::vocab`]), so no bare transport name or mode
-//!   string reaches the router; [`rules`] checks routes and experiments.
+//!   string reaches the router; `rules.rs` checks routes and experiments.
 //!
-//! Errors ([`ConfigError`], rendered by [`span`]) point at `file:line:col`
+//! Errors ([`ConfigError`], rendered in `span.rs`) point at `file:line:col`
 //! with a caret, say what was expected and show an example; unknown keys
 //! become warnings carrying their dotted path. [`parse_str`] never touches
 //! the disk; [`load`] reads a file and calls it. [`routing_table`] prints the
