@@ -9,22 +9,13 @@
 //! reclaimed". Cleanup never fails a request: it runs after the fetch
 //! succeeded and cannot return an error.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc};
 
 use shardport_abi::{ShardId, ShardMeta};
 
-use crate::node::ShardBytes;
+use crate::vocab::ShardBytes;
 
-/// What the cache keeps and for how long. `None` fields are off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Policy {
-    /// Keep entries at all (any of explicit / lru / ttl).
-    pub enabled: bool,
-    /// Evict least-recently-used entries beyond this many bytes.
-    pub max_bytes: Option<u64>,
-    /// Evict entries this long after they were fetched.
-    pub ttl: Option<Duration>,
-}
+pub use crate::vocab::CachePolicy as Policy;
 
 /// One entry as the pure decision function sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +238,8 @@ impl Cache {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use proptest::prelude::*;
 
     use super::*;

@@ -17,25 +17,14 @@ use shardport_abi::{
     Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
 };
 
-use crate::{config::TransportName, identity::NodeIdentity};
+use crate::{identity::NodeIdentity, vocab::TransportName};
 
 const MAGIC: &[u8; 4] = b"SPHD";
 const VERSION: u8 = 1;
 
-/// Most exports in one handle (one per loaded transport in practice).
-pub const MAX_EXPORTS: usize = 16;
-/// Largest descriptor accepted (shm/http/cuda descriptors are < 300 bytes).
-pub const MAX_DESCRIPTOR: usize = 4096;
-/// Most dimensions in a shape.
-pub const MAX_DIMS: usize = 32;
-/// Most tags on a shard.
-pub const MAX_TAGS: usize = 32;
-/// Longest tag key or value.
-pub const MAX_TAG_LEN: usize = 128;
-/// Longest owner address.
-pub const MAX_ADDR: usize = 255;
-/// Largest JSON handle accepted by [`Handle::from_json`].
-pub const MAX_JSON: usize = 64 * 1024;
+pub use crate::vocab::{
+    MAX_ADDR, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_JSON, MAX_TAGS, MAX_TAG_LEN,
+};
 
 /// The owner of a shard as recorded in its handle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +77,115 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// Magic, version and shard id.
+    fn header(&mut self) -> Result<ShardId, HandleError> {
+        if self.take(4, "magic")? != MAGIC {
+            return Err(HandleError {
+                what: "not a shardport handle (bad magic)".into(),
+                offset: 0,
+            });
+        }
+        let version = self.u8("version")?;
+        if version != VERSION {
+            return Err(self.err(format!(
+                "unsupported handle version {version} (this host reads {VERSION})"
+            )));
+        }
+        Ok(ShardId::from_u128(u128::from_le_bytes(
+            self.take(16, "id")?.try_into().expect("16 bytes"),
+        )))
+    }
+
+    /// dtype, device, byte length, shape and checksum.
+    fn meta(&mut self) -> Result<ShardMeta, HandleError> {
+        let dtype = DType(self.u8("dtype")?);
+        let device = Device {
+            kind: DeviceKind(self.u8("device kind")?),
+            index: self.u32("device index")?,
+        };
+        let byte_len = self.u64("byte_len")?;
+        let ndim = self.u8("ndim")? as usize;
+        if ndim > MAX_DIMS {
+            return Err(self.err(format!("shape has {ndim} dimensions, limit {MAX_DIMS}")));
+        }
+        let mut shape = Vec::with_capacity(ndim);
+        for _ in 0..ndim {
+            shape.push(self.u64("shape")?);
+        }
+        let algo = self.u8("checksum algorithm")?;
+        let value = self.u64("checksum")?;
+        let checksum = if algo == 0 {
+            ROption::RNone
+        } else {
+            ROption::RSome(Checksum {
+                algo: ChecksumAlgo(algo),
+                value,
+            })
+        };
+        Ok(ShardMeta {
+            dtype,
+            shape: RVec::from(shape),
+            device,
+            byte_len,
+            checksum,
+        })
+    }
+
+    /// The tag count and `(key, value)` pairs.
+    fn tags(&mut self) -> Result<BTreeMap<String, String>, HandleError> {
+        let ntags = self.u8("tag count")? as usize;
+        if ntags > MAX_TAGS {
+            return Err(self.err(format!("{ntags} tags, limit {MAX_TAGS}")));
+        }
+        let mut tags = BTreeMap::new();
+        for _ in 0..ntags {
+            let k = self.str8("tag key", MAX_TAG_LEN)?;
+            let v = self.str8("tag value", MAX_TAG_LEN)?;
+            tags.insert(k, v);
+        }
+        Ok(tags)
+    }
+
+    /// Owner address, identity and epoch.
+    fn owner(&mut self) -> Result<Owner, HandleError> {
+        let addr = self.str8("owner address", MAX_ADDR)?;
+        let boot_id = self.str8("owner boot id", crate::identity::MAX_BOOT_ID)?;
+        let identity = NodeIdentity {
+            boot_id,
+            shm_device: self.u64("owner shm device")?,
+            ipc_ns: self.u64("owner ipc namespace")?,
+            pid_ns: self.u64("owner pid namespace")?,
+        };
+        let epoch = self.u64("owner epoch")?;
+        Ok(Owner {
+            addr,
+            identity,
+            epoch,
+        })
+    }
+
+    /// The export count and `(transport, descriptor)` pairs.
+    fn exports(&mut self) -> Result<Vec<Export>, HandleError> {
+        let nexports = self.u8("export count")? as usize;
+        if nexports > MAX_EXPORTS {
+            return Err(self.err(format!("{nexports} exports, limit {MAX_EXPORTS}")));
+        }
+        let mut exports = Vec::with_capacity(nexports);
+        for _ in 0..nexports {
+            let name = self.str8("transport name", crate::vocab::MAX_TRANSPORT_NAME)?;
+            let transport = TransportName::new(&name).map_err(|m| self.err(m))?;
+            let len = self.u16("descriptor length")? as usize;
+            if len > MAX_DESCRIPTOR {
+                return Err(self.err(format!("descriptor is {len} bytes, limit {MAX_DESCRIPTOR}")));
+            }
+            exports.push(Export {
+                transport,
+                descriptor: self.take(len, "descriptor")?.to_vec(),
+            });
+        }
+        Ok(exports)
+    }
+
     fn err(&self, what: impl Into<String>) -> HandleError {
         HandleError {
             what: what.into(),
@@ -271,99 +369,19 @@ impl Handle {
     /// Decodes and validates the binary form.
     pub fn from_bytes(buf: &[u8]) -> Result<Handle, HandleError> {
         let mut r = Reader { buf, pos: 0 };
-        if r.take(4, "magic")? != MAGIC {
-            return Err(HandleError {
-                what: "not a shardport handle (bad magic)".into(),
-                offset: 0,
-            });
-        }
-        let version = r.u8("version")?;
-        if version != VERSION {
-            return Err(r.err(format!(
-                "unsupported handle version {version} (this host reads {VERSION})"
-            )));
-        }
-        let id = ShardId::from_u128(u128::from_le_bytes(
-            r.take(16, "id")?.try_into().expect("16 bytes"),
-        ));
-        let dtype = DType(r.u8("dtype")?);
-        let device = Device {
-            kind: DeviceKind(r.u8("device kind")?),
-            index: r.u32("device index")?,
-        };
-        let byte_len = r.u64("byte_len")?;
-        let ndim = r.u8("ndim")? as usize;
-        if ndim > MAX_DIMS {
-            return Err(r.err(format!("shape has {ndim} dimensions, limit {MAX_DIMS}")));
-        }
-        let mut shape = Vec::with_capacity(ndim);
-        for _ in 0..ndim {
-            shape.push(r.u64("shape")?);
-        }
-        let algo = r.u8("checksum algorithm")?;
-        let value = r.u64("checksum")?;
-        let checksum = if algo == 0 {
-            ROption::RNone
-        } else {
-            ROption::RSome(Checksum {
-                algo: ChecksumAlgo(algo),
-                value,
-            })
-        };
-        let ntags = r.u8("tag count")? as usize;
-        if ntags > MAX_TAGS {
-            return Err(r.err(format!("{ntags} tags, limit {MAX_TAGS}")));
-        }
-        let mut tags = BTreeMap::new();
-        for _ in 0..ntags {
-            let k = r.str8("tag key", MAX_TAG_LEN)?;
-            let v = r.str8("tag value", MAX_TAG_LEN)?;
-            tags.insert(k, v);
-        }
-        let addr = r.str8("owner address", MAX_ADDR)?;
-        let boot_id = r.str8("owner boot id", crate::identity::MAX_BOOT_ID)?;
-        let identity = NodeIdentity {
-            boot_id,
-            shm_device: r.u64("owner shm device")?,
-            ipc_ns: r.u64("owner ipc namespace")?,
-            pid_ns: r.u64("owner pid namespace")?,
-        };
-        let epoch = r.u64("owner epoch")?;
-        let nexports = r.u8("export count")? as usize;
-        if nexports > MAX_EXPORTS {
-            return Err(r.err(format!("{nexports} exports, limit {MAX_EXPORTS}")));
-        }
-        let mut exports = Vec::with_capacity(nexports);
-        for _ in 0..nexports {
-            let name = r.str8("transport name", crate::config::MAX_TRANSPORT_NAME)?;
-            let transport = TransportName::new(&name).map_err(|m| r.err(m))?;
-            let len = r.u16("descriptor length")? as usize;
-            if len > MAX_DESCRIPTOR {
-                return Err(r.err(format!("descriptor is {len} bytes, limit {MAX_DESCRIPTOR}")));
-            }
-            exports.push(Export {
-                transport,
-                descriptor: r.take(len, "descriptor")?.to_vec(),
-            });
-        }
+        let id = r.header()?;
+        let meta = r.meta()?;
+        let tags = r.tags()?;
+        let owner = r.owner()?;
+        let exports = r.exports()?;
         if r.pos != buf.len() {
             return Err(r.err(format!("{} trailing bytes", buf.len() - r.pos)));
         }
         let h = Handle {
             id,
-            meta: ShardMeta {
-                dtype,
-                shape: RVec::from(shape),
-                device,
-                byte_len,
-                checksum,
-            },
+            meta,
             tags,
-            owner: Owner {
-                addr,
-                identity,
-                epoch,
-            },
+            owner,
             exports,
         };
         h.validate()

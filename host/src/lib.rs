@@ -18,23 +18,48 @@
 //! ```
 //!
 //! ## Where to start reading
-//! [`node`] (put/fetch/remove), then [`select`] (the pure selection rules),
-//! [`loader`] (how plugins are opened and checked) and [`config`].
+//! The modules below are listed leaves first: each one uses only modules
+//! above it, so the file reads top to bottom as the crate's dependency order
+//! (`host/tests/module_graph.rs` keeps it a DAG). Start with [`vocab`] (the
+//! words everything else uses), then [`config`] (the TOML schema and its
+//! checks), [`select`] (the pure selection rules), [`loader`] (how plugins
+//! are opened and checked) and finally [`node`] (put/fetch/remove), which
+//! ties them together.
 #![forbid(unsafe_code)]
 
-pub mod cache;
-pub mod config;
-pub mod error;
-pub mod experiment;
-pub mod handle;
+// Leaves: import nothing of this crate.
+// Shared vocabulary: transport names, wire limits, policy values, shard bytes.
+pub mod vocab;
+// This machine's locality identity (boot id, namespaces, `/dev/shm` device).
 pub mod identity;
-pub mod loader;
+// Is an address this machine's? Interface addresses, cached.
 pub mod locality;
-pub mod metrics;
-pub mod node;
-pub mod select;
+// Services the host lends plugins: log sink and clock.
 pub mod services;
+// The serializable metrics snapshot and its size buckets.
 pub mod snapshot;
+
+// Built on the leaves.
+// Host errors, and why a plugin did not load (uses `vocab`).
+pub mod error;
+// Handles: the token `put` returns, binary and JSON forms (uses `vocab`, `identity`).
+pub mod handle;
+// The consumer cache and its pure eviction rule (uses `vocab`).
+pub mod cache;
+// Metrics registry and Prometheus text (uses `snapshot`).
+pub mod metrics;
+// Deployment config: TOML schema, semantic checks, validated types (uses `vocab`, `locality`).
+pub mod config;
+// Experiment arm assignment and guardrails (uses `config`).
+pub mod experiment;
+// Pure transport selection (uses `config`, `experiment`, `handle`, `identity`, `vocab`).
+pub mod select;
+// Opens and checks plugin libraries (uses `config`, `error`, `services`, `vocab`).
+pub mod loader;
+
+// The top: uses everything above; nothing imports it.
+// A running node: put, fetch, remove, stats.
+pub mod node;
 
 pub use config::{Config, FetchMode};
 pub use error::HostError;

@@ -19,13 +19,14 @@ use std::{
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use sha2::{Digest, Sha256};
 use shardport_abi::{
-    AbiError, Capabilities, HostContext, HostServicesBox, IdentityParts, PluginModuleRef,
-    SharedTransport, TD_Opaque, TransportInfo, ABI_VERSION,
+    Capabilities, HostContext, HostServicesBox, IdentityParts, PluginModuleRef, SharedTransport,
+    TD_Opaque, TransportInfo, ABI_VERSION,
 };
 
 use crate::{
-    config::{PluginSpec, TransportName},
+    config::PluginSpec,
     services::{Clock, PluginServices},
+    vocab::TransportName,
 };
 
 /// A loaded, constructed transport.
@@ -67,109 +68,7 @@ impl fmt::Debug for LoadedPlugin {
     }
 }
 
-/// Why one plugin did not load.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LoadError {
-    /// No candidate path exists. Likely: not built (`cargo build --workspace`), or a wrong `path`.
-    #[error(
-        "plugin `{plugin}`: library `{written}` not found (looked in {})",
-        list(tried)
-    )]
-    NotFound {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The path as written in the config.
-        written: String,
-        /// Every path tried.
-        tried: Vec<PathBuf>,
-    },
-    /// The file could not be read for its checksum.
-    #[error("plugin `{plugin}`: cannot read {}: {source}", path.display())]
-    Read {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// OS error.
-        source: std::io::Error,
-    },
-    /// The file's sha256 differs from the pinned one. Likely: a rebuilt or replaced library.
-    #[error("plugin `{plugin}`: sha256 of {} is {found}, config pins {expected}", path.display())]
-    Checksum {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// Pinned digest.
-        expected: String,
-        /// Actual digest.
-        found: String,
-    },
-    /// The file is not a loadable shardport plugin (not a shared library, or
-    /// one without a shardport root module).
-    #[error("plugin `{plugin}`: {} is not a shardport plugin: {reason}", path.display())]
-    NotAPlugin {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// What the dynamic loader or abi_stable said.
-        reason: String,
-    },
-    /// Built against an incompatible `shardport-abi` version.
-    #[error("plugin `{plugin}`: {} was built against shardport-abi {found}, this host expects {expected} (incompatible ABI; rebuild the plugin)", path.display())]
-    Incompatible {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// Compatible range this host accepts.
-        expected: String,
-        /// Version the plugin reports.
-        found: String,
-    },
-    /// The root module's type layout differs from the host's.
-    #[error("plugin `{plugin}`: {} has an incompatible interface layout: {summary} (rebuild against shardport-abi {host_abi}; details at debug level)", path.display())]
-    Layout {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// The `Error:` lines of abi_stable's report, joined.
-        summary: String,
-        /// Host ABI version.
-        host_abi: String,
-        /// abi_stable's full report.
-        detail: String,
-    },
-    /// The library implements another transport than the config names.
-    #[error("plugin `{plugin}`: {} implements transport `{found}`, not `{plugin}`", path.display())]
-    WrongTransport {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The file.
-        path: PathBuf,
-        /// What the library reports.
-        found: String,
-    },
-    /// The plugin's constructor failed (bad config table, missing resource, panic).
-    #[error("plugin `{plugin}`: constructor failed: {error}")]
-    Constructor {
-        /// Plugin name.
-        plugin: TransportName,
-        /// The plugin's error.
-        error: AbiError,
-    },
-}
-
-fn list(paths: &[PathBuf]) -> String {
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+pub use crate::error::LoadError;
 
 /// Everything one load pass produced.
 #[derive(Debug, Default)]

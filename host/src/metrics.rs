@@ -408,6 +408,18 @@ impl Family<'_> {
 pub fn prometheus(s: &Snapshot) -> String {
     let mut out = String::new();
     let mut f = Family { out: &mut out };
+    transport_families(&mut f, s);
+    node_families(&mut f, s);
+    if !s.experiments.is_empty() {
+        arm_counter_families(&mut f, s);
+        arm_state_families(&mut f, s);
+    }
+    gauge_families(&mut f, s);
+    out
+}
+
+/// Per-transport fetch counters and latency histograms.
+fn transport_families(f: &mut Family<'_>, s: &Snapshot) {
     let node = s.node.as_str();
     type Pick = fn(&Series) -> u64;
     let counters: [(&str, &str, Pick); 4] = [
@@ -453,6 +465,11 @@ pub fn prometheus(s: &Snapshot) -> String {
             f.histogram(name, &[("node", node), ("transport", &t.transport)], h);
         }
     }
+}
+
+/// Node-wide counters: downgrades, fetches without a candidate, leaked bytes.
+fn node_families(f: &mut Family<'_>, s: &Snapshot) {
+    let node = s.node.as_str();
     for (name, help, value) in [
         (
             "shardport_downgrades_total",
@@ -478,69 +495,51 @@ pub fn prometheus(s: &Snapshot) -> String {
         &labels(&[("node", node)]),
         s.leaked_bytes,
     );
+}
 
-    if !s.experiments.is_empty() {
-        type ArmPick = fn(&crate::snapshot::ArmSnapshot) -> u64;
-        let arm_counters: [(&str, &str, ArmPick); 7] = [
-            (
-                "shardport_experiment_assigned_total",
-                "Fetches assigned to an experiment arm.",
-                |a| a.assigned,
-            ),
-            (
-                "shardport_experiment_fetches_total",
-                "Fetches an arm's transport served.",
-                |a| a.series.fetches,
-            ),
-            (
-                "shardport_experiment_fetch_bytes_total",
-                "Bytes an arm's transport served.",
-                |a| a.series.bytes,
-            ),
-            (
-                "shardport_experiment_errors_total",
-                "Attempts of an arm's transport that failed.",
-                |a| a.series.errors,
-            ),
-            (
-                "shardport_experiment_downgrades_total",
-                "Fetches of an arm that another transport served after the arm's failed.",
-                |a| a.series.downgrades,
-            ),
-            (
-                "shardport_experiment_redirected_total",
-                "Fetches drawn for a disabled arm and sent to the control arm.",
-                |a| a.redirected,
-            ),
-            (
-                "shardport_experiment_guardrail_trips_total",
-                "Times the guardrail disabled an arm.",
-                |a| a.guardrail_trips,
-            ),
-        ];
-        for (name, help, pick) in arm_counters {
-            f.header(name, "counter", help);
-            for e in &s.experiments {
-                for a in &e.arms {
-                    f.sample(
-                        name,
-                        &labels(&[
-                            ("node", node),
-                            ("experiment", &e.name),
-                            ("arm", &a.series.name),
-                            ("transport", &a.series.transport),
-                        ]),
-                        pick(a),
-                    );
-                }
-            }
-        }
-        let name = "shardport_experiment_arm_enabled";
-        f.header(
-            name,
-            "gauge",
-            "1 while an arm takes traffic, 0 once the guardrail disabled it.",
-        );
+/// Per-arm counters of every experiment.
+fn arm_counter_families(f: &mut Family<'_>, s: &Snapshot) {
+    let node = s.node.as_str();
+    type ArmPick = fn(&crate::snapshot::ArmSnapshot) -> u64;
+    let arm_counters: [(&str, &str, ArmPick); 7] = [
+        (
+            "shardport_experiment_assigned_total",
+            "Fetches assigned to an experiment arm.",
+            |a| a.assigned,
+        ),
+        (
+            "shardport_experiment_fetches_total",
+            "Fetches an arm's transport served.",
+            |a| a.series.fetches,
+        ),
+        (
+            "shardport_experiment_fetch_bytes_total",
+            "Bytes an arm's transport served.",
+            |a| a.series.bytes,
+        ),
+        (
+            "shardport_experiment_errors_total",
+            "Attempts of an arm's transport that failed.",
+            |a| a.series.errors,
+        ),
+        (
+            "shardport_experiment_downgrades_total",
+            "Fetches of an arm that another transport served after the arm's failed.",
+            |a| a.series.downgrades,
+        ),
+        (
+            "shardport_experiment_redirected_total",
+            "Fetches drawn for a disabled arm and sent to the control arm.",
+            |a| a.redirected,
+        ),
+        (
+            "shardport_experiment_guardrail_trips_total",
+            "Times the guardrail disabled an arm.",
+            |a| a.guardrail_trips,
+        ),
+    ];
+    for (name, help, pick) in arm_counters {
+        f.header(name, "counter", help);
         for e in &s.experiments {
             for a in &e.arms {
                 f.sample(
@@ -549,45 +548,74 @@ pub fn prometheus(s: &Snapshot) -> String {
                         ("node", node),
                         ("experiment", &e.name),
                         ("arm", &a.series.name),
+                        ("transport", &a.series.transport),
                     ]),
-                    u8::from(a.disabled.is_none()),
+                    pick(a),
                 );
             }
         }
-        let name = "shardport_experiment_latency_seconds";
-        f.header(
-            name,
-            "histogram",
-            "Latency of fetches an arm's transport served, per shard size bucket.",
-        );
-        for e in &s.experiments {
-            for a in &e.arms {
-                for h in &a.series.latency {
-                    f.histogram(
-                        name,
-                        &[
-                            ("node", node),
-                            ("experiment", &e.name),
-                            ("arm", &a.series.name),
-                            ("transport", &a.series.transport),
-                        ],
-                        h,
-                    );
-                }
+    }
+}
+
+/// Per-arm state and latency of every experiment.
+fn arm_state_families(f: &mut Family<'_>, s: &Snapshot) {
+    let node = s.node.as_str();
+    let name = "shardport_experiment_arm_enabled";
+    f.header(
+        name,
+        "gauge",
+        "1 while an arm takes traffic, 0 once the guardrail disabled it.",
+    );
+    for e in &s.experiments {
+        for a in &e.arms {
+            f.sample(
+                name,
+                &labels(&[
+                    ("node", node),
+                    ("experiment", &e.name),
+                    ("arm", &a.series.name),
+                ]),
+                u8::from(a.disabled.is_none()),
+            );
+        }
+    }
+    let name = "shardport_experiment_latency_seconds";
+    f.header(
+        name,
+        "histogram",
+        "Latency of fetches an arm's transport served, per shard size bucket.",
+    );
+    for e in &s.experiments {
+        for a in &e.arms {
+            for h in &a.series.latency {
+                f.histogram(
+                    name,
+                    &[
+                        ("node", node),
+                        ("experiment", &e.name),
+                        ("arm", &a.series.name),
+                        ("transport", &a.series.transport),
+                    ],
+                    h,
+                );
             }
         }
     }
+}
 
-    // Gauges grouped by name so each family has one header.
+/// The node's and plugins' gauges, grouped by name so each family has one header.
+fn gauge_families(f: &mut Family<'_>, s: &Snapshot) {
+    let node = s.node.as_str();
     let mut by_name: BTreeMap<&str, Vec<&crate::snapshot::Gauge>> = BTreeMap::new();
     for g in &s.gauges {
         by_name.entry(g.name.as_str()).or_default().push(g);
     }
     for (gname, items) in by_name {
-        let (full, kind) = if gname.ends_with("_total") {
-            (format!("shardport_{gname}"), "counter")
+        let full = format!("shardport_{gname}");
+        let kind = if gname.ends_with("_total") {
+            "counter"
         } else {
-            (format!("shardport_{gname}"), "gauge")
+            "gauge"
         };
         f.header(&full, kind, &gauge_help(gname));
         for g in items {
@@ -596,7 +624,6 @@ pub fn prometheus(s: &Snapshot) -> String {
             f.sample(&full, &labels(&pairs), g.value);
         }
     }
-    out
 }
 
 fn gauge_help(name: &str) -> String {

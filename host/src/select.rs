@@ -152,60 +152,11 @@ fn when_matches(w: &RouteWhen, handle: &Handle, local: &Local<'_>) -> bool {
 /// Computes the plan for fetching `handle` here.
 pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
     let mut out = Plan::default();
-    let device_cap = match handle.meta.device.kind {
-        DeviceKind::CUDA => Capabilities::CUDA,
-        _ => Capabilities::CPU,
-    };
     for (ei, export) in handle.exports.iter().enumerate() {
-        let Some(pi) = local
-            .plugins
-            .iter()
-            .position(|p| p.name == export.transport)
-        else {
-            out.skipped
-                .push((export.transport.clone(), "not loaded here".to_owned()));
-            continue;
-        };
-        let facts = &local.plugins[pi];
-        if !facts.capabilities.contains(device_cap) {
-            out.skipped.push((
-                export.transport.clone(),
-                format!("cannot move {} shards", handle.meta.device),
-            ));
-            continue;
+        match candidate(handle, local, mode, ei, &export.transport) {
+            Ok(attempt) => out.attempts.push(attempt),
+            Err(why) => out.skipped.push((export.transport.clone(), why)),
         }
-        let is_same_node = facts.capabilities.contains(Capabilities::SAME_NODE_ONLY);
-        let mut reason = if is_same_node {
-            match same_node(handle, local, facts.needs_identity) {
-                Ok(why) => format!("owner on this node ({why})"),
-                Err(why) => {
-                    out.skipped.push((
-                        export.transport.clone(),
-                        format!("owner on another node: {why}"),
-                    ));
-                    continue;
-                }
-            }
-        } else {
-            "reaches any node".to_owned()
-        };
-        let zero_copy =
-            mode == FetchMode::View && facts.capabilities.contains(Capabilities::ZERO_COPY);
-        reason.push_str(if zero_copy {
-            ", zero-copy view"
-        } else if mode == FetchMode::View {
-            ", copy (no zero-copy)"
-        } else {
-            ", copy"
-        });
-        out.attempts.push(Attempt {
-            plugin: pi,
-            export: ei,
-            transport: export.transport.clone(),
-            zero_copy,
-            same_node: is_same_node,
-            reason,
-        });
     }
     // Experiments need the candidates before a route filters them; most
     // nodes have none, so the copy is made only when there is one.
@@ -219,21 +170,7 @@ pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
         .iter()
         .find(|r| route_matches(r, handle, local))
     {
-        let (kept, dropped): (Vec<Attempt>, Vec<Attempt>) = out
-            .attempts
-            .into_iter()
-            .partition(|a| route.transports.contains(&a.transport));
-        for a in dropped {
-            out.skipped
-                .push((a.transport, format!("not in route `{}`", route.name)));
-        }
-        let mut kept = kept;
-        kept.sort_by_key(|a| route.transports.iter().position(|t| t == &a.transport));
-        for a in &mut kept {
-            a.reason = format!("route `{}`: {}", route.name, a.reason);
-        }
-        out.attempts = kept;
-        out.route = Some(route.name.clone());
+        apply_route(route, &mut out);
     } else {
         // Stable sort keeps the owner's export order among equals.
         out.attempts
@@ -241,6 +178,72 @@ pub fn plan(handle: &Handle, local: &Local<'_>, mode: FetchMode) -> Plan {
     }
     apply_experiment(handle, local, &candidates, &mut out);
     out
+}
+
+/// The attempt for export `ei` (through `transport`), or why it is not a
+/// candidate: not loaded here, cannot move this device's shards, or a
+/// same-node transport and the owner is elsewhere.
+fn candidate(
+    handle: &Handle,
+    local: &Local<'_>,
+    mode: FetchMode,
+    ei: usize,
+    transport: &TransportName,
+) -> Result<Attempt, String> {
+    let device_cap = match handle.meta.device.kind {
+        DeviceKind::CUDA => Capabilities::CUDA,
+        _ => Capabilities::CPU,
+    };
+    let Some(pi) = local.plugins.iter().position(|p| &p.name == transport) else {
+        return Err("not loaded here".to_owned());
+    };
+    let facts = &local.plugins[pi];
+    if !facts.capabilities.contains(device_cap) {
+        return Err(format!("cannot move {} shards", handle.meta.device));
+    }
+    let is_same_node = facts.capabilities.contains(Capabilities::SAME_NODE_ONLY);
+    let mut reason = if is_same_node {
+        match same_node(handle, local, facts.needs_identity) {
+            Ok(why) => format!("owner on this node ({why})"),
+            Err(why) => return Err(format!("owner on another node: {why}")),
+        }
+    } else {
+        "reaches any node".to_owned()
+    };
+    let zero_copy = mode == FetchMode::View && facts.capabilities.contains(Capabilities::ZERO_COPY);
+    reason.push_str(if zero_copy {
+        ", zero-copy view"
+    } else if mode == FetchMode::View {
+        ", copy (no zero-copy)"
+    } else {
+        ", copy"
+    });
+    Ok(Attempt {
+        plugin: pi,
+        export: ei,
+        transport: transport.clone(),
+        zero_copy,
+        same_node: is_same_node,
+        reason,
+    })
+}
+
+/// Keeps only the route's transports, in the route's order; the others
+/// are skipped naming the route.
+fn apply_route(route: &Route, out: &mut Plan) {
+    let (mut kept, dropped): (Vec<Attempt>, Vec<Attempt>) = std::mem::take(&mut out.attempts)
+        .into_iter()
+        .partition(|a| route.transports.contains(&a.transport));
+    for a in dropped {
+        out.skipped
+            .push((a.transport, format!("not in route `{}`", route.name)));
+    }
+    kept.sort_by_key(|a| route.transports.iter().position(|t| t == &a.transport));
+    for a in &mut kept {
+        a.reason = format!("route `{}`: {}", route.name, a.reason);
+    }
+    out.attempts = kept;
+    out.route = Some(route.name.clone());
 }
 
 /// The first experiment whose conditions hold and every one of whose
@@ -383,7 +386,7 @@ mod tests {
             when,
             transports: transports
                 .iter()
-                .map(|t| super::super::config::TransportName::new(t).unwrap())
+                .map(|t| crate::vocab::TransportName::new(t).unwrap())
                 .collect(),
         }
     }

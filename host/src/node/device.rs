@@ -27,11 +27,15 @@ use shardport_abi::{
     ShardMeta, SharedBytes,
 };
 
-use super::{lock, Node, OwnedShard, Selection, Stored, TensorSpec};
+use super::{
+    fetch::Miss,
+    put::{check_tags, Exported},
+    Node, Selection, Stored, TensorSpec,
+};
 use crate::{
     config::{FetchMode, TransportName},
     error::HostError,
-    handle::{Export, Handle},
+    handle::Handle,
     select::{plan, Local, Plan},
 };
 
@@ -172,74 +176,19 @@ impl Node {
         tags: BTreeMap<String, String>,
     ) -> Result<Handle, HostError> {
         let meta = spec.meta()?;
-        if meta.device.kind != DeviceKind::CUDA {
-            return Err(HostError::InvalidShard(format!(
-                "put_device needs a cuda:N device, the spec says {}",
-                meta.device
-            )));
-        }
-        if meta.byte_len != len {
-            return Err(HostError::InvalidShard(format!(
-                "{len} bytes given, dtype {} with shape {:?} needs {}",
-                spec.dtype, spec.shape, meta.byte_len
-            )));
-        }
-        if addr.0 == 0 && len > 0 {
-            return Err(HostError::InvalidShard("device address is null".to_owned()));
-        }
+        check_device_put(addr, len, spec, &meta)?;
         check_tags(&tags)?;
-        if meta.byte_len > self.inner.config.node.max_shard_size {
-            return Err(HostError::InvalidShard(format!(
-                "{} bytes exceeds node.max-shard-size = {}",
-                meta.byte_len, self.inner.config.node.max_shard_size
-            )));
-        }
-        let usable: Vec<usize> = self
-            .inner
-            .plugins
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.capabilities().contains(Capabilities::CUDA))
-            .filter(|(_, p)| match &self.inner.config.put.export_to {
-                Some(list) => list.contains(&p.name),
-                None => true,
-            })
-            .map(|(i, _)| i)
-            .collect();
-        if usable.is_empty() {
-            let loaded: Vec<String> = self
-                .inner
-                .plugins
-                .iter()
-                .map(|p| p.name.to_string())
-                .collect();
-            return Err(HostError::NoDeviceTransport {
-                device: meta.device.to_string(),
-                why: format!(
-                    "no loaded transport has the cuda capability (loaded: {}; load cuda-ipc, \
-                     and check put.export-to)",
-                    if loaded.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        loaded.join(", ")
-                    }
-                ),
-            });
-        }
-        let id = ShardId {
-            hi: self.inner.id_prefix,
-            lo: self
-                .inner
-                .next_id
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        };
+        self.check_put_size(meta.byte_len)?;
+        let usable = self.device_exporters(&meta)?;
+        let id = self.next_id();
         let _span =
             tracing::debug_span!(target: "store", "put_device", shard = %id, bytes = len).entered();
-        let mut exports = Vec::new();
-        let mut exported_by = Vec::new();
-        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        let mut done = Exported {
+            exports: Vec::new(),
+            exported_by: Vec::new(),
+            failures: Vec::new(),
+        };
         for pi in usable {
-            let p = &self.inner.plugins[pi];
             let req = ExportRequest {
                 id,
                 meta: ShardMeta {
@@ -249,62 +198,50 @@ impl Node {
                 data: SharedBytes::device(addr.0, len as usize),
                 allocation: 0,
             };
-            match p.transport.export(req).into_result() {
-                Ok(desc) if !desc.is_empty() && desc.len() <= crate::handle::MAX_DESCRIPTOR => {
-                    exports.push(Export {
-                        transport: p.name.clone(),
-                        descriptor: desc.into_vec(),
-                    });
-                    exported_by.push(pi);
-                }
-                Ok(desc) => {
-                    let _ = p.transport.unexport(id);
-                    failures.push((
-                        p.name.clone(),
-                        AbiError::internal(format!(
-                            "descriptor of {} bytes (handles carry 1..={})",
-                            desc.len(),
-                            crate::handle::MAX_DESCRIPTOR
-                        )),
-                    ));
-                }
-                Err(e) => {
-                    tracing::warn!(target: "store", transport = %p.name, error = %e, "device export failed");
-                    failures.push((p.name.clone(), e));
-                }
-            }
+            done.export(&self.inner.plugins[pi], pi, id, req, "device export failed");
         }
-        if exports.is_empty() {
+        if done.exports.is_empty() {
             return Err(HostError::NoDeviceTransport {
                 device: meta.device.to_string(),
-                why: failures
-                    .iter()
-                    .map(|(t, e)| format!("{t}: {e}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
+                why: failure_list(&done.failures),
             });
         }
-        let handle = Handle {
-            id,
-            meta,
-            tags,
-            owner: self.owner(),
-            exports,
-        };
         // The bytes are the caller's device memory: nothing is stored here.
-        let shard = OwnedShard {
-            handle: handle.clone(),
-            stored: Stored::Heap(Box::default()),
-            exported_by,
-        };
-        if let Err(why) = handle.validate() {
-            self.inner.unexport_all(id, shard);
-            return Err(HostError::InvalidShard(format!(
-                "the handle would be invalid: {why}"
-            )));
+        self.keep(id, meta, tags, done, Stored::Heap(Box::default()))
+    }
+
+    /// The loaded transports with the `cuda` capability that `put.export-to`
+    /// selects; an error naming what is loaded when there is none.
+    fn device_exporters(&self, meta: &ShardMeta) -> Result<Vec<usize>, HostError> {
+        let usable: Vec<usize> = self
+            .inner
+            .plugins
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.capabilities().contains(Capabilities::CUDA) && self.exports_to(p))
+            .map(|(i, _)| i)
+            .collect();
+        if !usable.is_empty() {
+            return Ok(usable);
         }
-        lock(&self.inner.shards).insert(id, shard);
-        Ok(handle)
+        let loaded: Vec<String> = self
+            .inner
+            .plugins
+            .iter()
+            .map(|p| p.name.to_string())
+            .collect();
+        Err(HostError::NoDeviceTransport {
+            device: meta.device.to_string(),
+            why: format!(
+                "no loaded transport has the cuda capability (loaded: {}; load cuda-ipc, \
+                 and check put.export-to)",
+                if loaded.is_empty() {
+                    "none".to_owned()
+                } else {
+                    loaded.join(", ")
+                }
+            ),
+        })
     }
 
     /// Leases still held by consumers on device shards this node exported
@@ -336,43 +273,15 @@ impl Node {
                 .into_iter()
                 .map(|a| (a.transport, "no zero-copy device view".to_owned())),
         );
-        if views.is_empty() {
-            self.inner.metrics.fetch_error(None);
-            return Err(HostError::NoCandidate {
-                id: handle.id,
-                skipped: plan.skipped,
-            });
-        }
-        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
-        for attempt in &views {
-            let p = &self.inner.plugins[attempt.plugin];
-            let desc = &handle.exports[attempt.export].descriptor;
-            match LeasedDeviceView::import(&p.transport, desc, &handle.meta) {
-                Ok(view) => {
-                    let selection = self.report(handle, attempt, failures)?;
-                    self.inner.metrics.fetch_ok(
-                        attempt.transport.as_str(),
-                        handle.meta.byte_len,
-                        start.elapsed(),
-                    );
-                    return Ok(DeviceView {
-                        view,
-                        id: handle.id,
-                        meta: handle.meta.clone(),
-                        selection,
-                    });
-                }
-                Err(e) => {
-                    self.inner
-                        .metrics
-                        .fetch_error(Some(attempt.transport.as_str()));
-                    failures.push((attempt.transport.clone(), e));
-                }
-            }
-        }
-        Err(HostError::FetchFailed {
+        let views = self.candidates(handle, &views, &plan.skipped)?;
+        let (view, selection) = self.deliver(handle, views, None, start, |_, p, desc| {
+            LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
+        })?;
+        Ok(DeviceView {
+            view,
             id: handle.id,
-            failures,
+            meta: handle.meta.clone(),
+            selection,
         })
     }
 
@@ -396,46 +305,18 @@ impl Node {
             )));
         }
         let plan = self.plan_for(handle, FetchMode::Copy, Memory::Device);
-        if plan.attempts.is_empty() {
-            self.inner.metrics.fetch_error(None);
-            return Err(HostError::NoCandidate {
-                id: handle.id,
-                skipped: plan.skipped,
-            });
-        }
-        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
-        for attempt in &plan.attempts {
-            let p = &self.inner.plugins[attempt.plugin];
-            let desc = &handle.exports[attempt.export].descriptor;
-            let r = p
-                .transport
+        let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
+        let ((), mut selection) = self.deliver(handle, attempts, None, start, |_, p, desc| {
+            p.transport
                 .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
-                .into_result();
-            match r {
-                Ok(_) => {
-                    let mut selection = self.report(handle, attempt, failures)?;
-                    selection.reason = selection
-                        .reason
-                        .replace(", copy", ", device-to-device copy");
-                    self.inner.metrics.fetch_ok(
-                        attempt.transport.as_str(),
-                        handle.meta.byte_len,
-                        start.elapsed(),
-                    );
-                    return Ok(selection);
-                }
-                Err(e) => {
-                    self.inner
-                        .metrics
-                        .fetch_error(Some(attempt.transport.as_str()));
-                    failures.push((attempt.transport.clone(), e));
-                }
-            }
-        }
-        Err(HostError::FetchFailed {
-            id: handle.id,
-            failures,
-        })
+                .into_result()
+                .map(|_| ())
+                .map_err(Miss::Failed)
+        })?;
+        selection.reason = selection
+            .reason
+            .replace(", copy", ", device-to-device copy");
+        Ok(selection)
     }
 
     fn check_device_handle(&self, handle: &Handle) -> Result<(), HostError> {
@@ -449,20 +330,37 @@ impl Node {
     }
 }
 
-/// Bounds on a put's tags (shared by `put_with` and `put_device`).
-pub(super) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
-    if tags.len() > crate::handle::MAX_TAGS
-        || tags.iter().any(|(k, v)| {
-            k.is_empty()
-                || k.len() > crate::handle::MAX_TAG_LEN
-                || v.len() > crate::handle::MAX_TAG_LEN
-        })
-    {
+/// The arguments of `put_device` agree: a CUDA device, `len` as dtype and
+/// shape imply, a non-null address.
+fn check_device_put(
+    addr: DevicePtr,
+    len: u64,
+    spec: &TensorSpec,
+    meta: &ShardMeta,
+) -> Result<(), HostError> {
+    if meta.device.kind != DeviceKind::CUDA {
         return Err(HostError::InvalidShard(format!(
-            "at most {} tags, keys non-empty, keys and values at most {} bytes",
-            crate::handle::MAX_TAGS,
-            crate::handle::MAX_TAG_LEN
+            "put_device needs a cuda:N device, the spec says {}",
+            meta.device
         )));
     }
+    if meta.byte_len != len {
+        return Err(HostError::InvalidShard(format!(
+            "{len} bytes given, dtype {} with shape {:?} needs {}",
+            spec.dtype, spec.shape, meta.byte_len
+        )));
+    }
+    if addr.0 == 0 && len > 0 {
+        return Err(HostError::InvalidShard("device address is null".to_owned()));
+    }
     Ok(())
+}
+
+/// `transport: error; ...` for a message.
+fn failure_list(failures: &[(TransportName, AbiError)]) -> String {
+    failures
+        .iter()
+        .map(|(t, e)| format!("{t}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -1,0 +1,384 @@
+//! fetch: one shard through the first candidate transport that delivers.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use shardport_abi::{AbiError, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
+
+use super::{lock, put::compute, zeroed, Fetched, Node, Selection};
+use crate::{
+    config::{FetchMode, OnDowngrade},
+    error::HostError,
+    handle::Handle,
+    loader::LoadedPlugin,
+    select::{Attempt, Plan},
+    vocab::{ShardBytes, TransportName},
+};
+
+impl Node {
+    /// Fetches with the configured default mode.
+    pub fn fetch(&self, handle: &Handle) -> Result<Fetched, HostError> {
+        self.fetch_mode(handle, self.inner.config.fetch.mode)
+    }
+
+    /// Fetches a shard as a zero-copy view or a copy.
+    pub fn fetch_mode(&self, handle: &Handle, mode: FetchMode) -> Result<Fetched, HostError> {
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch", shard = %handle.id, %mode).entered();
+        if let Some(hit) = self.cached(handle, mode, start) {
+            return Ok(hit);
+        }
+        let target = match mode {
+            FetchMode::View => Target::View,
+            FetchMode::Copy => Target::Alloc,
+        };
+        let (data, selection) = self.fetch_inner(handle, mode, target, start)?;
+        let data = Arc::new(data.expect("view and alloc targets return bytes"));
+        self.remember(handle, &data);
+        Ok(Fetched {
+            id: handle.id,
+            meta: handle.meta.clone(),
+            data,
+            selection,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Fetches a shard by copying it into `dst` (`dst.len()` must equal the
+    /// shard's byte length). The fastest copy path: the caller reuses a warm
+    /// buffer, so no page is faulted in per fetch. Bypasses the cache.
+    pub fn fetch_into(&self, handle: &Handle, dst: &mut [u8]) -> Result<Selection, HostError> {
+        if dst.len() as u64 != handle.meta.byte_len {
+            return Err(HostError::InvalidShard(format!(
+                "destination is {} bytes, shard {} is {}",
+                dst.len(),
+                handle.id,
+                handle.meta.byte_len
+            )));
+        }
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch_into", shard = %handle.id).entered();
+        self.fetch_inner(handle, FetchMode::Copy, Target::Into(dst), start)
+            .map(|(_, sel)| sel)
+    }
+
+    fn fetch_inner(
+        &self,
+        handle: &Handle,
+        mode: FetchMode,
+        mut target: Target<'_>,
+        start: Instant,
+    ) -> Result<(Option<ShardBytes>, Selection), HostError> {
+        self.check_claimed_size(handle)?;
+        let plan = self.plan(handle, mode);
+        let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
+        self.deliver(handle, attempts, Some(&plan), start, |attempt, p, desc| {
+            let data = match &mut target {
+                Target::View if attempt.zero_copy => {
+                    LeasedView::import(&p.transport, desc, &handle.meta)
+                        .map(|v| Some(ShardBytes::View(v)))
+                }
+                Target::View | Target::Alloc => {
+                    let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
+                    import_into(p, desc, &handle.meta, &mut buf)
+                        .map(|()| Some(ShardBytes::Owned(buf)))
+                }
+                Target::Into(dst) => import_into(p, desc, &handle.meta, dst).map(|()| None),
+            }
+            .map_err(Miss::Failed)?;
+            let bytes: &[u8] = match (&data, &target) {
+                (Some(d), _) => d,
+                (None, Target::Into(dst)) => dst,
+                (None, _) => &[],
+            };
+            // Wrong bytes from this transport: the next one may do better.
+            self.verify(handle, &attempt.transport, bytes)
+                .map_err(Miss::Corrupt)?;
+            Ok(data)
+        })
+    }
+
+    /// The plan's attempts, or `NoCandidate` (counted) when there is none.
+    pub(super) fn candidates<'p>(
+        &self,
+        handle: &Handle,
+        attempts: &'p [Attempt],
+        skipped: &[(TransportName, String)],
+    ) -> Result<&'p [Attempt], HostError> {
+        if attempts.is_empty() {
+            self.inner.metrics.fetch_error(None);
+            return Err(HostError::NoCandidate {
+                id: handle.id,
+                skipped: skipped.to_vec(),
+            });
+        }
+        Ok(attempts)
+    }
+
+    /// Tries `attempts` in order until `import` delivers (every fetch path:
+    /// host view or copy, device view or copy). Each miss is counted,
+    /// logged and listed in the selection; an experiment arm (`arm`: the
+    /// plan, when the fetch takes part) records the outcome. Fails with the
+    /// first verification error, else `FetchFailed` listing every attempt.
+    pub(super) fn deliver<T>(
+        &self,
+        handle: &Handle,
+        attempts: &[Attempt],
+        arm: Option<&Plan>,
+        start: Instant,
+        mut import: impl FnMut(&Attempt, &LoadedPlugin, &[u8]) -> Result<T, Miss>,
+    ) -> Result<(T, Selection), HostError> {
+        let len = handle.meta.byte_len;
+        let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
+        let mut corrupt: Option<HostError> = None;
+        for attempt in attempts {
+            let p = &self.inner.plugins[attempt.plugin];
+            let desc = &handle.exports[attempt.export].descriptor;
+            let e = match import(attempt, p, desc) {
+                Ok(value) => {
+                    let latency = start.elapsed();
+                    if let Some(plan) = arm {
+                        self.record_arm(plan, Some(&attempt.transport), len, latency);
+                    }
+                    let selection = self.report(handle, attempt, failures)?;
+                    self.inner
+                        .metrics
+                        .fetch_ok(attempt.transport.as_str(), len, latency);
+                    return Ok((value, selection));
+                }
+                Err(Miss::Stop(e)) => return Err(e),
+                Err(Miss::Failed(e)) => {
+                    tracing::debug!(target: "select", transport = %attempt.transport, error = %e, "attempt failed");
+                    self.inner
+                        .metrics
+                        .fetch_error(Some(attempt.transport.as_str()));
+                    e
+                }
+                Err(Miss::Corrupt(e)) => {
+                    tracing::warn!(target: "select", transport = %attempt.transport, error = %e, "fetched bytes failed verification");
+                    let err = AbiError::internal(e.to_string());
+                    corrupt.get_or_insert(e);
+                    err
+                }
+            };
+            failures.push((attempt.transport.clone(), e));
+        }
+        if let Some(plan) = arm {
+            self.record_arm(plan, None, len, start.elapsed());
+        }
+        Err(corrupt.unwrap_or(HostError::FetchFailed {
+            id: handle.id,
+            failures,
+        }))
+    }
+
+    /// Refuses a handle claiming more than `node.max-shard-size`, before
+    /// anything is allocated for it.
+    pub(super) fn check_claimed_size(&self, handle: &Handle) -> Result<(), HostError> {
+        let max = self.inner.config.node.max_shard_size;
+        if handle.meta.byte_len > max {
+            return Err(HostError::InvalidShard(format!(
+                "shard {} claims {} bytes, over node.max-shard-size = {max}",
+                handle.id, handle.meta.byte_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// The selection plan for `handle` on this node (each call counts as
+    /// one fetch for per-fetch experiments). Exports a transport refuses in
+    /// `can_import` are skipped with its reason; host fetches of CUDA shards
+    /// are copies (see `node::device`).
+    pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
+        self.plan_for(handle, mode, super::device::Memory::Host)
+    }
+
+    /// Records the outcome of a fetch for its experiment arm, if it has one,
+    /// and applies the arm's guardrail. `served`: the transport that served
+    /// the fetch (`None`: every attempt failed).
+    pub(super) fn record_arm(
+        &self,
+        plan: &Plan,
+        served: Option<&TransportName>,
+        bytes: u64,
+        latency: Duration,
+    ) {
+        let Some(choice) = &plan.arm else { return };
+        let exp = &self.inner.config.experiments[choice.experiment];
+        let arm = &exp.arms[choice.arm];
+        let m = &self.inner.metrics;
+        m.arm_assigned(choice.experiment, choice.arm, choice.redirected_from);
+        let ok = served == Some(&arm.transport);
+        if ok {
+            m.arm_ok(choice.experiment, choice.arm, bytes, latency);
+        } else {
+            m.arm_error(choice.experiment, choice.arm, served.is_some());
+        }
+        let latency_ns = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let now = self.inner.clock.monotonic_nanos();
+        if let Some(why) =
+            self.inner.experiments[choice.experiment].record(exp, choice.arm, ok, latency_ns, now)
+        {
+            tracing::warn!(
+                target: "experiment",
+                experiment = %exp.name,
+                arm = %arm.name,
+                transport = %arm.transport,
+                "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}` until `shardport ab reset` (POST /v1/experiments/reset) or a restart",
+                arm.name,
+                exp.arms[0].name
+            );
+        }
+    }
+
+    /// Builds the selection report of a successful attempt, applying the
+    /// downgrade policy.
+    pub(super) fn report(
+        &self,
+        handle: &Handle,
+        attempt: &Attempt,
+        failures: Vec<(TransportName, AbiError)>,
+    ) -> Result<Selection, HostError> {
+        // A view served as a copy is not by itself a downgrade: the plan puts
+        // zero-copy candidates first, so if one existed and failed it is in
+        // `failures`; if none existed (a remote owner) a copy is the best there is.
+        let downgraded = !failures.is_empty();
+        let mut reason = attempt.reason.clone();
+        if !failures.is_empty() {
+            let names: Vec<&str> = failures.iter().map(|(t, _)| t.as_str()).collect();
+            reason.push_str(&format!("; after {} failed", names.join(", ")));
+        }
+        if downgraded {
+            self.inner.metrics.downgrade(attempt.transport.as_str());
+            let list: Vec<String> = failures.iter().map(|(t, e)| format!("{t}: {e}")).collect();
+            let why = format!(
+                "served by `{}` after {}",
+                attempt.transport,
+                list.join("; ")
+            );
+            match self.inner.config.fetch.on_downgrade {
+                OnDowngrade::Fail => return Err(HostError::Downgrade { id: handle.id, why }),
+                OnDowngrade::Warn => {
+                    tracing::warn!(target: "select", shard = %handle.id, "downgrade: {why}")
+                }
+                OnDowngrade::Allow => {
+                    tracing::debug!(target: "select", shard = %handle.id, "downgrade: {why}")
+                }
+            }
+        }
+        tracing::debug!(target: "select", transport = %attempt.transport, %reason, downgraded, "fetched");
+        Ok(Selection {
+            transport: attempt.transport.to_string(),
+            reason,
+            downgraded,
+            mode: if attempt.zero_copy {
+                FetchMode::View
+            } else {
+                FetchMode::Copy
+            },
+            failures: failures
+                .iter()
+                .map(|(t, e)| (t.to_string(), e.to_string()))
+                .collect(),
+        })
+    }
+
+    pub(super) fn verify(
+        &self,
+        handle: &Handle,
+        transport: &TransportName,
+        data: &[u8],
+    ) -> Result<(), HostError> {
+        if !self.inner.config.fetch.verify_checksum {
+            return Ok(());
+        }
+        let ROption::RSome(expected) = handle.meta.checksum else {
+            return Ok(());
+        };
+        let found = compute(expected.algo, data);
+        if found != Some(expected.value) {
+            self.inner.metrics.fetch_error(Some(transport.as_str()));
+            return Err(HostError::ChecksumMismatch {
+                id: handle.id,
+                transport: transport.clone(),
+                expected: expected.value,
+                found: found.unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+
+    /// A cache hit for `handle` in `mode`, if the policy keeps results.
+    pub(super) fn cached(
+        &self,
+        handle: &Handle,
+        mode: FetchMode,
+        start: Instant,
+    ) -> Option<Fetched> {
+        let now = self.inner.clock.monotonic_nanos();
+        let data =
+            lock(&self.inner.cache).get(handle.id, &handle.meta, mode == FetchMode::View, now)?;
+        Some(Fetched {
+            id: handle.id,
+            meta: handle.meta.clone(),
+            data,
+            selection: Selection {
+                transport: "cache".to_owned(),
+                reason: "consumer cache hit".to_owned(),
+                downgraded: false,
+                mode,
+                failures: Vec::new(),
+            },
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Keeps a fetched shard when the cache policy says so, and applies the
+    /// policy's eviction.
+    pub(super) fn remember(&self, handle: &Handle, data: &Arc<ShardBytes>) {
+        let now = self.inner.clock.monotonic_nanos();
+        let removed = lock(&self.inner.cache).insert(handle.id, handle.meta.clone(), data, now);
+        // Evicted leases end here, outside the lock (release is a plugin call).
+        if !removed.is_empty() {
+            tracing::debug!(target: "cache", evicted = removed.len(), "cache eviction");
+        }
+        drop(removed);
+    }
+}
+
+/// Why one attempt did not deliver.
+pub(super) enum Miss {
+    /// The transport failed; the next candidate is tried.
+    Failed(AbiError),
+    /// The bytes failed verification (already counted); the next candidate is tried.
+    Corrupt(HostError),
+    /// The fetch cannot go on (the buffer cannot be allocated).
+    Stop(HostError),
+}
+
+/// Where a host fetch puts the bytes.
+enum Target<'a> {
+    View,
+    Alloc,
+    Into(&'a mut [u8]),
+}
+
+pub(super) fn import_into(
+    p: &LoadedPlugin,
+    desc: &[u8],
+    meta: &ShardMeta,
+    dst: &mut [u8],
+) -> Result<(), AbiError> {
+    p.transport
+        .import_into(
+            RSlice::from_slice(desc),
+            meta,
+            RSliceMut::from_mut_slice(dst),
+        )
+        .into_result()
+        .map(|_| ())
+}

@@ -1,0 +1,490 @@
+//! A node: the owner store and the consumer fetch path of one host instance.
+//!
+//! There are no process globals: several nodes in one process each have their
+//! own plugin instances, store, cache, identity tag and metrics.
+//!
+//! # Locking
+//! `shards` (owned shards) and `cache` (fetched shards) are separate mutexes,
+//! never held together, and never held across a plugin call except for
+//! `remove`, which takes the entry out of the map first and unexports after.
+//!
+//! # Failure modes
+//! A plugin that fails to load is reported and skipped unless `required`. A
+//! transport that fails an export is skipped (the handle lists fewer exports);
+//! a transport that fails an import is followed by the next candidate, and the
+//! fetch reports the downgrade.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+use shardport_abi::{
+    AllocationGuard, Capabilities, DType, Device, ErrorKind, ROption, RVec, ShardId, ShardMeta,
+};
+
+use crate::{
+    cache::{Cache, CacheStats},
+    config::{Config, FetchMode, Storage},
+    error::HostError,
+    experiment::ExperimentState,
+    handle::{Handle, Owner},
+    identity::{new_node_tag, NodeIdentity},
+    loader::{load_all, LoadError, LoadedPlugin, NodeContext},
+    locality::Locality,
+    metrics::Metrics,
+    select::PluginFacts,
+    services::{Clock, SystemClock},
+};
+
+mod admin;
+mod batch;
+mod device;
+mod fetch;
+mod put;
+
+pub use batch::MAX_FETCH_THREADS;
+pub use device::{DevicePtr, DeviceView};
+
+/// Shape, dtype and device of a shard being put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Device of the bytes.
+    pub device: Device,
+}
+
+impl TensorSpec {
+    /// A 1-D `u8` CPU tensor of `len` bytes.
+    pub fn bytes(len: u64) -> Self {
+        TensorSpec {
+            dtype: DType::U8,
+            shape: vec![len],
+            device: Device::CPU,
+        }
+    }
+
+    fn meta(&self) -> Result<ShardMeta, HostError> {
+        let mut meta = ShardMeta {
+            dtype: self.dtype,
+            shape: RVec::from(self.shape.clone()),
+            device: self.device,
+            byte_len: 0,
+            checksum: ROption::RNone,
+        };
+        meta.byte_len = meta.implied_byte_len().ok_or_else(|| {
+            HostError::InvalidShard(format!(
+                "dtype {} with shape {:?} has no byte length",
+                self.dtype, self.shape
+            ))
+        })?;
+        Ok(meta)
+    }
+}
+
+enum Stored {
+    Heap(Box<[u8]>),
+    Pool(AllocationGuard),
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Heap(b) => b,
+            Stored::Pool(g) => g.as_slice(),
+        }
+    }
+}
+
+struct OwnedShard {
+    handle: Handle,
+    stored: Stored,
+    /// Plugin indices that exported it; the storage transport (if any) is last.
+    exported_by: Vec<usize>,
+}
+
+pub use crate::vocab::ShardBytes;
+
+/// Which transport served a fetch and why. Every fetch carries one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Selection {
+    /// Transport that delivered the bytes (`cache` for a cache hit).
+    pub transport: String,
+    /// Why it was chosen.
+    pub reason: String,
+    /// A faster candidate failed or was unavailable, or a view was requested
+    /// and a copy was served.
+    pub downgraded: bool,
+    /// Mode actually served.
+    pub mode: FetchMode,
+    /// `(transport, error)` of candidates that failed first.
+    pub failures: Vec<(String, String)>,
+}
+
+/// A fetched shard.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// Shard id.
+    pub id: ShardId,
+    /// Metadata from the handle.
+    pub meta: ShardMeta,
+    /// The bytes (shared with the consumer cache when it keeps them).
+    pub data: Arc<ShardBytes>,
+    /// Which transport and why.
+    pub selection: Selection,
+    /// Time from the call to readable bytes (checksum verification included).
+    pub elapsed: Duration,
+}
+
+/// One plugin in [`NodeStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginStats {
+    /// Transport name.
+    pub name: String,
+    /// Library path.
+    pub path: String,
+    /// Plugin version.
+    pub version: String,
+    /// ABI version it was built against.
+    pub abi_version: String,
+    /// Capability names.
+    pub capabilities: Vec<&'static str>,
+    /// Health line.
+    pub healthy: bool,
+    /// Health message.
+    pub health: String,
+    /// The plugin's own counters and gauges.
+    pub stats: BTreeMap<String, u64>,
+}
+
+/// A snapshot of a node's state.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStats {
+    /// Node name.
+    pub node: String,
+    /// Node tag.
+    pub tag: String,
+    /// Shards owned.
+    pub shards_owned: usize,
+    /// Bytes owned.
+    pub bytes_owned: u64,
+    /// Consumer cache entries.
+    pub cache_entries: usize,
+    /// Consumer cache bytes.
+    pub cache_bytes: u64,
+    /// Consumer cache details (oldest age, held entries, evictions, hits).
+    pub cache: CacheStats,
+    /// Loaded plugins.
+    pub plugins: Vec<PluginStats>,
+    /// Plugins that failed to load (one line each).
+    pub load_failures: Vec<String>,
+    /// Per-transport fetch metrics.
+    pub transports: BTreeMap<String, crate::metrics::TransportSnapshot>,
+    /// Downgrades.
+    pub downgrades: u64,
+    /// Fetches no loaded transport could serve.
+    pub no_candidate: u64,
+    /// Owned bytes leaked because a transport failed to unexport them.
+    pub leaked_bytes: u64,
+}
+
+struct Inner {
+    config: Config,
+    /// Plugin index whose allocator holds owned bytes (`storage = "pool"`).
+    storage_plugin: Option<usize>,
+    tag: String,
+    identity: NodeIdentity,
+    locality: Locality,
+    epoch: u64,
+    plugins: Vec<LoadedPlugin>,
+    facts: Vec<PluginFacts>,
+    load_failures: Vec<String>,
+    id_prefix: u64,
+    next_id: AtomicU64,
+    shards: Mutex<HashMap<ShardId, OwnedShard>>,
+    cache: Mutex<Cache>,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    /// Live state per `config.experiments` entry.
+    experiments: Vec<ExperimentState>,
+    /// Fetches planned so far (per-fetch experiment draws).
+    fetch_seq: AtomicU64,
+    /// Monotonic clock reading at start.
+    started_ns: u64,
+}
+
+/// A running host node. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.inner.config.node.name)
+            .field("tag", &self.inner.tag)
+            .field("plugins", &self.inner.facts)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these maps half-updated
+    // (every update is a single insert/remove), so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What one transport's sweep reclaimed (counter name -> value), or why it failed.
+pub type SweepResult = Result<BTreeMap<String, u64>, String>;
+
+/// A non-owning reference to a [`Node`] (for servers that must not keep a
+/// node alive after its owner shut it down).
+#[derive(Clone, Debug)]
+pub struct WeakNode(std::sync::Weak<Inner>);
+
+impl WeakNode {
+    /// The node, unless it has been dropped.
+    pub fn upgrade(&self) -> Option<Node> {
+        self.0.upgrade().map(|inner| Node { inner })
+    }
+}
+
+impl Node {
+    /// A reference that does not keep the node alive.
+    pub fn downgrade(&self) -> WeakNode {
+        WeakNode(Arc::downgrade(&self.inner))
+    }
+
+    /// Removes every shard, waits up to `grace` for other holders of this
+    /// node (in-flight control requests) to let go, then drops it, which
+    /// unloads nothing but drops every transport instance (their segments,
+    /// servers and runtimes go with them). Returns false when other holders
+    /// were still alive after `grace` (the node then lives until they end).
+    pub fn shutdown(self, grace: Duration) -> bool {
+        self.clear();
+        let deadline = Instant::now() + grace;
+        while Arc::strong_count(&self.inner) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alone = Arc::strong_count(&self.inner) == 1;
+        drop(self);
+        alone
+    }
+
+    /// Starts a node: loads the configured plugins (all failures collected;
+    /// fails only when a `required` plugin did not load).
+    pub fn start(config: Config) -> Result<Node, HostError> {
+        Self::start_with_clock(config, Arc::new(SystemClock::default()))
+    }
+
+    /// Like [`start`](Self::start) with an injected clock.
+    pub fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Node, HostError> {
+        for w in &config.warnings {
+            tracing::warn!(target: "config", "{w}");
+        }
+        let tag = new_node_tag();
+        let ctx = NodeContext {
+            node_name: config.node.name.clone(),
+            node_tag: tag.clone(),
+            clock: Arc::clone(&clock),
+        };
+        let report = load_all(&config.plugins, &ctx);
+        let (required, optional): (Vec<_>, Vec<_>) =
+            report.failures.into_iter().partition(|(_, req)| *req);
+        if !required.is_empty() {
+            let mut errs: Vec<LoadError> = required.into_iter().map(|(e, _)| e).collect();
+            errs.extend(optional.into_iter().map(|(e, _)| e));
+            return Err(HostError::RequiredPlugins(errs));
+        }
+        let load_failures = optional.iter().map(|(e, _)| e.to_string()).collect();
+        let facts = report
+            .loaded
+            .iter()
+            .map(|p| PluginFacts {
+                name: p.name.clone(),
+                capabilities: p.capabilities(),
+                needs_identity: p.needs_identity(),
+            })
+            .collect();
+        let mut rnd = [0u8; 8];
+        let _ = getrandom::fill(&mut rnd);
+        let epoch = clock.now_unix_nanos();
+        let arm_counts: Vec<usize> = config.experiments.iter().map(|e| e.arms.len()).collect();
+        let metrics = Metrics::new(
+            report.loaded.iter().map(|p| p.name.to_string()),
+            &arm_counts,
+        );
+        let experiments = config
+            .experiments
+            .iter()
+            .map(ExperimentState::new)
+            .collect();
+        let storage_plugin = storage_plugin(&config.put.storage, &report.loaded);
+        tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = report.loaded.len(), "node started");
+        Ok(Node {
+            inner: Arc::new(Inner {
+                storage_plugin,
+                tag,
+                identity: NodeIdentity::current(),
+                locality: Locality::new(),
+                epoch,
+                facts,
+                load_failures,
+                plugins: report.loaded,
+                id_prefix: u64::from_le_bytes(rnd) ^ epoch,
+                next_id: AtomicU64::new(1),
+                shards: Mutex::default(),
+                cache: Mutex::new(Cache::new(config.cache)),
+                started_ns: clock.monotonic_nanos(),
+                clock: Arc::clone(&clock),
+                metrics,
+                experiments,
+                fetch_seq: AtomicU64::new(0),
+                config,
+            }),
+        })
+    }
+
+    /// This node as the owner written into its handles.
+    fn owner(&self) -> Owner {
+        Owner {
+            addr: self.inner.config.node.advertise.clone(),
+            identity: self.inner.identity.clone(),
+            epoch: self.inner.epoch,
+        }
+    }
+
+    /// The node's config.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The node's unique tag.
+    pub fn tag(&self) -> &str {
+        &self.inner.tag
+    }
+
+    /// The node's locality identity.
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.inner.identity
+    }
+
+    /// Loaded plugins.
+    pub fn plugins(&self) -> &[LoadedPlugin] {
+        &self.inner.plugins
+    }
+
+    /// One line per plugin that failed to load (optional plugins only; a
+    /// required one stops the node).
+    pub fn load_failures(&self) -> &[String] {
+        &self.inner.load_failures
+    }
+
+    /// Removes owned shards: unexports from every transport (the storage
+    /// transport last; it reclaims space once no lease covers it). Returns
+    /// the ids that were not owned.
+    pub fn remove(&self, ids: &[ShardId]) -> Vec<ShardId> {
+        let mut missing = Vec::new();
+        for id in ids {
+            let Some(shard) = lock(&self.inner.shards).remove(id) else {
+                missing.push(*id);
+                continue;
+            };
+            self.inner.unexport_all(*id, shard);
+        }
+        missing
+    }
+
+    /// Removes every owned shard.
+    pub fn clear(&self) {
+        let all: Vec<(ShardId, OwnedShard)> = lock(&self.inner.shards).drain().collect();
+        for (id, shard) in all {
+            self.inner.unexport_all(id, shard);
+        }
+        // Leases end outside the lock (release is a plugin call).
+        let cached = lock(&self.inner.cache).clear();
+        drop(cached);
+    }
+
+    /// The handle of an owned shard.
+    pub fn handle(&self, id: ShardId) -> Option<Handle> {
+        lock(&self.inner.shards).get(&id).map(|s| s.handle.clone())
+    }
+
+    /// Drops cached fetched shards (their leases end when no caller holds them).
+    /// Returns how many entries were dropped.
+    pub fn drain(&self, ids: &[ShardId]) -> usize {
+        let removed = lock(&self.inner.cache).drain(ids);
+        // Leases end here, outside the lock (release is a plugin call).
+        removed.len()
+    }
+}
+
+impl Inner {
+    /// Unexports a shard from every transport that exported it, the storage
+    /// transport last, then frees its bytes. When a transport fails to
+    /// unexport (other than "not found"), it may still serve from the bytes,
+    /// so they are leaked, loudly, rather than freed under it.
+    fn unexport_all(&self, id: ShardId, shard: OwnedShard) {
+        let mut still_lent = false;
+        for &pi in &shard.exported_by {
+            let p = &self.plugins[pi];
+            if let Err(e) = p.transport.unexport(id).into_result() {
+                tracing::warn!(target: "store", shard = %id, transport = %p.name, error = %e, "unexport failed");
+                still_lent |= e.kind != ErrorKind::NOT_FOUND;
+            }
+        }
+        if still_lent {
+            tracing::error!(target: "store", shard = %id, bytes = shard.handle.meta.byte_len, "a transport may still use this shard's bytes; leaking them instead of freeing");
+            self.metrics.leaked_storage(shard.handle.meta.byte_len);
+            std::mem::forget(shard.stored);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Unexport everything before the plugin instances go away, so
+        // transports release their segments in order.
+        let shards: Vec<(ShardId, OwnedShard)> = lock(&self.shards).drain().collect();
+        for (id, shard) in shards {
+            self.unexport_all(id, shard);
+        }
+        let cached = lock(&self.cache).clear();
+        drop(cached);
+    }
+}
+
+/// The plugin whose allocator holds owned bytes under `storage = "pool"`;
+/// `None` (the heap, with a warning) when it is not loaded or has no allocator.
+fn storage_plugin(storage: &Storage, loaded: &[LoadedPlugin]) -> Option<usize> {
+    let Storage::Pool(t) = storage else {
+        return None;
+    };
+    let found = loaded
+        .iter()
+        .position(|p| &p.name == t && p.capabilities().contains(Capabilities::ALLOCATOR));
+    if found.is_none() {
+        tracing::warn!(target: "store", transport = %t, "put.pool-transport is not loaded or has no allocator; shards will be stored on the heap");
+    }
+    found
+}
+
+/// A zero-filled buffer of `len` bytes, or an error instead of an abort when
+/// the allocation cannot be made.
+fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
+    let n = usize::try_from(len)
+        .map_err(|_| HostError::InvalidShard(format!("{len} bytes do not fit in memory here")))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
+    v.resize(n, 0);
+    Ok(v)
+}

@@ -1,0 +1,300 @@
+//! put: storage, checksums and exports of the shards this node owns.
+//!
+//! Host shards (`put`, `put_with`) and device shards (`put_device`, in
+//! [`super::device`]) share the steps here: a fresh id, the size and tag
+//! bounds, one export per transport with its descriptor checked against
+//! what a handle can carry, and keeping the shard once its handle is valid.
+
+use std::collections::BTreeMap;
+
+use shardport_abi::{
+    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, Device, ExportRequest,
+    ROption, ShardId, ShardMeta, SharedBytes,
+};
+
+use super::{lock, zeroed, Node, OwnedShard, Stored, TensorSpec};
+use crate::{
+    config::ChecksumPolicy,
+    error::HostError,
+    handle::{Export, Handle},
+    loader::LoadedPlugin,
+    vocab::{TransportName, MAX_DESCRIPTOR, MAX_TAGS, MAX_TAG_LEN},
+};
+
+/// What the exports of one put produced.
+pub(super) struct Exported {
+    /// One per transport that exported the shard, in export order.
+    pub exports: Vec<Export>,
+    /// Plugin indices that exported it (the order `remove` unexports in).
+    pub exported_by: Vec<usize>,
+    /// `(transport, error)` per transport that refused.
+    pub failures: Vec<(TransportName, AbiError)>,
+}
+
+impl Node {
+    /// Puts a shard by copying `bytes` once into its storage.
+    pub fn put(
+        &self,
+        bytes: &[u8],
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+    ) -> Result<Handle, HostError> {
+        let meta = spec.meta()?;
+        if meta.byte_len != bytes.len() as u64 {
+            return Err(HostError::InvalidShard(format!(
+                "{} bytes given, dtype {} with shape {:?} needs {}",
+                bytes.len(),
+                spec.dtype,
+                spec.shape,
+                meta.byte_len
+            )));
+        }
+        self.put_with(spec, tags, |dst| dst.copy_from_slice(bytes))
+    }
+
+    /// Puts a shard whose bytes `fill` writes straight into storage (the
+    /// transport's pool under `storage = "pool"`: written once, no copy).
+    pub fn put_with(
+        &self,
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Handle, HostError> {
+        let mut meta = spec.meta()?;
+        if meta.device != Device::CPU {
+            return Err(HostError::InvalidShard(format!(
+                "put of {} memory is not supported by this host; put CPU bytes",
+                meta.device
+            )));
+        }
+        check_tags(&tags)?;
+        let id = self.next_id();
+        let _span =
+            tracing::debug_span!(target: "store", "put", shard = %id, bytes = meta.byte_len)
+                .entered();
+        self.check_put_size(meta.byte_len)?;
+
+        // 1. Storage: the pool transport's allocator, or the heap.
+        let mut stored = self.allocate(id, meta.byte_len)?;
+        match &mut stored {
+            Stored::Heap(b) => fill(b),
+            Stored::Pool(g) => fill(g.as_mut_slice()),
+        }
+        meta.checksum = checksum(self.inner.config.put.checksum, stored.bytes());
+
+        // 2. Exports: the storage transport first (it exports in place), then
+        // every other selected transport lending the stored bytes.
+        let mut done = self.export_stored(id, &meta, &mut stored);
+        if done.exports.is_empty() {
+            // Nothing to undo: the storage transport exports first and a
+            // failure there stops the loop; the allocation guard frees its space.
+            return Err(HostError::NoExport {
+                id,
+                failures: done.failures,
+            });
+        }
+        // Storage transport unexports last (its memory backs the others).
+        done.exported_by
+            .rotate_left(usize::from(self.inner.storage_plugin.is_some()));
+        self.keep(id, meta, tags, done, stored)
+    }
+
+    /// A fresh shard id: this node's prefix and the next sequence number.
+    pub(super) fn next_id(&self) -> ShardId {
+        ShardId {
+            hi: self.inner.id_prefix,
+            lo: self
+                .inner
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Refuses a shard over `node.max-shard-size`.
+    pub(super) fn check_put_size(&self, byte_len: u64) -> Result<(), HostError> {
+        let max = self.inner.config.node.max_shard_size;
+        if byte_len > max {
+            return Err(HostError::InvalidShard(format!(
+                "{byte_len} bytes exceeds node.max-shard-size = {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// True when `put.export-to` selects `p` (no list: every transport).
+    pub(super) fn exports_to(&self, p: &LoadedPlugin) -> bool {
+        match &self.inner.config.put.export_to {
+            Some(list) => list.contains(&p.name),
+            None => true,
+        }
+    }
+
+    /// Space for `len` bytes: in the storage transport's pool, or the heap.
+    fn allocate(&self, id: ShardId, len: u64) -> Result<Stored, HostError> {
+        let Some(pi) = self.inner.storage_plugin else {
+            return Ok(Stored::Heap(zeroed(len)?.into_boxed_slice()));
+        };
+        let p = &self.inner.plugins[pi];
+        AllocationGuard::allocate(&p.transport, id, len)
+            .map(Stored::Pool)
+            .map_err(|error| HostError::Storage {
+                transport: p.name.clone(),
+                error,
+            })
+    }
+
+    /// Exports stored CPU bytes: the storage transport first, then every
+    /// other selected transport with the `cpu` capability. A refusal by the
+    /// storage transport stops there (nothing else may lend its memory).
+    fn export_stored(&self, id: ShardId, meta: &ShardMeta, stored: &mut Stored) -> Exported {
+        let storage_plugin = self.inner.storage_plugin;
+        let mut order: Vec<usize> = Vec::new();
+        order.extend(storage_plugin);
+        for (pi, p) in self.inner.plugins.iter().enumerate() {
+            // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
+            let selected = self.exports_to(p) && p.capabilities().contains(Capabilities::CPU);
+            if selected && Some(pi) != storage_plugin {
+                order.push(pi);
+            }
+        }
+        let mut done = Exported {
+            exports: Vec::new(),
+            exported_by: Vec::new(),
+            failures: Vec::new(),
+        };
+        for pi in order {
+            let allocation = match (&mut *stored, Some(pi) == storage_plugin) {
+                (Stored::Pool(g), true) => g.token(),
+                _ => 0,
+            };
+            let req = ExportRequest {
+                id,
+                meta: meta.clone(),
+                data: SharedBytes::lend(stored.bytes()),
+                allocation,
+            };
+            let ok = done.export(&self.inner.plugins[pi], pi, id, req, "export failed");
+            if ok && allocation != 0 {
+                if let Stored::Pool(g) = stored {
+                    g.mark_exported();
+                }
+            }
+            if !ok && allocation != 0 {
+                // The bytes live in this transport's allocation and it
+                // refused to export them: nothing else may lend them.
+                break;
+            }
+        }
+        done
+    }
+
+    /// Keeps an exported shard and returns its handle, or withdraws every
+    /// export when the handle would not be valid.
+    pub(super) fn keep(
+        &self,
+        id: ShardId,
+        meta: ShardMeta,
+        tags: BTreeMap<String, String>,
+        done: Exported,
+        stored: Stored,
+    ) -> Result<Handle, HostError> {
+        let handle = Handle {
+            id,
+            meta,
+            tags,
+            owner: self.owner(),
+            exports: done.exports,
+        };
+        let shard = OwnedShard {
+            handle: handle.clone(),
+            stored,
+            exported_by: done.exported_by,
+        };
+        if let Err(why) = handle.validate() {
+            self.inner.unexport_all(id, shard);
+            return Err(HostError::InvalidShard(format!(
+                "the handle would be invalid: {why}"
+            )));
+        }
+        lock(&self.inner.shards).insert(id, shard);
+        Ok(handle)
+    }
+}
+
+impl Exported {
+    /// Asks plugin `pi` to export `req`; records the export or the failure
+    /// (logged as `what`). A descriptor a handle cannot carry is withdrawn
+    /// and counts as a failure. Returns whether it exported.
+    pub(super) fn export(
+        &mut self,
+        p: &LoadedPlugin,
+        pi: usize,
+        id: ShardId,
+        req: ExportRequest,
+        what: &str,
+    ) -> bool {
+        let exported = p.transport.export(req).into_result().and_then(|desc| {
+            if desc.is_empty() || desc.len() > MAX_DESCRIPTOR {
+                // Unusable in a handle: withdraw it and count a failed export.
+                let _ = p.transport.unexport(id);
+                Err(AbiError::internal(format!(
+                    "descriptor of {} bytes (handles carry 1..={MAX_DESCRIPTOR})",
+                    desc.len()
+                )))
+            } else {
+                Ok(desc)
+            }
+        });
+        match exported {
+            Ok(desc) => {
+                self.exports.push(Export {
+                    transport: p.name.clone(),
+                    descriptor: desc.into_vec(),
+                });
+                self.exported_by.push(pi);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(target: "store", transport = %p.name, error = %e, "{what}");
+                self.failures.push((p.name.clone(), e));
+                false
+            }
+        }
+    }
+}
+
+/// Bounds on a put's tags (shared by `put_with` and `put_device`).
+pub(super) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
+    if tags.len() > MAX_TAGS
+        || tags
+            .iter()
+            .any(|(k, v)| k.is_empty() || k.len() > MAX_TAG_LEN || v.len() > MAX_TAG_LEN)
+    {
+        return Err(HostError::InvalidShard(format!(
+            "at most {MAX_TAGS} tags, keys non-empty, keys and values at most {MAX_TAG_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The checksum of `data` by `algo`; `None` for an algorithm this host
+/// does not know.
+pub(super) fn compute(algo: ChecksumAlgo, data: &[u8]) -> Option<u64> {
+    match algo {
+        ChecksumAlgo::CRC32C => Some(u64::from(crc32c::crc32c(data))),
+        ChecksumAlgo::XXH3 => Some(xxhash_rust::xxh3::xxh3_64(data)),
+        _ => None,
+    }
+}
+
+/// The checksum `put.checksum` asks for.
+fn checksum(policy: ChecksumPolicy, data: &[u8]) -> ROption<Checksum> {
+    let algo = match policy {
+        ChecksumPolicy::None => return ROption::RNone,
+        ChecksumPolicy::Crc32c => ChecksumAlgo::CRC32C,
+        ChecksumPolicy::Xxh3 => ChecksumAlgo::XXH3,
+    };
+    compute(algo, data).map_or(ROption::RNone, |value| {
+        ROption::RSome(Checksum { algo, value })
+    })
+}

@@ -1,0 +1,198 @@
+//! The host's shared vocabulary: the names, limits and policy values every
+//! other module speaks of. A leaf: it imports nothing of this crate, so any
+//! module may use it without creating a cycle.
+//!
+//! - [`TransportName`]: a validated transport name (configs, handles, plugins).
+//! - Wire limits ([`MAX_ADDR`], [`MAX_DESCRIPTOR`], ...): bounds on what a
+//!   handle from another process may carry, also applied at put and in config.
+//! - Policy values chosen in config: [`FetchMode`], [`OnDowngrade`],
+//!   [`Storage`], [`ChecksumPolicy`], [`SameNodeMatch`], [`DeviceSel`],
+//!   [`CachePolicy`].
+//! - [`ShardBytes`]: the bytes of a fetched shard (a leased view or a copy).
+
+use std::{fmt, ops::Deref, time::Duration};
+
+use shardport_abi::LeasedView;
+
+// ---------------------------------------------------------------------------
+// Names
+
+/// A transport's name: `[a-z0-9-]`, 1..=64 chars, starting with a letter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransportName(String);
+
+/// Longest transport name accepted anywhere (configs, handles, plugins).
+pub const MAX_TRANSPORT_NAME: usize = 64;
+
+impl TransportName {
+    /// Validates a name.
+    pub fn new(name: &str) -> Result<TransportName, String> {
+        let ok_chars = name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let starts = name.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
+        if name.is_empty() || name.len() > MAX_TRANSPORT_NAME || !ok_chars || !starts {
+            Err(format!(
+                "`{name}` is not a transport name (lowercase letters, digits and `-`, \
+                 starting with a letter, at most {MAX_TRANSPORT_NAME} characters)"
+            ))
+        } else {
+            Ok(TransportName(name.to_owned()))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TransportName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Wire limits
+
+/// Most exports in one handle (one per loaded transport in practice).
+pub const MAX_EXPORTS: usize = 16;
+/// Largest descriptor accepted (shm/http/cuda descriptors are < 300 bytes).
+pub const MAX_DESCRIPTOR: usize = 4096;
+/// Most dimensions in a shape.
+pub const MAX_DIMS: usize = 32;
+/// Most tags on a shard.
+pub const MAX_TAGS: usize = 32;
+/// Longest tag key or value.
+pub const MAX_TAG_LEN: usize = 128;
+/// Longest owner address.
+pub const MAX_ADDR: usize = 255;
+/// Largest JSON handle accepted by
+/// [`Handle::from_json`](crate::handle::Handle::from_json).
+pub const MAX_JSON: usize = 64 * 1024;
+
+// ---------------------------------------------------------------------------
+// Policy values
+
+/// How `fetch` returns bytes unless the call says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FetchMode {
+    /// A zero-copy view holding a lease on the owner's memory (falls back to a
+    /// copy, reported as a downgrade, when no zero-copy transport can serve).
+    View,
+    /// An owned buffer.
+    Copy,
+}
+
+impl fmt::Display for FetchMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FetchMode::View => "view",
+            FetchMode::Copy => "copy",
+        })
+    }
+}
+
+/// What a downgrade (a faster candidate failed or was unavailable) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDowngrade {
+    /// Count it, log at debug.
+    Allow,
+    /// Count it, log at warn.
+    Warn,
+    /// Fail the fetch.
+    Fail,
+}
+
+/// Where the owner's bytes live after `put`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A host heap buffer; every transport copies or lends from it.
+    Heap,
+    /// Written once into this transport's allocator (falls back to heap, loudly,
+    /// when the transport is not loaded).
+    Pool(TransportName),
+}
+
+/// Checksum computed at put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumPolicy {
+    /// None.
+    None,
+    /// CRC-32C.
+    Crc32c,
+    /// XXH3-64.
+    Xxh3,
+}
+
+/// Which evidence makes an owner "same node" for same-node transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SameNodeMatch {
+    /// The owner's advertised address is local (`is_local_addr`).
+    Address,
+    /// The identity parts the transport needs agree.
+    Identity,
+    /// Both (the default: an address is not proof that `/dev/shm` is shared,
+    /// and identity alone cannot tell network namespaces apart).
+    Both,
+}
+
+/// Which device kind a route matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSel {
+    /// Host memory.
+    Cpu,
+    /// Any CUDA device.
+    Cuda,
+}
+
+/// What the cache keeps and for how long. `None` fields are off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CachePolicy {
+    /// Keep entries at all (any of explicit / lru / ttl).
+    pub enabled: bool,
+    /// Evict least-recently-used entries beyond this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Evict entries this long after they were fetched.
+    pub ttl: Option<Duration>,
+}
+
+// ---------------------------------------------------------------------------
+// Shard bytes
+
+/// The bytes of a fetched shard.
+pub enum ShardBytes {
+    /// Zero-copy view holding a lease on the owner's memory.
+    View(LeasedView),
+    /// An owned copy.
+    Owned(Vec<u8>),
+}
+
+impl Deref for ShardBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ShardBytes::View(v) => v,
+            ShardBytes::Owned(v) => v,
+        }
+    }
+}
+
+impl fmt::Debug for ShardBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardBytes::View(v) => write!(f, "View({} bytes, lease {})", v.len(), v.token()),
+            ShardBytes::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+        }
+    }
+}
+
+impl ShardBytes {
+    /// True for a zero-copy view.
+    pub fn is_view(&self) -> bool {
+        matches!(self, ShardBytes::View(_))
+    }
+}
