@@ -2,7 +2,7 @@
 //! the real posix-shm `.so` vs a direct call, transport selection per shard,
 //! handle encode/decode, and the checksums.
 //!
-//! `cargo bench -p shardport-host --bench micro`. The dispatch group loads
+//! `cargo bench -p shardport-cli --bench micro`. The dispatch group loads
 //! `libshardport_posix_shm.so` (built as a dev-dependency next to this
 //! binary); without it that group reports the load error and skips.
 
