@@ -25,6 +25,18 @@ pub enum HostError {
         /// `(transport, error)` per transport tried.
         failures: Vec<(TransportName, AbiError)>,
     },
+    /// A transport panicked while exporting the shard: its state is unknown,
+    /// so the put was withdrawn from every transport (nothing registered).
+    /// Likely: a bug in that plugin.
+    #[error("shard {id}: the put was withdrawn because `{transport}` panicked while exporting it: {error}")]
+    ExportPanicked {
+        /// Shard.
+        id: ShardId,
+        /// The transport that panicked.
+        transport: TransportName,
+        /// Its error (kind `panic`).
+        error: AbiError,
+    },
     /// The storage transport's allocator refused (pool full, ...).
     #[error("shard storage in `{transport}` failed: {error}")]
     Storage {
@@ -187,10 +199,12 @@ pub enum LoadError {
         found: String,
     },
     /// The plugin's constructor failed (bad config table, missing resource, panic).
-    #[error("plugin `{plugin}`: constructor failed: {error}")]
+    #[error("plugin `{plugin}`: constructor of {} failed: {error}", path.display())]
     Constructor {
         /// Plugin name.
         plugin: TransportName,
+        /// The file that was loaded (several builds may be installed).
+        path: PathBuf,
         /// The plugin's error.
         error: AbiError,
     },

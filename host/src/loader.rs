@@ -171,6 +171,7 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
         .into_result()
         .map_err(|error| LoadError::Constructor {
             plugin: plugin.clone(),
+            path: path.clone(),
             error,
         })?;
     let info = transport.describe();

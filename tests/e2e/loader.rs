@@ -109,20 +109,58 @@ fn sha256_pin_mismatch() {
 
 #[test]
 fn constructor_error_and_panic_are_reported_not_fatal() {
+    // The message names the file that was loaded: with several builds
+    // installed, the operator can tell which one failed.
+    let lib = util::plugin_lib("shardport-faulty-plugin");
+    let prefix = format!("plugin `faulty`: constructor of {} failed: ", lib.display());
     let msg = only_failure(&faulty("ctor-error"));
-    assert!(
-        msg.starts_with("plugin `faulty`: constructor failed: "),
-        "{msg}"
-    );
+    assert!(msg.starts_with(&prefix), "{msg}");
     assert!(msg.ends_with("(config)"), "{msg}");
     let msg = only_failure(&faulty("ctor-panic"));
     assert!(
-        msg.starts_with(
-            "plugin `faulty`: constructor failed: plugin `faulty` panicked in new_transport"
-        ),
+        msg.starts_with(&format!(
+            "{prefix}plugin `faulty` panicked in new_transport"
+        )),
         "{msg}"
     );
     assert!(msg.ends_with("(panic)"), "{msg}");
+}
+
+#[test]
+fn a_put_whose_export_panics_fails_and_leaves_nothing_registered() {
+    // posix-shm stores and exports the shard first; the faulty transport's
+    // export then panics. The put must fail, not return a handle without
+    // that export, and withdraw what posix-shm registered.
+    let text = format!(
+        "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}{}",
+        util::shm_plugin("pool-size = \"1MiB\""),
+        faulty("panic-in-export")
+    );
+    let node = shardport_host::Node::start(util::parse(&text)).unwrap();
+    let err = node
+        .put(
+            &[7u8; 4096],
+            &shardport_host::TensorSpec::bytes(4096),
+            Default::default(),
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, shardport_host::HostError::ExportPanicked { .. }),
+        "{msg}"
+    );
+    assert!(msg.contains("`faulty` panicked while exporting"), "{msg}");
+    let stats = node.stats();
+    assert_eq!(
+        stats.shards_owned, 0,
+        "a failed put left a shard registered"
+    );
+    let shm = &stats.plugins[0].stats;
+    assert_eq!(shm["shards_live"], 0, "posix-shm kept the export: {shm:?}");
+    assert_eq!(
+        shm["pool_bytes_used"], 0,
+        "the pool space was not freed: {shm:?}"
+    );
 }
 
 #[test]
@@ -190,7 +228,7 @@ fn a_required_plugin_failure_stops_the_node_with_every_reason() {
         "{err}"
     );
     assert!(
-        err.contains("\n  plugin `faulty`: constructor failed"),
+        err.contains("\n  plugin `faulty`: constructor of "),
         "{err}"
     );
 }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use shardport_abi::{
-    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, Device, ExportRequest,
-    ROption, ShardId, ShardMeta, SharedBytes,
+    AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, Device, ErrorKind,
+    ExportRequest, ROption, ShardId, ShardMeta, SharedBytes,
 };
 
 use super::{lock, zeroed, Node, OwnedShard, Stored, TensorSpec};
@@ -205,11 +205,25 @@ impl Node {
             owner: self.owner(),
             exports: done.exports,
         };
+        let panicked = done
+            .failures
+            .into_iter()
+            .find(|(_, e)| e.kind == ErrorKind::PANIC);
         let shard = OwnedShard {
             handle: handle.clone(),
             stored,
             exported_by: done.exported_by,
         };
+        if let Some((transport, error)) = panicked {
+            // A contained panic still fails the put: the other exports are
+            // withdrawn and the storage freed, as if the put never happened.
+            self.inner.unexport_all(id, shard);
+            return Err(HostError::ExportPanicked {
+                id,
+                transport,
+                error,
+            });
+        }
         if let Err(why) = handle.validate() {
             self.inner.unexport_all(id, shard);
             return Err(HostError::InvalidShard(format!(
