@@ -8,8 +8,8 @@ use std::{
 };
 
 use shardport_abi::{
-    plugin::guard_constructor, testing, HostContext, HostServices, HostServicesBox, RString,
-    SharedBytes,
+    plugin::guard_constructor, testing, ErrorKind, HostContext, HostServices, HostServicesBox,
+    LeasedView, RString, SharedBytes,
 };
 use tempfile::TempDir;
 
@@ -79,8 +79,8 @@ fn files_in(dir: &Path) -> Vec<String> {
 fn config_errors_name_the_key() {
     assert_eq!(
         config_error(""),
-        "`plugin.spool.config.dir` is required: the spool directory owner and consumers \
-         share, e.g. dir = \"/var/spool/shardport\""
+        "`plugin.spool.config.dir` is required, e.g. dir = \"/var/spool/shardport\" (the \
+         directory owner and consumers share)"
     );
     assert_eq!(
         config_error("dir = 'spool'"),
@@ -130,7 +130,9 @@ fn describes_a_same_node_cpu_transport() {
     assert_eq!(info.name.as_str(), "spool-dir");
     assert_eq!(
         info.capabilities,
-        Capabilities::CPU.with(Capabilities::SAME_NODE_ONLY)
+        Capabilities::CPU
+            .with(Capabilities::SAME_NODE_ONLY)
+            .with(Capabilities::ZERO_COPY)
     );
     assert_eq!(info.needs_identity, IdentityParts::BOOT_ID);
 }
@@ -293,23 +295,45 @@ fn bad_export_requests_are_invalid_arguments() {
 }
 
 #[test]
-fn zero_copy_and_allocator_are_unsupported() {
+fn the_allocator_is_unsupported() {
     let tmp = TempDir::new().unwrap();
     let t = spool(tmp.path());
-    let desc = t.export(request(1, b"abc")).unwrap().into_vec();
     let kinds = [
-        t.import_view(RSlice::from_slice(&desc), &ShardMeta::bytes(3))
-            .into_result()
-            .map(|_| ()),
         t.allocate(ShardId::from_u128(2), 16)
             .into_result()
             .map(|_| ()),
-        t.release(1).into_result(),
         t.free_allocation(1).into_result(),
     ];
     for r in kinds {
         assert_eq!(r.unwrap_err().kind, ErrorKind::UNSUPPORTED);
     }
+}
+
+#[test]
+fn views_map_the_file_and_outlive_unexport() {
+    let tmp = TempDir::new().unwrap();
+    let t = Arc::new(TransportBox::from_value(spool(tmp.path()), TD_Opaque));
+    let desc = t.export(request(1, b"zero-copy")).unwrap().into_vec();
+    let view = LeasedView::import(&t, &desc, &ShardMeta::bytes(9)).unwrap();
+    t.unexport(ShardId::from_u128(1)).unwrap();
+    assert!(files_in(tmp.path()).is_empty(), "the file is unlinked");
+    assert_eq!(&*view, b"zero-copy", "the lease keeps the mapping");
+    let views = |t: &TransportBox| {
+        t.stats()
+            .iter()
+            .find(|s| s.name.as_str() == "views_active")
+            .map(|s| s.value)
+    };
+    assert_eq!(views(&t), Some(1));
+    let token = view.token();
+    drop(view);
+    assert_eq!(views(&t), Some(0));
+    let e = t.release(token).into_result().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+    // The consumer checks a view's file as it checks a copy's.
+    let e =
+        LeasedView::import(&t, &raw_descriptor("../x.shard", 1), &ShardMeta::bytes(1)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
 }
 
 #[test]
