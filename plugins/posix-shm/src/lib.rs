@@ -14,6 +14,7 @@
 //! allocation = "pool"      # or "segment-per-shard"
 //! pool-size = "4GiB"
 //! on-full = "spill"        # or "error"
+//! create-pool = "lazy"     # on the first put (default), or "eager"
 //! ```
 //!
 //! The owner writes shards straight into a pool segment (`allocate`) or has
@@ -59,6 +60,7 @@ mod tests;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use shardport_abi::{
+    kit::{self, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
     PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId, ShardMeta,
     Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
@@ -98,9 +100,10 @@ impl std::fmt::Debug for ShmTransport {
 }
 
 /// Builds a transport instance from the host context: parses and validates
-/// the config table (unknown keys are errors), sweeps dead owners' segments
-/// (`sweep-on-start`) and, in pool mode, creates the pool. This is the
-/// constructor the plugin exports.
+/// the config table (unknown keys are errors) and sweeps dead owners'
+/// segments (`sweep-on-start`). The pool is created on the first put (or
+/// here with `create-pool = "eager"`), so a process that only fetches
+/// creates no segment. This is the constructor the plugin exports.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
     create_as(ctx, Here::current())
 }
@@ -237,51 +240,45 @@ impl Transport for ShmTransport {
     }
 
     fn stats(&self) -> RVec<Stat> {
-        self.ctx.guard_infallible("stats", RVec::new(), || {
+        kit::guard::stats(&self.ctx, || {
             let o = self.owner.stats(&self.counters);
             let c = self.consumer.stats();
             let k = &self.counters;
-            RVec::from(vec![
-                Stat::gauge("pool_bytes_total", o.pool_bytes_total),
-                Stat::gauge("pool_bytes_used", o.pool_bytes_used),
-                Stat::gauge("pool_largest_free_bytes", o.pool_largest_free),
-                Stat::gauge("shards_live", o.shards_live),
-                Stat::gauge("shards_retired_leased", o.shards_retired_leased),
-                Stat::gauge("allocations_pending", o.allocations_pending),
-                Stat::gauge("leases_held_on_owner", o.leases_held_on_owner),
-                Stat::counter("leases_granted", k.leases_granted.get()),
-                Stat::gauge("leases_active", c.leases_active),
-                Stat::gauge("segments_owned", o.segments_owned),
-                Stat::gauge("segments_mapped", c.segments_mapped),
-                Stat::counter("bytes_exported", k.bytes_exported.get()),
-                Stat::counter("imports_copy", k.imports_copy.get()),
-                Stat::counter("imports_view", k.imports_view.get()),
-                Stat::counter("spills", k.spills.get()),
-                Stat::counter("leases_reclaimed", k.leases_reclaimed.get()),
-                Stat::counter("segments_swept", k.segments_swept.get()),
-                Stat::counter("bytes_swept", k.bytes_swept.get()),
-            ])
+            StatList::new()
+                .gauge_value("pool_bytes_total", o.pool_bytes_total)
+                .gauge_value("pool_bytes_used", o.pool_bytes_used)
+                .gauge_value("pool_largest_free_bytes", o.pool_largest_free)
+                .gauge_value("shards_live", o.shards_live)
+                .gauge_value("shards_retired_leased", o.shards_retired_leased)
+                .gauge_value("allocations_pending", o.allocations_pending)
+                .gauge_value("leases_held_on_owner", o.leases_held_on_owner)
+                .counter("leases_granted", &k.leases_granted)
+                .gauge_value("leases_active", c.leases_active)
+                .gauge_value("segments_owned", o.segments_owned)
+                .gauge_value("segments_mapped", c.segments_mapped)
+                .counter("bytes_exported", &k.bytes_exported)
+                .counter("imports_copy", &k.imports_copy)
+                .counter("imports_view", &k.imports_view)
+                .counter("spills", &k.spills)
+                .counter("leases_reclaimed", &k.leases_reclaimed)
+                .counter("segments_swept", &k.segments_swept)
+                .counter("bytes_swept", &k.bytes_swept)
+                .finish()
         })
     }
 
     fn health(&self) -> Health {
-        self.ctx.guard_infallible(
-            "health",
-            Health {
-                ok: false,
-                message: "health check panicked".into(),
-            },
-            || match self.owner.pool_error() {
-                Some(e) => Health {
-                    ok: false,
-                    message: format!("pool unavailable (imports still work): {}", e.message).into(),
-                },
-                None => Health {
-                    ok: true,
-                    message: format!("ok, segments {}*", self.owner.name_base()).into(),
-                },
-            },
-        )
+        kit::guard::health(&self.ctx, || match self.owner.pool_error() {
+            Some(e) => kit::guard::failing(format!(
+                "pool unavailable (imports still work): {}",
+                e.message
+            )),
+            None if self.owner.pool_pending() => kit::guard::ok(format!(
+                "ok, segments {}* (no pool yet: created on the first put)",
+                self.owner.name_base()
+            )),
+            None => kit::guard::ok(format!("ok, segments {}*", self.owner.name_base())),
+        })
     }
 
     /// Reclaims the lease slots of dead consumers on this owner's board (and
