@@ -51,13 +51,11 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Mutex, MutexGuard, PoisonError,
-    },
+    sync::{atomic::Ordering, Mutex, MutexGuard, PoisonError},
 };
 
 use shardport_abi::{
+    kit::{self, Counter, StatList},
     AbiError, Allocation, Capabilities, DeviceKind, ExportRequest, Health, IdentityParts,
     ImportInfo, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
     ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
@@ -192,12 +190,12 @@ struct ConsumerState {
 
 #[derive(Default)]
 struct Counters {
-    bytes_exported: AtomicU64,
-    exports_staged: AtomicU64,
-    imports_copy: AtomicU64,
-    imports_view: AtomicU64,
-    imports_device: AtomicU64,
-    deferred_frees: AtomicU64,
+    bytes_exported: Counter,
+    exports_staged: Counter,
+    imports_copy: Counter,
+    imports_view: Counter,
+    imports_device: Counter,
+    deferred_frees: Counter,
 }
 
 /// One cuda-ipc transport instance.
@@ -337,7 +335,7 @@ impl CudaIpc {
             }
             MemKind::Device { .. } => None,
             MemKind::Host => {
-                self.counters.exports_staged.fetch_add(1, Ordering::Relaxed);
+                self.counters.exports_staged.inc();
                 Some(
                     d.stage_host(&gpu, &req.data)
                         .map_err(|e| cuda("staging host bytes into device memory", e))?,
@@ -450,9 +448,7 @@ impl CudaIpc {
                 len: req.meta.byte_len,
             },
         );
-        self.counters
-            .bytes_exported
-            .fetch_add(req.meta.byte_len, Ordering::Relaxed);
+        self.counters.bytes_exported.add(req.meta.byte_len);
         Ok(desc.encode())
     }
 
@@ -481,7 +477,7 @@ impl CudaIpc {
                      allocated until leases_held_on_owner is 0"
                 );
             }
-            self.counters.deferred_frees.fetch_add(1, Ordering::Relaxed);
+            self.counters.deferred_frees.inc();
             o.deferred.push(e);
         }
         drop(o);
@@ -751,7 +747,7 @@ impl CudaIpc {
             .map_err(|e| cuda("copying device to host", e));
         self.close(&rec);
         r?;
-        self.counters.imports_copy.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_copy.inc();
         Ok(ImportInfo {
             note: format!("device-to-host copy from cuda:{ordinal}").into(),
         })
@@ -779,7 +775,7 @@ impl CudaIpc {
             .map_err(|e| cuda("copying device to device", e));
         self.close(&rec);
         r?;
-        self.counters.imports_device.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_device.inc();
         Ok(ImportInfo {
             note: format!("device-to-device copy on cuda:{ordinal}").into(),
         })
@@ -793,7 +789,7 @@ impl CudaIpc {
         c.next_token += 1;
         let token = c.next_token;
         c.leases.insert(token, rec);
-        self.counters.imports_view.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_view.inc();
         Ok(Region {
             ptr: addr as usize as *const u8,
             len: meta.byte_len as usize,
@@ -846,26 +842,25 @@ impl CudaIpc {
             open += cache.open_count() as u64;
         }
         let k = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
-            Stat::gauge("available", u64::from(self.state.is_ok())),
-            Stat::gauge("shards_live", exports),
-            Stat::gauge("leases_held_on_owner", held),
-            Stat::gauge("shards_retired_leased", deferred),
-            Stat::gauge("staged_bytes", staged),
-            Stat::gauge("leases_active", leases_active),
-            Stat::gauge("mappings_open", open),
-            Stat::counter("handle_opens", cc.opens),
-            Stat::counter("handle_closes", cc.closes),
-            Stat::counter("handle_cache_hits", cc.hits),
-            Stat::counter("stale_mappings", cc.stale),
-            Stat::counter("bytes_exported", get(&k.bytes_exported)),
-            Stat::counter("exports_staged", get(&k.exports_staged)),
-            Stat::counter("imports_copy", get(&k.imports_copy)),
-            Stat::counter("imports_view", get(&k.imports_view)),
-            Stat::counter("imports_device", get(&k.imports_device)),
-            Stat::counter("deferred_frees", get(&k.deferred_frees)),
-        ]
+        StatList::new()
+            .gauge_value("available", u64::from(self.state.is_ok()))
+            .gauge_value("shards_live", exports)
+            .gauge_value("leases_held_on_owner", held)
+            .gauge_value("shards_retired_leased", deferred)
+            .gauge_value("staged_bytes", staged)
+            .gauge_value("leases_active", leases_active)
+            .gauge_value("mappings_open", open)
+            .counter_value("handle_opens", cc.opens)
+            .counter_value("handle_closes", cc.closes)
+            .counter_value("handle_cache_hits", cc.hits)
+            .counter_value("stale_mappings", cc.stale)
+            .counter("bytes_exported", &k.bytes_exported)
+            .counter("exports_staged", &k.exports_staged)
+            .counter("imports_copy", &k.imports_copy)
+            .counter("imports_view", &k.imports_view)
+            .counter("imports_device", &k.imports_device)
+            .counter("deferred_frees", &k.deferred_frees)
+            .finish()
     }
 }
 
@@ -970,38 +965,23 @@ impl Transport for CudaIpc {
     }
 
     fn stats(&self) -> RVec<Stat> {
-        self.ctx
-            .guard_infallible("stats", RVec::new(), || RVec::from(CudaIpc::stats(self)))
+        kit::guard::stats(&self.ctx, || CudaIpc::stats(self))
     }
 
     fn health(&self) -> Health {
-        self.ctx.guard_infallible(
-            "health",
-            Health {
-                ok: false,
-                message: "health check panicked".into(),
-            },
-            || match &self.state {
-                Ok(l) => Health {
-                    ok: true,
-                    message: format!(
-                        "ok, CUDA driver {}, {} GPU(s): {}",
-                        l.driver.version,
-                        l.uuids.len(),
-                        l.uuids
-                            .iter()
-                            .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                    .into(),
-                },
-                Err(why) => Health {
-                    ok: false,
-                    message: format!("unavailable: {why}").into(),
-                },
-            },
-        )
+        kit::guard::health(&self.ctx, || match &self.state {
+            Ok(l) => kit::guard::ok(format!(
+                "ok, CUDA driver {}, {} GPU(s): {}",
+                l.driver.version,
+                l.uuids.len(),
+                l.uuids
+                    .iter()
+                    .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Err(why) => kit::guard::failing(format!("unavailable: {why}")),
+        })
     }
 
     fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
