@@ -133,6 +133,19 @@ mod tests {
         assert_eq!(Descriptor::decode(&bytes).unwrap(), d);
     }
 
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPDR\x01".to_vec();
+        want.push(d.file_name.len() as u8);
+        want.extend_from_slice(d.file_name.as_bytes());
+        want.extend_from_slice(&d.byte_len.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
+    }
+
     #[test]
     fn file_names() {
         assert_eq!(

@@ -315,6 +315,34 @@ mod tests {
         assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
     }
 
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPCU\x01\0\0\0".to_vec();
+        want.extend_from_slice(&d.boot_id);
+        want.extend_from_slice(&d.pid.to_le_bytes());
+        want.extend_from_slice(&[0; 4]);
+        want.extend_from_slice(&d.epoch.to_le_bytes());
+        want.extend_from_slice(&d.generation.to_le_bytes());
+        want.extend_from_slice(&d.device_uuid);
+        want.extend_from_slice(&d.mem_handle);
+        want.extend_from_slice(&d.alloc_size.to_le_bytes());
+        want.extend_from_slice(&d.offset.to_le_bytes());
+        want.extend_from_slice(&d.size.to_le_bytes());
+        want.extend_from_slice(&d.event_handle);
+        want.extend_from_slice(&d.slot.to_le_bytes());
+        want.extend_from_slice(&d.slot_generation.to_le_bytes());
+        assert_eq!(want.len(), 228);
+        want.push(d.board.len() as u8);
+        want.extend_from_slice(d.board.as_bytes());
+        let crc = crc32c::crc32c(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
+    }
+
     #[test]
     fn field_errors_name_the_field() {
         let d = sample();

@@ -225,6 +225,22 @@ mod tests {
         assert_eq!(b[20], 0x77);
     }
 
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPHT\x01".to_vec();
+        want.push(d.addr.len() as u8);
+        want.extend_from_slice(d.addr.as_bytes());
+        want.extend_from_slice(&d.id.as_u128().to_le_bytes());
+        want.extend_from_slice(&4096u64.to_le_bytes());
+        let crc = crc32c::crc32c(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
+    }
+
     #[test]
     fn every_truncation_and_extension_fails() {
         let bytes = sample().encode();

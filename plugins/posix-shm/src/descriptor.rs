@@ -186,6 +186,25 @@ mod tests {
         assert_eq!(Descriptor::decode(&s.encode(), "shardport").unwrap(), s);
     }
 
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = pool();
+        let mut want = b"SPSM".to_vec();
+        want.extend_from_slice(&[1, 1, 0, 0]);
+        want.extend_from_slice(&128u64.to_le_bytes());
+        want.extend_from_slice(&1000u64.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
+        want.extend_from_slice(&9u64.to_le_bytes());
+        want.push(d.segment.len() as u8);
+        want.extend_from_slice(d.segment.as_bytes());
+        want.push(d.board.len() as u8);
+        want.extend_from_slice(d.board.as_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want, "shardport").unwrap(), d);
+    }
+
     #[test]
     fn every_truncation_and_extension_fails() {
         let bytes = pool().encode();
