@@ -14,6 +14,7 @@
 //! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
 //! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](crate::SharedBytes) |
 //! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](crate::PluginContext::guard) |
+//! | [`adapter`] | [`PlainTransport`]: a transport in plain Rust types (slices, `PluginResult`), with defaults for what it lacks; [`Guarded`] makes it the ABI's trait object, every method under the guard |
 //!
 //! ```
 //! use shardport_abi::kit::{codec::{Reader, Writer}, options::Options, stats::{Counter, StatList}};
@@ -45,6 +46,7 @@
 //!
 //! `unsafe` in the kit lives in [`sys`] only.
 
+pub mod adapter;
 pub mod codec;
 pub mod error;
 pub mod guard;
@@ -54,6 +56,7 @@ pub mod options;
 pub mod stats;
 mod sys;
 
+pub use adapter::{into_transport_box, Guarded, PlainTransport};
 pub use codec::{Reader, Writer};
 pub use error::{unsupported, IoContext};
 pub use lent::Lent;

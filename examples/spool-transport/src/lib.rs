@@ -32,7 +32,7 @@
 //! ```
 //!
 //! Start reading at [`SpoolTransport::new`] (config), then the
-//! [`Transport`] impl: every method body runs inside
+//! [`PlainTransport`] impl: `kit::Guarded` runs every method body inside
 //! [`PluginContext::guard`], so a panic becomes an error, never an abort.
 
 #![deny(unsafe_code)]
@@ -56,11 +56,11 @@ use shardport_abi::{
     kit::{
         self,
         map::{LeaseTable, ReadOnlyMap},
-        Counter, IoContext, Options, StatList,
+        Counter, IoContext, Options, PlainTransport, StatList,
     },
-    AbiError, Allocation, Capabilities, Device, ExportRequest, Health, IdentityParts, ImportInfo,
-    LogLevel, LogRecord, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RStr, RVec,
-    Region, ShardId, ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    AbiError, Capabilities, Device, ExportRequest, Health, IdentityParts, ImportInfo, LogLevel,
+    LogRecord, PluginContext, PluginResult, RStr, Region, ShardId, ShardMeta, Stat, TransportBox,
+    TransportInfo,
 };
 
 use crate::descriptor::{shard_file_name, validate_file_name, Descriptor, TMP_SUFFIX};
@@ -78,10 +78,7 @@ const LOG_TARGET: &str = "spool_dir";
 
 /// Builds a `spool-dir` instance; the plugin's constructor.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
-    Ok(TransportBox::from_value(
-        SpoolTransport::new(ctx)?,
-        TD_Opaque,
-    ))
+    Ok(kit::into_transport_box(SpoolTransport::new(ctx)?))
 }
 
 export_plugin! {
@@ -471,81 +468,70 @@ impl SpoolTransport {
     }
 }
 
-impl Transport for SpoolTransport {
+/// The transport, in plain types: `kit::Guarded` runs each method under
+/// [`PluginContext::guard`] (a panic becomes an error, never an abort) and
+/// supplies the `UNSUPPORTED` answers for the allocator.
+impl PlainTransport for SpoolTransport {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
-        kit::guard::describe(&self.ctx, Self::info)
+        Self::info()
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx
-            .guard("export", || self.export_inner(&req).map(RVec::from))
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        self.export_inner(req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || self.unexport_inner(id))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        self.unexport_inner(id)
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            let r = self.import_inner(&desc, meta, &mut dst);
-            self.count(r, meta.byte_len).map(|file_name| ImportInfo {
-                note: format!("read {file_name}").into(),
-            })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        let r = self.import_inner(desc, meta, dst);
+        self.count(r, meta.byte_len).map(|file_name| ImportInfo {
+            note: format!("read {file_name}").into(),
         })
     }
 
-    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            self.count(self.view_inner(&desc, meta), meta.byte_len)
-        })
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        self.count(self.view_inner(desc, meta), meta.byte_len)
     }
 
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx
-            .guard("release", || self.views.release(token).map(drop))
+    fn release(&self, token: u64) -> PluginResult<()> {
+        self.views.release(token).map(drop)
     }
 
-    fn allocate(&self, id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(kit::unsupported::no_allocator(TRANSPORT_NAME, id))
-        })
-    }
-
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(kit::unsupported::no_allocations(TRANSPORT_NAME, token))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        kit::guard::stats(&self.ctx, || {
-            let (shards, bytes) = {
-                let owned = self.owned();
-                let bytes = owned.values().map(|o| o.byte_len).sum();
-                (owned.len() as u64, bytes)
-            };
-            let c = &self.counters;
-            StatList::new()
-                .counter("exports_total", &c.exports)
-                .counter("unexports_total", &c.unexports)
-                .counter("imports_total", &c.imports)
-                .counter("import_errors_total", &c.import_errors)
-                .counter("bytes_written_total", &c.bytes_written)
-                .counter("bytes_read_total", &c.bytes_read)
-                .gauge_value("shards_exported", shards)
-                .gauge_value("bytes_exported", bytes)
-                .gauge_value("views_active", self.views.active() as u64)
-                .finish()
-        })
+    fn stats(&self) -> Vec<Stat> {
+        let (shards, bytes) = {
+            let owned = self.owned();
+            let bytes = owned.values().map(|o| o.byte_len).sum();
+            (owned.len() as u64, bytes)
+        };
+        let c = &self.counters;
+        StatList::new()
+            .counter("exports_total", &c.exports)
+            .counter("unexports_total", &c.unexports)
+            .counter("imports_total", &c.imports)
+            .counter("import_errors_total", &c.import_errors)
+            .counter("bytes_written_total", &c.bytes_written)
+            .counter("bytes_read_total", &c.bytes_read)
+            .gauge_value("shards_exported", shards)
+            .gauge_value("bytes_exported", bytes)
+            .gauge_value("views_active", self.views.active() as u64)
+            .finish()
     }
 
     fn health(&self) -> Health {
-        kit::guard::health(&self.ctx, || match fs::metadata(&self.dir) {
+        match fs::metadata(&self.dir) {
             Ok(m) if m.is_dir() => {
                 kit::guard::ok(format!("spool directory `{}`", self.dir.display()))
             }
@@ -553,7 +539,7 @@ impl Transport for SpoolTransport {
                 kit::guard::failing(format!("`{}` is no longer a directory", self.dir.display()))
             }
             Err(e) => kit::guard::failing(format!("spool directory `{}`: {e}", self.dir.display())),
-        })
+        }
     }
 }
 

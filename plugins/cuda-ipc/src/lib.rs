@@ -55,10 +55,10 @@ use std::{
 };
 
 use shardport_abi::{
-    kit::{self, Counter, StatList},
+    kit::{self, Counter, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, DeviceKind, ExportRequest, Health, IdentityParts,
-    ImportInfo, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
-    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    ImportInfo, PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox,
+    TransportInfo,
 };
 
 use crate::{
@@ -239,18 +239,15 @@ fn create_with(
         ),
         Err(why) => tracing::warn!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
     }
-    Ok(TransportBox::from_value(
-        CudaIpc {
-            ctx,
-            cfg,
-            state,
-            here: this_process(),
-            owner: Mutex::default(),
-            consumer: Mutex::default(),
-            counters: Counters::default(),
-        },
-        TD_Opaque,
-    ))
+    Ok(kit::into_transport_box(CudaIpc {
+        ctx,
+        cfg,
+        state,
+        here: this_process(),
+        owner: Mutex::default(),
+        consumer: Mutex::default(),
+        counters: Counters::default(),
+    }))
 }
 
 /// Probes the driver, catching a panic inside cudarc (a driver library
@@ -905,7 +902,14 @@ impl Drop for CudaIpc {
     }
 }
 
-impl Transport for CudaIpc {
+/// Plain types; `kit::Guarded` runs each method under the context's guard.
+impl PlainTransport for CudaIpc {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
         TransportInfo {
             name: TRANSPORT_NAME.into(),
@@ -917,59 +921,44 @@ impl Transport for CudaIpc {
         }
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx
-            .guard("export", || CudaIpc::export(self, &req).map(RVec::from))
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        CudaIpc::export(self, req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || CudaIpc::unexport(self, id))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        CudaIpc::unexport(self, id)
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            CudaIpc::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
-        })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        CudaIpc::import_into(self, desc, meta, dst)
     }
 
-    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            CudaIpc::import_view(self, desc.as_slice(), meta)
-        })
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        CudaIpc::import_view(self, desc, meta)
     }
 
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || CudaIpc::release(self, token))
+    fn release(&self, token: u64) -> PluginResult<()> {
+        CudaIpc::release(self, token)
     }
 
-    fn allocate(&self, _id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(AbiError::unsupported(
-                "cuda-ipc hands out no host-writable allocations; host bytes put as a cuda \
-                 shard are staged into device memory at export",
-            ))
-        })
+    fn allocate(&self, _id: ShardId, _len: u64) -> PluginResult<Allocation> {
+        Err(AbiError::unsupported(
+            "cuda-ipc hands out no host-writable allocations; host bytes put as a cuda shard \
+             are staged into device memory at export",
+        ))
     }
 
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(AbiError::unsupported(format!(
-                "cuda-ipc has no allocations (token {token})"
-            )))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        kit::guard::stats(&self.ctx, || CudaIpc::stats(self))
+    fn stats(&self) -> Vec<Stat> {
+        CudaIpc::stats(self)
     }
 
     fn health(&self) -> Health {
-        kit::guard::health(&self.ctx, || match &self.state {
+        match &self.state {
             Ok(l) => kit::guard::ok(format!(
                 "ok, CUDA driver {}, {} GPU(s): {}",
                 l.driver.version,
@@ -981,30 +970,25 @@ impl Transport for CudaIpc {
                     .join(", ")
             )),
             Err(why) => kit::guard::failing(format!("unavailable: {why}")),
-        })
+        }
     }
 
-    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
-        self.ctx
-            .guard("sweep", || CudaIpc::sweep(self).map(RVec::from))
+    fn sweep(&self) -> PluginResult<Vec<Stat>> {
+        CudaIpc::sweep(self)
     }
 
-    fn can_import(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<(), AbiError> {
-        self.ctx.guard("can_import", || {
-            CudaIpc::can_import(self, desc.as_slice(), meta)
-        })
+    fn can_import(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<()> {
+        CudaIpc::can_import(self, desc, meta)
     }
 
     fn import_into_device(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
         dst_addr: u64,
         dst_len: u64,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into_device", || {
-            CudaIpc::import_into_device(self, desc.as_slice(), meta, dst_addr, dst_len)
-        })
+    ) -> PluginResult<ImportInfo> {
+        CudaIpc::import_into_device(self, desc, meta, dst_addr, dst_len)
     }
 }
 

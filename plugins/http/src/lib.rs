@@ -60,9 +60,9 @@ use std::{
 };
 
 use shardport_abi::{
-    kit, AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
-    ImportItem, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
-    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    kit::{self, PlainTransport},
+    AbiError, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem,
+    PluginContext, PluginResult, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
 
 use crate::{
@@ -127,8 +127,7 @@ impl std::fmt::Debug for HttpTransport {
 /// error), or here with `listen = "eager"`. This is the constructor the
 /// plugin exports.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
-    let t = HttpTransport::new(ctx)?;
-    Ok(TransportBox::from_value(t, TD_Opaque))
+    Ok(kit::into_transport_box(HttpTransport::new(ctx)?))
 }
 
 /// Starts the runtime and binds the server (a bind failure names the address).
@@ -358,83 +357,56 @@ impl Drop for HttpTransport {
     }
 }
 
-impl Transport for HttpTransport {
+/// Plain types; `kit::Guarded` runs each method under the context's guard
+/// and answers `UNSUPPORTED` for views and the allocator.
+impl PlainTransport for HttpTransport {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
-        kit::guard::describe(&self.ctx, info)
+        info()
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx.guard("export", || {
-            self.serving()?.server.export(&req).map(RVec::from)
-        })
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        self.serving()?.server.export(req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || match self.serving.get() {
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        match self.serving.get() {
             Some(s) => s.server.unexport(id),
             None => Err(AbiError::not_found(format!(
                 "shard {id} is not exported by this http transport"
             ))),
-        })
+        }
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            HttpTransport::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
-        })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        HttpTransport::import_into(self, desc, meta, dst)
     }
 
-    fn import_view(&self, _desc: RSlice<'_, u8>, _meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            Err(kit::unsupported::no_views(TRANSPORT_NAME))
-        })
-    }
-
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || {
-            Err(kit::unsupported::no_leases(TRANSPORT_NAME, token))
-        })
-    }
-
-    fn allocate(&self, id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(kit::unsupported::no_allocator(TRANSPORT_NAME, id))
-        })
-    }
-
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(kit::unsupported::no_allocations(TRANSPORT_NAME, token))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        kit::guard::stats(&self.ctx, || {
-            let (shards, bytes) = self
-                .serving
-                .get()
-                .map_or((0, 0), |s| s.server.registry().totals());
-            self.stats.snapshot(shards, bytes)
-        })
+    fn stats(&self) -> Vec<Stat> {
+        let (shards, bytes) = self
+            .serving
+            .get()
+            .map_or((0, 0), |s| s.server.registry().totals());
+        self.stats.snapshot(shards, bytes)
     }
 
     fn health(&self) -> Health {
-        kit::guard::health(&self.ctx, || HttpTransport::health(self))
+        HttpTransport::health(self)
     }
 
-    fn import_many(
-        &self,
-        items: RSliceMut<'_, ImportItem<'_>>,
-    ) -> RVec<RResult<ImportInfo, AbiError>> {
-        // A panic (logged by the guard) fails every item.
-        kit::guard::import_many(&self.ctx, items, |items| {
-            HttpTransport::import_many(self, items)
-        })
+    /// One request per owner (a panic, logged by the guard, fails every item).
+    fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
+        HttpTransport::import_many(self, items)
     }
 }
 

@@ -16,7 +16,7 @@ use std::{
 
 use shardport_abi::{
     testing, AbiError, Device, ErrorKind, ExportRequest, ImportItem, PluginContext, RSlice,
-    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, TD_Opaque, TransportBox,
+    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport,
 };
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
@@ -47,7 +47,7 @@ fn try_node(config: &str) -> Result<Node, AbiError> {
     let h = HttpTransport::new(ctx)?;
     let addr = h.serving()?.server.bound();
     Ok(Node {
-        t: Arc::new(TransportBox::from_value(h, TD_Opaque)),
+        t: Arc::new(shardport_abi::kit::into_transport_box(h)),
         addr,
     })
 }
@@ -667,7 +667,7 @@ fn export_checks_its_arguments() {
 fn lazy_node(config: &str) -> Result<SharedTransport, AbiError> {
     let ctx = PluginContext::new(testing::context("http", config));
     let h = HttpTransport::new(ctx)?;
-    Ok(Arc::new(TransportBox::from_value(h, TD_Opaque)))
+    Ok(Arc::new(shardport_abi::kit::into_transport_box(h)))
 }
 
 /// A port nobody listens on right now.
