@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`stats`] | relaxed [`Counter`]s and [`Gauge`]s, a [`GaugeHold`] that gives a unit back on drop, and [`StatList`] to report them |
 //! | [`codec`] | descriptor [`Writer`] / [`Reader`]: bounds-checked, little-endian, errors name the field and the byte offset, never a panic on hostile input |
+//! | [`check`] | the argument checks every transport makes (destination and lent lengths, a descriptor's length against the metadata), worded the same everywhere |
 //! | [`error`] | `io::Error` and own errors to [`AbiError`](crate::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
 //! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
@@ -47,6 +48,7 @@
 //! `unsafe` in the kit lives in [`sys`] only.
 
 pub mod adapter;
+pub mod check;
 pub mod codec;
 pub mod error;
 pub mod guard;

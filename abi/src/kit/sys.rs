@@ -19,7 +19,7 @@ use rustix::{
 };
 
 use crate::{
-    error::{AbiError, PluginResult},
+    error::PluginResult,
     transport::{ExportRequest, Region, SharedBytes},
 };
 
@@ -264,20 +264,7 @@ impl<'a> Lent<'a> {
     /// alive and unmodified. Borrowing `req` for `'a` bounds it to the
     /// `export` call unless the plugin copies the request.
     pub unsafe fn from_export(req: &'a ExportRequest) -> PluginResult<Self> {
-        let id = req.id;
-        if req.meta.byte_len != req.data.len() as u64 {
-            return Err(AbiError::invalid_argument(format!(
-                "export of shard {id}: meta.byte_len is {} but {} bytes were lent",
-                req.meta.byte_len,
-                req.data.len()
-            )));
-        }
-        if req.data.as_ptr().is_null() && !req.data.is_empty() {
-            return Err(AbiError::invalid_argument(format!(
-                "export of shard {id}: null data pointer for {} bytes",
-                req.data.len()
-            )));
-        }
+        crate::kit::check::lent(req)?;
         // SAFETY: the caller's promise, checked above for what can be checked.
         Ok(unsafe { Lent::from_raw(req.data) })
     }

@@ -328,12 +328,7 @@ impl SpoolTransport {
             )));
         }
         let d = Descriptor::decode(desc)?;
-        if d.byte_len != meta.byte_len {
-            return Err(AbiError::invalid_descriptor(format!(
-                "descriptor says {} bytes, meta says {}",
-                d.byte_len, meta.byte_len
-            )));
-        }
+        kit::check::declared_len("spool-dir descriptor", "byte_len", d.byte_len, meta)?;
         let path = self.dir.join(&d.file_name);
         let gone = || {
             AbiError::not_found(format!(
@@ -384,13 +379,7 @@ impl SpoolTransport {
     }
 
     fn import_inner(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<String> {
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination holds {} bytes, the shard has {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+        kit::check::destination(dst.len(), meta)?;
         let (mut file, d) = self.open_shard(desc, meta)?;
         file.read_exact(dst)
             .with_context(|| format!("cannot read `{}`", self.dir.join(&d.file_name).display()))?;

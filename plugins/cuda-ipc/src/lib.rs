@@ -729,13 +729,7 @@ impl CudaIpc {
         dst: &mut [u8],
     ) -> PluginResult<ImportInfo> {
         let live = self.live()?;
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {} bytes, the shard is {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+        kit::check::destination(dst.len(), meta)?;
         let (d, ordinal) = self.check(live, desc, meta)?;
         let (rec, addr) = self.open(live, &d, ordinal)?;
         let r = live

@@ -319,19 +319,9 @@ fn info() -> TransportInfo {
 /// Validates one import: destination length against the metadata, the
 /// descriptor, and the descriptor's length against the metadata.
 fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Descriptor> {
-    if dst_len as u64 != meta.byte_len {
-        return Err(AbiError::invalid_argument(format!(
-            "destination is {dst_len} bytes, meta.byte_len is {}",
-            meta.byte_len
-        )));
-    }
+    kit::check::destination(dst_len, meta)?;
     let d = Descriptor::decode(desc)?;
-    if d.len != meta.byte_len {
-        return Err(AbiError::invalid_descriptor(format!(
-            "http descriptor field `len`: {} bytes, but meta.byte_len is {}",
-            d.len, meta.byte_len
-        )));
-    }
+    kit::check::declared_len("http descriptor", "len", d.len, meta)?;
     Ok(d)
 }
 

@@ -442,13 +442,7 @@ impl Consumer {
         dst: &mut [u8],
         counters: &Counters,
     ) -> PluginResult<ImportInfo> {
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {} bytes, the shard is {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+        shardport_abi::kit::check::destination(dst.len(), meta)?;
         let held = {
             let mut st = lock(&self.state);
             self.hold(&mut st, desc, meta, counters)?

@@ -686,12 +686,7 @@ impl Owner {
                 req.id, req.meta.device
             )));
         }
-        if req.meta.byte_len != len {
-            return Err(AbiError::invalid_argument(format!(
-                "shard {}: meta.byte_len is {} but {} bytes were lent",
-                req.id, req.meta.byte_len, len
-            )));
-        }
+        shardport_abi::kit::check::lent(req)?;
         let token = if req.allocation != 0 {
             req.allocation
         } else {
