@@ -4,6 +4,8 @@
 //! [`PluginContext::guard`], so events are forwarded to the host and a panic
 //! is logged, never unwound across the boundary.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use abi_stable::std_types::{RResult, RSliceMut, RVec};
 
 use crate::{
@@ -11,6 +13,14 @@ use crate::{
     plugin::PluginContext,
     transport::{Health, ImportInfo, ImportItem, Stat, TransportInfo},
 };
+
+/// Locks `m`, recovering from poisoning. A panic caught by the guard may
+/// have poisoned a lock; keep every critical section consistent before
+/// anything in it can panic, and the next call can go on with its state
+/// (otherwise every later call would panic too).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// `describe`: `info()`, or `info()` again after a panic was logged.
 pub fn describe(ctx: &PluginContext, info: fn() -> TransportInfo) -> TransportInfo {

@@ -61,6 +61,7 @@ mod sys;
 pub use adapter::{into_transport_box, Guarded, PlainTransport};
 pub use codec::{Reader, Writer};
 pub use error::{unsupported, IoContext};
+pub use guard::lock;
 pub use lent::Lent;
 pub use map::ReadOnlyMap;
 pub use options::{format_duration, parse_duration, Options};

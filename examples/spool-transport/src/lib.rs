@@ -48,7 +48,7 @@ use std::{
     io::{self, Read, Write},
     os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use shardport_abi::{
@@ -205,7 +205,7 @@ impl SpoolTransport {
     /// The owned-files table. A panic elsewhere never leaves it half-updated
     /// (every update is one insert or remove), so a poisoned lock is used as is.
     fn owned(&self) -> MutexGuard<'_, HashMap<ShardId, Owned>> {
-        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+        kit::lock(&self.owned)
     }
 
     /// Sends a record to the host's log sink. Events from the `tracing` crate

@@ -51,11 +51,11 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{atomic::Ordering, Mutex, MutexGuard, PoisonError},
+    sync::{atomic::Ordering, Mutex},
 };
 
 use shardport_abi::{
-    kit::{self, Counter, PlainTransport, StatList},
+    kit::{self, lock, Counter, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, DeviceKind, ExportRequest, Health, IdentityParts,
     ImportInfo, PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox,
     TransportInfo,
@@ -71,10 +71,6 @@ use crate::{
 
 /// The transport's name, the key its descriptors are filed under.
 pub const TRANSPORT_NAME: &str = "cuda-ipc";
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn cuda(what: &str, e: CudaError) -> AbiError {
     AbiError::new(
@@ -859,11 +855,11 @@ impl Drop for CudaIpc {
     /// Ends the leases this instance still holds (a view the host never
     /// released) so owners can free their memory, then lets the fields go:
     /// staged buffers and events (each holding its primary context), the
-    /// board. Runs outside any `guard` (the host drops the transport across
-    /// the FFI boundary), so a panic is caught here.
+    /// board. Runs outside any method's `guard` (the host drops the
+    /// transport across the FFI boundary), so it takes its own: a panic is
+    /// logged and swallowed, and the warnings below reach the host.
     fn drop(&mut self) {
-        // A panic's message already went to the hook; nothing else to do.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        self.ctx.clone().guard_infallible("drop", (), || {
             let leases: Vec<LeaseRec> = lock(&self.consumer)
                 .leases
                 .drain()
@@ -892,7 +888,7 @@ impl Drop for CudaIpc {
                 tracing::warn!(target: "cuda_ipc", leases = held, "transport dropped while consumers still lease its exports; their memory is freed now");
             }
             drop(o);
-        }));
+        });
     }
 }
 

@@ -54,8 +54,7 @@ mod tests;
 use std::{
     cell::RefCell,
     collections::HashMap,
-    panic::{catch_unwind, AssertUnwindSafe},
-    sync::{Arc, Mutex, OnceLock, PoisonError},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -189,10 +188,7 @@ impl HttpTransport {
         if let Some(s) = self.serving.get() {
             return Ok(s);
         }
-        let mut last = self
-            .start_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut last = kit::lock(&self.start_error);
         if let Some(s) = self.serving.get() {
             return Ok(s);
         }
@@ -281,11 +277,7 @@ impl HttpTransport {
 
     fn health(&self) -> Health {
         let Some(serving) = self.serving.get() else {
-            let last = self
-                .start_error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+            let last = kit::lock(&self.start_error).clone();
             return match last {
                 Some(e) => kit::guard::failing(format!("cannot serve: {}", e.message)),
                 None => kit::guard::ok(format!(
@@ -328,11 +320,13 @@ fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Des
 impl Drop for HttpTransport {
     fn drop(&mut self) {
         let grace = SHUTDOWN_GRACE.min(self.cfg.request_timeout);
+        let ctx = self.ctx.clone();
         let Some(serving) = self.serving.get_mut() else {
             return;
         };
-        // Never unwind out of a drop that runs behind the ABI.
-        let _ = catch_unwind(AssertUnwindSafe(|| {
+        // Never unwind out of a drop that runs behind the ABI; the guard
+        // logs a panic (to the host) and swallows it.
+        ctx.guard_infallible("drop", (), || {
             serving.server.shutdown(grace);
             if let Some(rt) = serving.rt.take() {
                 if tokio::runtime::Handle::try_current().is_ok() {
@@ -343,7 +337,7 @@ impl Drop for HttpTransport {
                     rt.shutdown_timeout(RUNTIME_SHUTDOWN);
                 }
             }
-        }));
+        });
     }
 }
 

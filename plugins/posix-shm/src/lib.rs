@@ -57,8 +57,6 @@ mod crash_tests;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use shardport_abi::{
     kit::{self, IoContext, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
@@ -72,12 +70,10 @@ use crate::{
 /// The transport's name, the key its descriptors are filed under.
 pub const TRANSPORT_NAME: &str = "posix-shm";
 
-/// Locks `m`, recovering from poisoning: every critical section leaves the
-/// books consistent before anything in it can panic (a panic is a bug caught
-/// by `PluginContext::guard`; the next call still sees valid state).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// Locks a mutex, recovering from poisoning: every critical section leaves
+/// the books consistent before anything in it can panic (a panic is a bug
+/// caught by the guard; the next call still sees valid state).
+pub(crate) use shardport_abi::kit::lock;
 
 /// One posix-shm transport instance: an owner side and a consumer side.
 struct ShmTransport {
