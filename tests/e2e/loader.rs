@@ -278,9 +278,15 @@ fn build_against_patched_abi(
         &work.join("plugin/src"),
     );
     patch(&work.join("abi"));
-    let abi_deps = read_workspace_deps(
+    let abi_deps = read_abi_deps(
         root,
-        &["abi_stable", "tracing", "tracing-subscriber", "toml"],
+        &[
+            "abi_stable",
+            "rustix",
+            "tracing",
+            "tracing-subscriber",
+            "toml",
+        ],
     );
     std::fs::write(
         work.join("abi/Cargo.toml"),
@@ -342,14 +348,16 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// The `[workspace.dependencies]` lines for `names`, verbatim.
-fn read_workspace_deps(root: &Path, names: &[&str]) -> String {
-    let text = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+/// The lines of `abi/Cargo.toml` (a manifest that stands alone) declaring
+/// the dependencies `names`.
+fn read_abi_deps(root: &Path, names: &[&str]) -> String {
+    let text = std::fs::read_to_string(root.join("abi/Cargo.toml")).unwrap();
     names
         .iter()
         .map(|n| {
             text.lines()
                 .find(|l| l.starts_with(&format!("{n} =")))
-                .unwrap_or_else(|| panic!("workspace dependency {n} not found"))
+                .unwrap_or_else(|| panic!("abi dependency {n} not found"))
                 .to_owned()
         })
         .collect::<Vec<_>>()

@@ -16,4 +16,5 @@ mod experiments;
 mod loader;
 mod netns;
 mod nodes;
+mod out_of_tree;
 mod serve;

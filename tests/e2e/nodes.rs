@@ -360,3 +360,56 @@ fn lru_keeps_the_cache_within_its_byte_budget() {
         "posix-shm"
     );
 }
+
+/// A node that only fetches creates no shared-memory segment and binds no
+/// port: posix-shm creates its pool on the first put, http binds on the
+/// first export. Its owner, which puts, gets both.
+#[test]
+fn a_consumer_only_node_creates_no_segment_and_binds_no_port() {
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let config = |port: u16| {
+        util::parse(&format!(
+            "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}\
+             [[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:{port}\"\n",
+            util::shm_plugin("pool-size = \"4MiB\""),
+            util::plugin_lib("shardport-http").display()
+        ))
+    };
+    let (owner_port, consumer_port) = (free_port(), free_port());
+    let owner = Node::start(config(owner_port)).expect("owner starts");
+    let consumer = Node::start(config(consumer_port)).expect("consumer starts");
+    let port_free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    assert!(
+        util::shm_segments(owner.tag()).is_empty(),
+        "nothing before a put"
+    );
+    assert!(port_free(owner_port), "no server before an export");
+
+    let h = owner
+        .put(&[3u8; 4096], &TensorSpec::bytes(4096), Default::default())
+        .unwrap();
+    assert!(
+        !util::shm_segments(owner.tag()).is_empty(),
+        "the put made the pool"
+    );
+    assert!(
+        !port_free(owner_port),
+        "the put's export started the server"
+    );
+    let copy = consumer.fetch_mode(&h, FetchMode::Copy).unwrap();
+    let view = consumer.fetch_mode(&h, FetchMode::View).unwrap();
+    assert!(copy.data.iter().all(|&x| x == 3) && view.data.iter().all(|&x| x == 3));
+
+    assert_eq!(
+        util::shm_segments(consumer.tag()),
+        Vec::<String>::new(),
+        "a consumer creates no segment"
+    );
+    assert!(port_free(consumer_port), "a consumer binds no port");
+}

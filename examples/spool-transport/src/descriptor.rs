@@ -12,7 +12,10 @@
 //! `14 + name_len`. A new layout gets a new version byte; a consumer refuses
 //! versions it does not know (naming both) rather than guessing.
 
-use shardport_abi::{AbiError, PluginResult, ShardId};
+use shardport_abi::{
+    kit::codec::{Reader, Writer},
+    PluginResult, ShardId,
+};
 
 /// First bytes of every `spool-dir` descriptor.
 pub const MAGIC: [u8; 4] = *b"SPDR";
@@ -48,54 +51,29 @@ impl Descriptor {
     /// Encodes the descriptor. `file_name` must pass [`validate_file_name`].
     pub fn encode(&self) -> Vec<u8> {
         debug_assert!(validate_file_name(&self.file_name).is_ok());
-        let name = self.file_name.as_bytes();
-        let mut out = Vec::with_capacity(FIXED_LEN + name.len());
-        out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
-        out.push(name.len() as u8);
-        out.extend_from_slice(name);
-        out.extend_from_slice(&self.byte_len.to_le_bytes());
-        out
+        Writer::with_capacity(FIXED_LEN + self.file_name.len())
+            .bytes(&MAGIC)
+            .u8(VERSION)
+            .short_str(&self.file_name)
+            .u64(self.byte_len)
+            .finish()
     }
 
     /// Decodes and validates a descriptor from another process.
     ///
-    /// Fails with `INVALID_DESCRIPTOR` saying what was wrong.
+    /// Fails with `INVALID_DESCRIPTOR` naming the field and its offset.
     pub fn decode(bytes: &[u8]) -> PluginResult<Descriptor> {
-        let bad = |why: String| AbiError::invalid_descriptor(format!("spool-dir descriptor {why}"));
-        if bytes.len() < FIXED_LEN + 1 {
-            return Err(bad(format!(
-                "of {} bytes is shorter than the {} bytes of the smallest one",
-                bytes.len(),
-                FIXED_LEN + 1
-            )));
-        }
-        if bytes[..4] != MAGIC {
-            return Err(bad("does not start with the `SPDR` magic".to_owned()));
-        }
-        if bytes[4] != VERSION {
-            return Err(bad(format!(
-                "has layout version {}, this plugin reads version {VERSION}",
-                bytes[4]
-            )));
-        }
-        let name_len = usize::from(bytes[5]);
-        if bytes.len() != FIXED_LEN + name_len {
-            return Err(bad(format!(
-                "is {} bytes long, its {name_len}-byte file name implies {}",
-                bytes.len(),
-                FIXED_LEN + name_len
-            )));
-        }
-        let name = std::str::from_utf8(&bytes[6..6 + name_len])
-            .map_err(|_| bad("carries a file name that is not UTF-8".to_owned()))?;
-        validate_file_name(name).map_err(|why| bad(format!("names file {name:?}: {why}")))?;
-        let len_bytes: [u8; 8] = bytes[6 + name_len..]
-            .try_into()
-            .map_err(|_| bad("has a truncated length field".to_owned()))?;
+        let mut r = Reader::new("spool-dir descriptor", bytes);
+        r.magic("magic", &MAGIC)?;
+        r.version("version", VERSION)?;
+        let name = r.short_str("file name")?;
+        let byte_len = r.u64("byte_len")?;
+        r.end("byte_len")?;
+        validate_file_name(name)
+            .map_err(|why| r.invalid("file name", format_args!("{name:?} {why}")))?;
         Ok(Descriptor {
             file_name: name.to_owned(),
-            byte_len: u64::from_le_bytes(len_bytes),
+            byte_len,
         })
     }
 }
@@ -155,6 +133,19 @@ mod tests {
         assert_eq!(Descriptor::decode(&bytes).unwrap(), d);
     }
 
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPDR\x01".to_vec();
+        want.push(d.file_name.len() as u8);
+        want.extend_from_slice(d.file_name.as_bytes());
+        want.extend_from_slice(&d.byte_len.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
+    }
+
     #[test]
     fn file_names() {
         assert_eq!(
@@ -187,23 +178,20 @@ mod tests {
     fn rejects_malformed_descriptors() {
         let good = sample().encode();
         let n = good.len();
-        let truncated = format!(
-            "is {} bytes long, its {}-byte file name implies {n}",
-            n - 1,
-            n - 14
-        );
-        let extended = format!("is {} bytes long", n + 1);
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (vec![], "of 0 bytes is shorter than the 15 bytes"),
-            (good[..n - 1].to_vec(), &truncated),
-            ([good.as_slice(), &[0]].concat(), &extended),
+            (vec![], "field `magic` at byte 0: truncated"),
+            (good[..n - 1].to_vec(), "field `byte_len` at byte"),
+            (
+                [good.as_slice(), &[0]].concat(),
+                "1 unexpected bytes after the last field",
+            ),
             (
                 [b"XPDR", &good[4..]].concat(),
-                "does not start with the `SPDR` magic",
+                "field `magic` at byte 0: expected",
             ),
             (
                 [&good[..4], &[2], &good[5..]].concat(),
-                "has layout version 2, this plugin reads version 1",
+                "field `version` at byte 4: this plugin reads version 1, found 2",
             ),
             (
                 {
@@ -215,7 +203,7 @@ mod tests {
                     d[6] = b'/';
                     d
                 },
-                "names file \"/b.shard\": contains '/'",
+                "field `file name`: \"/b.shard\" contains '/'",
             ),
             (
                 {
@@ -227,13 +215,31 @@ mod tests {
                     d[6] = 0xff;
                     d
                 },
-                "not UTF-8",
+                "field `file name` at byte 5: not UTF-8",
             ),
         ];
         for (bytes, needle) in cases {
             let e = Descriptor::decode(&bytes).unwrap_err();
             assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
+            assert!(e.message.starts_with("spool-dir descriptor "), "{e}");
             assert!(e.message.contains(needle), "{needle:?} not in {e}");
+        }
+    }
+
+    #[test]
+    fn hostile_bytes_never_panic() {
+        let good = sample().encode();
+        for n in 0..good.len() {
+            assert!(Descriptor::decode(&good[..n]).is_err(), "{n}");
+        }
+        for i in 0..good.len() {
+            for byte in [0u8, 1, 0x7f, 0xff] {
+                let mut b = good.clone();
+                b[i] = byte;
+                if let Ok(d) = Descriptor::decode(&b) {
+                    assert_eq!(d.encode(), b, "decoded values re-encode exactly");
+                }
+            }
         }
     }
 }

@@ -12,8 +12,15 @@
 //! ([`descriptor`]). The consumer reads the file from its own configured
 //! directory, after validating the name and checking the file's size.
 //! `unexport` deletes the file; dropping the instance deletes every file it
-//! still owns. Owner and consumer must share the directory, so the
+//! still owns. A consumer may also map the file read-only and hand out a
+//! zero-copy view (`import_view`): an unlinked file stays mapped, so a view
+//! outlives `unexport`. Owner and consumer must share the directory, so the
 //! transport is `SAME_NODE_ONLY` and needs the owner's boot id to match.
+//!
+//! What every transport repeats comes from `shardport_abi::kit`: options
+//! ([`Options`]), the descriptor codec, counters, I/O error context, the
+//! read-only mapping and its lease table. The crate's only `unsafe` (two
+//! calls) is in `sys`.
 //!
 //! ```toml
 //! [[plugin]]
@@ -25,16 +32,15 @@
 //! ```
 //!
 //! Start reading at [`SpoolTransport::new`] (config), then the
-//! [`Transport`] impl: every method body runs inside
+//! [`PlainTransport`] impl: `kit::Guarded` runs every method body inside
 //! [`PluginContext::guard`], so a panic becomes an error, never an abort.
 
 #![deny(unsafe_code)]
 
 pub mod descriptor;
 
-#[allow(unsafe_code)] // the one unsafe call of this crate, see `sys`
+#[allow(unsafe_code)] // the two unsafe calls of this crate, see `sys`
 mod sys;
-use sys::lent_bytes;
 
 use std::{
     collections::HashMap,
@@ -42,17 +48,19 @@ use std::{
     io::{self, Read, Write},
     os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Mutex, MutexGuard, PoisonError,
-    },
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use shardport_abi::{
-    export_plugin, AbiError, Allocation, Capabilities, ConfigTable, Device, ErrorKind,
-    ExportRequest, Health, IdentityParts, ImportInfo, LogLevel, LogRecord, PluginContext,
-    PluginResult, RResult, RSlice, RSliceMut, RStr, RVec, Region, ShardId, ShardMeta, Stat,
-    TD_Opaque, Transport, TransportBox, TransportInfo,
+    export_plugin,
+    kit::{
+        self,
+        map::{LeaseTable, ReadOnlyMap},
+        Counter, IoContext, Options, PlainTransport, StatList,
+    },
+    AbiError, Capabilities, Device, ExportRequest, Health, IdentityParts, ImportInfo, LogLevel,
+    LogRecord, PluginContext, PluginResult, RStr, Region, ShardId, ShardMeta, Stat, TransportBox,
+    TransportInfo,
 };
 
 use crate::descriptor::{shard_file_name, validate_file_name, Descriptor, TMP_SUFFIX};
@@ -70,10 +78,7 @@ const LOG_TARGET: &str = "spool_dir";
 
 /// Builds a `spool-dir` instance; the plugin's constructor.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
-    Ok(TransportBox::from_value(
-        SpoolTransport::new(ctx)?,
-        TD_Opaque,
-    ))
+    Ok(kit::into_transport_box(SpoolTransport::new(ctx)?))
 }
 
 export_plugin! {
@@ -91,6 +96,8 @@ pub struct SpoolTransport {
     /// Shards this instance exported, by id. The only record of which files
     /// are ours: `unexport` and `Drop` delete nothing else.
     owned: Mutex<HashMap<ShardId, Owned>>,
+    /// Zero-copy views handed out, each keeping its file mapped.
+    views: LeaseTable<Arc<ReadOnlyMap>>,
     counters: Counters,
 }
 
@@ -104,12 +111,14 @@ struct Owned {
 
 #[derive(Default)]
 struct Counters {
-    exports: AtomicU64,
-    unexports: AtomicU64,
-    imports: AtomicU64,
-    import_errors: AtomicU64,
-    bytes_written: AtomicU64,
-    bytes_read: AtomicU64,
+    exports: Counter,
+    unexports: Counter,
+    /// Copies and views.
+    imports: Counter,
+    import_errors: Counter,
+    bytes_written: Counter,
+    /// Bytes copied out, or mapped for a view.
+    bytes_read: Counter,
 }
 
 impl SpoolTransport {
@@ -117,46 +126,41 @@ impl SpoolTransport {
     /// refusing unknown keys, and creates the directory (mode `0700`) when it
     /// does not exist yet. Errors are `CONFIG` and name the key.
     pub fn new(ctx: PluginContext) -> PluginResult<Self> {
-        let instance = ctx.instance().to_owned();
-        let key = |k: &str| format!("plugin.{instance}.config.{k}");
-        let table = ConfigTable::parse(&instance, ctx.config())?;
-        let dir = table.opt_string("dir")?.ok_or_else(|| {
-            AbiError::config(format!(
-                "`{}` is required: the spool directory owner and consumers share, \
-                 e.g. dir = \"/var/spool/shardport\"",
-                key("dir")
-            ))
-        })?;
+        let table = Options::parse(ctx.instance(), ctx.config())?;
+        let dir = table.required_string(
+            "dir",
+            "dir = \"/var/spool/shardport\" (the directory owner and consumers share)",
+        )?;
         let fsync = table.bool("fsync", DEFAULT_FSYNC)?;
-        table.finish()?;
 
         let dir = PathBuf::from(dir);
         if !dir.is_absolute() {
-            return Err(AbiError::config(format!(
-                "`{}`: expected an absolute path (owner and consumer processes may run \
-                 in different directories), found \"{}\"",
-                key("dir"),
-                dir.display()
-            )));
+            return Err(table.fail(
+                "dir",
+                format_args!(
+                    "expected an absolute path (owner and consumer processes may run \
+                     in different directories), found \"{}\"",
+                    dir.display()
+                ),
+            ));
         }
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .map_err(|e| {
-                AbiError::config(format!(
-                    "`{}`: cannot create spool directory `{}`: {e}",
-                    key("dir"),
-                    dir.display()
-                ))
+                table.fail(
+                    "dir",
+                    format_args!("cannot create spool directory `{}`: {e}", dir.display()),
+                )
             })?;
         if !dir.is_dir() {
-            return Err(AbiError::config(format!(
-                "`{}`: `{}` is not a directory",
-                key("dir"),
-                dir.display()
-            )));
+            return Err(table.fail(
+                "dir",
+                format_args!("`{}` is not a directory", dir.display()),
+            ));
         }
+        table.finish()?;
         // Our own names must pass the check consumers apply to them.
         let probe = shard_file_name(ctx.node_tag(), ShardId::from_u128(u128::MAX));
         validate_file_name(&probe).map_err(|why| {
@@ -171,6 +175,7 @@ impl SpoolTransport {
             dir,
             fsync,
             owned: Mutex::default(),
+            views: LeaseTable::new(TRANSPORT_NAME),
             counters: Counters::default(),
         };
         t.log(
@@ -190,7 +195,9 @@ impl SpoolTransport {
         TransportInfo {
             name: TRANSPORT_NAME.into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            capabilities: Capabilities::CPU.with(Capabilities::SAME_NODE_ONLY),
+            capabilities: Capabilities::CPU
+                .with(Capabilities::SAME_NODE_ONLY)
+                .with(Capabilities::ZERO_COPY),
             needs_identity: IdentityParts::BOOT_ID,
         }
     }
@@ -198,7 +205,7 @@ impl SpoolTransport {
     /// The owned-files table. A panic elsewhere never leaves it half-updated
     /// (every update is one insert or remove), so a poisoned lock is used as is.
     fn owned(&self) -> MutexGuard<'_, HashMap<ShardId, Owned>> {
-        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+        kit::lock(&self.owned)
     }
 
     /// Sends a record to the host's log sink. Events from the `tracing` crate
@@ -217,13 +224,6 @@ impl SpoolTransport {
     }
 
     fn export_inner(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
-        let len = req.data.len();
-        if req.meta.byte_len != len as u64 {
-            return Err(AbiError::invalid_argument(format!(
-                "shard {}: meta.byte_len is {} but {len} bytes were lent",
-                req.id, req.meta.byte_len
-            )));
-        }
         if req.meta.device != Device::CPU {
             return Err(AbiError::invalid_argument(format!(
                 "shard {} lives on {}: spool-dir moves cpu shards only",
@@ -236,6 +236,8 @@ impl SpoolTransport {
                 req.id, req.allocation
             )));
         }
+        let bytes = sys::export_bytes(req)?;
+        let len = bytes.len();
         let file_name = shard_file_name(self.ctx.node_tag(), req.id);
         {
             let mut owned = self.owned();
@@ -254,7 +256,7 @@ impl SpoolTransport {
                 },
             );
         }
-        match self.write_file(&file_name, lent_bytes(req)) {
+        match self.write_file(&file_name, &bytes) {
             Ok(()) => {
                 if let Some(o) = self.owned().get_mut(&req.id) {
                     o.published = true;
@@ -265,10 +267,8 @@ impl SpoolTransport {
                 return Err(e);
             }
         }
-        self.counters.exports.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_written
-            .fetch_add(len as u64, Ordering::Relaxed);
+        self.counters.exports.inc();
+        self.counters.bytes_written.add(len as u64);
         self.log(
             LogLevel::DEBUG,
             "exported",
@@ -291,23 +291,19 @@ impl SpoolTransport {
             .create_new(true)
             .mode(0o600)
             .open(&tmp)
-            .map_err(|e| io_error(format_args!("cannot create `{}`", tmp.display()), &e))
+            .with_context(|| format!("cannot create `{}`", tmp.display()))
             .and_then(|mut f| {
                 f.write_all(bytes)
-                    .map_err(|e| io_error(format_args!("cannot write `{}`", tmp.display()), &e))?;
+                    .with_context(|| format!("cannot write `{}`", tmp.display()))?;
                 if self.fsync {
-                    f.sync_all().map_err(|e| {
-                        io_error(format_args!("cannot fsync `{}`", tmp.display()), &e)
-                    })?;
+                    f.sync_all()
+                        .with_context(|| format!("cannot fsync `{}`", tmp.display()))?;
                 }
                 Ok(())
             })
             .and_then(|()| {
-                fs::rename(&tmp, &path).map_err(|e| {
-                    io_error(
-                        format_args!("cannot rename `{}` to `{}`", tmp.display(), path.display()),
-                        &e,
-                    )
+                fs::rename(&tmp, &path).with_context(|| {
+                    format!("cannot rename `{}` to `{}`", tmp.display(), path.display())
                 })
             });
         if let Err(e) = written {
@@ -317,24 +313,14 @@ impl SpoolTransport {
         if self.fsync {
             File::open(&self.dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| {
-                    io_error(
-                        format_args!("cannot fsync directory `{}`", self.dir.display()),
-                        &e,
-                    )
-                })?;
+                .with_context(|| format!("cannot fsync directory `{}`", self.dir.display()))?;
         }
         Ok(())
     }
 
-    fn import_inner(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<String> {
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination holds {} bytes, the shard has {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+    /// Validates the request and the descriptor, and opens the named file
+    /// after checking it is a regular file of the descriptor's length.
+    fn open_shard(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<(File, Descriptor)> {
         if meta.device != Device::CPU {
             return Err(AbiError::invalid_argument(format!(
                 "shard lives on {}: spool-dir moves cpu shards only",
@@ -342,12 +328,7 @@ impl SpoolTransport {
             )));
         }
         let d = Descriptor::decode(desc)?;
-        if d.byte_len != meta.byte_len {
-            return Err(AbiError::invalid_descriptor(format!(
-                "descriptor says {} bytes, meta says {}",
-                d.byte_len, meta.byte_len
-            )));
-        }
+        kit::check::declared_len("spool-dir descriptor", "byte_len", d.byte_len, meta)?;
         let path = self.dir.join(&d.file_name);
         let gone = || {
             AbiError::not_found(format!(
@@ -366,18 +347,18 @@ impl SpoolTransport {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(gone()),
             Err(e) => {
-                return Err(io_error(
+                return Err(kit::error::io_error(
                     format_args!("cannot stat `{}`", path.display()),
                     &e,
                 ))
             }
         }
         // Once open, the owner may unlink it: the open file still reads whole.
-        let mut file = match File::open(&path) {
+        let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(gone()),
             Err(e) => {
-                return Err(io_error(
+                return Err(kit::error::io_error(
                     format_args!("cannot open `{}`", path.display()),
                     &e,
                 ))
@@ -385,7 +366,7 @@ impl SpoolTransport {
         };
         let size = file
             .metadata()
-            .map_err(|e| io_error(format_args!("cannot stat `{}`", path.display()), &e))?
+            .with_context(|| format!("cannot stat `{}`", path.display()))?
             .len();
         if size != d.byte_len {
             return Err(AbiError::invalid_descriptor(format!(
@@ -394,9 +375,40 @@ impl SpoolTransport {
                 d.byte_len
             )));
         }
+        Ok((file, d))
+    }
+
+    fn import_inner(&self, desc: &[u8], meta: &ShardMeta, dst: &mut [u8]) -> PluginResult<String> {
+        kit::check::destination(dst.len(), meta)?;
+        let (mut file, d) = self.open_shard(desc, meta)?;
         file.read_exact(dst)
-            .map_err(|e| io_error(format_args!("cannot read `{}`", path.display()), &e))?;
+            .with_context(|| format!("cannot read `{}`", self.dir.join(&d.file_name).display()))?;
         Ok(d.file_name)
+    }
+
+    /// Maps the shard's file read-only and leases a view of it; the lease
+    /// keeps the mapping (and so the bytes, even once the file is unlinked)
+    /// until `release`.
+    fn view_inner(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        let (file, d) = self.open_shard(desc, meta)?;
+        let map = sys::map_shard_file(&file)
+            .with_context(|| format!("cannot map `{}`", self.dir.join(&d.file_name).display()))?;
+        self.views.grant(Arc::new(map), 0, d.byte_len)
+    }
+
+    /// Counts one import's outcome.
+    fn count<T>(&self, r: PluginResult<T>, len: u64) -> PluginResult<T> {
+        match &r {
+            Ok(_) => {
+                self.counters.imports.inc();
+                self.counters.bytes_read.add(len);
+            }
+            Err(e) => {
+                self.counters.import_errors.inc();
+                self.log(LogLevel::DEBUG, "import failed", &format!("error={e}"));
+            }
+        }
+        r
     }
 
     fn unexport_inner(&self, id: ShardId) -> PluginResult<()> {
@@ -428,13 +440,14 @@ impl SpoolTransport {
                 &format!("shard={id} file={:?}", entry.file_name),
             ),
             Err(e) => {
-                let err = io_error(format_args!("cannot delete `{}`", path.display()), &e);
+                let err =
+                    kit::error::io_error(format_args!("cannot delete `{}`", path.display()), &e);
                 // Keep it ours, so a retry or `Drop` deletes it.
                 self.owned().insert(id, entry);
                 return Err(err);
             }
         }
-        self.counters.unexports.fetch_add(1, Ordering::Relaxed);
+        self.counters.unexports.inc();
         self.log(
             LogLevel::DEBUG,
             "unexported",
@@ -444,131 +457,78 @@ impl SpoolTransport {
     }
 }
 
-/// An `AbiError` for a failed file operation: `RESOURCE_EXHAUSTED` for a
-/// full disk, otherwise the kind [`AbiError::io`] picks.
-fn io_error(what: std::fmt::Arguments<'_>, e: &io::Error) -> AbiError {
-    if e.kind() == io::ErrorKind::StorageFull {
-        AbiError::new(ErrorKind::RESOURCE_EXHAUSTED, format!("{what}: {e}"))
-    } else {
-        AbiError::io(what, e)
-    }
-}
+/// The transport, in plain types: `kit::Guarded` runs each method under
+/// [`PluginContext::guard`] (a panic becomes an error, never an abort) and
+/// supplies the `UNSUPPORTED` answers for the allocator.
+impl PlainTransport for SpoolTransport {
+    const NAME: &'static str = TRANSPORT_NAME;
 
-impl Transport for SpoolTransport {
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
-        self.ctx
-            .guard_infallible("describe", Self::info(), Self::info)
+        Self::info()
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx
-            .guard("export", || self.export_inner(&req).map(RVec::from))
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        self.export_inner(req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || self.unexport_inner(id))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        self.unexport_inner(id)
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            match self.import_inner(&desc, meta, &mut dst) {
-                Ok(file_name) => {
-                    self.counters.imports.fetch_add(1, Ordering::Relaxed);
-                    self.counters
-                        .bytes_read
-                        .fetch_add(meta.byte_len, Ordering::Relaxed);
-                    Ok(ImportInfo {
-                        note: format!("read {file_name}").into(),
-                    })
-                }
-                Err(e) => {
-                    self.counters.import_errors.fetch_add(1, Ordering::Relaxed);
-                    self.log(LogLevel::DEBUG, "import failed", &format!("error={e}"));
-                    Err(e)
-                }
-            }
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        let r = self.import_inner(desc, meta, dst);
+        self.count(r, meta.byte_len).map(|file_name| ImportInfo {
+            note: format!("read {file_name}").into(),
         })
     }
 
-    fn import_view(&self, _desc: RSlice<'_, u8>, _meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            Err(AbiError::unsupported(
-                "spool-dir has no zero-copy path: use import_into",
-            ))
-        })
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        self.count(self.view_inner(desc, meta), meta.byte_len)
     }
 
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || {
-            Err(AbiError::unsupported(format!(
-                "spool-dir hands out no leases (release of token {token})"
-            )))
-        })
+    fn release(&self, token: u64) -> PluginResult<()> {
+        self.views.release(token).map(drop)
     }
 
-    fn allocate(&self, id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(AbiError::unsupported(format!(
-                "spool-dir has no allocator (shard {id}): use storage policy `heap`"
-            )))
-        })
-    }
-
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(AbiError::unsupported(format!(
-                "spool-dir hands out no allocations (free of token {token})"
-            )))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        self.ctx.guard_infallible("stats", RVec::new(), || {
-            let (shards, bytes) = {
-                let owned = self.owned();
-                let bytes = owned.values().map(|o| o.byte_len).sum();
-                (owned.len() as u64, bytes)
-            };
-            let c = &self.counters;
-            let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            RVec::from(vec![
-                Stat::counter("exports_total", n(&c.exports)),
-                Stat::counter("unexports_total", n(&c.unexports)),
-                Stat::counter("imports_total", n(&c.imports)),
-                Stat::counter("import_errors_total", n(&c.import_errors)),
-                Stat::counter("bytes_written_total", n(&c.bytes_written)),
-                Stat::counter("bytes_read_total", n(&c.bytes_read)),
-                Stat::gauge("shards_exported", shards),
-                Stat::gauge("bytes_exported", bytes),
-            ])
-        })
+    fn stats(&self) -> Vec<Stat> {
+        let (shards, bytes) = {
+            let owned = self.owned();
+            let bytes = owned.values().map(|o| o.byte_len).sum();
+            (owned.len() as u64, bytes)
+        };
+        let c = &self.counters;
+        StatList::new()
+            .counter("exports_total", &c.exports)
+            .counter("unexports_total", &c.unexports)
+            .counter("imports_total", &c.imports)
+            .counter("import_errors_total", &c.import_errors)
+            .counter("bytes_written_total", &c.bytes_written)
+            .counter("bytes_read_total", &c.bytes_read)
+            .gauge_value("shards_exported", shards)
+            .gauge_value("bytes_exported", bytes)
+            .gauge_value("views_active", self.views.active() as u64)
+            .finish()
     }
 
     fn health(&self) -> Health {
-        let panicked = Health {
-            ok: false,
-            message: "health check panicked".into(),
-        };
-        self.ctx
-            .guard_infallible("health", panicked, || match fs::metadata(&self.dir) {
-                Ok(m) if m.is_dir() => Health {
-                    ok: true,
-                    message: format!("spool directory `{}`", self.dir.display()).into(),
-                },
-                Ok(_) => Health {
-                    ok: false,
-                    message: format!("`{}` is no longer a directory", self.dir.display()).into(),
-                },
-                Err(e) => Health {
-                    ok: false,
-                    message: format!("spool directory `{}`: {e}", self.dir.display()).into(),
-                },
-            })
+        match fs::metadata(&self.dir) {
+            Ok(m) if m.is_dir() => {
+                kit::guard::ok(format!("spool directory `{}`", self.dir.display()))
+            }
+            Ok(_) => {
+                kit::guard::failing(format!("`{}` is no longer a directory", self.dir.display()))
+            }
+            Err(e) => kit::guard::failing(format!("spool directory `{}`: {e}", self.dir.display())),
+        }
     }
 }
 

@@ -1,16 +1,31 @@
-//! The crate's only `unsafe`: reading the bytes the host lends to `export`
-//! (`shardport-abi` exposes them through an `unsafe fn`, since their validity,
-//! "until `unexport` returns", is not a Rust lifetime).
+//! The crate's only `unsafe`: two calls into `shardport_abi::kit`, each
+//! with the reason it is sound here.
 
-use shardport_abi::ExportRequest;
+use std::{fs::File, io};
 
-/// The bytes lent to `export`.
+use shardport_abi::{
+    kit::{Lent, ReadOnlyMap},
+    ExportRequest, PluginResult,
+};
+
+/// The bytes lent to `export`, checked against `meta.byte_len`.
 ///
-/// The only `unsafe` in this crate: `shardport-abi` offers no safe accessor
-/// for [`ExportRequest::data`] yet. The borrow is tied to `req`, and it is
-/// used only inside `export`, where the host guarantees the bytes.
-pub(crate) fn lent_bytes(req: &ExportRequest) -> &[u8] {
-    // SAFETY: called only from `export`, before it returns; the host keeps
-    // the lent bytes alive and unmodified until `unexport` of this shard.
-    unsafe { req.data.as_slice() }
+/// The borrow is tied to `req`, and `export` uses it only before it returns.
+pub(crate) fn export_bytes(req: &ExportRequest) -> PluginResult<Lent<'_>> {
+    // SAFETY: called only from `export` with the request the host passed it,
+    // for a CPU shard (checked before); the borrow of `req` ends before
+    // `export` returns, inside the window in which the host keeps the lent
+    // bytes alive and unmodified (until `unexport` of this shard returns).
+    unsafe { Lent::from_export(req) }
+}
+
+/// Maps a published shard file read-only.
+pub(crate) fn map_shard_file(file: &File) -> io::Result<ReadOnlyMap> {
+    // SAFETY: a published shard file is written once under a `.tmp` name
+    // and renamed into place (so it is complete), then never modified or
+    // truncated: the owner only unlinks it, and an unlinked file stays
+    // mapped. The directory is `0700` and files are `0600`, so only the
+    // same user could break this, by writing into a file it does not own
+    // by this protocol.
+    unsafe { ReadOnlyMap::map_file(file) }
 }

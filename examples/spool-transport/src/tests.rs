@@ -8,8 +8,8 @@ use std::{
 };
 
 use shardport_abi::{
-    plugin::guard_constructor, testing, HostContext, HostServices, HostServicesBox, RString,
-    SharedBytes,
+    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, HostContext, HostServices,
+    HostServicesBox, LeasedView, RSlice, RSliceMut, RString, SharedBytes, TD_Opaque, Transport,
 };
 use tempfile::TempDir;
 
@@ -23,8 +23,9 @@ fn config_for(dir: &Path) -> String {
     format!("dir = '{}'", dir.display())
 }
 
-fn spool(dir: &Path) -> SpoolTransport {
-    SpoolTransport::new(context(&config_for(dir))).expect("spool-dir constructor")
+/// An instance as the host sees it: the plain transport behind the guard.
+fn spool(dir: &Path) -> Guarded<SpoolTransport> {
+    Guarded(SpoolTransport::new(context(&config_for(dir))).expect("spool-dir constructor"))
 }
 
 fn config_error(config: &str) -> String {
@@ -45,7 +46,7 @@ fn request(id: u128, bytes: &[u8]) -> ExportRequest {
     }
 }
 
-fn import(t: &SpoolTransport, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiError> {
+fn import(t: &Guarded<SpoolTransport>, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiError> {
     let mut dst = vec![0u8; len];
     t.import_into(
         RSlice::from_slice(desc),
@@ -79,8 +80,8 @@ fn files_in(dir: &Path) -> Vec<String> {
 fn config_errors_name_the_key() {
     assert_eq!(
         config_error(""),
-        "`plugin.spool.config.dir` is required: the spool directory owner and consumers \
-         share, e.g. dir = \"/var/spool/shardport\""
+        "`plugin.spool.config.dir` is required, e.g. dir = \"/var/spool/shardport\" (the \
+         directory owner and consumers share)"
     );
     assert_eq!(
         config_error("dir = 'spool'"),
@@ -118,7 +119,7 @@ fn creates_a_private_directory() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path().join("a/b");
     let t = spool(&dir);
-    assert_eq!(t.dir(), dir);
+    assert_eq!(t.0.dir(), dir);
     let mode = fs::metadata(&dir).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700, "{mode:o}");
 }
@@ -130,7 +131,9 @@ fn describes_a_same_node_cpu_transport() {
     assert_eq!(info.name.as_str(), "spool-dir");
     assert_eq!(
         info.capabilities,
-        Capabilities::CPU.with(Capabilities::SAME_NODE_ONLY)
+        Capabilities::CPU
+            .with(Capabilities::SAME_NODE_ONLY)
+            .with(Capabilities::ZERO_COPY)
     );
     assert_eq!(info.needs_identity, IdentityParts::BOOT_ID);
 }
@@ -142,7 +145,7 @@ fn export_publishes_a_private_file_and_unexport_deletes_it() {
     let bytes: Vec<u8> = (0..=255).collect();
     let desc = t.export(request(0xabc, &bytes)).unwrap().into_vec();
 
-    let name = format!("{}-{:032x}.shard", t.ctx.node_tag(), 0xabc);
+    let name = format!("{}-{:032x}.shard", t.0.ctx.node_tag(), 0xabc);
     assert_eq!(
         files_in(tmp.path()),
         std::slice::from_ref(&name),
@@ -196,7 +199,7 @@ fn drop_deletes_the_files_it_still_owns_and_only_those() {
     drop(a);
     let left = files_in(tmp.path());
     assert_eq!(left.len(), 1);
-    assert!(left[0].starts_with(b.ctx.node_tag()), "{left:?}");
+    assert!(left[0].starts_with(b.0.ctx.node_tag()), "{left:?}");
     drop(b);
     assert!(files_in(tmp.path()).is_empty());
 }
@@ -258,7 +261,7 @@ fn consumer_refuses_files_outside_its_rules() {
 fn fsync_mode_roundtrips() {
     let tmp = TempDir::new().unwrap();
     let config = format!("{}\nfsync = true", config_for(tmp.path()));
-    let t = SpoolTransport::new(context(&config)).unwrap();
+    let t = Guarded(SpoolTransport::new(context(&config)).unwrap());
     let desc = t.export(request(7, b"durable")).unwrap().into_vec();
     assert_eq!(import(&t, &desc, 7).unwrap(), b"durable");
     t.unexport(ShardId::from_u128(7)).unwrap();
@@ -293,23 +296,45 @@ fn bad_export_requests_are_invalid_arguments() {
 }
 
 #[test]
-fn zero_copy_and_allocator_are_unsupported() {
+fn the_allocator_is_unsupported() {
     let tmp = TempDir::new().unwrap();
     let t = spool(tmp.path());
-    let desc = t.export(request(1, b"abc")).unwrap().into_vec();
     let kinds = [
-        t.import_view(RSlice::from_slice(&desc), &ShardMeta::bytes(3))
-            .into_result()
-            .map(|_| ()),
         t.allocate(ShardId::from_u128(2), 16)
             .into_result()
             .map(|_| ()),
-        t.release(1).into_result(),
         t.free_allocation(1).into_result(),
     ];
     for r in kinds {
         assert_eq!(r.unwrap_err().kind, ErrorKind::UNSUPPORTED);
     }
+}
+
+#[test]
+fn views_map_the_file_and_outlive_unexport() {
+    let tmp = TempDir::new().unwrap();
+    let t = Arc::new(TransportBox::from_value(spool(tmp.path()), TD_Opaque));
+    let desc = t.export(request(1, b"zero-copy")).unwrap().into_vec();
+    let view = LeasedView::import(&t, &desc, &ShardMeta::bytes(9)).unwrap();
+    t.unexport(ShardId::from_u128(1)).unwrap();
+    assert!(files_in(tmp.path()).is_empty(), "the file is unlinked");
+    assert_eq!(&*view, b"zero-copy", "the lease keeps the mapping");
+    let views = |t: &TransportBox| {
+        t.stats()
+            .iter()
+            .find(|s| s.name.as_str() == "views_active")
+            .map(|s| s.value)
+    };
+    assert_eq!(views(&t), Some(1));
+    let token = view.token();
+    drop(view);
+    assert_eq!(views(&t), Some(0));
+    let e = t.release(token).into_result().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+    // The consumer checks a view's file as it checks a copy's.
+    let e =
+        LeasedView::import(&t, &raw_descriptor("../x.shard", 1), &ShardMeta::bytes(1)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);
 }
 
 #[test]
@@ -395,7 +420,7 @@ fn logs_reach_the_host() {
         node_tag: RString::from(testing::unique_node_tag()),
         services: HostServicesBox::from_value(capture.clone(), TD_Opaque),
     };
-    let t = SpoolTransport::new(PluginContext::new(ctx)).unwrap();
+    let t = Guarded(SpoolTransport::new(PluginContext::new(ctx)).unwrap());
     t.export(request(0x11, b"x")).unwrap();
     let records = capture.0.lock().unwrap().clone();
     let exported = records

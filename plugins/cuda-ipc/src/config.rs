@@ -1,7 +1,7 @@
 //! The plugin's config table (`[plugin.config]`), validated; unknown keys
 //! are errors naming their dotted path.
 
-use shardport_abi::{ConfigTable, PluginResult};
+use shardport_abi::{kit::Options, PluginResult};
 
 use crate::cache::Policy;
 
@@ -26,16 +26,17 @@ pub struct Config {
 impl Config {
     /// Parses the table of plugin instance `instance`.
     pub fn parse(instance: &str, text: &str) -> PluginResult<Config> {
-        let t = ConfigTable::parse(instance, text)?;
+        let t = Options::parse(instance, text)?;
         let lease_slots = t.u64_in("lease-slots", 1..=1 << 20, DEFAULT_LEASE_SLOTS)? as u32;
         let max_idle = t.u64_in("max-idle-mappings", 0..=1 << 16, DEFAULT_MAX_IDLE)? as usize;
-        let cache = match t
-            .choice("cache", &["keep", "close-on-release"], "keep")?
-            .as_str()
-        {
-            "close-on-release" => Policy::CloseOnRelease,
-            _ => Policy::Keep { max_idle },
-        };
+        let cache = t.choose(
+            "cache",
+            &[
+                ("keep", Policy::Keep { max_idle }),
+                ("close-on-release", Policy::CloseOnRelease),
+            ],
+            "keep",
+        )?;
         t.finish()?;
         Ok(Config { lease_slots, cache })
     }

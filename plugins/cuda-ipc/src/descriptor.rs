@@ -29,7 +29,10 @@
 //! naming the field (the checksum is checked first, so a damaged descriptor
 //! is reported as damaged rather than as a strange field).
 
-use shardport_abi::{AbiError, PluginResult};
+use shardport_abi::{
+    kit::codec::{self, Reader, Writer},
+    AbiError, PluginResult,
+};
 
 use crate::sys::IPC_HANDLE_LEN;
 
@@ -75,8 +78,11 @@ pub struct Descriptor {
     pub board: String,
 }
 
+/// What errors call this format.
+const WHAT: &str = "cuda-ipc descriptor";
+
 fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
-    AbiError::invalid_descriptor(format!("cuda-ipc descriptor field `{field}`: {why}"))
+    codec::invalid(WHAT, field, why)
 }
 
 /// Checks a board name: the prefix, then `[a-z0-9-]`, at most [`MAX_BOARD_NAME`].
@@ -99,56 +105,6 @@ pub fn check_board_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A cursor that fails naming the field it was reading.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, field: &str) -> PluginResult<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let Some(end) = end else {
-            return Err(bad(
-                field,
-                format!(
-                    "truncated: the descriptor body is {} bytes, the field needs {n} at byte {}",
-                    self.bytes.len(),
-                    self.pos
-                ),
-            ));
-        };
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self, field: &str) -> PluginResult<[u8; N]> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N, field)?);
-        Ok(a)
-    }
-
-    fn u32(&mut self, field: &str) -> PluginResult<u32> {
-        Ok(u32::from_le_bytes(self.array(field)?))
-    }
-
-    fn u64(&mut self, field: &str) -> PluginResult<u64> {
-        Ok(u64::from_le_bytes(self.array(field)?))
-    }
-
-    fn zero(&mut self, n: usize, field: &str) -> PluginResult<()> {
-        let b = self.take(n, field)?;
-        if b.iter().any(|&x| x != 0) {
-            return Err(bad(
-                field,
-                format!("reserved bytes must be zero, found {b:02x?}"),
-            ));
-        }
-        Ok(())
-    }
-}
-
 impl Descriptor {
     /// Serialises the descriptor.
     ///
@@ -156,29 +112,27 @@ impl Descriptor {
     /// When `board` is not a valid board name (a bug in the owner).
     pub fn encode(&self) -> Vec<u8> {
         check_board_name(&self.board).expect("owner board names are valid");
-        let mut v = Vec::with_capacity(FIXED_LEN + self.board.len() + CRC_LEN);
-        v.extend_from_slice(&MAGIC);
-        v.push(VERSION);
-        v.extend_from_slice(&[0; 3]);
-        v.extend_from_slice(&self.boot_id);
-        v.extend_from_slice(&self.pid.to_le_bytes());
-        v.extend_from_slice(&[0; 4]);
-        v.extend_from_slice(&self.epoch.to_le_bytes());
-        v.extend_from_slice(&self.generation.to_le_bytes());
-        v.extend_from_slice(&self.device_uuid);
-        v.extend_from_slice(&self.mem_handle);
-        v.extend_from_slice(&self.alloc_size.to_le_bytes());
-        v.extend_from_slice(&self.offset.to_le_bytes());
-        v.extend_from_slice(&self.size.to_le_bytes());
-        v.extend_from_slice(&self.event_handle);
-        v.extend_from_slice(&self.slot.to_le_bytes());
-        v.extend_from_slice(&self.slot_generation.to_le_bytes());
-        debug_assert_eq!(v.len(), FIXED_LEN - 1);
-        v.push(self.board.len() as u8);
-        v.extend_from_slice(self.board.as_bytes());
-        let crc = crc32c::crc32c(&v);
-        v.extend_from_slice(&crc.to_le_bytes());
-        v
+        let mut w = Writer::with_capacity(FIXED_LEN + self.board.len() + CRC_LEN);
+        w.bytes(&MAGIC)
+            .u8(VERSION)
+            .zeros(3)
+            .bytes(&self.boot_id)
+            .u32(self.pid)
+            .zeros(4)
+            .u64(self.epoch)
+            .u64(self.generation)
+            .bytes(&self.device_uuid)
+            .bytes(&self.mem_handle)
+            .u64(self.alloc_size)
+            .u64(self.offset)
+            .u64(self.size)
+            .bytes(&self.event_handle)
+            .u32(self.slot)
+            .u64(self.slot_generation);
+        debug_assert_eq!(w.len(), FIXED_LEN - 1);
+        w.short_str(&self.board);
+        let crc = crc32c::crc32c(w.as_slice());
+        w.u32(crc).finish()
     }
 
     /// Parses and checks a descriptor from another process.
@@ -193,35 +147,19 @@ impl Descriptor {
                 ),
             ));
         }
-        if bytes[..4] != MAGIC {
-            return Err(bad(
-                "magic",
-                format!(
-                    "expected {MAGIC:02x?} (\"SPCU\"), found {:02x?}",
-                    &bytes[..4]
-                ),
-            ));
-        }
-        if bytes[4] != VERSION {
-            return Err(bad(
-                "version",
-                format!("this plugin reads version {VERSION}, found {}", bytes[4]),
-            ));
-        }
-        let (body, crc) = bytes.split_at(bytes.len() - CRC_LEN);
-        let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        let computed = crc32c::crc32c(body);
+        let mut r = Reader::new(WHAT, bytes);
+        r.magic("magic", &MAGIC)?;
+        r.version("version", VERSION)?;
+        let stored = r.trailer(CRC_LEN, "checksum")?;
+        let stored = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+        let computed = crc32c::crc32c(r.body());
         if stored != computed {
             return Err(bad(
                 "checksum",
                 format!("damaged: stored CRC-32C {stored:#010x}, computed {computed:#010x}"),
             ));
         }
-        let mut r = Reader {
-            bytes: body,
-            pos: 5,
-        };
-        r.zero(3, "reserved")?;
+        r.zeros(3, "reserved")?;
         let boot_id = r.array::<16>("owner boot id")?;
         if boot_id == [0; 16] {
             return Err(bad("owner boot id", "zero (unknown)"));
@@ -230,7 +168,7 @@ impl Descriptor {
         if pid == 0 {
             return Err(bad("owner pid", "zero"));
         }
-        r.zero(4, "reserved")?;
+        r.zeros(4, "reserved")?;
         let epoch = r.u64("owner epoch")?;
         let generation = r.u64("allocation generation")?;
         if generation == 0 {
@@ -264,7 +202,7 @@ impl Descriptor {
         if slot_generation == 0 {
             return Err(bad("lease slot generation", "zero"));
         }
-        let n = r.take(1, "board name length")?[0] as usize;
+        let n = r.u8("board name length")? as usize;
         if n == 0 || n > MAX_BOARD_NAME {
             return Err(bad(
                 "board name length",
@@ -276,13 +214,10 @@ impl Descriptor {
             .map_err(|_| bad("board name", "not UTF-8"))?
             .to_owned();
         check_board_name(&board).map_err(|why| bad("board name", why))?;
-        if r.pos != body.len() {
+        if r.remaining() != 0 {
             return Err(bad(
                 "length",
-                format!(
-                    "{} unexpected bytes after the board name",
-                    body.len() - r.pos
-                ),
+                format!("{} unexpected bytes after the board name", r.remaining()),
             ));
         }
         Ok(Descriptor {
@@ -378,6 +313,34 @@ mod tests {
     fn roundtrip() {
         let d = sample();
         assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
+    }
+
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPCU\x01\0\0\0".to_vec();
+        want.extend_from_slice(&d.boot_id);
+        want.extend_from_slice(&d.pid.to_le_bytes());
+        want.extend_from_slice(&[0; 4]);
+        want.extend_from_slice(&d.epoch.to_le_bytes());
+        want.extend_from_slice(&d.generation.to_le_bytes());
+        want.extend_from_slice(&d.device_uuid);
+        want.extend_from_slice(&d.mem_handle);
+        want.extend_from_slice(&d.alloc_size.to_le_bytes());
+        want.extend_from_slice(&d.offset.to_le_bytes());
+        want.extend_from_slice(&d.size.to_le_bytes());
+        want.extend_from_slice(&d.event_handle);
+        want.extend_from_slice(&d.slot.to_le_bytes());
+        want.extend_from_slice(&d.slot_generation.to_le_bytes());
+        assert_eq!(want.len(), 228);
+        want.push(d.board.len() as u8);
+        want.extend_from_slice(d.board.as_bytes());
+        let crc = crc32c::crc32c(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
     }
 
     #[test]

@@ -51,16 +51,14 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Mutex, MutexGuard, PoisonError,
-    },
+    sync::{atomic::Ordering, Mutex},
 };
 
 use shardport_abi::{
+    kit::{self, lock, Counter, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, DeviceKind, ExportRequest, Health, IdentityParts,
-    ImportInfo, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
-    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    ImportInfo, PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox,
+    TransportInfo,
 };
 
 use crate::{
@@ -73,10 +71,6 @@ use crate::{
 
 /// The transport's name, the key its descriptors are filed under.
 pub const TRANSPORT_NAME: &str = "cuda-ipc";
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn cuda(what: &str, e: CudaError) -> AbiError {
     AbiError::new(
@@ -192,12 +186,12 @@ struct ConsumerState {
 
 #[derive(Default)]
 struct Counters {
-    bytes_exported: AtomicU64,
-    exports_staged: AtomicU64,
-    imports_copy: AtomicU64,
-    imports_view: AtomicU64,
-    imports_device: AtomicU64,
-    deferred_frees: AtomicU64,
+    bytes_exported: Counter,
+    exports_staged: Counter,
+    imports_copy: Counter,
+    imports_view: Counter,
+    imports_device: Counter,
+    deferred_frees: Counter,
 }
 
 /// One cuda-ipc transport instance.
@@ -241,18 +235,15 @@ fn create_with(
         ),
         Err(why) => tracing::warn!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
     }
-    Ok(TransportBox::from_value(
-        CudaIpc {
-            ctx,
-            cfg,
-            state,
-            here: this_process(),
-            owner: Mutex::default(),
-            consumer: Mutex::default(),
-            counters: Counters::default(),
-        },
-        TD_Opaque,
-    ))
+    Ok(kit::into_transport_box(CudaIpc {
+        ctx,
+        cfg,
+        state,
+        here: this_process(),
+        owner: Mutex::default(),
+        consumer: Mutex::default(),
+        counters: Counters::default(),
+    }))
 }
 
 /// Probes the driver, catching a panic inside cudarc (a driver library
@@ -337,7 +328,7 @@ impl CudaIpc {
             }
             MemKind::Device { .. } => None,
             MemKind::Host => {
-                self.counters.exports_staged.fetch_add(1, Ordering::Relaxed);
+                self.counters.exports_staged.inc();
                 Some(
                     d.stage_host(&gpu, &req.data)
                         .map_err(|e| cuda("staging host bytes into device memory", e))?,
@@ -450,9 +441,7 @@ impl CudaIpc {
                 len: req.meta.byte_len,
             },
         );
-        self.counters
-            .bytes_exported
-            .fetch_add(req.meta.byte_len, Ordering::Relaxed);
+        self.counters.bytes_exported.add(req.meta.byte_len);
         Ok(desc.encode())
     }
 
@@ -481,7 +470,7 @@ impl CudaIpc {
                      allocated until leases_held_on_owner is 0"
                 );
             }
-            self.counters.deferred_frees.fetch_add(1, Ordering::Relaxed);
+            self.counters.deferred_frees.inc();
             o.deferred.push(e);
         }
         drop(o);
@@ -736,13 +725,7 @@ impl CudaIpc {
         dst: &mut [u8],
     ) -> PluginResult<ImportInfo> {
         let live = self.live()?;
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {} bytes, the shard is {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+        kit::check::destination(dst.len(), meta)?;
         let (d, ordinal) = self.check(live, desc, meta)?;
         let (rec, addr) = self.open(live, &d, ordinal)?;
         let r = live
@@ -751,7 +734,7 @@ impl CudaIpc {
             .map_err(|e| cuda("copying device to host", e));
         self.close(&rec);
         r?;
-        self.counters.imports_copy.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_copy.inc();
         Ok(ImportInfo {
             note: format!("device-to-host copy from cuda:{ordinal}").into(),
         })
@@ -779,7 +762,7 @@ impl CudaIpc {
             .map_err(|e| cuda("copying device to device", e));
         self.close(&rec);
         r?;
-        self.counters.imports_device.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_device.inc();
         Ok(ImportInfo {
             note: format!("device-to-device copy on cuda:{ordinal}").into(),
         })
@@ -793,7 +776,7 @@ impl CudaIpc {
         c.next_token += 1;
         let token = c.next_token;
         c.leases.insert(token, rec);
-        self.counters.imports_view.fetch_add(1, Ordering::Relaxed);
+        self.counters.imports_view.inc();
         Ok(Region {
             ptr: addr as usize as *const u8,
             len: meta.byte_len as usize,
@@ -846,26 +829,25 @@ impl CudaIpc {
             open += cache.open_count() as u64;
         }
         let k = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
-            Stat::gauge("available", u64::from(self.state.is_ok())),
-            Stat::gauge("shards_live", exports),
-            Stat::gauge("leases_held_on_owner", held),
-            Stat::gauge("shards_retired_leased", deferred),
-            Stat::gauge("staged_bytes", staged),
-            Stat::gauge("leases_active", leases_active),
-            Stat::gauge("mappings_open", open),
-            Stat::counter("handle_opens", cc.opens),
-            Stat::counter("handle_closes", cc.closes),
-            Stat::counter("handle_cache_hits", cc.hits),
-            Stat::counter("stale_mappings", cc.stale),
-            Stat::counter("bytes_exported", get(&k.bytes_exported)),
-            Stat::counter("exports_staged", get(&k.exports_staged)),
-            Stat::counter("imports_copy", get(&k.imports_copy)),
-            Stat::counter("imports_view", get(&k.imports_view)),
-            Stat::counter("imports_device", get(&k.imports_device)),
-            Stat::counter("deferred_frees", get(&k.deferred_frees)),
-        ]
+        StatList::new()
+            .gauge_value("available", u64::from(self.state.is_ok()))
+            .gauge_value("shards_live", exports)
+            .gauge_value("leases_held_on_owner", held)
+            .gauge_value("shards_retired_leased", deferred)
+            .gauge_value("staged_bytes", staged)
+            .gauge_value("leases_active", leases_active)
+            .gauge_value("mappings_open", open)
+            .counter_value("handle_opens", cc.opens)
+            .counter_value("handle_closes", cc.closes)
+            .counter_value("handle_cache_hits", cc.hits)
+            .counter_value("stale_mappings", cc.stale)
+            .counter("bytes_exported", &k.bytes_exported)
+            .counter("exports_staged", &k.exports_staged)
+            .counter("imports_copy", &k.imports_copy)
+            .counter("imports_view", &k.imports_view)
+            .counter("imports_device", &k.imports_device)
+            .counter("deferred_frees", &k.deferred_frees)
+            .finish()
     }
 }
 
@@ -873,11 +855,11 @@ impl Drop for CudaIpc {
     /// Ends the leases this instance still holds (a view the host never
     /// released) so owners can free their memory, then lets the fields go:
     /// staged buffers and events (each holding its primary context), the
-    /// board. Runs outside any `guard` (the host drops the transport across
-    /// the FFI boundary), so a panic is caught here.
+    /// board. Runs outside any method's `guard` (the host drops the
+    /// transport across the FFI boundary), so it takes its own: a panic is
+    /// logged and swallowed, and the warnings below reach the host.
     fn drop(&mut self) {
-        // A panic's message already went to the hook; nothing else to do.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        self.ctx.clone().guard_infallible("drop", (), || {
             let leases: Vec<LeaseRec> = lock(&self.consumer)
                 .leases
                 .drain()
@@ -906,11 +888,18 @@ impl Drop for CudaIpc {
                 tracing::warn!(target: "cuda_ipc", leases = held, "transport dropped while consumers still lease its exports; their memory is freed now");
             }
             drop(o);
-        }));
+        });
     }
 }
 
-impl Transport for CudaIpc {
+/// Plain types; `kit::Guarded` runs each method under the context's guard.
+impl PlainTransport for CudaIpc {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
         TransportInfo {
             name: TRANSPORT_NAME.into(),
@@ -922,109 +911,74 @@ impl Transport for CudaIpc {
         }
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx
-            .guard("export", || CudaIpc::export(self, &req).map(RVec::from))
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        CudaIpc::export(self, req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || CudaIpc::unexport(self, id))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        CudaIpc::unexport(self, id)
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            CudaIpc::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
-        })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        CudaIpc::import_into(self, desc, meta, dst)
     }
 
-    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            CudaIpc::import_view(self, desc.as_slice(), meta)
-        })
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        CudaIpc::import_view(self, desc, meta)
     }
 
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || CudaIpc::release(self, token))
+    fn release(&self, token: u64) -> PluginResult<()> {
+        CudaIpc::release(self, token)
     }
 
-    fn allocate(&self, _id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(AbiError::unsupported(
-                "cuda-ipc hands out no host-writable allocations; host bytes put as a cuda \
-                 shard are staged into device memory at export",
-            ))
-        })
+    fn allocate(&self, _id: ShardId, _len: u64) -> PluginResult<Allocation> {
+        Err(AbiError::unsupported(
+            "cuda-ipc hands out no host-writable allocations; host bytes put as a cuda shard \
+             are staged into device memory at export",
+        ))
     }
 
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(AbiError::unsupported(format!(
-                "cuda-ipc has no allocations (token {token})"
-            )))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        self.ctx
-            .guard_infallible("stats", RVec::new(), || RVec::from(CudaIpc::stats(self)))
+    fn stats(&self) -> Vec<Stat> {
+        CudaIpc::stats(self)
     }
 
     fn health(&self) -> Health {
-        self.ctx.guard_infallible(
-            "health",
-            Health {
-                ok: false,
-                message: "health check panicked".into(),
-            },
-            || match &self.state {
-                Ok(l) => Health {
-                    ok: true,
-                    message: format!(
-                        "ok, CUDA driver {}, {} GPU(s): {}",
-                        l.driver.version,
-                        l.uuids.len(),
-                        l.uuids
-                            .iter()
-                            .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                    .into(),
-                },
-                Err(why) => Health {
-                    ok: false,
-                    message: format!("unavailable: {why}").into(),
-                },
-            },
-        )
+        match &self.state {
+            Ok(l) => kit::guard::ok(format!(
+                "ok, CUDA driver {}, {} GPU(s): {}",
+                l.driver.version,
+                l.uuids.len(),
+                l.uuids
+                    .iter()
+                    .map(|(o, u)| format!("cuda:{o}={}", format_uuid(u)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Err(why) => kit::guard::failing(format!("unavailable: {why}")),
+        }
     }
 
-    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
-        self.ctx
-            .guard("sweep", || CudaIpc::sweep(self).map(RVec::from))
+    fn sweep(&self) -> PluginResult<Vec<Stat>> {
+        CudaIpc::sweep(self)
     }
 
-    fn can_import(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<(), AbiError> {
-        self.ctx.guard("can_import", || {
-            CudaIpc::can_import(self, desc.as_slice(), meta)
-        })
+    fn can_import(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<()> {
+        CudaIpc::can_import(self, desc, meta)
     }
 
     fn import_into_device(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
         dst_addr: u64,
         dst_len: u64,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into_device", || {
-            CudaIpc::import_into_device(self, desc.as_slice(), meta, dst_addr, dst_len)
-        })
+    ) -> PluginResult<ImportInfo> {
+        CudaIpc::import_into_device(self, desc, meta, dst_addr, dst_len)
     }
 }
 

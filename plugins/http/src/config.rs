@@ -9,10 +9,12 @@
 //! advertise = "node7.cluster.internal:7071"
 //! auth-token-env = "SHARDPORT_TOKEN"
 //! request-timeout = "120s"
+//! listen = "lazy"          # bind on the first export (default), or "eager"
 //! ```
 //!
 //! Every key is optional; an unknown key is an error naming it. Durations are
-//! strings with a unit (`"250ms"`, `"5s"`, `"2m"`, `"1h"`).
+//! strings with a unit (`"250ms"`, `"5s"`, `"2m"`, `"1h"`). Parsing is the
+//! plugin kit's [`Options`].
 
 use std::{
     fmt,
@@ -20,7 +22,9 @@ use std::{
     time::Duration,
 };
 
-use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
+use shardport_abi::{format_byte_size, kit::Options, PluginResult};
+
+pub(crate) use shardport_abi::kit::format_duration;
 
 use crate::descriptor::{self, MAX_ADDR_LEN};
 
@@ -91,6 +95,20 @@ pub(crate) const DEFAULT_THREADS: u64 = 2;
 pub(crate) const MAX_THREADS: u64 = 256;
 /// Longest accepted auth token, in bytes (it travels in every request head).
 pub(crate) const MAX_TOKEN_LEN: usize = 4096;
+/// Default of `listen`: bind and start the server on the first export. A
+/// process that only fetches then opens no port and starts no runtime
+/// threads; a bind failure goes to that export, naming the address.
+pub(crate) const DEFAULT_LISTEN: &str = "lazy";
+
+/// When the owner's server binds and starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listen {
+    /// On the first `export`.
+    Lazy,
+    /// At construction: a bind failure fails the constructor (a long-lived
+    /// `serve` node that must hold its port, or be told at once it cannot).
+    Eager,
+}
 
 /// A bearer token, never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -139,34 +157,7 @@ pub(crate) struct Config {
     pub max_connections_per_owner: usize,
     pub max_connections: usize,
     pub threads: usize,
-}
-
-/// Parses a duration: an integer with a unit `ms`, `s`, `m` or `h`
-/// (`"250ms"`, `"5s"`, `"2m"`). A bare number is refused: its unit would be
-/// a guess.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let ms_per = match unit.trim() {
-        "ms" => 1,
-        "s" => 1000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        _ => return None,
-    };
-    n.checked_mul(ms_per).map(Duration::from_millis)
-}
-
-/// Renders a duration the way the config writes it.
-pub(crate) fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    }
+    pub listen: Listen,
 }
 
 impl Config {
@@ -183,9 +174,8 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> PluginResult<Config> {
-        let t = ConfigTable::parse(instance, text)?;
-        let key = |k: &str| format!("plugin.{instance}.config.{k}");
-        let bad = |k: &str, why: String| AbiError::config(format!("`{}`: {why}", key(k)));
+        let t = Options::parse(instance, text)?;
+        let bad = |k: &str, why: String| t.fail(k, why);
 
         let bind_text = t.string("bind", DEFAULT_BIND)?;
         let bind = parse_bind(&bind_text).map_err(|why| bad("bind", why))?;
@@ -240,18 +230,11 @@ impl Config {
         };
 
         let max_batch = t.u64_in("max-batch", 1..=MAX_MAX_BATCH, DEFAULT_MAX_BATCH)?;
-        let max_header_bytes = t.byte_size("max-header-bytes", DEFAULT_MAX_HEADER_BYTES)?;
-        if !(MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES).contains(&max_header_bytes) {
-            return Err(bad(
-                "max-header-bytes",
-                format!(
-                    "{} is out of range {}..={}",
-                    format_byte_size(max_header_bytes),
-                    format_byte_size(MIN_MAX_HEADER_BYTES),
-                    format_byte_size(MAX_MAX_HEADER_BYTES)
-                ),
-            ));
-        }
+        let max_header_bytes = t.byte_size_in(
+            "max-header-bytes",
+            MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES,
+            DEFAULT_MAX_HEADER_BYTES,
+        )?;
         let max_request_bytes = t.byte_size("max-request-bytes", DEFAULT_MAX_REQUEST_BYTES)?;
         let min_request = crate::wire::batch_request_len(max_batch as usize) as u64;
         if !(min_request..=MAX_MAX_REQUEST_BYTES).contains(&max_request_bytes) {
@@ -267,27 +250,8 @@ impl Config {
             ));
         }
 
-        let duration = |k: &str, default: Duration| -> PluginResult<Duration> {
-            let Some(text) = t.opt_string(k)? else {
-                return Ok(default);
-            };
-            let d = parse_duration(&text).ok_or_else(|| {
-                bad(
-                    k,
-                    format!("expected a duration such as \"5s\" or \"250ms\", found \"{text}\""),
-                )
-            })?;
-            if d.is_zero() || d > MAX_TIMEOUT {
-                return Err(bad(
-                    k,
-                    format!(
-                        "{} is out of range 1ms..={}",
-                        format_duration(d),
-                        format_duration(MAX_TIMEOUT)
-                    ),
-                ));
-            }
-            Ok(d)
+        let duration = |k: &str, default: Duration| {
+            t.duration_in(k, Duration::from_millis(1)..=MAX_TIMEOUT, default)
         };
         let connect_timeout = duration("connect-timeout", DEFAULT_CONNECT_TIMEOUT)?;
         let idle_timeout = duration("idle-timeout", DEFAULT_IDLE_TIMEOUT)?;
@@ -305,6 +269,11 @@ impl Config {
             DEFAULT_MAX_CONNECTIONS,
         )?;
         let threads = t.u64_in("threads", 1..=MAX_THREADS, DEFAULT_THREADS)?;
+        let listen = t.choose(
+            "listen",
+            &[("lazy", Listen::Lazy), ("eager", Listen::Eager)],
+            DEFAULT_LISTEN,
+        )?;
         t.finish()?;
 
         // Every bound above is far below usize::MAX on the 64-bit targets we build for.
@@ -324,6 +293,7 @@ impl Config {
             max_connections_per_owner: max_connections_per_owner as usize,
             max_connections: max_connections as usize,
             threads: threads as usize,
+            listen,
         })
     }
 
@@ -420,6 +390,7 @@ mod tests {
         assert_eq!(c.max_connections_per_owner, 4);
         assert_eq!(c.max_connections, 512);
         assert_eq!(c.threads, 2);
+        assert_eq!(c.listen, Listen::Lazy);
         assert_eq!(
             c.advertised("127.0.0.1:4567".parse().unwrap()),
             "127.0.0.1:4567"
@@ -441,7 +412,8 @@ mod tests {
                header-timeout = "3s"
                max-connections-per-owner = 2
                max-connections = 8
-               threads = 3"#,
+               threads = 3
+               listen = "eager""#,
         )
         .unwrap();
         assert_eq!(c.bind, "0.0.0.0:7071".parse().unwrap());
@@ -459,6 +431,7 @@ mod tests {
             (c.max_connections_per_owner, c.max_connections, c.threads),
             (2, 8, 3)
         );
+        assert_eq!(c.listen, Listen::Eager);
         // The token never shows in debug output.
         assert!(!format!("{c:?}").contains("s3cret"));
     }
@@ -474,28 +447,6 @@ mod tests {
         assert_eq!(c.advertised("127.0.0.1:1".parse().unwrap()), "[fe80::1]:99");
         let c = parse("bind = \"[::1]:0\"").unwrap();
         assert_eq!(c.advertised("[::1]:5".parse().unwrap()), "[::1]:5");
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("5s"), Some(Duration::from_secs(5)));
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_duration(" 7 s "), Some(Duration::from_secs(7)));
-        for bad in [
-            "",
-            "5",
-            "s",
-            "5 parsecs",
-            "-1s",
-            "1.5s",
-            "99999999999999999999h",
-        ] {
-            assert_eq!(parse_duration(bad), None, "{bad:?}");
-        }
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
     }
 
     #[test]
@@ -562,6 +513,10 @@ mod tests {
             (
                 "threads = 0",
                 "`plugin.http.config.threads`: 0 is out of range",
+            ),
+            (
+                "listen = \"now\"",
+                "`plugin.http.config.listen`: expected \"lazy\" or \"eager\", found \"now\"",
             ),
         ];
         for (text, want) in cases {

@@ -20,7 +20,10 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use shardport_abi::{AbiError, PluginResult, ShardId};
+use shardport_abi::{
+    kit::codec::{self, Reader, Writer},
+    AbiError, PluginResult, ShardId,
+};
 
 /// Identifies an http descriptor.
 pub(crate) const MAGIC: [u8; 4] = *b"SPHT";
@@ -45,8 +48,11 @@ pub(crate) struct Descriptor {
     pub len: u64,
 }
 
+/// What errors call this format.
+const WHAT: &str = "http descriptor";
+
 fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
-    AbiError::invalid_descriptor(format!("http descriptor field `{field}`: {why}"))
+    codec::invalid(WHAT, field, why)
 }
 
 impl Descriptor {
@@ -56,70 +62,30 @@ impl Descriptor {
             !self.addr.is_empty() && self.addr.len() <= MAX_ADDR_LEN,
             "advertised address length is checked at construction"
         );
-        let mut v = Vec::with_capacity(FIXED_LEN + self.addr.len());
-        v.extend_from_slice(&MAGIC);
-        v.push(VERSION);
-        v.push(self.addr.len() as u8);
-        v.extend_from_slice(self.addr.as_bytes());
-        v.extend_from_slice(&self.id.as_u128().to_le_bytes());
-        v.extend_from_slice(&self.len.to_le_bytes());
-        let crc = crc32c::crc32c(&v);
-        v.extend_from_slice(&crc.to_le_bytes());
-        v
+        let mut w = Writer::with_capacity(FIXED_LEN + self.addr.len());
+        w.bytes(&MAGIC)
+            .u8(VERSION)
+            .short_str(&self.addr)
+            .u128(self.id.as_u128())
+            .u64(self.len);
+        let crc = crc32c::crc32c(w.as_slice());
+        w.u32(crc).finish()
     }
 
-    /// Parses and checks a descriptor from another process.
+    /// Parses and checks a descriptor from another process: the syntax
+    /// first, then the checksum, then the address (so a damaged descriptor
+    /// is reported as damaged, not as a strange address).
     pub(crate) fn decode(bytes: &[u8]) -> PluginResult<Descriptor> {
-        if bytes.len() < 4 {
-            return Err(bad(
-                "magic",
-                format!("truncated: descriptor is {} bytes", bytes.len()),
-            ));
-        }
-        if bytes[..4] != MAGIC {
-            return Err(bad(
-                "magic",
-                format!(
-                    "expected {MAGIC:02x?} (\"SPHT\"), found {:02x?}",
-                    &bytes[..4]
-                ),
-            ));
-        }
-        let Some(&version) = bytes.get(4) else {
-            return Err(bad("version", "truncated: descriptor is 4 bytes"));
-        };
-        if version != VERSION {
-            return Err(bad(
-                "version",
-                format!("this plugin reads version {VERSION}, found {version}"),
-            ));
-        }
-        let Some(&n) = bytes.get(5) else {
-            return Err(bad("address", "truncated: descriptor is 5 bytes"));
-        };
-        let n = usize::from(n);
-        let want = FIXED_LEN + n;
-        if bytes.len() < want {
-            return Err(bad(
-                "address",
-                format!(
-                    "truncated: a descriptor with a {n}-byte address is {want} bytes, found {}",
-                    bytes.len()
-                ),
-            ));
-        }
-        if bytes.len() > want {
-            return Err(bad(
-                "checksum",
-                format!(
-                    "{} unexpected bytes after the last field",
-                    bytes.len() - want
-                ),
-            ));
-        }
-        let body = &bytes[..want - 4];
-        let stored = u32::from_le_bytes(bytes[want - 4..].try_into().expect("4 bytes"));
-        let computed = crc32c::crc32c(body);
+        let mut r = Reader::new(WHAT, bytes);
+        r.magic("magic", &MAGIC)?;
+        r.version("version", VERSION)?;
+        let addr = r.short_bytes("address")?;
+        let id = r.u128("shard id")?;
+        let len = r.u64("len")?;
+        let body_len = r.pos();
+        let stored = r.u32("checksum")?;
+        r.end("checksum")?;
+        let computed = crc32c::crc32c(&bytes[..body_len]);
         if stored != computed {
             return Err(bad(
                 "checksum",
@@ -129,17 +95,15 @@ impl Descriptor {
                 ),
             ));
         }
-        if n == 0 {
+        if addr.is_empty() {
             return Err(bad("address", "empty"));
         }
-        let addr = std::str::from_utf8(&body[6..6 + n]).map_err(|_| bad("address", "not UTF-8"))?;
+        let addr = std::str::from_utf8(addr).map_err(|_| bad("address", "not UTF-8"))?;
         match parse_host_port(addr) {
             Ok((_, 0)) => return Err(bad("address", format!("port 0 in {addr:?}"))),
             Ok(_) => {}
             Err(why) => return Err(bad("address", format!("{addr:?}: {why}"))),
         }
-        let id = u128::from_le_bytes(body[6 + n..22 + n].try_into().expect("16 bytes"));
-        let len = u64::from_le_bytes(body[22 + n..30 + n].try_into().expect("8 bytes"));
         Ok(Descriptor {
             addr: addr.to_owned(),
             id: ShardId::from_u128(id),
@@ -259,6 +223,22 @@ mod tests {
         let b = sample().encode();
         assert_eq!(&b[..6], b"SPHT\x01\x0e");
         assert_eq!(b[20], 0x77);
+    }
+
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = sample();
+        let mut want = b"SPHT\x01".to_vec();
+        want.push(d.addr.len() as u8);
+        want.extend_from_slice(d.addr.as_bytes());
+        want.extend_from_slice(&d.id.as_u128().to_le_bytes());
+        want.extend_from_slice(&4096u64.to_le_bytes());
+        let crc = crc32c::crc32c(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want).unwrap(), d);
     }
 
     #[test]

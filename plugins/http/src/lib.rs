@@ -14,10 +14,13 @@
 //! bind = "0.0.0.0:7071"
 //! advertise = "node7.cluster.internal"   # the bound port is appended
 //! auth-token-env = "SHARDPORT_TOKEN"
+//! listen = "lazy"          # bind on the first export (default), or "eager"
 //! ```
 //!
-//! The owner serves exported shards straight from the memory the host lent
-//! to `export` (no copy); `unexport` waits until no response still reads
+//! The owner's server (and the runtime it runs on) starts on the first
+//! `export`, or at construction with `listen = "eager"`: a process that only
+//! fetches binds no port. The owner serves exported shards straight from
+//! the memory the host lent to `export` (no copy); `unexport` waits until no response still reads
 //! them. A consumer is a blocking client that runs on the calling host
 //! thread (no runtime hop): it reads each response body from the socket
 //! straight into the host's destination buffer over pooled kept-alive
@@ -51,20 +54,19 @@ mod tests;
 use std::{
     cell::RefCell,
     collections::HashMap,
-    panic::{catch_unwind, AssertUnwindSafe},
-    sync::Arc,
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
 use shardport_abi::{
-    AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
-    ImportItem, PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId,
-    ShardMeta, Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    kit::{self, PlainTransport},
+    AbiError, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem,
+    PluginContext, PluginResult, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
 
 use crate::{
     client::{Client, Job},
-    config::Config,
+    config::{Config, Listen},
     descriptor::Descriptor,
     server::{Server, SHUTDOWN_GRACE},
     stats::Stats,
@@ -88,75 +90,118 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// One http transport instance: an owner side (server, on the runtime) and
-/// a consumer side (blocking client pool, on the calling threads).
+/// One http transport instance: an owner side (server, on the runtime,
+/// started on first use) and a consumer side (blocking client pool, on the
+/// calling threads).
 struct HttpTransport {
     ctx: PluginContext,
+    cfg: Config,
+    /// The server and its runtime, once started.
+    serving: OnceLock<Serving>,
+    /// Serialises starting; holds why the last start failed (for `health`).
+    start_error: Mutex<Option<AbiError>>,
+    client: Client,
+    stats: Arc<Stats>,
+}
+
+/// The owner side once started.
+struct Serving {
     /// `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
     server: Server,
-    client: Client,
-    stats: Arc<Stats>,
-    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for HttpTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpTransport")
             .field("instance", &self.ctx.instance())
-            .field("bound", &self.server.bound())
+            .field("bound", &self.serving.get().map(|s| s.server.bound()))
             .finish_non_exhaustive()
     }
 }
 
 /// Builds a transport instance from the host context: validates the config
-/// table (unknown keys are errors), starts the runtime and binds the server
-/// (a bind failure names the address). This is the constructor the plugin
-/// exports.
+/// table (unknown keys are errors) and sets up the client. The server binds
+/// on the first export (a bind failure names the address, in that export's
+/// error), or here with `listen = "eager"`. This is the constructor the
+/// plugin exports.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
-    let t = HttpTransport::new(ctx)?;
-    Ok(TransportBox::from_value(t, TD_Opaque))
+    Ok(kit::into_transport_box(HttpTransport::new(ctx)?))
+}
+
+/// Starts the runtime and binds the server (a bind failure names the address).
+fn start(cfg: &Config, stats: &Arc<Stats>) -> PluginResult<Serving> {
+    // Called inside the context's guard, whose dispatcher forwards events to
+    // the host: hand it to every runtime thread.
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.threads)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_name("shardport-http")
+        .enable_io()
+        .enable_time()
+        .on_thread_start(move || {
+            let guard = tracing::dispatcher::set_default(&dispatch);
+            THREAD_DISPATCH.with(|g| *g.borrow_mut() = Some(guard));
+        })
+        .on_thread_stop(|| {
+            THREAD_DISPATCH.with(|g| drop(g.borrow_mut().take()));
+        })
+        .build()
+        .map_err(|e| AbiError::io("cannot start the http transport's runtime", &e))?;
+    let server = Server::start(cfg, rt.handle(), Arc::clone(stats))?;
+    tracing::info!(
+        target: "http",
+        bound = %server.bound(),
+        advertised = server.advertised(),
+        auth = cfg.auth_token.is_some(),
+        "http transport serving"
+    );
+    Ok(Serving {
+        rt: Some(rt),
+        server,
+    })
 }
 
 impl HttpTransport {
     fn new(ctx: PluginContext) -> PluginResult<HttpTransport> {
         let cfg = Config::parse(ctx.instance(), ctx.config())?;
-        // `create` runs inside the context's guard, whose dispatcher forwards
-        // events to the host: hand it to every runtime thread.
-        let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.threads)
-            .max_blocking_threads(MAX_BLOCKING_THREADS)
-            .thread_name("shardport-http")
-            .enable_io()
-            .enable_time()
-            .on_thread_start(move || {
-                let guard = tracing::dispatcher::set_default(&dispatch);
-                THREAD_DISPATCH.with(|g| *g.borrow_mut() = Some(guard));
-            })
-            .on_thread_stop(|| {
-                THREAD_DISPATCH.with(|g| drop(g.borrow_mut().take()));
-            })
-            .build()
-            .map_err(|e| AbiError::io("cannot start the http transport's runtime", &e))?;
         let stats = Arc::new(Stats::default());
-        let server = Server::start(&cfg, rt.handle(), Arc::clone(&stats))?;
         let client = Client::new(&cfg, Arc::clone(&stats))?;
-        tracing::info!(
-            target: "http",
-            bound = %server.bound(),
-            advertised = server.advertised(),
-            auth = cfg.auth_token.is_some(),
-            "http transport serving"
-        );
-        Ok(HttpTransport {
+        let t = HttpTransport {
             ctx,
-            rt: Some(rt),
-            server,
+            cfg,
+            serving: OnceLock::new(),
+            start_error: Mutex::new(None),
             client,
             stats,
-            request_timeout: cfg.request_timeout,
-        })
+        };
+        if t.cfg.listen == Listen::Eager {
+            t.serving()?;
+        }
+        Ok(t)
+    }
+
+    /// The owner side, started now if this is its first use. A failure goes
+    /// to the caller; the next call tries again.
+    fn serving(&self) -> PluginResult<&Serving> {
+        if let Some(s) = self.serving.get() {
+            return Ok(s);
+        }
+        let mut last = kit::lock(&self.start_error);
+        if let Some(s) = self.serving.get() {
+            return Ok(s);
+        }
+        match start(&self.cfg, &self.stats) {
+            Ok(s) => {
+                *last = None;
+                Ok(self.serving.get_or_init(|| s))
+            }
+            Err(e) => {
+                *last = Some(e.clone());
+                Err(e)
+            }
+        }
     }
 
     fn import_into(
@@ -231,20 +276,24 @@ impl HttpTransport {
     }
 
     fn health(&self) -> Health {
-        match self.server.unhealthy() {
-            Some(why) => Health {
-                ok: false,
-                message: format!("not serving on {}: {why}", self.server.bound()).into(),
-            },
-            None => Health {
-                ok: true,
-                message: format!(
-                    "serving on {} (advertised as {})",
-                    self.server.bound(),
-                    self.server.advertised()
-                )
-                .into(),
-            },
+        let Some(serving) = self.serving.get() else {
+            let last = kit::lock(&self.start_error).clone();
+            return match last {
+                Some(e) => kit::guard::failing(format!("cannot serve: {}", e.message)),
+                None => kit::guard::ok(format!(
+                    "not serving yet: binds {} on the first export",
+                    self.cfg.bind_text
+                )),
+            };
+        };
+        let server = &serving.server;
+        match server.unhealthy() {
+            Some(why) => kit::guard::failing(format!("not serving on {}: {why}", server.bound())),
+            None => kit::guard::ok(format!(
+                "serving on {} (advertised as {})",
+                server.bound(),
+                server.advertised()
+            )),
         }
     }
 }
@@ -262,29 +311,24 @@ fn info() -> TransportInfo {
 /// Validates one import: destination length against the metadata, the
 /// descriptor, and the descriptor's length against the metadata.
 fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Descriptor> {
-    if dst_len as u64 != meta.byte_len {
-        return Err(AbiError::invalid_argument(format!(
-            "destination is {dst_len} bytes, meta.byte_len is {}",
-            meta.byte_len
-        )));
-    }
+    kit::check::destination(dst_len, meta)?;
     let d = Descriptor::decode(desc)?;
-    if d.len != meta.byte_len {
-        return Err(AbiError::invalid_descriptor(format!(
-            "http descriptor field `len`: {} bytes, but meta.byte_len is {}",
-            d.len, meta.byte_len
-        )));
-    }
+    kit::check::declared_len("http descriptor", "len", d.len, meta)?;
     Ok(d)
 }
 
 impl Drop for HttpTransport {
     fn drop(&mut self) {
-        // Never unwind out of a drop that runs behind the ABI.
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            self.server
-                .shutdown(SHUTDOWN_GRACE.min(self.request_timeout));
-            if let Some(rt) = self.rt.take() {
+        let grace = SHUTDOWN_GRACE.min(self.cfg.request_timeout);
+        let ctx = self.ctx.clone();
+        let Some(serving) = self.serving.get_mut() else {
+            return;
+        };
+        // Never unwind out of a drop that runs behind the ABI; the guard
+        // logs a panic (to the host) and swallows it.
+        ctx.guard_infallible("drop", (), || {
+            serving.server.shutdown(grace);
+            if let Some(rt) = serving.rt.take() {
                 if tokio::runtime::Handle::try_current().is_ok() {
                     // Dropped from inside an async context of the same tokio
                     // (an rlib user), where blocking would panic.
@@ -293,98 +337,60 @@ impl Drop for HttpTransport {
                     rt.shutdown_timeout(RUNTIME_SHUTDOWN);
                 }
             }
-        }));
+        });
     }
 }
 
-impl Transport for HttpTransport {
+/// Plain types; `kit::Guarded` runs each method under the context's guard
+/// and answers `UNSUPPORTED` for views and the allocator.
+impl PlainTransport for HttpTransport {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
-        self.ctx.guard_infallible("describe", info(), info)
+        info()
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx
-            .guard("export", || self.server.export(&req).map(RVec::from))
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        self.serving()?.server.export(req)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx.guard("unexport", || self.server.unexport(id))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        match self.serving.get() {
+            Some(s) => s.server.unexport(id),
+            None => Err(AbiError::not_found(format!(
+                "shard {id} is not exported by this http transport"
+            ))),
+        }
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            HttpTransport::import_into(self, desc.as_slice(), meta, dst.as_mut_slice())
-        })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        HttpTransport::import_into(self, desc, meta, dst)
     }
 
-    fn import_view(&self, _desc: RSlice<'_, u8>, _meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            Err(AbiError::unsupported(
-                "the http transport copies (import_into); it has no zero-copy views",
-            ))
-        })
-    }
-
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || {
-            Err(AbiError::unsupported(format!(
-                "release of token {token}: the http transport hands out no views"
-            )))
-        })
-    }
-
-    fn allocate(&self, id: ShardId, _len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx.guard("allocate", || {
-            Err(AbiError::unsupported(format!(
-                "allocate for shard {id}: the http transport has no allocator"
-            )))
-        })
-    }
-
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            Err(AbiError::unsupported(format!(
-                "free_allocation of token {token}: the http transport has no allocator"
-            )))
-        })
-    }
-
-    fn stats(&self) -> RVec<Stat> {
-        self.ctx.guard_infallible("stats", RVec::new(), || {
-            let (shards, bytes) = self.server.registry().totals();
-            RVec::from(self.stats.snapshot(shards, bytes))
-        })
+    fn stats(&self) -> Vec<Stat> {
+        let (shards, bytes) = self
+            .serving
+            .get()
+            .map_or((0, 0), |s| s.server.registry().totals());
+        self.stats.snapshot(shards, bytes)
     }
 
     fn health(&self) -> Health {
-        self.ctx.guard_infallible(
-            "health",
-            Health {
-                ok: false,
-                message: "health check panicked".into(),
-            },
-            || HttpTransport::health(self),
-        )
+        HttpTransport::health(self)
     }
 
-    fn import_many(
-        &self,
-        mut items: RSliceMut<'_, ImportItem<'_>>,
-    ) -> RVec<RResult<ImportInfo, AbiError>> {
-        let n = items.len();
-        let r = self.ctx.guard("import_many", || {
-            Ok(HttpTransport::import_many(self, items.as_mut_slice()))
-        });
-        match r {
-            RResult::ROk(v) => v.into_iter().map(RResult::from).collect(),
-            // A panic (already logged by the guard) fails every item.
-            RResult::RErr(e) => (0..n).map(|_| RResult::RErr(e.clone())).collect(),
-        }
+    /// One request per owner (a panic, logged by the guard, fails every item).
+    fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
+        HttpTransport::import_many(self, items)
     }
 }
 

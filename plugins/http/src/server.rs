@@ -299,19 +299,7 @@ impl Server {
                 req.meta.device
             )));
         }
-        if req.meta.byte_len != req.data.len() as u64 {
-            return Err(AbiError::invalid_argument(format!(
-                "export of shard {id}: meta.byte_len is {} but {} bytes were lent",
-                req.meta.byte_len,
-                req.data.len()
-            )));
-        }
-        if req.data.as_ptr().is_null() && !req.data.is_empty() {
-            return Err(AbiError::invalid_argument(format!(
-                "export of shard {id}: null data pointer for {} bytes",
-                req.data.len()
-            )));
-        }
+        shardport_abi::kit::check::lent(req)?;
         let desc = Descriptor {
             addr: self.shared.advertised.clone(),
             id,

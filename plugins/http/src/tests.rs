@@ -16,7 +16,7 @@ use std::{
 
 use shardport_abi::{
     testing, AbiError, Device, ErrorKind, ExportRequest, ImportItem, PluginContext, RSlice,
-    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, TD_Opaque, TransportBox,
+    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport,
 };
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
@@ -40,12 +40,14 @@ impl std::fmt::Debug for Node {
     }
 }
 
+/// A node whose server is started (as the first export would start it), so
+/// tests can reach its address before exporting.
 fn try_node(config: &str) -> Result<Node, AbiError> {
     let ctx = PluginContext::new(testing::context("http", config));
     let h = HttpTransport::new(ctx)?;
-    let addr = h.server.bound();
+    let addr = h.serving()?.server.bound();
     Ok(Node {
-        t: Arc::new(TransportBox::from_value(h, TD_Opaque)),
+        t: Arc::new(shardport_abi::kit::into_transport_box(h)),
         addr,
     })
 }
@@ -661,11 +663,94 @@ fn export_checks_its_arguments() {
     }
 }
 
+/// A node as the host builds it: nothing started until the first export.
+fn lazy_node(config: &str) -> Result<SharedTransport, AbiError> {
+    let ctx = PluginContext::new(testing::context("http", config));
+    let h = HttpTransport::new(ctx)?;
+    Ok(Arc::new(shardport_abi::kit::into_transport_box(h)))
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// True when `port` on loopback is free (nobody bound it).
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+#[test]
+fn a_consumer_only_node_binds_no_port() {
+    let owner = node("");
+    let data = pattern(4096, 9);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let port = free_port();
+    let consumer = lazy_node(&format!("bind = \"127.0.0.1:{port}\"")).unwrap();
+    let h = consumer.health();
+    assert!(h.ok, "{}", h.message);
+    assert!(
+        h.message.contains(&format!(
+            "not serving yet: binds 127.0.0.1:{port} on the first export"
+        )),
+        "{}",
+        h.message
+    );
+    assert_eq!(fetch(&consumer, &desc, 4096).unwrap(), data);
+    assert_eq!(stat(&consumer, "shards_exported"), 0);
+    assert!(port_is_free(port), "fetching bound no port");
+    // Its first export starts the server on the configured address.
+    let mine = pattern(10, 1);
+    let d = Descriptor::decode(&export(&consumer, 2, &mine).unwrap()).unwrap();
+    assert_eq!(d.addr, format!("127.0.0.1:{port}"));
+    assert!(!port_is_free(port), "the first export bound the port");
+    assert_eq!(fetch(&owner.t, &d.encode(), 10).unwrap(), mine);
+    consumer.unexport(ShardId::from_u128(2)).unwrap();
+    owner.t.unexport(ShardId::from_u128(1)).unwrap();
+}
+
+#[test]
+fn a_lazy_bind_failure_goes_to_the_export_that_needed_it() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let t = lazy_node(&format!("bind = \"127.0.0.1:{port}\"")).unwrap();
+    let data = pattern(8, 2);
+    let e = assert_kind(
+        export(&t, 1, &data),
+        ErrorKind::UNAVAILABLE,
+        &format!("cannot bind `plugin.http.config.bind` = \"127.0.0.1:{port}\""),
+    );
+    assert!(e.message.contains("use port 0"), "{e}");
+    let h = t.health();
+    assert!(
+        !h.ok && h.message.starts_with("cannot serve: cannot bind"),
+        "{}",
+        h.message
+    );
+    assert_kind(
+        t.unexport(ShardId::from_u128(1)).into_result(),
+        ErrorKind::NOT_FOUND,
+        "not exported",
+    );
+    // Once the port is free, the next export starts the server.
+    drop(taken);
+    export(&t, 1, &data).unwrap();
+    assert!(t.health().ok);
+    t.unexport(ShardId::from_u128(1)).unwrap();
+}
+
 #[test]
 fn constructor_errors_name_the_key_or_address() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let e = try_node(&format!("bind = \"127.0.0.1:{port}\"")).unwrap_err();
+    // `listen = "eager"` binds in the constructor, which then names the address.
+    let e = lazy_node(&format!("bind = \"127.0.0.1:{port}\"\nlisten = \"eager\""))
+        .err()
+        .expect("the eager constructor binds");
     assert!(
         e.message.contains(&format!(
             "cannot bind `plugin.http.config.bind` = \"127.0.0.1:{port}\""

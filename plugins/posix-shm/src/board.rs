@@ -525,7 +525,6 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::Access;
 
     fn board(tag: &str, layout: Layout) -> (Board, String) {
         let name = format!("/shardport-board{}-{tag}", std::process::id());
@@ -555,13 +554,7 @@ mod tests {
     }
 
     fn attach(name: &str) -> Board {
-        Board::attach(
-            OwnedSegment::open(name, Access::ReadWrite).unwrap(),
-            4096,
-            1 << 22,
-            1 << 20,
-        )
-        .unwrap()
+        Board::attach(OwnedSegment::open(name).unwrap(), 4096, 1 << 22, 1 << 20).unwrap()
     }
 
     #[test]
@@ -652,13 +645,8 @@ mod tests {
         let (owner, name) = board("d", LAYOUT);
         for found in [1, 3] {
             owner.word(H_VERSION).store(found, SeqCst);
-            let e = Board::attach(
-                OwnedSegment::open(&name, Access::ReadWrite).unwrap(),
-                4096,
-                1 << 22,
-                1 << 20,
-            )
-            .unwrap_err();
+            let e = Board::attach(OwnedSegment::open(&name).unwrap(), 4096, 1 << 22, 1 << 20)
+                .unwrap_err();
             assert_eq!(e, AttachError::Version { found });
             assert_eq!(
                 e.to_string(),
@@ -670,7 +658,7 @@ mod tests {
     #[test]
     fn attach_rejects_bad_headers() {
         let (owner, name) = board("b", LAYOUT);
-        let open = || OwnedSegment::open(&name, Access::ReadWrite).unwrap();
+        let open = || OwnedSegment::open(&name).unwrap();
         let err = |r: Result<Board, AttachError>| r.unwrap_err().to_string();
         assert!(err(Board::attach(open(), 4095, 1 << 22, 1 << 20)).contains("data_size"));
         assert!(err(Board::attach(open(), 4096, 3, 1 << 20)).contains("max_shards"));

@@ -13,11 +13,12 @@
 //! max-shards = 65536
 //! sweep-on-start = true
 //! owner-check-interval = "50us"
+//! create-pool = "lazy"         # or "eager"
 //! ```
 
 use std::time::Duration;
 
-use shardport_abi::{format_byte_size, AbiError, ConfigTable, PluginResult};
+use shardport_abi::{kit::Options, PluginResult};
 
 use crate::names;
 
@@ -68,6 +69,22 @@ pub(crate) const DEFAULT_OWNER_CHECK_INTERVAL: Duration = Duration::from_micros(
 /// keep serving a dead owner's shards noticeably long.
 pub(crate) const MAX_OWNER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Default: create the pool on the first allocation or export. A process
+/// that only fetches (a rollout worker, an inference consumer) then leaves
+/// no segment in `/dev/shm`; an owner pays the creation (a few system calls,
+/// the pages stay sparse) once, on its first put.
+pub(crate) const DEFAULT_CREATE_POOL: &str = "lazy";
+
+/// When the owner creates its pool (pool mode only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CreatePool {
+    /// On the first `allocate` or `export`; a failure goes to that call.
+    Lazy,
+    /// At construction (a long-lived owner that wants `/dev/shm` problems
+    /// reported by `health` before the first put).
+    Eager,
+}
+
 /// How the owner places shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Allocation {
@@ -101,83 +118,48 @@ pub(crate) struct Config {
     pub sweep_on_start: bool,
     /// How long a consumer's "owner alive" verdict stays fresh.
     pub owner_check_interval: Duration,
-}
-
-/// Parses a duration: an integer with a unit `us`, `ms` or `s` (`"50us"`,
-/// `"1ms"`). A bare number is refused: its unit would be a guess.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let us_per: u64 = match unit.trim() {
-        "us" => 1,
-        "ms" => 1000,
-        "s" => 1_000_000,
-        _ => return None,
-    };
-    n.checked_mul(us_per).map(Duration::from_micros)
+    /// When the pool is created.
+    pub create_pool: CreatePool,
 }
 
 impl Config {
     /// Parses and validates the config table `text` of plugin `instance`.
     /// Unknown keys are errors that name the key.
     pub(crate) fn parse(instance: &str, text: &str) -> PluginResult<Config> {
-        let t = ConfigTable::parse(instance, text)?;
-        let key = |k: &str| format!("plugin.{instance}.config.{k}");
-
-        let allocation = match t
-            .choice(
-                "allocation",
-                &["pool", "segment-per-shard"],
-                DEFAULT_ALLOCATION,
-            )?
-            .as_str()
-        {
-            "pool" => Allocation::Pool,
-            _ => Allocation::SegmentPerShard,
-        };
-        let pool_size = t.byte_size("pool-size", DEFAULT_POOL_SIZE)?;
-        if !(MIN_POOL_SIZE..=MAX_POOL_SIZE).contains(&pool_size) {
-            return Err(AbiError::config(format!(
-                "`{}`: {} is out of range {}..={}",
-                key("pool-size"),
-                format_byte_size(pool_size),
-                format_byte_size(MIN_POOL_SIZE),
-                format_byte_size(MAX_POOL_SIZE)
-            )));
-        }
-        let on_full = match t
-            .choice("on-full", &["error", "spill"], DEFAULT_ON_FULL)?
-            .as_str()
-        {
-            "error" => OnFull::Error,
-            _ => OnFull::Spill,
-        };
+        let t = Options::parse(instance, text)?;
+        let allocation = t.choose(
+            "allocation",
+            &[
+                ("pool", Allocation::Pool),
+                ("segment-per-shard", Allocation::SegmentPerShard),
+            ],
+            DEFAULT_ALLOCATION,
+        )?;
+        let pool_size = t.byte_size_in(
+            "pool-size",
+            MIN_POOL_SIZE..=MAX_POOL_SIZE,
+            DEFAULT_POOL_SIZE,
+        )?;
+        let on_full = t.choose(
+            "on-full",
+            &[("error", OnFull::Error), ("spill", OnFull::Spill)],
+            DEFAULT_ON_FULL,
+        )?;
         let segment_prefix = t.string("segment-prefix", DEFAULT_SEGMENT_PREFIX)?;
-        names::validate_prefix(&segment_prefix)
-            .map_err(|why| AbiError::config(format!("`{}`: {why}", key("segment-prefix"))))?;
+        names::validate_prefix(&segment_prefix).map_err(|why| t.fail("segment-prefix", why))?;
         let max_leases = t.u64_in("max-leases", 1..=MAX_MAX_LEASES, DEFAULT_MAX_LEASES)?;
         let max_shards = t.u64_in("max-shards", 1..=MAX_MAX_SHARDS, DEFAULT_MAX_SHARDS)?;
         let sweep_on_start = t.bool("sweep-on-start", DEFAULT_SWEEP_ON_START)?;
-        let owner_check_interval = match t.opt_string("owner-check-interval")? {
-            None => DEFAULT_OWNER_CHECK_INTERVAL,
-            Some(text) => {
-                let d = parse_duration(&text).ok_or_else(|| {
-                    AbiError::config(format!(
-                        "`{}`: expected a duration such as \"50us\" or \"1ms\", found \"{text}\"",
-                        key("owner-check-interval")
-                    ))
-                })?;
-                if d > MAX_OWNER_CHECK_INTERVAL {
-                    return Err(AbiError::config(format!(
-                        "`{}`: {text} is out of range 0us..=1s",
-                        key("owner-check-interval")
-                    )));
-                }
-                d
-            }
-        };
+        let owner_check_interval = t.duration_in(
+            "owner-check-interval",
+            Duration::ZERO..=MAX_OWNER_CHECK_INTERVAL,
+            DEFAULT_OWNER_CHECK_INTERVAL,
+        )?;
+        let create_pool = t.choose(
+            "create-pool",
+            &[("lazy", CreatePool::Lazy), ("eager", CreatePool::Eager)],
+            DEFAULT_CREATE_POOL,
+        )?;
         t.finish()?;
         Ok(Config {
             instance: instance.to_owned(),
@@ -190,6 +172,7 @@ impl Config {
             max_shards: max_shards as u32,
             sweep_on_start,
             owner_check_interval,
+            create_pool,
         })
     }
 
@@ -215,6 +198,7 @@ mod tests {
         assert_eq!(c.max_shards, 65536);
         assert!(c.sweep_on_start);
         assert_eq!(c.owner_check_interval, Duration::from_micros(50));
+        assert_eq!(c.create_pool, CreatePool::Lazy);
     }
 
     #[test]
@@ -228,7 +212,8 @@ mod tests {
                max-leases = 16
                max-shards = 32
                sweep-on-start = false
-               owner-check-interval = "0us""#,
+               owner-check-interval = "0us"
+               create-pool = "eager""#,
         )
         .unwrap();
         assert_eq!(c.allocation, Allocation::SegmentPerShard);
@@ -238,6 +223,7 @@ mod tests {
         assert_eq!((c.max_leases, c.max_shards), (16, 32));
         assert!(!c.sweep_on_start);
         assert_eq!(c.owner_check_interval, Duration::ZERO);
+        assert_eq!(c.create_pool, CreatePool::Eager);
     }
 
     #[test]
@@ -285,11 +271,15 @@ mod tests {
             ),
             (
                 "owner-check-interval = \"50\"",
-                "`plugin.shm.config.owner-check-interval`: expected a duration such as \"50us\"",
+                "`plugin.shm.config.owner-check-interval`: expected a duration such as",
             ),
             (
                 "owner-check-interval = \"2s\"",
-                "`plugin.shm.config.owner-check-interval`: 2s is out of range 0us..=1s",
+                "`plugin.shm.config.owner-check-interval`: 2s is out of range 0s..=1s",
+            ),
+            (
+                "create-pool = \"later\"",
+                "`plugin.shm.config.create-pool`: expected \"lazy\" or \"eager\", found \"later\"",
             ),
             (
                 "owner-check-interval = 50",
@@ -304,24 +294,5 @@ mod tests {
         let long = format!("segment-prefix = \"{}\"", "a".repeat(33));
         let e = Config::parse("shm", &long).unwrap_err();
         assert!(e.message.contains("at most 32"), "{}", e.message);
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("50us"), Some(Duration::from_micros(50)));
-        assert_eq!(parse_duration(" 2 ms "), Some(Duration::from_millis(2)));
-        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
-        assert_eq!(parse_duration("0us"), Some(Duration::ZERO));
-        for bad in [
-            "",
-            "5",
-            "us",
-            "1.5ms",
-            "-1us",
-            "3m",
-            "99999999999999999999s",
-        ] {
-            assert_eq!(parse_duration(bad), None, "{bad:?}");
-        }
     }
 }

@@ -56,7 +56,7 @@ use crate::{
     lock,
     names::{self, Kind},
     stats::Counters,
-    sys::{Access, OwnedSegment},
+    sys::{OwnedSegment, PeerSegment},
 };
 
 /// Pools kept mapped at once: a consumer usually reads from a handful of
@@ -66,7 +66,7 @@ pub(crate) const MAX_CACHED_POOLS: usize = 16;
 /// A peer's pool as this consumer maps it.
 #[derive(Debug)]
 pub(crate) struct PeerPool {
-    data: OwnedSegment,
+    data: PeerSegment,
     board: Board,
     /// Where the next lease-slot search starts (spreads claims out).
     hint: AtomicU32,
@@ -104,13 +104,13 @@ enum Held {
         len: u64,
     },
     Segment {
-        seg: OwnedSegment,
+        seg: PeerSegment,
         len: u64,
     },
 }
 
 impl Held {
-    fn segment(&self) -> &OwnedSegment {
+    fn segment(&self) -> &PeerSegment {
         match self {
             Held::Pool { lease, .. } => &lease.pool.data,
             Held::Segment { seg, .. } => seg,
@@ -276,9 +276,9 @@ impl Consumer {
                 format!("{} and {} belong to different owners", d.board, d.segment),
             ));
         }
-        let data = OwnedSegment::open(&d.segment, Access::ReadOnly)
+        let data = PeerSegment::open(&d.segment)
             .map_err(|e| errors::open_failed(Kind::PoolData, &d.segment, e))?;
-        let board_seg = OwnedSegment::open(&d.board, Access::ReadWrite)
+        let board_seg = OwnedSegment::open(&d.board)
             .map_err(|e| errors::open_failed(Kind::Board, &d.board, e))?;
         let board =
             Board::attach(board_seg, data.size(), MAX_MAX_SHARDS, MAX_MAX_LEASES).map_err(|e| {
@@ -352,7 +352,7 @@ impl Consumer {
         match d.mode {
             Mode::Segment => {
                 self.check_owner(st, self.owner_of(&d.segment), &d.segment, now)?;
-                let seg = OwnedSegment::open(&d.segment, Access::ReadOnly)
+                let seg = PeerSegment::open(&d.segment)
                     .map_err(|e| errors::open_failed(Kind::Shard, &d.segment, e))?;
                 if end > seg.size() {
                     return Err(bad(
@@ -442,13 +442,7 @@ impl Consumer {
         dst: &mut [u8],
         counters: &Counters,
     ) -> PluginResult<ImportInfo> {
-        if dst.len() as u64 != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {} bytes, the shard is {}",
-                dst.len(),
-                meta.byte_len
-            )));
-        }
+        shardport_abi::kit::check::destination(dst.len(), meta)?;
         let held = {
             let mut st = lock(&self.state);
             self.hold(&mut st, desc, meta, counters)?
@@ -480,19 +474,15 @@ impl Consumer {
         let mut st = lock(&self.state);
         let held = self.hold(&mut st, desc, meta, counters)?;
         let (offset, len) = held.range();
-        let ptr = held
-            .segment()
-            .ptr(offset, len)
-            .ok_or_else(|| AbiError::internal("validated range is outside its segment"))?;
         let token = st.next_token;
+        let region = held
+            .segment()
+            .region(offset, len, token)
+            .ok_or_else(|| AbiError::internal("validated range is outside its segment"))?;
         st.next_token += 1;
         st.views.insert(token, held);
         counters.imports_view.inc();
-        Ok(Region {
-            ptr: ptr.as_ptr().cast_const(),
-            len: len as usize,
-            token,
-        })
+        Ok(region)
     }
 
     /// `Transport::sweep`, consumer side: drops cached mappings of pools

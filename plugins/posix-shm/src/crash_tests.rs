@@ -471,7 +471,9 @@ fn foreign_names_are_never_touched() {
 fn pid_reuse_counts_as_dead() {
     let prefix = prefix("reuse");
     let here = Here::current();
-    let cfg = format!("segment-prefix = \"{prefix}\"\npool-size = \"64KiB\"");
+    // Eager: the owner's own pool exists before the sweep below.
+    let cfg =
+        format!("segment-prefix = \"{prefix}\"\npool-size = \"64KiB\"\ncreate-pool = \"eager\"");
     // Our own pid, alive, with a fabricated start time: a process that had
     // our pid before us.
     let impostor = Here {

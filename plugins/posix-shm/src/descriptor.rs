@@ -20,7 +20,10 @@
 //! against the shard's metadata and `offset + len` against the segment's real
 //! size. Every failure is `INVALID_DESCRIPTOR` with a message naming the field.
 
-use shardport_abi::{AbiError, PluginResult};
+use shardport_abi::{
+    kit::codec::{self, Reader, Writer},
+    AbiError, PluginResult,
+};
 
 use crate::names::{self, Kind, MAX_NAME_LEN};
 
@@ -52,133 +55,60 @@ pub(crate) struct Descriptor {
     pub generation: u64,
 }
 
+/// What errors call this format.
+const WHAT: &str = "posix-shm descriptor";
+
 fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
-    AbiError::invalid_descriptor(format!("posix-shm descriptor field `{field}`: {why}"))
-}
-
-/// A cursor that fails naming the field it was reading.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, field: &str) -> PluginResult<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let Some(end) = end else {
-            return Err(bad(
-                field,
-                format!(
-                    "truncated: descriptor is {} bytes, the field needs {} at byte {}",
-                    self.bytes.len(),
-                    n,
-                    self.pos
-                ),
-            ));
-        };
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn u8(&mut self, field: &str) -> PluginResult<u8> {
-        Ok(self.take(1, field)?[0])
-    }
-
-    fn u16(&mut self, field: &str) -> PluginResult<u16> {
-        let b = self.take(2, field)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-
-    fn u32(&mut self, field: &str) -> PluginResult<u32> {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(self.take(4, field)?);
-        Ok(u32::from_le_bytes(a))
-    }
-
-    fn u64(&mut self, field: &str) -> PluginResult<u64> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8, field)?);
-        Ok(u64::from_le_bytes(a))
-    }
-
-    fn name(&mut self, field: &str) -> PluginResult<&'a str> {
-        let n = self.u8(field)? as usize;
-        let b = self.take(n, field)?;
-        std::str::from_utf8(b).map_err(|_| bad(field, "not UTF-8"))
-    }
+    codec::invalid(WHAT, field, why)
 }
 
 impl Descriptor {
     /// Serialises the descriptor.
     pub(crate) fn encode(&self) -> Vec<u8> {
         assert!(self.segment.len() <= MAX_NAME_LEN && self.board.len() <= MAX_NAME_LEN);
-        let mut v = Vec::with_capacity(FIXED_LEN + 2 + self.segment.len() + self.board.len());
-        v.extend_from_slice(&MAGIC);
-        v.push(VERSION);
-        v.push(match self.mode {
-            Mode::Pool => 1,
-            Mode::Segment => 2,
-        });
-        v.extend_from_slice(&0u16.to_le_bytes());
-        v.extend_from_slice(&self.offset.to_le_bytes());
-        v.extend_from_slice(&self.len.to_le_bytes());
-        v.extend_from_slice(&self.slot.to_le_bytes());
-        v.extend_from_slice(&self.generation.to_le_bytes());
-        v.push(self.segment.len() as u8);
-        v.extend_from_slice(self.segment.as_bytes());
-        v.push(self.board.len() as u8);
-        v.extend_from_slice(self.board.as_bytes());
-        v
+        Writer::with_capacity(FIXED_LEN + 2 + self.segment.len() + self.board.len())
+            .bytes(&MAGIC)
+            .u8(VERSION)
+            .u8(match self.mode {
+                Mode::Pool => 1,
+                Mode::Segment => 2,
+            })
+            .u16(0)
+            .u64(self.offset)
+            .u64(self.len)
+            .u32(self.slot)
+            .u64(self.generation)
+            .short_str(&self.segment)
+            .short_str(&self.board)
+            .finish()
     }
 
     /// Parses and checks a descriptor from another process. Names must carry
     /// `prefix`, the consumer's own configured segment prefix.
     pub(crate) fn decode(bytes: &[u8], prefix: &str) -> PluginResult<Descriptor> {
-        let mut r = Reader { bytes, pos: 0 };
-        let magic = r.take(4, "magic")?;
-        if magic != MAGIC {
-            return Err(bad(
-                "magic",
-                format!("expected {MAGIC:02x?} (\"SPSM\"), found {magic:02x?}"),
-            ));
-        }
-        let version = r.u8("version")?;
-        if version != VERSION {
-            return Err(bad(
-                "version",
-                format!("this plugin reads version {VERSION}, found {version}"),
-            ));
-        }
+        let mut r = Reader::new(WHAT, bytes);
+        r.magic("magic", &MAGIC)?;
+        r.version("version", VERSION)?;
+        let at = r.pos();
         let mode = match r.u8("mode")? {
             1 => Mode::Pool,
             2 => Mode::Segment,
             m => {
-                return Err(bad(
+                return Err(r.error_at(
                     "mode",
-                    format!("expected 1 (pool) or 2 (segment), found {m}"),
+                    at,
+                    format_args!("expected 1 (pool) or 2 (segment), found {m}"),
                 ))
             }
         };
-        let reserved = r.u16("reserved")?;
-        if reserved != 0 {
-            return Err(bad("reserved", format!("must be 0, found {reserved}")));
-        }
+        r.zeros(2, "reserved")?;
         let offset = r.u64("offset")?;
         let len = r.u64("len")?;
         let slot = r.u32("slot")?;
         let generation = r.u64("generation")?;
-        let segment = r.name("segment")?;
-        let board = r.name("board")?;
-        if r.pos != bytes.len() {
-            return Err(bad(
-                "board",
-                format!(
-                    "{} unexpected bytes after the last field",
-                    bytes.len() - r.pos
-                ),
-            ));
-        }
+        let segment = r.short_str("segment")?;
+        let board = r.short_str("board")?;
+        r.end("board")?;
         if offset.checked_add(len).is_none() {
             return Err(bad("len", format!("offset {offset} + len {len} overflows")));
         }
@@ -254,6 +184,25 @@ mod tests {
             generation: 0,
         };
         assert_eq!(Descriptor::decode(&s.encode(), "shardport").unwrap(), s);
+    }
+
+    /// The layout in the module doc, byte for byte: descriptors already in
+    /// flight keep decoding.
+    #[test]
+    fn wire_format_is_unchanged() {
+        let d = pool();
+        let mut want = b"SPSM".to_vec();
+        want.extend_from_slice(&[1, 1, 0, 0]);
+        want.extend_from_slice(&128u64.to_le_bytes());
+        want.extend_from_slice(&1000u64.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
+        want.extend_from_slice(&9u64.to_le_bytes());
+        want.push(d.segment.len() as u8);
+        want.extend_from_slice(d.segment.as_bytes());
+        want.push(d.board.len() as u8);
+        want.extend_from_slice(d.board.as_bytes());
+        assert_eq!(d.encode(), want);
+        assert_eq!(Descriptor::decode(&want, "shardport").unwrap(), d);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! allocation = "pool"      # or "segment-per-shard"
 //! pool-size = "4GiB"
 //! on-full = "spill"        # or "error"
+//! create-pool = "lazy"     # on the first put (default), or "eager"
 //! ```
 //!
 //! The owner writes shards straight into a pool segment (`allocate`) or has
@@ -56,12 +57,10 @@ mod crash_tests;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use shardport_abi::{
+    kit::{self, IoContext, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
-    PluginContext, PluginResult, RResult, RSlice, RSliceMut, RVec, Region, ShardId, ShardMeta,
-    Stat, TD_Opaque, Transport, TransportBox, TransportInfo,
+    PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
 
 use crate::{
@@ -71,12 +70,10 @@ use crate::{
 /// The transport's name, the key its descriptors are filed under.
 pub const TRANSPORT_NAME: &str = "posix-shm";
 
-/// Locks `m`, recovering from poisoning: every critical section leaves the
-/// books consistent before anything in it can panic (a panic is a bug caught
-/// by `PluginContext::guard`; the next call still sees valid state).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// Locks a mutex, recovering from poisoning: every critical section leaves
+/// the books consistent before anything in it can panic (a panic is a bug
+/// caught by the guard; the next call still sees valid state).
+pub(crate) use shardport_abi::kit::lock;
 
 /// One posix-shm transport instance: an owner side and a consumer side.
 struct ShmTransport {
@@ -98,9 +95,10 @@ impl std::fmt::Debug for ShmTransport {
 }
 
 /// Builds a transport instance from the host context: parses and validates
-/// the config table (unknown keys are errors), sweeps dead owners' segments
-/// (`sweep-on-start`) and, in pool mode, creates the pool. This is the
-/// constructor the plugin exports.
+/// the config table (unknown keys are errors) and sweeps dead owners'
+/// segments (`sweep-on-start`). The pool is created on the first put (or
+/// here with `create-pool = "eager"`), so a process that only fetches
+/// creates no segment. This is the constructor the plugin exports.
 pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
     create_as(ctx, Here::current())
 }
@@ -137,17 +135,14 @@ pub(crate) fn create_as(ctx: PluginContext, here: Here) -> PluginResult<Transpor
     let prefix = cfg.segment_prefix.clone();
     let consumer = Consumer::new(&prefix, here, cfg.owner_check_interval);
     let owner = Owner::new(cfg, ctx.node_tag(), here);
-    Ok(TransportBox::from_value(
-        ShmTransport {
-            ctx,
-            owner,
-            consumer,
-            counters,
-            prefix,
-            here,
-        },
-        TD_Opaque,
-    ))
+    Ok(kit::into_transport_box(ShmTransport {
+        ctx,
+        owner,
+        consumer,
+        counters,
+        prefix,
+        here,
+    }))
 }
 
 /// Refuses a node tag of the host's shape that names another process: our
@@ -178,7 +173,14 @@ fn sweep_segments(prefix: &str, here: &Here, counters: &Counters) -> std::io::Re
     Ok(s)
 }
 
-impl Transport for ShmTransport {
+/// Plain types; `kit::Guarded` runs each method under the context's guard.
+impl PlainTransport for ShmTransport {
+    const NAME: &'static str = TRANSPORT_NAME;
+
+    fn context(&self) -> &PluginContext {
+        &self.ctx
+    }
+
     fn describe(&self) -> TransportInfo {
         TransportInfo {
             name: TRANSPORT_NAME.into(),
@@ -191,97 +193,77 @@ impl Transport for ShmTransport {
         }
     }
 
-    fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.ctx.guard("export", || {
-            self.owner.export(&req, &self.counters).map(RVec::from)
-        })
+    fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
+        self.owner.export(req, &self.counters)
     }
 
-    fn unexport(&self, id: ShardId) -> RResult<(), AbiError> {
-        self.ctx
-            .guard("unexport", || self.owner.unexport(id, &self.counters))
+    fn unexport(&self, id: ShardId) -> PluginResult<()> {
+        self.owner.unexport(id, &self.counters)
     }
 
     fn import_into(
         &self,
-        desc: RSlice<'_, u8>,
+        desc: &[u8],
         meta: &ShardMeta,
-        mut dst: RSliceMut<'_, u8>,
-    ) -> RResult<ImportInfo, AbiError> {
-        self.ctx.guard("import_into", || {
-            self.consumer
-                .import_into(desc.as_slice(), meta, dst.as_mut_slice(), &self.counters)
-        })
+        dst: &mut [u8],
+    ) -> PluginResult<ImportInfo> {
+        self.consumer.import_into(desc, meta, dst, &self.counters)
     }
 
-    fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.ctx.guard("import_view", || {
-            self.consumer
-                .import_view(desc.as_slice(), meta, &self.counters)
-        })
+    fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        self.consumer.import_view(desc, meta, &self.counters)
     }
 
-    fn release(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("release", || self.consumer.release(token))
+    fn release(&self, token: u64) -> PluginResult<()> {
+        self.consumer.release(token)
     }
 
-    fn allocate(&self, id: ShardId, len: u64) -> RResult<Allocation, AbiError> {
-        self.ctx
-            .guard("allocate", || self.owner.allocate(id, len, &self.counters))
+    fn allocate(&self, id: ShardId, len: u64) -> PluginResult<Allocation> {
+        self.owner.allocate(id, len, &self.counters)
     }
 
-    fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
-        self.ctx.guard("free_allocation", || {
-            self.owner.free_allocation(token, &self.counters)
-        })
+    fn free_allocation(&self, token: u64) -> PluginResult<()> {
+        self.owner.free_allocation(token, &self.counters)
     }
 
-    fn stats(&self) -> RVec<Stat> {
-        self.ctx.guard_infallible("stats", RVec::new(), || {
-            let o = self.owner.stats(&self.counters);
-            let c = self.consumer.stats();
-            let k = &self.counters;
-            RVec::from(vec![
-                Stat::gauge("pool_bytes_total", o.pool_bytes_total),
-                Stat::gauge("pool_bytes_used", o.pool_bytes_used),
-                Stat::gauge("pool_largest_free_bytes", o.pool_largest_free),
-                Stat::gauge("shards_live", o.shards_live),
-                Stat::gauge("shards_retired_leased", o.shards_retired_leased),
-                Stat::gauge("allocations_pending", o.allocations_pending),
-                Stat::gauge("leases_held_on_owner", o.leases_held_on_owner),
-                Stat::counter("leases_granted", k.leases_granted.get()),
-                Stat::gauge("leases_active", c.leases_active),
-                Stat::gauge("segments_owned", o.segments_owned),
-                Stat::gauge("segments_mapped", c.segments_mapped),
-                Stat::counter("bytes_exported", k.bytes_exported.get()),
-                Stat::counter("imports_copy", k.imports_copy.get()),
-                Stat::counter("imports_view", k.imports_view.get()),
-                Stat::counter("spills", k.spills.get()),
-                Stat::counter("leases_reclaimed", k.leases_reclaimed.get()),
-                Stat::counter("segments_swept", k.segments_swept.get()),
-                Stat::counter("bytes_swept", k.bytes_swept.get()),
-            ])
-        })
+    fn stats(&self) -> Vec<Stat> {
+        let o = self.owner.stats(&self.counters);
+        let c = self.consumer.stats();
+        let k = &self.counters;
+        StatList::new()
+            .gauge_value("pool_bytes_total", o.pool_bytes_total)
+            .gauge_value("pool_bytes_used", o.pool_bytes_used)
+            .gauge_value("pool_largest_free_bytes", o.pool_largest_free)
+            .gauge_value("shards_live", o.shards_live)
+            .gauge_value("shards_retired_leased", o.shards_retired_leased)
+            .gauge_value("allocations_pending", o.allocations_pending)
+            .gauge_value("leases_held_on_owner", o.leases_held_on_owner)
+            .counter("leases_granted", &k.leases_granted)
+            .gauge_value("leases_active", c.leases_active)
+            .gauge_value("segments_owned", o.segments_owned)
+            .gauge_value("segments_mapped", c.segments_mapped)
+            .counter("bytes_exported", &k.bytes_exported)
+            .counter("imports_copy", &k.imports_copy)
+            .counter("imports_view", &k.imports_view)
+            .counter("spills", &k.spills)
+            .counter("leases_reclaimed", &k.leases_reclaimed)
+            .counter("segments_swept", &k.segments_swept)
+            .counter("bytes_swept", &k.bytes_swept)
+            .finish()
     }
 
     fn health(&self) -> Health {
-        self.ctx.guard_infallible(
-            "health",
-            Health {
-                ok: false,
-                message: "health check panicked".into(),
-            },
-            || match self.owner.pool_error() {
-                Some(e) => Health {
-                    ok: false,
-                    message: format!("pool unavailable (imports still work): {}", e.message).into(),
-                },
-                None => Health {
-                    ok: true,
-                    message: format!("ok, segments {}*", self.owner.name_base()).into(),
-                },
-            },
-        )
+        match self.owner.pool_error() {
+            Some(e) => kit::guard::failing(format!(
+                "pool unavailable (imports still work): {}",
+                e.message
+            )),
+            None if self.owner.pool_pending() => kit::guard::ok(format!(
+                "ok, segments {}* (no pool yet: created on the first put)",
+                self.owner.name_base()
+            )),
+            None => kit::guard::ok(format!("ok, segments {}*", self.owner.name_base())),
+        }
     }
 
     /// Reclaims the lease slots of dead consumers on this owner's board (and
@@ -289,18 +271,16 @@ impl Transport for ShmTransport {
     /// pools, and unlinks the segments of dead owners with our prefix.
     /// Returns what this call reclaimed; `stats` reports running totals
     /// under the same names.
-    fn sweep(&self) -> RResult<RVec<Stat>, AbiError> {
-        self.ctx.guard("sweep", || {
-            let leases = self.owner.sweep_leases(&self.counters);
-            self.consumer.sweep();
-            let swept = sweep_segments(&self.prefix, &self.here, &self.counters)
-                .map_err(|e| AbiError::io(format_args!("cannot list {}", sweep::SHM_DIR), &e))?;
-            Ok(RVec::from(vec![
-                Stat::counter("segments_swept", swept.segments),
-                Stat::counter("bytes_swept", swept.bytes),
-                Stat::counter("leases_reclaimed", leases),
-            ]))
-        })
+    fn sweep(&self) -> PluginResult<Vec<Stat>> {
+        let leases = self.owner.sweep_leases(&self.counters);
+        self.consumer.sweep();
+        let swept = sweep_segments(&self.prefix, &self.here, &self.counters)
+            .context(format_args!("cannot list {}", sweep::SHM_DIR))?;
+        Ok(StatList::new()
+            .counter_value("segments_swept", swept.segments)
+            .counter_value("bytes_swept", swept.bytes)
+            .counter_value("leases_reclaimed", leases)
+            .finish())
     }
 }
 

@@ -1,8 +1,10 @@
 //! The owner side: allocating, exporting and reclaiming shard storage.
 //!
 //! # Overview
-//! In `pool` mode the owner creates, at construction, one sparse data segment
-//! of `pool-size` bytes and one lease board (see `board`). Shards get space
+//! In `pool` mode the owner creates, on its first `allocate` or `export`
+//! (or at construction with `create-pool = "eager"`), one sparse data
+//! segment of `pool-size` bytes and one lease board (see `board`). A process
+//! that only fetches never creates them: it leaves nothing in `/dev/shm`. Shards get space
 //! from the [`BumpAllocator`] and a slot in the board's shard table. In
 //! `segment-per-shard` mode (and for a shard spilled from a full pool) each
 //! shard gets a segment of its own, unlinked at unexport: consumers that
@@ -36,7 +38,7 @@
 use std::{
     collections::HashMap,
     ptr::NonNull,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::Instant,
 };
 
@@ -49,7 +51,7 @@ use shardport_abi::{
 use crate::{
     alloc::{BackedRanges, BumpAllocator},
     board::{Board, EntryState, Holder, Layout},
-    config::{self, Config, OnFull},
+    config::{self, Config, CreatePool, OnFull},
     descriptor::{Descriptor, Mode},
     errors,
     liveness::{Here, Verdict, Watcher},
@@ -144,9 +146,19 @@ pub(crate) struct Owner {
     /// This process, for judging lease holders and refusing use after fork.
     here: Here,
     names: NameGen,
-    /// `Some` in pool mode: the pool, or why it could not be created.
-    pool: Option<Result<Pool, AbiError>>,
+    /// `Some` in pool mode.
+    pool: Option<LazyPool>,
     books: Mutex<Books>,
+}
+
+/// The pool, created on first use.
+#[derive(Debug, Default)]
+struct LazyPool {
+    created: OnceLock<Pool>,
+    /// Why the last attempt to create it failed (for `health`); cleared by
+    /// a later success. Creation runs under the books lock, so attempts
+    /// never race.
+    last_error: Mutex<Option<AbiError>>,
 }
 
 /// Creates a segment under the next free name of `kind`. Names record the
@@ -227,22 +239,24 @@ fn nn(p: NonNull<u8>) -> *mut u8 {
 }
 
 impl Owner {
-    /// Builds the owner side; in pool mode creates the pool. A pool that
-    /// cannot be created leaves the instance usable as a consumer, reported
-    /// by `health` and by every owner-side call.
+    /// Builds the owner side. In pool mode the pool is created on first
+    /// use, or now with `create-pool = "eager"`. A pool that cannot be
+    /// created leaves the instance usable as a consumer; the failure goes to
+    /// the call that needed the pool, and `health` reports it.
     pub(crate) fn new(cfg: Config, node_tag: &str, here: Here) -> Owner {
         let names = NameGen::new(&cfg.segment_prefix, node_tag, &here.process);
         let (pool, alloc, free_slots) = match cfg.allocation {
             config::Allocation::Pool => {
-                let pool = create_pool(&cfg, &here, &names).inspect_err(|e| {
-                    tracing::error!(target: "posix_shm", error = %e.message, "pool creation failed");
-                });
                 let slots = (0..cfg.max_shards).rev().collect();
-                (Some(pool), BumpAllocator::new(cfg.pool_size), slots)
+                (
+                    Some(LazyPool::default()),
+                    BumpAllocator::new(cfg.pool_size),
+                    slots,
+                )
             }
             config::Allocation::SegmentPerShard => (None, BumpAllocator::new(0), Vec::new()),
         };
-        Owner {
+        let owner = Owner {
             books: Mutex::new(Books {
                 alloc,
                 backed: BackedRanges::default(),
@@ -260,22 +274,62 @@ impl Owner {
             here,
             names,
             pool,
+        };
+        if owner.cfg.create_pool == CreatePool::Eager {
+            let mut b = lock(&owner.books);
+            if let Err(e) = owner.pool_or_create(&mut b) {
+                tracing::error!(target: "posix_shm", error = %e.message, "pool creation failed");
+            }
         }
+        owner
     }
 
-    /// `Err` with the reason when the pool could not be created.
-    pub(crate) fn pool_error(&self) -> Option<&AbiError> {
-        self.pool.as_ref().and_then(|p| p.as_ref().err())
+    /// The reason the last attempt to create the pool failed, while it
+    /// has not been created.
+    pub(crate) fn pool_error(&self) -> Option<AbiError> {
+        let lazy = self.pool.as_ref()?;
+        if lazy.created.get().is_some() {
+            return None;
+        }
+        lock(&lazy.last_error).clone()
     }
 
+    /// True in pool mode while the pool is not created yet.
+    pub(crate) fn pool_pending(&self) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(|l| l.created.get().is_none())
+    }
+
+    /// The pool if it was created (`None` in segment-per-shard mode and
+    /// before the first use).
     fn pool(&self) -> PluginResult<Option<&Pool>> {
-        match &self.pool {
-            None => Ok(None),
-            Some(Ok(p)) => Ok(Some(p)),
-            Some(Err(e)) => Err(AbiError::new(
-                e.kind,
-                format!("the posix-shm pool is unavailable: {}", e.message),
-            )),
+        Ok(self.pool.as_ref().and_then(|l| l.created.get()))
+    }
+
+    /// The pool, created now if this is its first use (`None` in
+    /// segment-per-shard mode). A failure goes to the caller; the next call
+    /// tries again (`/dev/shm` may have room by then). The books lock
+    /// serialises creation.
+    fn pool_or_create(&self, _books: &mut Books) -> PluginResult<Option<&Pool>> {
+        let Some(lazy) = &self.pool else {
+            return Ok(None);
+        };
+        if let Some(p) = lazy.created.get() {
+            return Ok(Some(p));
+        }
+        match create_pool(&self.cfg, &self.here, &self.names) {
+            Ok(p) => {
+                *lock(&lazy.last_error) = None;
+                Ok(Some(lazy.created.get_or_init(|| p)))
+            }
+            Err(e) => {
+                *lock(&lazy.last_error) = Some(e.clone());
+                Err(AbiError::new(
+                    e.kind,
+                    format!("the posix-shm pool is unavailable: {}", e.message),
+                ))
+            }
         }
     }
 
@@ -407,7 +461,7 @@ impl Owner {
     /// when the shard needs a segment of its own (segment-per-shard mode, or
     /// a full pool with `on-full = "spill"`). Cheap: runs under the lock.
     fn pool_space(&self, b: &mut Books, len: u64) -> PluginResult<Option<Place>> {
-        let Some(pool) = self.pool()? else {
+        let Some(pool) = self.pool_or_create(b)? else {
             return Ok(None);
         };
         let offset = if len == 0 {
@@ -632,12 +686,7 @@ impl Owner {
                 req.id, req.meta.device
             )));
         }
-        if req.meta.byte_len != len {
-            return Err(AbiError::invalid_argument(format!(
-                "shard {}: meta.byte_len is {} but {} bytes were lent",
-                req.id, req.meta.byte_len, len
-            )));
-        }
+        shardport_abi::kit::check::lent(req)?;
         let token = if req.allocation != 0 {
             req.allocation
         } else {
@@ -795,7 +844,7 @@ impl Drop for Owner {
     fn drop(&mut self) {
         // Tell consumers with cached mappings that every shard is gone before
         // the names disappear; the segments themselves unlink as they drop.
-        if let Some(Ok(pool)) = &self.pool {
+        if let Ok(Some(pool)) = self.pool() {
             let b = lock(&self.books);
             for r in b.live.values().chain(b.pending.values()) {
                 if let Place::Pool { slot, .. } = r.place {

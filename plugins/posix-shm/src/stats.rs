@@ -1,27 +1,6 @@
 //! Monotonic counters shared by the owner and consumer sides.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-/// A monotonic counter (relaxed: it orders nothing, it only counts).
-#[derive(Debug, Default)]
-pub(crate) struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds one.
-    pub(crate) fn inc(&self) {
-        self.add(1);
-    }
-
-    /// Adds `n`.
-    pub(crate) fn add(&self, n: u64) {
-        self.0.fetch_add(n, Relaxed);
-    }
-
-    /// Current value.
-    pub(crate) fn get(&self) -> u64 {
-        self.0.load(Relaxed)
-    }
-}
+pub(crate) use shardport_abi::kit::Counter;
 
 /// Every counter `stats()` reports.
 #[derive(Debug, Default)]

@@ -15,13 +15,15 @@
 //!   alive.
 //! - Memory shared with other processes is only touched in two ways: through
 //!   `AtomicU64` (the lease board, where every access is atomic in every
-//!   process), or by bulk copies through raw pointers ([`OwnedSegment::copy_out`],
+//!   process), or by bulk copies through raw pointers ([`PeerSegment::copy_out`],
 //!   [`OwnedSegment::write_export_data`]). No `&[u8]` or `&mut [u8]` to shared
 //!   memory is ever formed here, so a peer that breaks the lease protocol can
 //!   make us copy torn bytes, never observe a reference change under it.
 //!   The lease protocol (see `board`) is what keeps the copied range stable.
-//! - Consumers map peers' data segments read-only; only the lease board is
-//!   mapped writable on both sides.
+//! - Consumers map peers' data segments read-only ([`PeerSegment`], over the
+//!   plugin kit's `ReadOnlyMap`, whose `unsafe` constructor is called here
+//!   with the lease protocol as its reason); only the lease board is mapped
+//!   writable on both sides.
 //!
 //! The process probes the crash-safety sweeps rely on ([`process_exists`],
 //! [`PidFd`]) and the sweep's [`unlink_segment`] are safe calls; they live
@@ -45,16 +47,7 @@ use rustix::{
     process::{self, Pid, PidfdFlags},
     shm,
 };
-use shardport_abi::ExportRequest;
-
-/// How a segment is mapped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// `PROT_READ`: a peer's data segment.
-    ReadOnly,
-    /// `PROT_READ | PROT_WRITE`: our own segments and every lease board.
-    ReadWrite,
-}
+use shardport_abi::{kit::ReadOnlyMap, ExportRequest, Region};
 
 /// A failed system call: which one, and the OS error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,11 +73,10 @@ fn fail(op: &'static str) -> impl FnOnce(Errno) -> SysError {
     move |errno| SysError { op, errno }
 }
 
-/// One `mmap`ed region of a shared-memory object, unmapped on drop.
+/// One read-write `mmap`ed region of a shared-memory object, unmapped on drop.
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
-    access: Access,
 }
 
 // SAFETY: `Mapping` is an address range owned by this value; the memory is a
@@ -96,13 +88,10 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len > 0` bytes of `fd` from offset 0.
-    fn new(fd: &OwnedFd, len: usize, access: Access) -> Result<Mapping, SysError> {
+    /// Maps `len > 0` bytes of `fd` from offset 0, read-write.
+    fn new(fd: &OwnedFd, len: usize) -> Result<Mapping, SysError> {
         debug_assert!(len > 0, "zero-length mappings are represented by `None`");
-        let prot = match access {
-            Access::ReadOnly => ProtFlags::READ,
-            Access::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
-        };
+        let prot = ProtFlags::READ | ProtFlags::WRITE;
         // SAFETY: a null address hint lets the kernel pick a fresh range, so
         // the new mapping cannot alias any existing Rust allocation; the fd is
         // a valid shared-memory object of at least `len` bytes (the callers
@@ -113,7 +102,7 @@ impl Mapping {
             op: "mmap",
             errno: Errno::FAULT,
         })?;
-        Ok(Mapping { ptr, len, access })
+        Ok(Mapping { ptr, len })
     }
 }
 
@@ -177,31 +166,19 @@ impl OwnedSegment {
         let fd = seg.fd.as_ref().expect("just set");
         fs::ftruncate(fd, size).map_err(fail("ftruncate"))?;
         if len > 0 {
-            seg.map = Some(Mapping::new(fd, len, Access::ReadWrite)?);
+            seg.map = Some(Mapping::new(fd, len)?);
         }
         Ok(seg)
     }
 
-    /// Opens a peer's segment `name` and maps all of it (its real size, from
-    /// `fstat`) with `access`. The value does not own the name: dropping it
-    /// unmaps, never unlinks. The descriptor is closed once mapped.
-    pub(crate) fn open(name: &str, access: Access) -> Result<OwnedSegment, SysError> {
-        let flags = match access {
-            Access::ReadOnly => shm::OFlags::RDONLY,
-            Access::ReadWrite => shm::OFlags::RDWR,
-        };
-        let fd = shm::open(name, flags, Mode::empty()).map_err(fail("shm_open"))?;
-        let st = fs::fstat(&fd).map_err(fail("fstat"))?;
-        let size = u64::try_from(st.st_size).map_err(|_| SysError {
-            op: "fstat",
-            errno: Errno::INVAL,
-        })?;
-        let len = usize::try_from(size).map_err(|_| SysError {
-            op: "mmap",
-            errno: Errno::NOMEM,
-        })?;
+    /// Opens a peer's segment `name` read-write (a lease board) and maps
+    /// all of it (its real size, from `fstat`). The value does not own the
+    /// name: dropping it unmaps, never unlinks. The descriptor is closed once
+    /// mapped. Peers' data segments are opened read-only as [`PeerSegment`]s.
+    pub(crate) fn open(name: &str) -> Result<OwnedSegment, SysError> {
+        let (fd, size, len) = open_sized(name, shm::OFlags::RDWR)?;
         let map = if len > 0 {
-            Some(Mapping::new(&fd, len, access)?)
+            Some(Mapping::new(&fd, len)?)
         } else {
             None
         };
@@ -283,33 +260,10 @@ impl OwnedSegment {
         Some(unsafe { map.ptr.add(off) })
     }
 
-    /// Like [`ptr`](Self::ptr) for writing: `None` for a read-only mapping.
+    /// Like [`ptr`](Self::ptr), for writing (every `OwnedSegment` is mapped
+    /// read-write).
     pub(crate) fn ptr_mut(&self, offset: u64, len: u64) -> Option<NonNull<u8>> {
-        match &self.map {
-            Some(m) if m.access != Access::ReadWrite => None,
-            _ => self.ptr(offset, len),
-        }
-    }
-
-    /// Copies `dst.len()` bytes at `offset` into `dst`; `false` (and nothing
-    /// copied) when the range is not inside the segment.
-    ///
-    /// Callers hold a lease on the range (or own it), which is what keeps the
-    /// bytes stable during the copy; the copy goes through raw pointers, so a
-    /// peer breaking that protocol yields torn bytes, not undefined behaviour
-    /// through a Rust reference.
-    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
-        let Some(src) = self.ptr(offset, dst.len() as u64) else {
-            return false;
-        };
-        if dst.is_empty() {
-            return true;
-        }
-        // SAFETY: `src` points at `dst.len()` readable bytes inside our live
-        // mapping (bounds checked by `ptr`); `dst` is a distinct, exclusively
-        // borrowed Rust buffer, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
-        true
+        self.ptr(offset, len)
     }
 
     /// Copies the bytes lent in `req.data` to `offset`; `false` when the range
@@ -343,8 +297,8 @@ impl OwnedSegment {
     /// are validated against the real size first, so this is a bug.
     pub(crate) fn atomic_u64(&self, index: usize) -> &AtomicU64 {
         let map = match &self.map {
-            Some(m) if m.access == Access::ReadWrite => m,
-            _ => panic!("segment {} is not mapped read-write", self.name),
+            Some(m) => m,
+            None => panic!("segment {} is empty", self.name),
         };
         let end = index
             .checked_add(1)
@@ -378,6 +332,87 @@ impl Drop for OwnedSegment {
                 }
             }
         }
+    }
+}
+
+/// Opens `name` with `flags`; returns the descriptor, its real size (from
+/// `fstat`) and that size as a mapping length.
+fn open_sized(name: &str, flags: shm::OFlags) -> Result<(OwnedFd, u64, usize), SysError> {
+    let fd = shm::open(name, flags, Mode::empty()).map_err(fail("shm_open"))?;
+    let st = fs::fstat(&fd).map_err(fail("fstat"))?;
+    let size = u64::try_from(st.st_size).map_err(|_| SysError {
+        op: "fstat",
+        errno: Errno::INVAL,
+    })?;
+    let len = usize::try_from(size).map_err(|_| SysError {
+        op: "mmap",
+        errno: Errno::NOMEM,
+    })?;
+    Ok((fd, size, len))
+}
+
+/// A peer's data segment (a pool, or one shard's segment), mapped read-only
+/// through the plugin kit's [`ReadOnlyMap`]: bounds-checked copies and
+/// zero-copy regions without further `unsafe`. Dropping it unmaps; it never
+/// owns the name.
+pub(crate) struct PeerSegment {
+    name: String,
+    map: ReadOnlyMap,
+}
+
+impl fmt::Debug for PeerSegment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerSegment")
+            .field("name", &self.name)
+            .field("size", &self.map.len())
+            .finish()
+    }
+}
+
+impl PeerSegment {
+    /// Opens `name` read-only (`O_RDONLY`, `PROT_READ`: a consumer cannot
+    /// write a peer's data) and maps all of it. The descriptor is closed
+    /// once mapped.
+    pub(crate) fn open(name: &str) -> Result<PeerSegment, SysError> {
+        let (fd, _, len) = open_sized(name, shm::OFlags::RDONLY)?;
+        // SAFETY: bytes are read through this map only where the lease
+        // protocol keeps them stable: a pool range only while this consumer
+        // holds a lease on it (an owner never overwrites or frees leased
+        // space, see `board`), a per-shard segment only after its owner
+        // wrote all of it (it is never written again, only unlinked). Owners
+        // never shrink a segment, and only segments with the consumer's own
+        // prefix, created `0600` by the same user, are opened. Copies go
+        // through `ReadOnlyMap::copy_out` (raw pointers), so a peer that
+        // breaks the protocol yields torn bytes, not a changing reference.
+        let map = unsafe { ReadOnlyMap::map(&fd, len) }.map_err(|e| SysError {
+            op: "mmap",
+            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        })?;
+        Ok(PeerSegment {
+            name: name.to_owned(),
+            map,
+        })
+    }
+
+    /// The segment's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its real size.
+    pub(crate) fn size(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Copies `dst.len()` bytes at `offset`; `false` when out of range.
+    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
+        self.map.copy_out(offset, dst)
+    }
+
+    /// A zero-copy region of `len` bytes at `offset` under lease `token`;
+    /// `None` when out of range. Valid while this value lives.
+    pub(crate) fn region(&self, offset: u64, len: u64, token: u64) -> Option<Region> {
+        self.map.region(offset, len, token)
     }
 }
 
@@ -472,10 +507,7 @@ mod tests {
         assert_eq!(again.errno, Errno::EXIST);
         assert_eq!(again.op, "shm_open");
         drop(seg);
-        assert_eq!(
-            OwnedSegment::open(&n, Access::ReadOnly).unwrap_err().errno,
-            Errno::NOENT
-        );
+        assert_eq!(PeerSegment::open(&n).unwrap_err().errno, Errno::NOENT);
     }
 
     #[test]
@@ -483,16 +515,16 @@ mod tests {
         let n = name("b");
         let owner = OwnedSegment::create(&n, 100).unwrap();
         owner.atomic_u64(3).store(7, ORD);
-        let reader = OwnedSegment::open(&n, Access::ReadOnly).unwrap();
+        let reader = PeerSegment::open(&n).unwrap();
         assert_eq!(reader.size(), 100);
-        assert!(reader.ptr_mut(0, 8).is_none());
         let mut buf = [0u8; 8];
         assert!(reader.copy_out(24, &mut buf));
         assert_eq!(u64::from_ne_bytes(buf), 7);
         assert!(!reader.copy_out(96, &mut buf), "past the end");
-        assert!(reader.ptr(u64::MAX, 2).is_none(), "overflow");
+        assert!(reader.region(u64::MAX, 2, 1).is_none(), "overflow");
+        assert_eq!(reader.region(8, 16, 3).unwrap().len, 16);
         drop(reader);
-        assert!(OwnedSegment::open(&n, Access::ReadOnly).is_ok());
+        assert!(PeerSegment::open(&n).is_ok());
         drop(owner);
     }
 
@@ -502,7 +534,7 @@ mod tests {
         let owner = OwnedSegment::create(&n, 0).unwrap();
         assert!(owner.ptr_mut(0, 0).is_some());
         assert!(owner.ptr(1, 0).is_none());
-        let reader = OwnedSegment::open(&n, Access::ReadOnly).unwrap();
+        let reader = PeerSegment::open(&n).unwrap();
         assert_eq!(reader.size(), 0);
         assert!(reader.copy_out(0, &mut []));
     }

@@ -547,7 +547,7 @@ fn a_board_of_another_layout_version_is_refused() {
     let p = Pair::new(SMALL_POOL);
     let d = decode(&p.owner.put(1, &[1; 64]).unwrap());
     // As if the owner ran the plugin version that wrote board layout 1.
-    let board = OwnedSegment::open(&d.board, crate::sys::Access::ReadWrite).unwrap();
+    let board = OwnedSegment::open(&d.board).unwrap();
     board
         .atomic_u64(1)
         .store(1, std::sync::atomic::Ordering::SeqCst);
@@ -618,9 +618,68 @@ fn two_instances_never_collide() {
 }
 
 #[test]
-fn a_name_already_taken_is_skipped() {
-    // A leftover segment with the name our pool would get.
+fn a_consumer_only_node_creates_no_segment() {
+    let owner = Node::new(SMALL_POOL);
+    let consumer = Node::new(SMALL_POOL);
+    assert!(owner.segments().is_empty(), "no pool before the first put");
+    let h = owner.t().health();
+    assert!(h.ok && h.message.contains("no pool yet"), "{}", h.message);
+    assert_eq!(owner.stat("segments_owned"), 0);
+    assert_eq!(owner.stat("pool_bytes_total"), 0);
+
+    let d = owner.put(1, &[7; 100]).unwrap();
+    assert_eq!(owner.segments().len(), 2, "data segment and lease board");
+    assert_eq!(owner.stat("pool_bytes_total"), 64 << 10);
+    assert_eq!(consumer.copy(&d, 100).unwrap(), [7; 100]);
+    drop(consumer.view(&d, 100).unwrap());
+    assert!(
+        consumer.segments().is_empty(),
+        "fetching (copies and views) creates nothing in /dev/shm"
+    );
+    assert_eq!(consumer.stat("segments_owned"), 0);
+    owner.unexport(1).unwrap();
+}
+
+#[test]
+fn a_pool_that_cannot_be_created_fails_the_put_that_needed_it() {
     let ctx = testing::context("shm", SMALL_POOL);
+    let tag = ctx.node_tag.to_string();
+    // Squat every name the pool would try.
+    let gen = NameGen::new("shardport", &tag, &Here::current().process);
+    let squatters: Vec<OwnedSegment> = (0..16)
+        .map(|_| OwnedSegment::create(&gen.next(Kind::PoolData), 8).unwrap())
+        .collect();
+    let t = Arc::new(crate::create(PluginContext::new(ctx)).unwrap());
+    let n = Node {
+        t: Some(t),
+        prefix: "shardport".to_owned(),
+        tag: tag.clone(),
+    };
+    let e = n.put(1, &[1; 10]).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::IO, "{e}");
+    assert!(
+        e.message
+            .starts_with("the posix-shm pool is unavailable: cannot create a pool data segment"),
+        "{e}"
+    );
+    let h = n.t().health();
+    assert!(
+        !h.ok && h.message.contains("pool unavailable"),
+        "{}",
+        h.message
+    );
+    // The next put tries again, and succeeds once there is room.
+    drop(squatters);
+    let d = n.put(1, &[1; 10]).unwrap();
+    assert_eq!(decode(&d).mode, Mode::Pool);
+    assert!(n.t().health().ok);
+    n.unexport(1).unwrap();
+}
+
+#[test]
+fn a_name_already_taken_is_skipped() {
+    // A leftover segment with the name our pool would get (created now).
+    let ctx = testing::context("shm", &format!("{SMALL_POOL}\ncreate-pool = \"eager\""));
     let tag = ctx.node_tag.to_string();
     let first = NameGen::new("shardport", &tag, &Here::current().process).next(Kind::PoolData);
     let squatter = OwnedSegment::create(&first, 8).unwrap();

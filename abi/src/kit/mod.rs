@@ -1,0 +1,68 @@
+//! # The plugin kit: what every transport repeats, written once
+//!
+//! Everything here is ordinary Rust on the plugin's side of the boundary: it
+//! adds nothing to the ABI (no field of the root module, no method, no
+//! `StableAbi` type), so a plugin built with or without it loads the same,
+//! and an old plugin still loads in a new host.
+//!
+//! | module | for |
+//! |---|---|
+//! | [`stats`] | relaxed [`Counter`]s and [`Gauge`]s, a [`GaugeHold`] that gives a unit back on drop, and [`StatList`] to report them |
+//! | [`codec`] | descriptor [`Writer`] / [`Reader`]: bounds-checked, little-endian, errors name the field and the byte offset, never a panic on hostile input |
+//! | [`check`] | the argument checks every transport makes (destination and lent lengths, a descriptor's length against the metadata), worded the same everywhere |
+//! | [`error`] | `io::Error` and own errors to [`AbiError`](crate::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
+//! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
+//! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
+//! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](crate::SharedBytes) |
+//! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](crate::PluginContext::guard) |
+//! | [`adapter`] | [`PlainTransport`]: a transport in plain Rust types (slices, `PluginResult`), with defaults for what it lacks; [`Guarded`] makes it the ABI's trait object, every method under the guard |
+//!
+//! ```
+//! use shardport_abi::kit::{codec::{Reader, Writer}, options::Options, stats::{Counter, StatList}};
+//!
+//! // A descriptor: magic, version, a length-prefixed name, a length.
+//! let mut w = Writer::new();
+//! w.bytes(b"SPEX").u8(1).short_str("shard-7").u64(4096);
+//! let bytes = w.finish();
+//! let mut r = Reader::new("example descriptor", &bytes);
+//! r.magic("magic", b"SPEX")?;
+//! r.version("version", 1)?;
+//! let name = r.short_str("name")?;
+//! let len = r.u64("len")?;
+//! r.end("len")?;
+//! assert_eq!((name, len), ("shard-7", 4096));
+//!
+//! // Options: unknown keys are errors naming `plugin.<instance>.config.<key>`.
+//! let o = Options::parse("ex", "pool-size = \"64MiB\"")?;
+//! assert_eq!(o.byte_size("pool-size", 1 << 20)?, 64 << 20);
+//! o.finish()?;
+//!
+//! // Stats.
+//! let fetches = Counter::default();
+//! fetches.inc();
+//! let stats = StatList::new().counter("fetches", &fetches).finish();
+//! assert_eq!(stats[0].value, 1);
+//! # Ok::<(), shardport_abi::AbiError>(())
+//! ```
+//!
+//! `unsafe` in the kit lives in [`sys`] only.
+
+pub mod adapter;
+pub mod check;
+pub mod codec;
+pub mod error;
+pub mod guard;
+pub mod lent;
+pub mod map;
+pub mod options;
+pub mod stats;
+mod sys;
+
+pub use adapter::{into_transport_box, Guarded, PlainTransport};
+pub use codec::{Reader, Writer};
+pub use error::{unsupported, IoContext};
+pub use guard::lock;
+pub use lent::Lent;
+pub use map::ReadOnlyMap;
+pub use options::{format_duration, parse_duration, Options};
+pub use stats::{Counter, Gauge, GaugeHold, StatList};

@@ -1,0 +1,134 @@
+//! A third party builds a transport outside this repository: a copy of
+//! `examples/spool-transport` in a temporary directory outside the
+//! workspace, its manifest pointed at `abi` by path (as an author would
+//! point it by git or registry), built with `cargo build --offline`. The
+//! `.so` must exist, load through the host's loader (abi_stable's library
+//! header and layout check) and move a shard.
+//!
+//! The build uses its own target directory under this workspace's
+//! (`target/out-of-tree`), so registry crates are compiled once and reused
+//! by later runs; the sources come from `~/.cargo/registry`, which the
+//! workspace build filled, pinned by a copy of the workspace's `Cargo.lock`.
+
+use std::{path::Path, process::Command, sync::Arc};
+
+use shardport_abi::{
+    ExportRequest, LeasedView, RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes,
+};
+
+use crate::util;
+
+/// Copies `from` into `to`, recursively (regular files and directories).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_plugin_built_outside_the_workspace_loads_and_moves_shards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = util::temp_dir("out-of-tree");
+    assert!(
+        !tmp.path().starts_with(root),
+        "the copy must live outside the workspace: {}",
+        tmp.path().display()
+    );
+    let krate = tmp.path().join("spool-transport");
+    copy_dir(
+        &root.join("examples/spool-transport/src"),
+        &krate.join("src"),
+    );
+    let manifest =
+        std::fs::read_to_string(root.join("examples/spool-transport/Cargo.toml")).unwrap();
+    // The one line an author changes: where `shardport-abi` comes from.
+    let abi = root.join("abi");
+    let rewritten = manifest.replace(
+        "path = \"../../abi\"",
+        &format!("path = {:?}", abi.display().to_string()),
+    );
+    assert_ne!(rewritten, manifest, "the example depends on abi by path");
+    assert!(
+        !rewritten.contains("workspace = true") && !rewritten.contains(".workspace"),
+        "the example's manifest inherits nothing from the workspace"
+    );
+    // Its own workspace root, so cargo never looks further up.
+    std::fs::write(
+        krate.join("Cargo.toml"),
+        format!("{rewritten}\n[workspace]\n"),
+    )
+    .unwrap();
+    std::fs::copy(root.join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+
+    let target = util::profile_dir()
+        .parent()
+        .expect("target dir")
+        .join("out-of-tree");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "--quiet", "--lib"])
+        .arg("--manifest-path")
+        .arg(krate.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the out-of-tree plugin failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = target.join("debug/libshardport_spool_transport.so");
+    assert!(so.is_file(), "{} was not built", so.display());
+
+    let dir = tmp.path().join("spool");
+    let cfg = util::parse(&format!(
+        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
+        so.display(),
+        dir.display()
+    ));
+    let (loaded, failures) = util::load(&cfg);
+    assert!(failures.is_empty(), "{failures:?}");
+    let [plugin] = &loaded[..] else {
+        panic!("expected one plugin, got {}", loaded.len())
+    };
+    assert_eq!(plugin.path, so);
+    assert_eq!(plugin.abi_version, shardport_abi::ABI_VERSION);
+    let t = Arc::clone(&plugin.transport);
+
+    let bytes: Vec<u8> = (0..=255)
+        .cycle()
+        .take(10_000)
+        .map(|b: u32| b as u8)
+        .collect();
+    let meta = ShardMeta::bytes(bytes.len() as u64);
+    let desc = t
+        .export(ExportRequest {
+            id: ShardId::from_u128(7),
+            meta: meta.clone(),
+            data: SharedBytes::lend(&bytes),
+            allocation: 0,
+        })
+        .into_result()
+        .unwrap()
+        .into_vec();
+    let mut copy = vec![0u8; bytes.len()];
+    t.import_into(
+        RSlice::from_slice(&desc),
+        &meta,
+        RSliceMut::from_mut_slice(&mut copy),
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(copy, bytes);
+    let view = LeasedView::import(&t, &desc, &meta).unwrap();
+    t.unexport(ShardId::from_u128(7)).into_result().unwrap();
+    assert_eq!(&*view, &bytes[..], "a zero-copy view outlives unexport");
+}
