@@ -63,6 +63,10 @@ fn serve(test: &str, extra: &str) -> Served {
         .unwrap()
         .trim_end_matches(')')
         .to_owned();
+    // A long-lived node holds its pool from the start (`create-pool`, like
+    // http's `listen`, defaults to eager under `serve`).
+    let shm = lines.next().unwrap().unwrap();
+    assert!(shm.starts_with("plugin: posix-shm ok, segments "), "{shm}");
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     Served {

@@ -30,9 +30,18 @@ pub struct Args {
     control: Option<String>,
 }
 
+/// Plugin options a long-lived node sets unless its config says otherwise:
+/// its data port and pool exist from the start, so a bind or `/dev/shm`
+/// failure stops `serve` at once instead of failing its first put.
+const EAGER_OPTIONS: [(&str, &str, &str); 2] = [
+    ("http", "listen", "eager"),
+    ("posix-shm", "create-pool", "eager"),
+];
+
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: Args) -> Outcome {
-    let cfg = load_config(args.config.as_deref())?;
+    let mut cfg = load_config(args.config.as_deref())?;
+    make_eager(&mut cfg)?;
     let bind = args.control.unwrap_or_else(|| cfg.control.bind.clone());
     let token = cfg
         .control
@@ -68,6 +77,25 @@ pub fn run(args: Args) -> Outcome {
         tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
     }
     println!("stopped");
+    Ok(())
+}
+
+/// Adds [`EAGER_OPTIONS`] to the plugin tables that do not set them.
+fn make_eager(cfg: &mut shardport_host::Config) -> Outcome {
+    for p in &mut cfg.plugins {
+        for (plugin, key, value) in EAGER_OPTIONS {
+            if p.name.as_str() != plugin {
+                continue;
+            }
+            let mut table: toml::Table = p.config_text.parse().map_err(|e| {
+                Failure::from((EXIT_CONFIG, format!("plugin `{plugin}` config: {e}")))
+            })?;
+            if !table.contains_key(key) {
+                table.insert(key.to_owned(), toml::Value::String(value.to_owned()));
+                p.config_text = table.to_string();
+            }
+        }
+    }
     Ok(())
 }
 
