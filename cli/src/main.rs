@@ -2,6 +2,8 @@
 //! module per subcommand (`cmd/`). Output and exit statuses are theirs;
 //! `main` prints the error once and maps it to the exit status.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
