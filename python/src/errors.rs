@@ -18,6 +18,7 @@ pub(crate) enum Kind {
     Integrity,
     Transport,
     TransportUnavailable,
+    Storage,
     Closed,
 }
 
@@ -34,6 +35,7 @@ impl Kind {
             Kind::Transport => "TransportError",
             Kind::TransportUnavailable => "TransportUnavailableError",
             Kind::Closed => "ClosedError",
+            Kind::Storage => "StorageError",
         }
     }
 }
@@ -60,6 +62,7 @@ pub(crate) fn host_err(e: HostError) -> PyErr {
     let kind = match &e {
         HostError::InvalidShard(_) | HostError::BatchTooLarge { .. } => Kind::InvalidInput,
         HostError::NotOwned(_) => Kind::NotFound,
+        HostError::Storage { .. } => Kind::Storage,
         HostError::ChecksumMismatch { .. } => Kind::Integrity,
         HostError::RequiredPlugins(_)
         | HostError::NoExport { .. }

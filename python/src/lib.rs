@@ -27,5 +27,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::PyHandle>()?;
     m.add_class::<mem::Shard>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_CONFIG", shardport_host::config::DEFAULT_CONFIG)?;
     Ok(())
 }

@@ -73,6 +73,9 @@ impl InBuffer {
 
     fn dims(&self) -> Vec<isize> {
         let nd = self.view.ndim.max(0) as usize;
+        if nd == 0 {
+            return Vec::new();
+        }
         if self.view.shape.is_null() {
             return vec![self.view.len / self.view.itemsize.max(1)];
         }

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from . import errors
-from ._core import Handle, Shard, __version__
+from ._core import DEFAULT_CONFIG, Handle, Shard, __version__
 from ._core import Node as _CoreNode
 from .errors import (
     BadHandleError,
@@ -37,6 +37,7 @@ from .errors import (
     InvalidInputError,
     NotFoundError,
     ShardportError,
+    StorageError,
     TransportError,
     TransportUnavailableError,
     UnsupportedObjectError,
@@ -47,6 +48,8 @@ __all__ = [
     "Handle",
     "Shard",
     "plugin_dir",
+    "default_config",
+    "DEFAULT_CONFIG",
     "errors",
     "ShardportError",
     "ConfigError",
@@ -58,6 +61,7 @@ __all__ = [
     "TransportError",
     "TransportUnavailableError",
     "ClosedError",
+    "StorageError",
     "__version__",
 ]
 
@@ -82,6 +86,14 @@ def plugin_dir() -> Path:
     or the plugins bundled next to the package."""
     env = os.environ.get(PLUGIN_DIR_ENV)
     return Path(env) if env else Path(__file__).with_name("_plugins")
+
+
+def default_config() -> dict:
+    """The embedded default config as a dict, to edit and pass to :class:`Node`
+    (``DEFAULT_CONFIG`` is the same as TOML text, with comments)."""
+    import tomllib
+
+    return tomllib.loads(DEFAULT_CONFIG)
 
 
 def _torch_tensor_type() -> Any:
@@ -136,8 +148,8 @@ class Node(_CoreNode):
         tensor_type = _torch_tensor_type()
         if tensor_type is not None and isinstance(x, tensor_type):
             return self._put_torch(x, tags)
-        if isinstance(x, np.ndarray):
-            return self._put_numpy(x, tags)
+        if isinstance(x, (np.ndarray, np.generic)):
+            return self._put_numpy(np.asarray(x), tags)
         if hasattr(x, "__dlpack__") and not isinstance(x, (bytes, bytearray, memoryview)):
             try:
                 arr = np.from_dlpack(x)
@@ -154,7 +166,8 @@ class Node(_CoreNode):
             # Same item size, any strides: reinterpret the bits, keep the name.
             return self._put_buffer(a.view(_UINT_OF_SIZE[a.dtype.itemsize]), name, tags)
         if a.dtype.kind in "biufc":
-            return self._put_buffer(a, name, tags)
+            # The buffer's format carries the type (and refuses big-endian data).
+            return self._put_buffer(a, None, tags)
         raise UnsupportedObjectError(
             f"cannot put a NumPy array of dtype {a.dtype}: shardport carries bool, "
             "integers, floats (incl. bfloat16/float8 via ml_dtypes) and complex"

@@ -15,6 +15,7 @@ __all__ = [
     "TransportError",
     "TransportUnavailableError",
     "ClosedError",
+    "StorageError",
 ]
 
 
@@ -65,3 +66,8 @@ class TransportUnavailableError(TransportError):
 
 class ClosedError(ShardportError):
     """The node was closed."""
+
+
+class StorageError(ShardportError):
+    """The owner's storage refused the shard, e.g. the shared-memory pool is
+    full (the message says how full and which setting to raise)."""
