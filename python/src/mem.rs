@@ -119,6 +119,64 @@ impl Drop for InBuffer {
     }
 }
 
+/// A writable, C-contiguous buffer obtained from a Python object (the
+/// destination of `fetch_into`), released on drop.
+pub(crate) struct OutBuffer {
+    inner: InBuffer,
+}
+
+impl OutBuffer {
+    /// Asks `obj` for a writable, C-contiguous buffer.
+    pub(crate) fn get(obj: &Bound<'_, PyAny>) -> PyResult<OutBuffer> {
+        let mut view = Box::new(ffi::Py_buffer::new());
+        // SAFETY: as in `InBuffer::get`.
+        let rc = unsafe {
+            ffi::PyObject_GetBuffer(
+                obj.as_ptr(),
+                &mut *view,
+                ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_WRITABLE,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(OutBuffer {
+            inner: InBuffer { view },
+        })
+    }
+
+    /// The destination bytes, as a value that may cross into a thread
+    /// without the GIL.
+    pub(crate) fn dest(&mut self) -> Dest {
+        Dest {
+            ptr: self.inner.view.buf.cast(),
+            len: self.inner.view.len.max(0) as usize,
+        }
+    }
+}
+
+/// The writable memory of an [`OutBuffer`].
+pub(crate) struct Dest {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: used only while its `OutBuffer` holds the exporter's buffer.
+unsafe impl Send for Dest {}
+
+impl Dest {
+    /// The bytes. Python code may race on them (as with any NumPy array
+    /// written from a thread); Rust holds no other reference.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: a writable, C-contiguous buffer of `len` bytes, held by
+        // the `OutBuffer` for the duration of the borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
 /// The readable memory of an [`InBuffer`]: pointer, item size, shape and
 /// byte strides.
 pub(crate) struct Source {

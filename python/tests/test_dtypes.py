@@ -154,3 +154,15 @@ def test_torch_style_dtype_names_and_handle_properties(node):
     assert "posix-shm" in h.transports
     assert repr(h).startswith("Handle(id=") and "float16" in repr(h) and "(2, 3)" in repr(h)
     assert isinstance(h, shardport.Handle)
+
+
+def test_fetch_into_a_reused_array(node):
+    a = np.arange(100, dtype=np.float64)
+    h = node.put(a)
+    out = np.empty_like(a)
+    assert node.fetch_into(h, out) == "posix-shm"
+    assert np.array_equal(out, a)
+    with pytest.raises(shardport.InvalidInputError, match="destination is 400 bytes"):
+        node.fetch_into(h, np.empty(50))
+    with pytest.raises(shardport.InvalidInputError, match="writable, C-contiguous"):
+        node.fetch_into(h, np.empty((100, 2))[:, 0])
