@@ -59,6 +59,10 @@ mkdir -p python/python/shardport/_plugins
 for so in libshardport_posix_shm.so libshardport_http.so libshardport_cuda_ipc.so; do
     cp -f "$target_dir/$profile/$so" python/python/shardport/_plugins/
 done
-(cd python && VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" \
-    maturin develop -q "${release_flag[@]}" 2>&1 | grep -v '^📦\|^🔗\|^🐍\|^💻\|^🛠' || true)
+if ! log=$(cd python && VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" \
+    maturin develop -q "${release_flag[@]}" 2>&1); then
+    echo "$log" >&2
+    echo "setup: maturin develop failed" >&2
+    exit 1
+fi
 .venv/bin/python -c 'import shardport' || { echo "setup: the shardport Python package does not import" >&2; exit 1; }

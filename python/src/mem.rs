@@ -14,6 +14,7 @@
 //! array, torch tensor, memoryview or `Shard` reaching it goes away.
 
 use std::{
+    alloc::Layout,
     any::Any,
     ffi::{c_char, c_int, c_void, CStr},
     ptr::{self, NonNull},
@@ -298,11 +299,20 @@ unsafe fn gather(
 
 /// A private, writable copy of a shard (copy mode): Python may write to it
 /// through the pointers it is lent, so Rust never forms a reference to its
-/// contents after construction.
-struct PrivateBuf {
+/// contents after construction (except to fill it, before lending it).
+pub(crate) struct PrivateBuf {
     ptr: *mut u8,
     len: usize,
-    cap: usize,
+    alloc: Alloc,
+}
+
+enum Alloc {
+    /// The parts of a forgotten `Vec<u8>` (capacity).
+    Vec(usize),
+    /// `std::alloc::alloc_zeroed` with this layout.
+    Zeroed(Layout),
+    /// Nothing allocated (zero bytes).
+    Empty,
 }
 
 // SAFETY: the buffer is a plain heap allocation owned by this value; writes
@@ -312,18 +322,86 @@ unsafe impl Send for PrivateBuf {}
 // SAFETY: as above.
 unsafe impl Sync for PrivateBuf {}
 
+/// Alignment of fresh copy buffers: the allocator's own minimum on 64-bit
+/// Linux, so `alloc_zeroed` is `calloc`, which maps large buffers as
+/// untouched zero pages (a larger alignment would zero them by hand: one
+/// more pass over every byte).
+const COPY_ALIGN: usize = 16;
+
+/// Copies at least this large get transparent huge pages (NumPy's threshold).
+const HUGE_PAGE_MIN: usize = 4 << 20;
+
 impl PrivateBuf {
     fn new(mut v: Vec<u8>) -> PrivateBuf {
         let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
         std::mem::forget(v);
-        PrivateBuf { ptr, len, cap }
+        PrivateBuf {
+            ptr,
+            len,
+            alloc: Alloc::Vec(cap),
+        }
+    }
+
+    /// `len` zero bytes whose pages are not touched yet (so a copy into
+    /// them faults each page in once, as `np.copy` does), or an error
+    /// naming the size when memory cannot be had.
+    pub(crate) fn zeroed(len: usize) -> Result<PrivateBuf, String> {
+        if len == 0 {
+            return Ok(PrivateBuf {
+                ptr: NonNull::<u8>::dangling().as_ptr(),
+                len,
+                alloc: Alloc::Empty,
+            });
+        }
+        let layout =
+            Layout::from_size_align(len, COPY_ALIGN).map_err(|e| format!("{len} bytes: {e}"))?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(format!("cannot allocate {len} bytes for the copy"));
+        }
+        if len >= HUGE_PAGE_MIN {
+            // As NumPy does for large arrays: ask for transparent huge pages,
+            // so filling the buffer faults in 2 MiB pages, not 4 KiB ones.
+            // Only advice: an error (THP off) changes nothing.
+            let page = rustix::param::page_size();
+            let start = (ptr as usize).next_multiple_of(page);
+            let end = (ptr as usize + len) / page * page;
+            if end > start {
+                // SAFETY: whole pages inside the allocation just made.
+                let _ = unsafe {
+                    rustix::mm::madvise(
+                        start as *mut c_void,
+                        end - start,
+                        rustix::mm::Advice::LinuxHugepage,
+                    )
+                };
+            }
+        }
+        Ok(PrivateBuf {
+            ptr,
+            len,
+            alloc: Alloc::Zeroed(layout),
+        })
+    }
+
+    /// The bytes, to fill before the buffer is lent to Python.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `len` bytes owned by self; `&mut self` excludes other access
+        // (the buffer is not lent out yet).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for PrivateBuf {
     fn drop(&mut self) {
-        // SAFETY: the parts came from a forgotten Vec<u8> in `new`.
-        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
+        match self.alloc {
+            // SAFETY: the parts came from a forgotten Vec<u8> in `new`.
+            Alloc::Vec(cap) => drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, cap) }),
+            // SAFETY: allocated in `zeroed` with this layout.
+            Alloc::Zeroed(layout) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            Alloc::Empty => {}
+        }
     }
 }
 
@@ -405,6 +483,32 @@ impl Shard {
             shape,
             selection,
         }
+    }
+
+    /// A copy fetched with `fetch_into` into `buf` (see `Node.fetch`).
+    pub(crate) fn from_copy(
+        handle: &shardport_host::Handle,
+        selection: Selection,
+        buf: PrivateBuf,
+    ) -> Shard {
+        let data = Fetched {
+            id: handle.id,
+            meta: handle.meta.clone(),
+            data: Arc::new(ShardBytes::Owned(Vec::new())),
+            selection,
+            elapsed: std::time::Duration::ZERO,
+        };
+        let mut shard = Shard::from_fetched(data);
+        shard.ptr = if buf.len == 0 {
+            shard.ptr
+        } else {
+            buf.ptr as usize
+        };
+        shard.len = buf.len;
+        shard.flat = Box::new([buf.len as isize, 1]);
+        shard.writable = true;
+        shard.keep = Arc::new(buf);
+        shard
     }
 
     fn item(&self) -> usize {

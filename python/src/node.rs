@@ -16,14 +16,14 @@ use shardport_abi::{Device, ShardId};
 use shardport_host::{
     config::{self, Origin},
     metrics::prometheus,
-    Config, DevicePtr, FetchMode, Node, TensorSpec,
+    Config, DevicePtr, FetchMode, HostError, Node, TensorSpec,
 };
 
 use crate::{
     convert::{dict_to_toml, dtype_of_format, itemsize, json_to_py, parse_dtype},
     errors::{host_err, py_err, Kind},
     handle::PyHandle,
-    mem::{InBuffer, OutBuffer, Shard},
+    mem::{InBuffer, OutBuffer, PrivateBuf, Shard},
 };
 
 /// How long `close()` waits for calls in flight on other threads.
@@ -260,7 +260,7 @@ impl PyNode {
         let src = buf.source();
         let res = py.allow_threads(|| {
             if spec_len(&spec) != Some(src.packed_len() as u64) {
-                return Err(shardport_host::HostError::InvalidShard(format!(
+                return Err(HostError::InvalidShard(format!(
                     "the buffer has {} bytes, dtype and shape need {:?}",
                     src.packed_len(),
                     spec_len(&spec)
@@ -327,6 +327,30 @@ impl PyNode {
             )
         })?;
         let h = &h.get().inner;
+        if mode == FetchMode::Copy && !node.config().cache.enabled {
+            // Nothing to cache: copy into fresh, untouched zero pages (one
+            // pass over the bytes; the host's copy path zero-fills first).
+            return py
+                .allow_threads(|| {
+                    let len = usize::try_from(h.meta.byte_len).map_err(|_| {
+                        HostError::InvalidShard(format!(
+                            "{} bytes do not fit in memory here",
+                            h.meta.byte_len
+                        ))
+                    })?;
+                    let max = node.config().node.max_shard_size;
+                    if h.meta.byte_len > max {
+                        return Err(HostError::InvalidShard(format!(
+                            "shard {} claims {} bytes, over node.max-shard-size = {max}",
+                            h.id, h.meta.byte_len
+                        )));
+                    }
+                    let mut buf = PrivateBuf::zeroed(len).map_err(HostError::InvalidShard)?;
+                    let sel = node.fetch_into(h, buf.as_mut_slice())?;
+                    Ok(Shard::from_copy(h, sel, buf))
+                })
+                .map_err(host_err);
+        }
         py.allow_threads(|| node.fetch_mode(h, mode).map(Shard::from_fetched))
             .map_err(host_err)
     }

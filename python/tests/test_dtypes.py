@@ -166,3 +166,13 @@ def test_fetch_into_a_reused_array(node):
         node.fetch_into(h, np.empty(50))
     with pytest.raises(shardport.InvalidInputError, match="writable, C-contiguous"):
         node.fetch_into(h, np.empty((100, 2))[:, 0])
+
+
+@pytest.mark.parametrize("a", [np.zeros((0, 3), np.int16), np.array(7.5), np.arange(5 << 20, dtype=np.uint8)], ids=["empty", "0-d", "5MiB"])
+def test_copy_mode_edge_sizes(node, a):
+    for mode in ("copy", "view"):
+        s = node.fetch(node.put(a), mode=mode)
+        b = np.asarray(s)
+        assert b.shape == a.shape and b.dtype == a.dtype and np.array_equal(b, a)
+        assert np.array_equal(np.from_dlpack(s), a)
+        assert s.nbytes == a.nbytes
