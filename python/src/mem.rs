@@ -857,8 +857,11 @@ impl Shard {
         !self.writable
     }
 
-    fn __len__(&self) -> usize {
-        self.shape.first().map_or(1, |&d| d as usize)
+    fn __len__(&self) -> PyResult<usize> {
+        self.shape
+            .first()
+            .map(|&d| d as usize)
+            .ok_or_else(|| PyTypeError::new_err("len() of a 0-d shard"))
     }
 
     fn __repr__(&self) -> String {

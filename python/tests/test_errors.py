@@ -125,3 +125,27 @@ def test_cuda_tensor_without_cuda_ipc_names_why(node):
         assert "cuda" in str(e)
     else:
         assert h.device.startswith("cuda")
+
+
+def test_gpu_put_without_cuda_names_why(prefix):
+    """The path a CUDA torch tensor takes (`_put_device`), on a machine with
+    no CUDA driver, and on a node without the cuda-ipc plugin."""
+    from helpers import config
+
+    with shardport.Node(config(prefix)) as n:
+        with pytest.raises(shardport.TransportUnavailableError, match="no transport can export cuda:0 memory: cuda-ipc") as e:
+            n._put_device(0x7F0000000000, 16, "float32", [4], 0)
+        if "libcuda" not in str(e.value):
+            pytest.skip("a CUDA driver is present here")
+    cfg = config(prefix)
+    cfg["plugin"] = [p for p in cfg["plugin"] if p["name"] != "cuda-ipc"]
+    with shardport.Node(cfg) as n:
+        with pytest.raises(shardport.TransportUnavailableError, match="no loaded transport has the cuda capability"):
+            n._put_device(0x7F0000000000, 16, "float32", [4], 0)
+
+
+def test_help_reads_well():
+    for obj in (shardport.Node, shardport.Node.put, shardport.Node.fetch, shardport.Node.fetch_many,
+                shardport.Node.stats, shardport.Handle, shardport.Handle.from_bytes, shardport.Shard):
+        assert obj.__doc__ and len(obj.__doc__) > 20, obj
+    assert shardport.Node.fetch.__text_signature__ == "($self, handle, mode=None)"

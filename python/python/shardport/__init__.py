@@ -121,14 +121,15 @@ class Node(_CoreNode):
     ``drain(handles=None)``, ``stats()``, ``metrics()``, ``close()``.
     """
 
-    def __new__(cls, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> "Node":
+    def __new__(cls, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> Node:
         d = Path(plugin_dir) if plugin_dir is not None else globals()["plugin_dir"]()
         self = super().__new__(cls, config, str(d))
         self._device_refs = {}
         return self
 
     def __init__(self, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> None:
-        pass
+        """Starts the node (see the class docstring); ``plugin_dir`` overrides
+        :func:`plugin_dir` for this node."""
 
     def put(self, x: Any, tags: Optional[Mapping[str, str]] = None) -> Handle:
         """Puts ``x`` and returns its :class:`Handle`.
@@ -222,7 +223,7 @@ class Node(_CoreNode):
         super().close()
         self._device_refs.clear()
 
-    def __enter__(self) -> "Node":
+    def __enter__(self) -> Node:
         return self
 
     def __exit__(self, *exc: Any) -> bool:

@@ -132,7 +132,7 @@ class ShardportRTensorBackend:
         if self._own_node:
             self.node.close()
 
-    def __enter__(self) -> "ShardportRTensorBackend":
+    def __enter__(self) -> ShardportRTensorBackend:
         return self
 
     def __exit__(self, *exc: Any) -> None:
