@@ -48,7 +48,7 @@ if ! [ -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c 'import maturin, numpy, ml_dtypes, pytest' 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check \
-        'maturin>=1.16,<2' 'numpy>=1.24' 'ml_dtypes>=0.4' 'pytest>=7'
+        'maturin>=1.16,<2' 'numpy>=2.1' 'ml_dtypes>=0.4' 'pytest>=7'
 fi
 profile=${SHARDPORT_PY_PROFILE:-debug}
 release_flag=()

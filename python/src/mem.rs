@@ -780,7 +780,8 @@ impl Shard {
     }
 
     /// A zero-copy torch tensor (needs torch): `torch.from_dlpack`, or a
-    /// reinterpreting view for float8.
+    /// reinterpreting view for float8. torch has no read-only tensors: do not
+    /// write to one made from a view (fetch with mode="copy" to write).
     fn torch<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let torch = py.import("torch")?;
@@ -792,7 +793,10 @@ impl Shard {
             let t = torch.call_method1("from_numpy", (bytes,))?;
             return t.call_method1("view", (torch.getattr(name.as_str())?,));
         }
-        torch.call_method1("from_dlpack", (slf,))
+        // A legacy capsule: torch has no read-only tensors either way (see
+        // the module docs: write only to copies).
+        let cap = me.dlpack(py, false, 0, false)?;
+        torch.call_method1("from_dlpack", (cap,))
     }
 
     /// The bytes, copied into a `bytes` object.

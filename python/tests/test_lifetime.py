@@ -87,3 +87,26 @@ def test_fetch_many_and_drain(node):
     copies = node.fetch_many(hs, mode="copy")
     assert all(s.mode == "copy" for s in copies)
     assert node.drain() == 0  # cache policy "none": nothing cached
+
+
+def test_two_nodes_owner_and_consumer_lease_counts(prefix):
+    """Owner and consumer are different nodes (their own transports): the
+    consumer's lease count and the owner's count of leases on its shards
+    both follow the last array."""
+    from helpers import config
+
+    def owner_leases(n):
+        gc.collect()
+        st = n.stats()
+        return sum(p["stats"].get("leases_held_on_owner", 0) for p in st["plugins"])
+
+    with shardport.Node(config(prefix)) as owner, shardport.Node(config(prefix)) as consumer:
+        h = owner.put(np.arange(256, dtype=np.uint16))
+        a = np.from_dlpack(consumer.fetch(h))
+        assert leases(consumer) == 1 and owner_leases(owner) == 1
+        assert leases(owner) == 0
+        b = a[::2]
+        del a
+        assert leases(consumer) == 1 and owner_leases(owner) == 1
+        del b
+        assert leases(consumer) == 0 and owner_leases(owner) == 0
