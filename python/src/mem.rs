@@ -670,6 +670,12 @@ impl Shard {
                 "the shard is read-only (a zero-copy view of the owner's memory); fetch with mode=\"copy\" for a writable copy",
             ));
         }
+        let multi_dim = me.shape.iter().filter(|&&d| d > 1).count() > 1;
+        if flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS && multi_dim {
+            return Err(PyBufferError::new_err(
+                "the shard is C-contiguous; a Fortran-contiguous buffer was asked for",
+            ));
+        }
         let formatted = flags & ffi::PyBUF_FORMAT != 0;
         let (format, item, shape, strides, ndim): (
             *mut c_char,
@@ -709,7 +715,8 @@ impl Shard {
             (*view).readonly = c_int::from(!me.writable);
             (*view).itemsize = item;
             (*view).format = format;
-            (*view).ndim = ndim;
+            // Without PyBUF_ND the consumer sees one dimension of `len / itemsize` items.
+            (*view).ndim = if flags & ffi::PyBUF_ND != 0 { ndim } else { 1 };
             (*view).shape = if flags & ffi::PyBUF_ND != 0 {
                 shape
             } else {

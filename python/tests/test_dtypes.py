@@ -176,3 +176,21 @@ def test_copy_mode_edge_sizes(node, a):
         assert b.shape == a.shape and b.dtype == a.dtype and np.array_equal(b, a)
         assert np.array_equal(np.from_dlpack(s), a)
         assert s.nbytes == a.nbytes
+
+
+def test_buffer_exports_describe_the_memory(node):
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    s = node.fetch(node.put(a))
+    m = memoryview(s)
+    assert (m.format, m.itemsize, m.shape, m.strides, m.readonly) == ("i", 4, (3, 4), (16, 4), True)
+    assert m.c_contiguous and m.nbytes == a.nbytes
+    assert m.tolist() == a.tolist()
+    assert bytes(s) == a.tobytes()
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        np.frombuffer(s, dtype=np.int32).setflags(write=True)  # a view is never writable
+    del m
+    w = node.fetch(node.put(a), mode="copy")
+    mw = memoryview(w)
+    assert not mw.readonly
+    mw.cast("B")[0] = 99
+    assert np.asarray(w)[0, 0] == 99
