@@ -88,6 +88,9 @@ def plugin_dir() -> Path:
     return Path(env) if env else Path(__file__).with_name("_plugins")
 
 
+_default_plugin_dir = plugin_dir  # `Node(plugin_dir=...)` shadows the name
+
+
 def default_config() -> dict:
     """The embedded default config as a dict, to edit and pass to :class:`Node`
     (``DEFAULT_CONFIG`` is the same as TOML text, with comments)."""
@@ -117,12 +120,13 @@ class Node(_CoreNode):
     stay readable until released).
 
     Methods: :meth:`put`, ``fetch(handle, mode=None)``,
-    ``fetch_many(handles, mode=None)``, ``remove(handles)``, ``clear()``,
+    ``fetch_many(handles, mode=None)``, ``fetch_into(handle, out)``,
+    ``remove(handles)``, ``clear()``,
     ``drain(handles=None)``, ``stats()``, ``metrics()``, ``close()``.
     """
 
     def __new__(cls, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> Node:
-        d = Path(plugin_dir) if plugin_dir is not None else globals()["plugin_dir"]()
+        d = Path(plugin_dir) if plugin_dir is not None else _default_plugin_dir()
         self = super().__new__(cls, config, str(d))
         self._device_refs = {}
         return self
