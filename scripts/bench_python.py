@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -65,6 +66,9 @@ def main() -> None:
     for p in cfg["plugin"]:
         if p["name"] == "posix-shm":
             p["config"]["pool-size"] = "1GiB"
+            # A prefix of our own: starting a pool sweeps dead owners'
+            # segments under its prefix, which other test runs may be watching.
+            p["config"]["segment-prefix"] = f"spbench{os.getpid()}"
     res: dict[str, float] = {}
     with shardport.Node(cfg) as node:
         small = np.random.default_rng(0).integers(0, 255, 4 * KIB, dtype=np.uint8)
@@ -102,7 +106,7 @@ def main() -> None:
         res["put_256MiB_warm_ms"], res["np_copyto_put_256MiB_ms"] = p50(f) / 1000, p50(g) / 1000
         res["ratio_put_vs_np_copyto"] = res["np_copyto_put_256MiB_ms"] / res["put_256MiB_warm_ms"]
 
-    res["machine"] = f"{platform.node()} {platform.machine()} {platform.processor() or ''} cpus={__import__('os').cpu_count()}"
+    res["machine"] = f"{platform.node()} {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()}"
     if args.json:
         print(json.dumps(res, indent=1))
         return
