@@ -30,3 +30,39 @@ if ! [ -w /dev/shm ]; then
     echo "setup: /dev/shm is not writable; shared-memory tests cannot run" >&2
     exit 1
 fi
+
+# ---------------------------------------------------------------------------
+# The Python package (python/): a venv under the repository (.venv/, git-
+# ignored) with the test dependencies from the Python package index, the
+# transport plugins copied into the package, and the extension built in place
+# by `maturin develop` (editable install). Incremental: cargo reuses target/.
+# SHARDPORT_PY_PROFILE=release builds optimised (benchmarks); default: debug,
+# which shares the artifacts `cargo test --workspace` builds.
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "setup: the Python package needs CPython >= 3.11 ($PY is $("$PY" --version 2>&1))" >&2
+    exit 1
+fi
+if ! [ -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import maturin, numpy, ml_dtypes, pytest' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check \
+        'maturin>=1.16,<2' 'numpy>=2.1' 'ml_dtypes>=0.4' 'pytest>=7'
+fi
+profile=${SHARDPORT_PY_PROFILE:-debug}
+release_flag=()
+[ "$profile" = release ] && release_flag=(--release)
+cargo build -q "${release_flag[@]}" -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc
+target_dir=$(cargo metadata --format-version 1 --no-deps | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+mkdir -p python/python/shardport/_plugins
+for so in libshardport_posix_shm.so libshardport_http.so libshardport_cuda_ipc.so; do
+    cp -f "$target_dir/$profile/$so" python/python/shardport/_plugins/
+done
+if ! log=$(cd python && VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" \
+    maturin develop -q "${release_flag[@]}" 2>&1); then
+    echo "$log" >&2
+    echo "setup: maturin develop failed" >&2
+    exit 1
+fi
+.venv/bin/python -c 'import shardport' || { echo "setup: the shardport Python package does not import" >&2; exit 1; }

@@ -1,0 +1,73 @@
+"""The exceptions shardport raises. Every one is a :class:`ShardportError`
+carrying the Rust library's message; several also subclass the builtin
+exception a Python user would catch for that kind of mistake."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ShardportError",
+    "ConfigError",
+    "InvalidInputError",
+    "UnsupportedObjectError",
+    "BadHandleError",
+    "NotFoundError",
+    "IntegrityError",
+    "TransportError",
+    "TransportUnavailableError",
+    "ClosedError",
+    "StorageError",
+]
+
+
+class ShardportError(Exception):
+    """Base class of every shardport error."""
+
+
+class ConfigError(ShardportError, ValueError):
+    """The config (path, TOML text or dict) is invalid; the message points at
+    the offending key, line and column."""
+
+
+class InvalidInputError(ShardportError, ValueError):
+    """An argument is wrong: dtype, shape, tags, mode, size limits."""
+
+
+class UnsupportedObjectError(InvalidInputError, TypeError):
+    """``put`` got an object that has neither ``__dlpack__`` nor the buffer
+    protocol (or an element type shardport does not carry)."""
+
+
+class BadHandleError(ShardportError, ValueError):
+    """Handle bytes that are truncated, corrupted or from an incompatible
+    version."""
+
+
+class NotFoundError(ShardportError, KeyError):
+    """The shard does not exist (any more) at its owner, or is not owned by
+    this node."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class IntegrityError(ShardportError):
+    """Fetched bytes do not match the handle's checksum."""
+
+
+class TransportError(ShardportError):
+    """Every candidate transport failed (the message lists each failure), or
+    a downgrade was refused by ``fetch.on-downgrade = "fail"``."""
+
+
+class TransportUnavailableError(TransportError):
+    """No loaded transport can export or reach the shard: a plugin is not
+    loaded, or cannot work here (e.g. cuda-ipc without a CUDA driver)."""
+
+
+class ClosedError(ShardportError):
+    """The node was closed."""
+
+
+class StorageError(ShardportError):
+    """The owner's storage refused the shard, e.g. the shared-memory pool is
+    full (the message says how full and which setting to raise)."""

@@ -1,0 +1,32 @@
+//! # shardport._core: the Python binding of shardport
+//!
+//! A thin PyO3 layer over [`shardport_host`]: `Node` (put / fetch / remove /
+//! stats), `Handle` (a shard's serializable address) and `Shard` (a fetched
+//! shard lent to NumPy and torch through DLPack and the buffer protocol).
+//! The Python package (`python/python/shardport`) adds input normalisation
+//! (NumPy dtypes, torch tensors), the exception classes and the AReaL adapter.
+//!
+//! Where to start reading: [`node`], then [`mem`] (the only module with
+//! `unsafe`: the buffer protocol and DLPack are raw-pointer C ABIs, which is
+//! why this crate cannot `forbid(unsafe_code)` as `host` does).
+#![deny(unsafe_code)]
+
+mod convert;
+mod errors;
+mod handle;
+#[allow(unsafe_code)]
+mod mem;
+mod node;
+
+use pyo3::prelude::*;
+
+/// Native module of the `shardport` package.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<node::PyNode>()?;
+    m.add_class::<handle::PyHandle>()?;
+    m.add_class::<mem::Shard>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_CONFIG", shardport_host::config::DEFAULT_CONFIG)?;
+    Ok(())
+}

@@ -1,0 +1,557 @@
+//! `Node`: one shardport node (owner store + consumer fetch path) in this
+//! process. Every call clones the host `Node` (an `Arc`) out of the lock and
+//! runs with the GIL released.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::Duration,
+};
+
+use pyo3::{
+    prelude::*,
+    types::{PyDict, PyString},
+};
+use shardport_abi::{Device, ShardId};
+use shardport_host::{
+    config::{self, Origin},
+    metrics::prometheus,
+    Config, DevicePtr, FetchMode, HostError, Node, TensorSpec,
+};
+
+use crate::{
+    convert::{dict_to_toml, dtype_of_format, itemsize, json_to_py, parse_dtype},
+    errors::{host_err, py_err, Kind},
+    handle::PyHandle,
+    mem::{InBuffer, OutBuffer, PrivateBuf, Shard},
+};
+
+/// How long `close()` waits for calls in flight on other threads.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// A shardport node: puts shards (this process owns them until removed) and
+/// fetches shards by handle through the fastest transport that reaches them.
+#[pyclass(module = "shardport._core", name = "Node", subclass)]
+pub struct PyNode {
+    node: Mutex<Option<Node>>,
+    name: String,
+}
+
+fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
+    match mode {
+        None => Ok(None),
+        Some("view") => Ok(Some(FetchMode::View)),
+        Some("copy") => Ok(Some(FetchMode::Copy)),
+        Some(other) => Err(py_err(
+            Kind::InvalidInput,
+            format!("mode must be \"view\" or \"copy\", not {other:?}"),
+        )),
+    }
+}
+
+/// Builds the config: `None` (embedded default), a path, TOML text or a dict.
+/// Relative plugin paths also resolve in `plugin_dir` (the package's bundled
+/// plugins).
+fn load_config(config: Option<&Bound<'_, PyAny>>, plugin_dir: Option<PathBuf>) -> PyResult<Config> {
+    let text_origin = |name: &str| match &plugin_dir {
+        Some(dir) => Origin::Text {
+            name: name.to_owned(),
+            base_dir: dir.clone(),
+            search_deps: false,
+        },
+        None => Origin::embedded(),
+    };
+    let cfg_err = |e: &dyn std::fmt::Display| py_err(Kind::Config, e.to_string());
+    let mut cfg = match config {
+        None => config::parse_str(
+            config::DEFAULT_CONFIG,
+            text_origin(config::DEFAULT_CONFIG_ORIGIN),
+        )
+        .map_err(|e| cfg_err(&e))?,
+        Some(c) if c.is_none() => config::parse_str(
+            config::DEFAULT_CONFIG,
+            text_origin(config::DEFAULT_CONFIG_ORIGIN),
+        )
+        .map_err(|e| cfg_err(&e))?,
+        Some(c) => {
+            if let Ok(d) = c.downcast::<PyDict>() {
+                config::parse_str(&dict_to_toml(d)?, text_origin("<config dict>"))
+                    .map_err(|e| cfg_err(&e))?
+            } else if c.is_instance_of::<PyString>() {
+                let s: String = c.extract()?;
+                // TOML text has a `=` or a table header; anything else is a path.
+                if s.contains('=') || s.trim_start().starts_with('[') {
+                    config::parse_str(&s, text_origin("<config string>"))
+                        .map_err(|e| cfg_err(&e))?
+                } else {
+                    config::load(Path::new(&s)).map_err(|e| cfg_err(&e))?
+                }
+            } else if let Ok(p) = c.extract::<PathBuf>() {
+                config::load(&p).map_err(|e| cfg_err(&e))?
+            } else {
+                return Err(py_err(
+                    Kind::Config,
+                    format!(
+                        "config must be None, a path, TOML text or a dict, not {}",
+                        c.get_type().name()?
+                    ),
+                ));
+            }
+        }
+    };
+    if let Some(dir) = plugin_dir {
+        for p in &mut cfg.plugins {
+            let written = Path::new(&p.path_as_written);
+            if written.is_relative() {
+                p.paths.push(dir.join(written));
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+impl PyNode {
+    fn node(&self) -> PyResult<Node> {
+        self.node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| py_err(Kind::Closed, format!("node `{}` is closed", self.name)))
+    }
+}
+
+/// Handles from one handle or an iterable of them.
+fn handle_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<PyHandle>> {
+    if let Ok(h) = obj.downcast::<PyHandle>() {
+        return Ok(vec![h.get().clone()]);
+    }
+    let mut out = Vec::new();
+    let iter = obj.try_iter().map_err(|_| {
+        py_err(
+            Kind::InvalidInput,
+            format!(
+                "expected a Handle or an iterable of Handles, got {}",
+                obj.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ),
+        )
+    })?;
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        let h = item.downcast::<PyHandle>().map_err(|_| {
+            py_err(
+                Kind::InvalidInput,
+                format!(
+                    "item {i} is a {}, not a Handle",
+                    item.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ),
+            )
+        })?;
+        out.push(h.get().clone());
+    }
+    Ok(out)
+}
+
+fn ids(hs: &[PyHandle]) -> Vec<ShardId> {
+    hs.iter().map(|h| h.inner.id).collect()
+}
+
+#[pymethods]
+impl PyNode {
+    #[new]
+    #[pyo3(signature = (config=None, plugin_dir=None))]
+    fn new(
+        py: Python<'_>,
+        config: Option<&Bound<'_, PyAny>>,
+        plugin_dir: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let cfg = load_config(config, plugin_dir)?;
+        let name = cfg.node.name.clone();
+        let node = py.allow_threads(|| Node::start(cfg)).map_err(host_err)?;
+        Ok(PyNode {
+            node: Mutex::new(Some(node)),
+            name,
+        })
+    }
+
+    /// Removes every shard this node owns and stops its transports. Shards
+    /// already fetched from it stay readable. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let node = self.node.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(node) = node {
+            py.allow_threads(|| node.shutdown(CLOSE_GRACE));
+        }
+    }
+
+    /// True once `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    /// Puts an object exporting the buffer protocol: its bytes are copied
+    /// once, straight into the node's storage (strided input is gathered in
+    /// the same pass). `dtype` overrides the buffer's element type (same item
+    /// size); it is how bfloat16/float8 data arrive (see `Node.put`).
+    #[pyo3(signature = (obj, dtype=None, tags=None))]
+    fn _put_buffer(
+        &self,
+        py: Python<'_>,
+        obj: &Bound<'_, PyAny>,
+        dtype: Option<&str>,
+        tags: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyHandle> {
+        let node = self.node()?;
+        let tags = crate::convert::tags(tags)?;
+        let buf = InBuffer::get(obj).map_err(|e| {
+            let ty = obj
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
+            py_err(
+                Kind::Unsupported,
+                format!(
+                    "cannot put a {ty}: it has neither __dlpack__ nor the buffer protocol ({e})"
+                ),
+            )
+        })?;
+        let dt = match dtype {
+            Some(name) => {
+                let d = parse_dtype(name)?;
+                if itemsize(d) != buf.itemsize() {
+                    return Err(py_err(
+                        Kind::InvalidInput,
+                        format!(
+                            "dtype {name} has {} bytes per element, the buffer has {}",
+                            itemsize(d),
+                            buf.itemsize()
+                        ),
+                    ));
+                }
+                d
+            }
+            None => dtype_of_format(&buf.format(), buf.itemsize())
+                .map_err(|e| py_err(Kind::InvalidInput, e))?,
+        };
+        let spec = TensorSpec {
+            dtype: dt,
+            shape: buf.shape(),
+            device: Device::CPU,
+        };
+        let src = buf.source();
+        let res = py.allow_threads(|| {
+            if spec_len(&spec) != Some(src.packed_len() as u64) {
+                return Err(HostError::InvalidShard(format!(
+                    "the buffer has {} bytes, dtype and shape need {:?}",
+                    src.packed_len(),
+                    spec_len(&spec)
+                )));
+            }
+            node.put_with(&spec, tags, |dst| src.copy_to(dst))
+        });
+        drop(buf);
+        res.map(|inner| PyHandle { inner }).map_err(host_err)
+    }
+
+    /// Puts GPU memory without copying it, through the cuda-ipc transport
+    /// (`Node.put` calls this for CUDA torch tensors). The memory must stay
+    /// allocated until the shard is removed.
+    #[pyo3(signature = (ptr, nbytes, dtype, shape, device_index, tags=None))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
+    fn _put_device(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        nbytes: u64,
+        dtype: &str,
+        shape: Vec<u64>,
+        device_index: u32,
+        tags: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyHandle> {
+        let node = self.node()?;
+        let tags = crate::convert::tags(tags)?;
+        let spec = TensorSpec {
+            dtype: parse_dtype(dtype)?,
+            shape,
+            device: Device::cuda(device_index),
+        };
+        py.allow_threads(|| node.put_device(DevicePtr(ptr), nbytes, &spec, tags))
+            .map(|inner| PyHandle { inner })
+            .map_err(host_err)
+    }
+
+    /// Fetches a shard. `mode="view"`: zero-copy where a same-node transport
+    /// reaches the owner (read-only; holds a lease until the last object
+    /// reaching the memory is gone); `"copy"`: a private, writable copy.
+    /// `None` takes the config's `fetch.mode`. The result says which
+    /// transport served it and why (`.transport`, `.reason`).
+    #[pyo3(signature = (handle, mode=None))]
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        handle: &Bound<'_, PyAny>,
+        mode: Option<&str>,
+    ) -> PyResult<Shard> {
+        let node = self.node()?;
+        let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
+        let h = handle.downcast::<PyHandle>().map_err(|_| {
+            py_err(
+                Kind::InvalidInput,
+                format!(
+                    "fetch takes a Handle, not {}",
+                    handle
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ),
+            )
+        })?;
+        let h = &h.get().inner;
+        if mode == FetchMode::Copy && !node.config().cache.enabled {
+            // Nothing to cache: copy into fresh, untouched zero pages (one
+            // pass over the bytes; the host's copy path zero-fills first).
+            return py
+                .allow_threads(|| {
+                    let len = usize::try_from(h.meta.byte_len).map_err(|_| {
+                        HostError::InvalidShard(format!(
+                            "{} bytes do not fit in memory here",
+                            h.meta.byte_len
+                        ))
+                    })?;
+                    let max = node.config().node.max_shard_size;
+                    if h.meta.byte_len > max {
+                        return Err(HostError::InvalidShard(format!(
+                            "shard {} claims {} bytes, over node.max-shard-size = {max}",
+                            h.id, h.meta.byte_len
+                        )));
+                    }
+                    let mut buf = PrivateBuf::zeroed(len).map_err(HostError::InvalidShard)?;
+                    let sel = node.fetch_into(h, buf.as_mut_slice())?;
+                    Ok(Shard::from_copy(h, sel, buf))
+                })
+                .map_err(host_err);
+        }
+        py.allow_threads(|| node.fetch_mode(h, mode).map(Shard::from_fetched))
+            .map_err(host_err)
+    }
+
+    /// Fetches a shard by copying it into `out`, a writable C-contiguous
+    /// buffer of exactly the shard's size (a NumPy array you reuse): the
+    /// fastest copy, no allocation and no page faulted in per fetch. Returns
+    /// the transport that served it.
+    fn fetch_into(
+        &self,
+        py: Python<'_>,
+        handle: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<String> {
+        let node = self.node()?;
+        let h = handle.downcast::<PyHandle>().map_err(|_| {
+            py_err(
+                Kind::InvalidInput,
+                format!(
+                    "fetch_into takes a Handle, not {}",
+                    handle
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ),
+            )
+        })?;
+        let mut buf = OutBuffer::get(out).map_err(|e| {
+            py_err(
+                Kind::InvalidInput,
+                format!("out must be a writable, C-contiguous buffer: {e}"),
+            )
+        })?;
+        let mut dest = buf.dest();
+        let h = &h.get().inner;
+        let res = py.allow_threads(|| node.fetch_into(h, dest.as_mut_slice()));
+        drop(buf);
+        res.map(|sel| sel.transport).map_err(host_err)
+    }
+
+    /// Benchmark support: `iters` fetches of `handle` through the Rust API
+    /// alone (no Python per call), each timed; nanoseconds per fetch.
+    fn _bench_fetch(
+        &self,
+        py: Python<'_>,
+        handle: PyRef<'_, PyHandle>,
+        mode: &str,
+        iters: usize,
+    ) -> PyResult<Vec<u64>> {
+        let node = self.node()?;
+        let mode = parse_mode(Some(mode))?.unwrap_or(FetchMode::View);
+        let h = &handle.inner;
+        py.allow_threads(|| {
+            let mut out = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = std::time::Instant::now();
+                let f = node.fetch_mode(h, mode)?;
+                drop(f);
+                out.push(t.elapsed().as_nanos() as u64);
+            }
+            Ok(out)
+        })
+        .map_err(host_err)
+    }
+
+    /// Fetches many shards at once (grouped by owner and transport, groups
+    /// in parallel); results in input order. Raises the first failure.
+    #[pyo3(signature = (handles, mode=None))]
+    fn fetch_many(
+        &self,
+        py: Python<'_>,
+        handles: &Bound<'_, PyAny>,
+        mode: Option<&str>,
+    ) -> PyResult<Vec<Shard>> {
+        let node = self.node()?;
+        let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
+        let hs: Vec<_> = handle_list(handles)?.into_iter().map(|h| h.inner).collect();
+        let results = py
+            .allow_threads(|| node.fetch_many(&hs, mode))
+            .map_err(host_err)?;
+        let mut out = Vec::with_capacity(results.len());
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(f) => out.push(Shard::from_fetched(f)),
+                Err(e) => {
+                    let err = host_err(e);
+                    let msg = format!("handle {i}: {}", err.value(py));
+                    return Err(PyErr::from_type(err.get_type(py), msg));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes owned shards (a Handle or an iterable of them): unexported at
+    /// once, memory reclaimed when no consumer lease holds it. Returns how
+    /// many were owned here; others are ignored.
+    fn remove(&self, py: Python<'_>, handles: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let node = self.node()?;
+        let hs = handle_list(handles)?;
+        let ids = ids(&hs);
+        let missing = py.allow_threads(|| node.remove(&ids));
+        Ok(ids.len() - missing.len())
+    }
+
+    /// Removes every owned shard and drops every cached fetched shard.
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let node = self.node()?;
+        py.allow_threads(|| node.clear());
+        Ok(())
+    }
+
+    /// Drops fetched shards from the consumer cache (all when `handles` is
+    /// None); their leases end once no Python object holds them. Returns how
+    /// many entries were dropped.
+    #[pyo3(signature = (handles=None))]
+    fn drain(&self, py: Python<'_>, handles: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let node = self.node()?;
+        match handles {
+            None => Ok(py.allow_threads(|| node.drain_all())),
+            Some(h) => {
+                let ids = ids(&handle_list(h)?);
+                Ok(py.allow_threads(|| node.drain(&ids)))
+            }
+        }
+    }
+
+    /// A snapshot of the node as a dict: owned shards and bytes, cache,
+    /// per-plugin stats and health, per-transport fetch totals, downgrades.
+    /// `leases_active` sums the zero-copy leases this node holds.
+    fn stats(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let node = self.node()?;
+        let s = py.allow_threads(|| node.stats());
+        let leases: u64 = s
+            .plugins
+            .iter()
+            .flat_map(|p| p.stats.iter())
+            .filter(|(k, _)| k.as_str() == "leases_active")
+            .map(|(_, v)| *v)
+            .sum();
+        let mut v = serde_json::to_value(&s).map_err(|e| py_err(Kind::Base, e.to_string()))?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("leases_active".to_owned(), leases.into());
+        }
+        json_to_py(py, &v)
+    }
+
+    /// The node's metrics in the Prometheus text format.
+    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+        let node = self.node()?;
+        Ok(py.allow_threads(|| prometheus(&node.metrics_snapshot())))
+    }
+
+    /// Names of the loaded transports.
+    #[getter]
+    fn transports(&self) -> PyResult<Vec<String>> {
+        Ok(self
+            .node()?
+            .plugins()
+            .iter()
+            .map(|p| p.name.to_string())
+            .collect())
+    }
+
+    /// One line per optional plugin that failed to load.
+    #[getter]
+    fn load_failures(&self) -> PyResult<Vec<String>> {
+        Ok(self.node()?.load_failures().to_vec())
+    }
+
+    /// The node's name (`node.name` in the config).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address written into this node's handles.
+    #[getter]
+    fn address(&self) -> PyResult<String> {
+        Ok(self.node()?.config().node.advertise.clone())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.node() {
+            Ok(n) => {
+                let ts: Vec<String> = n.plugins().iter().map(|p| p.name.to_string()).collect();
+                let _ = py;
+                format!(
+                    "Node(name={:?}, address={}, transports=[{}])",
+                    self.name,
+                    n.config().node.advertise,
+                    ts.join(", ")
+                )
+            }
+            Err(_) => format!("Node(name={:?}, closed)", self.name),
+        }
+    }
+}
+
+fn spec_len(spec: &TensorSpec) -> Option<u64> {
+    let n = spec.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+    n.checked_mul(itemsize(spec.dtype) as u64)
+}

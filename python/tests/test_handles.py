@@ -1,0 +1,45 @@
+"""Handles are picklable and ride a multiprocessing queue to another process."""
+
+import pickle
+
+import numpy as np
+
+import shardport
+from helpers import child_fetch_pickled, digest
+
+
+def test_pickle_roundtrip(node):
+    h = node.put(np.arange(6, dtype=np.int16).reshape(2, 3))
+    h2 = pickle.loads(pickle.dumps(h, protocol=pickle.HIGHEST_PROTOCOL))
+    assert h2 == h and hash(h2) == hash(h) and repr(h2) == repr(h)
+    assert {h: 1}[h2] == 1
+
+
+def test_pickled_handle_across_processes(node, prefix, spawn):
+    arrays = [np.random.default_rng(i).standard_normal((64, 32)).astype(np.float32) for i in range(3)]
+    q_in, q_out = spawn.Queue(), spawn.Queue()
+    p = spawn.Process(target=child_fetch_pickled, args=(prefix, q_in, q_out))
+    p.start()
+    hs = [node.put(a) for a in arrays]
+    for h in hs:
+        q_in.put(h)
+    q_in.put(None)
+    got = [q_out.get(timeout=120) for _ in hs]
+    p.join(60)
+    assert p.exitcode == 0
+    for h, a, r in zip(hs, arrays, got):
+        assert r[0] == "ok", r
+        assert r[1] == h.id and r[2] == digest(a)
+        assert r[3] == "posix-shm" and "zero-copy" in r[4]
+
+
+def test_stats_and_metrics(node):
+    h = node.put(np.arange(10, dtype=np.float32))
+    node.fetch(h)
+    st = node.stats()
+    assert st["shards_owned"] == 1 and st["bytes_owned"] == 40
+    assert {p["name"] for p in st["plugins"]} >= {"posix-shm"}
+    assert "posix-shm" in st["transports"]
+    m = node.metrics()
+    assert "shardport_" in m and "posix-shm" in m
+    assert isinstance(shardport.__version__, str)
