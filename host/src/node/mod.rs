@@ -482,9 +482,14 @@ fn storage_plugin(storage: &Storage, loaded: &[LoadedPlugin]) -> Option<usize> {
 fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
     let n = usize::try_from(len)
         .map_err(|_| HostError::InvalidShard(format!("{len} bytes do not fit in memory here")))?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
+    // Probe that the memory can be had (an error, not an abort, for a size
+    // the allocator refuses), then take it zeroed from the allocator:
+    // `vec![0; n]` is a calloc, whose large blocks are fresh zero pages, so
+    // the bytes are written once (by the copy into them), not twice.
+    let mut probe = Vec::<u8>::new();
+    probe
+        .try_reserve_exact(n)
         .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
-    v.resize(n, 0);
-    Ok(v)
+    drop(probe);
+    Ok(vec![0u8; n])
 }
