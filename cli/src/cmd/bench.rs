@@ -10,9 +10,8 @@ use super::{config_args, current_exe, load_config, write_file, Failure, Outcome,
 /// Arguments of `shardport bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Shard sizes, comma separated [default: 4KiB,1MiB,64MiB,256MiB].
     #[arg(long, value_delimiter = ',', value_parser = bench::spec::parse_size)]
     sizes: Vec<u64>,
@@ -114,10 +113,10 @@ fn options(args: &Args) -> Result<BenchOptions, Failure> {
             bench::DEFAULT_WARMUP,
         )
     };
-    let config = load_config(args.config.as_deref())?;
+    let config = load_config(args.config.path())?;
     Ok(BenchOptions {
         exe: current_exe()?,
-        config_args: config_args(args.config.as_deref())?,
+        config_args: config_args(args.config.path())?,
         config,
         sizes: dedup(or(&args.sizes, sizes)),
         paths: dedup(or(&args.paths, bench::spec::DEFAULT_PATHS)),

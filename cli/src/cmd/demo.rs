@@ -1,7 +1,5 @@
 //! `shardport demo`: the main job (see [`shardport_cli::demo`]).
 
-use std::path::PathBuf;
-
 use shardport_cli::demo::{run_demo, DemoOptions, TransportState};
 use shardport_host::{config, Node};
 
@@ -12,9 +10,8 @@ use super::{
 /// Arguments of `shardport demo`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Largest shard to put.
     #[arg(long, default_value = "256MiB", value_parser = config::byte_size_arg)]
     max_size: u64,
@@ -29,12 +26,12 @@ const NETWORK_TRANSPORT: &str = "http";
 /// Checks the config's plugins here (each unavailable one is logged once,
 /// by this process), then runs the owner and consumer processes.
 pub fn run(args: Args) -> Outcome {
-    let cfg = load_config(args.config.as_deref())?;
+    let cfg = load_config(args.config.path())?;
     // Fail here, with the loader's message, rather than in both children.
     let transports = transport_states(&start_node(cfg)?);
     let opts = DemoOptions {
         exe: current_exe()?,
-        config_args: config_args(args.config.as_deref())?,
+        config_args: config_args(args.config.path())?,
         max_size: args.max_size,
         network: transports
             .iter()

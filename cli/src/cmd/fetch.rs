@@ -10,9 +10,8 @@ use super::{load_config, start_node, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE
 /// Arguments of `shardport fetch`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// The handle: hex of the binary form, JSON, or `@FILE`; `-` or absent reads stdin.
     #[arg(long)]
     handle: Option<String>,
@@ -30,7 +29,7 @@ pub struct Args {
 /// Reads the handle, starts a node and fetches.
 pub fn run(args: Args) -> Outcome {
     let handle = read_handle(args.handle.as_deref())?;
-    let cfg = load_config(args.config.as_deref())?;
+    let cfg = load_config(args.config.path())?;
     let mode = match args.mode.as_deref() {
         None => cfg.fetch.mode,
         Some("view") => FetchMode::View,

@@ -1,16 +1,13 @@
 //! `shardport gc`: sweeps what dead processes left behind (segments of dead
 //! owners, leases of dead consumers); never a live process's.
 
-use std::path::PathBuf;
-
 use super::{load_config, start_node, Outcome, EXIT_FAILURE};
 
 /// Arguments of `shardport gc`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
 }
 
 /// Starts a node and sweeps through every loaded transport. The counts
@@ -20,7 +17,7 @@ pub struct Args {
 /// Transports that are unavailable here (cuda-ipc without a GPU) are listed
 /// as skipped, not failed.
 pub fn run(args: Args) -> Outcome {
-    let cfg = load_config(args.config.as_deref())?;
+    let cfg = load_config(args.config.path())?;
     let node = start_node(cfg)?;
     let report = node.sweep();
     let stats = node.stats();

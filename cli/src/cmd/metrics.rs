@@ -1,19 +1,13 @@
 //! `shardport metrics`: a running node's metrics, as Prometheus text (what
 //! `/metrics` serves) or as the JSON snapshot `shardport ab report` reads.
 
-use shardport_host::config;
-
 use super::{control_call, print_json, Failure, Outcome, CONTROL_CALL_TIMEOUT, EXIT_FAILURE};
 
 /// Arguments of `shardport metrics`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The node's control endpoint.
-    #[arg(long, default_value = config::DEFAULT_CONTROL_BIND)]
-    node: String,
-    /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
-    #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    target: super::NodeArgs,
     /// Print the JSON snapshot instead of Prometheus text.
     #[arg(long)]
     json: bool,
@@ -21,10 +15,10 @@ pub struct Args {
 
 /// `GET /v1/metrics.json` or `GET /metrics`.
 pub fn run(args: Args) -> Outcome {
-    let token = args.token.as_deref();
+    let token = args.target.token.as_deref();
     if args.json {
         let r = control_call(
-            &args.node,
+            &args.target.node,
             "GET",
             "/v1/metrics.json",
             token,
@@ -34,7 +28,7 @@ pub fn run(args: Args) -> Outcome {
         print_json(&r);
     } else {
         let text = shardport_cli::control::client::get_text(
-            &args.node,
+            &args.target.node,
             "/metrics",
             token,
             CONTROL_CALL_TIMEOUT,

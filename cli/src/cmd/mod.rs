@@ -45,6 +45,32 @@ pub const EXIT_PLUGINS: u8 = 3;
 /// How long a one-shot call to a node's control endpoint may take.
 pub const CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `--config FILE`: the config a subcommand runs on.
+#[derive(clap::Args)]
+pub struct ConfigArg {
+    /// Config file (default: the embedded default config).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    /// The file given, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+}
+
+/// `--node ADDR --token T`: a running node's control endpoint.
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// The node's control endpoint.
+    #[arg(long, default_value = config::DEFAULT_CONTROL_BIND)]
+    pub node: String,
+    /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
+    #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
 /// An error with the exit status it maps to.
 pub struct Failure {
     /// Exit status.

@@ -1,8 +1,6 @@
 //! `shardport plugins`: the configured plugins, whether each loaded, its
 //! version, ABI version, capabilities and health.
 
-use std::path::PathBuf;
-
 use shardport_host::{HostError, Node};
 
 use super::{load_config, Failure, Outcome, EXIT_FAILURE, EXIT_PLUGINS};
@@ -10,14 +8,13 @@ use super::{load_config, Failure, Outcome, EXIT_FAILURE, EXIT_PLUGINS};
 /// Arguments of `shardport plugins`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
 }
 
 /// Loads the config's plugins and lists them; load failures one line each.
 pub fn run(args: Args) -> Outcome {
-    let cfg = load_config(args.config.as_deref())?;
+    let cfg = load_config(args.config.path())?;
     let specs = cfg.plugins.clone();
     let node = match Node::start(cfg) {
         Ok(n) => n,

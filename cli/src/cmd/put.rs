@@ -14,12 +14,8 @@ const PUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Arguments of `shardport put`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The node's control endpoint.
-    #[arg(long, default_value = config::DEFAULT_CONTROL_BIND)]
-    node: String,
-    /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
-    #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    target: super::NodeArgs,
     /// File whose bytes to put.
     #[arg(long, conflicts_with = "size")]
     file: Option<PathBuf>,
@@ -60,10 +56,10 @@ pub fn run(args: Args) -> Outcome {
     };
     let path = put_path(&args)?;
     let r = control_call(
-        &args.node,
+        &args.target.node,
         "POST",
         &path,
-        args.token.as_deref(),
+        args.target.token.as_deref(),
         &body,
         PUT_TIMEOUT,
     )?;

@@ -3,7 +3,6 @@
 //! `remove`. SIGINT/SIGTERM shut it down cleanly (segments removed).
 
 use std::{
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -22,9 +21,8 @@ const SWEEPER_TICK: Duration = Duration::from_millis(200);
 /// Arguments of `shardport serve`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Control endpoint address (overrides `control.bind`).
     #[arg(long)]
     control: Option<String>,
@@ -40,7 +38,7 @@ const EAGER_OPTIONS: [(&str, &str, &str); 2] = [
 
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: Args) -> Outcome {
-    let mut cfg = load_config(args.config.as_deref())?;
+    let mut cfg = load_config(args.config.path())?;
     make_eager(&mut cfg)?;
     let bind = args.control.unwrap_or_else(|| cfg.control.bind.clone());
     let token = cfg

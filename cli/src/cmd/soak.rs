@@ -2,8 +2,6 @@
 //! many times; both processes' RSS and the `/dev/shm` entry count at the
 //! start and at the end (they must stay flat).
 
-use std::path::PathBuf;
-
 use shardport_cli::soak::{run_soak, SoakOptions};
 
 use super::{config_args, current_exe, print_report, Failure, Outcome, EXIT_FAILURE};
@@ -11,9 +9,8 @@ use super::{config_args, current_exe, print_report, Failure, Outcome, EXIT_FAILU
 /// Arguments of `shardport soak`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Steps after the warm-up.
     #[arg(long, default_value_t = 2000)]
     steps: usize,
@@ -26,7 +23,7 @@ pub struct Args {
 pub fn run(args: Args) -> Outcome {
     let opts = SoakOptions {
         exe: current_exe()?,
-        config_args: config_args(args.config.as_deref())?,
+        config_args: config_args(args.config.path())?,
         steps: args.steps,
     };
     let report = run_soak(&opts, |s| eprintln!("soak: step {s}"))

@@ -1,16 +1,13 @@
 //! `shardport worker` (hidden): a node driven by JSON lines on stdin, for
 //! the demo, the benchmark, the soak and the end-to-end tests.
 
-use std::path::PathBuf;
-
 use super::{load_config, start_node, Failure, Outcome, EXIT_FAILURE};
 
 /// Arguments of `shardport worker`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Config file (default: the embedded default config).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Keep fetched shards until drained (cache policy "explicit").
     #[arg(long)]
     cache_explicit: bool,
@@ -18,7 +15,7 @@ pub struct Args {
 
 /// Serves requests from stdin until `exit` or end of input.
 pub fn run(args: Args) -> Outcome {
-    let mut cfg = load_config(args.config.as_deref())?;
+    let mut cfg = load_config(args.config.path())?;
     if args.cache_explicit {
         cfg.cache.enabled = true;
     }
