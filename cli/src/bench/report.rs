@@ -7,7 +7,7 @@ use shardport_abi::format_byte_size;
 
 use super::{
     extras::Extra,
-    limits::{Limits, SizeLimit},
+    limits::{Limits, SizeLimit, SUSPECT_RATIO},
     matrix::{Cell, CellStatus, VIEW_TARGET_US},
     spec::{Op, PathId},
 };
@@ -210,15 +210,22 @@ fn ratio_target(cells: &[Cell], path: PathId, op: Op, name: &str, min: f64) -> T
     {
         Some(c) => {
             let ratio = c.ratio.expect("filtered");
+            // Beating the machine's limit means the limit is wrong: no verdict.
+            let suspect = ratio > SUSPECT_RATIO;
             TargetCheck {
                 name: format!("{name} ({})", format_byte_size(c.size)),
                 target,
                 measured: format!(
-                    "{ratio:.2}x ({:.2} / {:.2} GB/s)",
+                    "{ratio:.2}x ({:.2} / {:.2} GB/s){}",
                     c.gbps.unwrap_or_default(),
-                    c.limit.as_ref().map_or(0.0, |l| l.gbps)
+                    c.limit.as_ref().map_or(0.0, |l| l.gbps),
+                    if suspect {
+                        "; limit suspect: the product beat it"
+                    } else {
+                        ""
+                    }
                 ),
-                met: Some(ratio >= min),
+                met: (!suspect).then_some(ratio >= min),
             }
         }
         None => not_measured(name, &target, &format!("no {path} {op} cell in this run")),
@@ -410,8 +417,8 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>9}  {:<34} {:>7}",
-            "path", "op", "size", "p50", "p90", "GB/s", "limit (same work)", "ratio"
+            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>10} {:>9}  {:<34} {:>7}",
+            "path", "op", "size", "p50", "p90", "p99", "GB/s", "limit (same work)", "ratio"
         )?;
         let mut folded: Vec<PathId> = Vec::new();
         for c in &self.cells {
@@ -446,7 +453,11 @@ impl fmt::Display for BenchReport {
                     let (limit, ratio) = match (&c.limit, c.ratio, c.target_us) {
                         (Some(l), Some(r), _) => (
                             format!("{} {} {:.2} GB/s", l.name, time(l.median_us), l.gbps),
-                            format!("{r:.2}x"),
+                            if r > SUSPECT_RATIO {
+                                format!("{r:.2}x LIMIT SUSPECT")
+                            } else {
+                                format!("{r:.2}x")
+                            },
                         ),
                         (_, _, Some(t)) => (
                             format!("target p50 <= {t} us"),
@@ -456,9 +467,10 @@ impl fmt::Display for BenchReport {
                     };
                     writeln!(
                         f,
-                        "{head} {:>10} {:>10} {:>9.2}  {:<34} {:>7}",
+                        "{head} {:>10} {:>10} {:>10} {:>9.2}  {:<34} {:>7}",
                         time(s.median_us),
                         time(s.p90_us),
+                        time(s.p99_us),
                         c.gbps.unwrap_or_default(),
                         limit,
                         ratio
@@ -521,6 +533,39 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
+    }
+
+    #[test]
+    fn a_ratio_over_the_limit_gets_no_verdict_and_says_the_limit_is_suspect() {
+        use super::super::{matrix::Cell, spec::PathId, stats::Summary};
+        let limits = Limits {
+            memcpy: vec![SizeLimit {
+                size: 4096,
+                samples: Summary::of_us(&mut [1.2]).unwrap(),
+                gbps: 3.4,
+            }],
+            ..Limits::default()
+        };
+        let cell = |us: f64| {
+            let samples = Summary::of_us(&mut [us]).unwrap();
+            Cell::measured(
+                PathId::ShmCopy.spec(),
+                Op::Fetch,
+                4096,
+                1,
+                samples,
+                None,
+                &limits,
+            )
+        };
+        // 1.2 us of limit against 1.0 us of product: 1.20x, the limit is wrong.
+        let t = ratio_target(&[cell(1.0)], PathId::ShmCopy, Op::Fetch, "copy", 0.8);
+        assert_eq!(t.met, None, "{t:?}");
+        assert!(t.measured.contains("limit suspect"), "{t:?}");
+        // 1.2 us against 1.4 us: 0.86x, judged as usual.
+        let t = ratio_target(&[cell(1.4)], PathId::ShmCopy, Op::Fetch, "copy", 0.8);
+        assert_eq!(t.met, Some(true), "{t:?}");
+        assert!(!t.measured.contains("suspect"), "{t:?}");
     }
 
     #[test]

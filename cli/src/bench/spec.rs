@@ -118,7 +118,7 @@ pub const DEFAULT_PATHS: &[PathId] = &[
 ];
 
 /// Sizes measured when `--sizes` is not given.
-pub const DEFAULT_SIZES: &[u64] = &[4 << 10, 1 << 20, 64 << 20, 256 << 20];
+pub const DEFAULT_SIZES: &[u64] = &[4 << 10, 64 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20];
 
 /// Sizes of `--quick` (and its repetitions): enough to run every code path
 /// in seconds, even in a debug build.

@@ -1,4 +1,4 @@
-//! Sample summaries: median, p90, min, max of a set of timings.
+//! Sample summaries: median, p90, p99, min, max of a set of timings.
 
 use std::time::Duration;
 
@@ -11,6 +11,8 @@ pub struct Summary {
     pub median_us: f64,
     /// 90th percentile (nearest rank).
     pub p90_us: f64,
+    /// 99th percentile (nearest rank; the slowest sample below 100 samples).
+    pub p99_us: f64,
     /// Fastest sample.
     pub min_us: f64,
     /// Slowest sample.
@@ -36,12 +38,13 @@ impl Summary {
         } else {
             (us[n / 2 - 1] + us[n / 2]) / 2.0
         };
-        // Nearest rank: the smallest sample with at least 90% at or below it.
-        let rank = ((0.9 * n as f64).ceil() as usize).clamp(1, n);
+        // Nearest rank: the smallest sample with at least P% at or below it.
+        let rank = |p: f64| ((p * n as f64).ceil() as usize).clamp(1, n);
         Some(Summary {
             n,
             median_us: median,
-            p90_us: us[rank - 1],
+            p90_us: us[rank(0.9) - 1],
+            p99_us: us[rank(0.99) - 1],
             min_us: us[0],
             max_us: us[n - 1],
         })
@@ -77,6 +80,10 @@ mod tests {
         let one = Summary::of(&[Duration::from_micros(7)]).unwrap();
         assert_eq!((one.median_us, one.p90_us), (7.0, 7.0));
         assert!(Summary::of(&[]).is_none());
+        // p99 by nearest rank: the 99th of 100 samples, the slowest of 10.
+        assert!((s.p99_us - 100.0).abs() < 1e-9);
+        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(Summary::of_us(&mut hundred).unwrap().p99_us, 99.0);
         assert!((gbps_us(1_000_000, 1000.0) - 1.0).abs() < 1e-9);
     }
 }
