@@ -1,12 +1,17 @@
-//! The pool's bump allocator: a pure data structure, no I/O, no `unsafe`.
+//! The pool's allocator: a pure data structure, no I/O, no `unsafe`.
 //!
-//! Space is handed out **next-fit**: the search starts at `head` (the end of
-//! the most recent allocation) and scans the gaps up to the end of the pool;
-//! only when nothing fits there does it wrap to the start. Because every
-//! range that a live shard uses, or that a retired shard still has leased, is
-//! kept in the occupied map, wrapping only ever reuses space nobody uses.
-//! Starts are aligned to [`ALIGN`] bytes. A new range that would overlap an
-//! occupied one is a bug and trips an `assert!`.
+//! Space is handed out **warm first**: the lowest free gap that fits. Freed
+//! space is reused before the pool's high-water mark moves, so a job that
+//! puts and removes shards of similar sizes keeps writing the same pages,
+//! which are backed, mapped and cached already; untouched pages (a page
+//! fault and the kernel zeroing them, ~1.3 GB/s here) are paid only when
+//! the live set grows. A cursor (`low`) below which every byte is occupied
+//! makes the common case (a shard freed, one of the same size put) a
+//! constant-time search. Every range that a live shard uses, or that a
+//! retired shard still has leased, is kept in the occupied map, so reuse
+//! only ever takes space nobody uses. Starts are aligned to [`ALIGN`]
+//! bytes. A new range that would overlap an occupied one is a bug and trips
+//! an `assert!`.
 
 use std::collections::BTreeMap;
 
@@ -14,11 +19,15 @@ use std::collections::BTreeMap;
 /// line and vectorised copies start aligned.
 pub(crate) const ALIGN: u64 = 64;
 
-/// Next-fit bump allocator over `[0, capacity)`.
+/// Warm-first (lowest fit) allocator over `[0, capacity)`.
 #[derive(Debug, Clone)]
 pub(crate) struct BumpAllocator {
     capacity: u64,
-    head: u64,
+    /// Every byte below `low` is occupied: searches start here.
+    low: u64,
+    /// The end of the highest range ever handed out: pages below it have
+    /// been written at least once.
+    high_water: u64,
     used: u64,
     /// Occupied ranges, `start -> end` (exclusive), non-overlapping.
     ranges: BTreeMap<u64, u64>,
@@ -34,7 +43,8 @@ impl BumpAllocator {
     pub(crate) fn new(capacity: u64) -> Self {
         BumpAllocator {
             capacity,
-            head: 0,
+            low: 0,
+            high_water: 0,
             used: 0,
             ranges: BTreeMap::new(),
         }
@@ -50,10 +60,10 @@ impl BumpAllocator {
         self.used
     }
 
-    /// Where the next search starts.
+    /// The end of the highest range ever handed out.
     #[cfg(test)]
-    pub(crate) fn head(&self) -> u64 {
-        self.head
+    pub(crate) fn high_water(&self) -> u64 {
+        self.high_water
     }
 
     /// Occupied ranges in address order, `(start, end)`.
@@ -87,9 +97,7 @@ impl BumpAllocator {
     /// when no gap of the pool fits them.
     pub(crate) fn alloc(&mut self, len: u64) -> Option<u64> {
         assert!(len > 0, "zero-length shards take no pool space");
-        let start = self
-            .find_from(self.head, len)
-            .or_else(|| self.find_from(0, len))?;
+        let start = self.find_from(self.low, len)?;
         let end = start + len;
         assert!(
             end <= self.capacity,
@@ -103,7 +111,11 @@ impl BumpAllocator {
         );
         self.ranges.insert(start, end);
         self.used += len;
-        self.head = end;
+        if Some(start) == align_up(self.low) {
+            // Filled from the cursor: everything below `end` is occupied.
+            self.low = end;
+        }
+        self.high_water = self.high_water.max(end);
         Some(start)
     }
 
@@ -113,6 +125,7 @@ impl BumpAllocator {
         let end = self.ranges.remove(&start)?;
         let len = end - start;
         self.used -= len;
+        self.low = self.low.min(start);
         Some(len)
     }
 
@@ -259,19 +272,24 @@ mod tests {
     }
 
     #[test]
-    fn aligned_next_fit_then_wrap() {
+    fn freed_space_is_reused_before_the_pool_grows() {
         let mut a = BumpAllocator::new(1024);
         assert_eq!(a.alloc(100), Some(0));
         assert_eq!(a.alloc(10), Some(128));
         assert_eq!(a.alloc(64), Some(192));
-        assert_eq!(a.head(), 256);
+        assert_eq!(a.high_water(), 256);
         a.free(0).unwrap();
-        // Next-fit: the gap at 0 is not reused while the tail has room.
-        assert_eq!(a.alloc(100), Some(256));
-        assert_eq!(a.alloc(600), Some(384));
-        // The tail (984..1024) is too small: wrap to the start.
+        // The warm gap at 0 is reused; the high-water mark stays.
         assert_eq!(a.alloc(100), Some(0));
-        assert_eq!(a.used(), 10 + 64 + 100 + 600 + 100);
+        assert_eq!(a.high_water(), 256);
+        // Too big for any gap below the mark: the pool grows.
+        assert_eq!(a.alloc(600), Some(256));
+        assert_eq!(a.high_water(), 856);
+        // A gap too small is skipped, the next one that fits is taken.
+        a.free(128).unwrap();
+        assert_eq!(a.alloc(100), Some(896));
+        assert_eq!(a.alloc(10), Some(128));
+        assert_eq!(a.used(), 100 + 10 + 64 + 600 + 100);
     }
 
     #[test]
@@ -401,17 +419,23 @@ mod tests {
         }
 
         #[test]
-        fn next_fit_does_not_wrap_while_the_tail_fits(
-            lens in proptest::collection::vec(1u64..200, 1..40),
+        fn the_lowest_fitting_gap_is_always_taken(
+            ops in proptest::collection::vec((1u64..300, any::<bool>()), 1..80),
         ) {
-            let mut a = BumpAllocator::new(1 << 20);
-            let first = a.alloc(64).unwrap();
-            a.free(first);
-            let mut prev = 0;
-            for len in lens {
-                let start = a.alloc(len).unwrap();
-                prop_assert!(start >= prev, "wrapped to {} before the tail was used", start);
-                prev = start + len;
+            // Against a model that scans every gap from address 0: the
+            // cursor never skips a gap the full scan would take.
+            let mut a = BumpAllocator::new(8 << 10);
+            let mut live: Vec<u64> = Vec::new();
+            for (len, free_one) in ops {
+                if free_one && !live.is_empty() {
+                    let start = live.remove(len as usize % live.len());
+                    a.free(start).unwrap();
+                    continue;
+                }
+                let expected = a.find_from(0, len);
+                let got = a.alloc(len);
+                prop_assert_eq!(got, expected);
+                live.extend(got);
             }
         }
     }
