@@ -170,6 +170,9 @@ fn bench_quick_writes_every_cell_json_and_svg() {
     for key in [
         "dispatch_overhead_ns",
         "batch_shards_per_s",
+        "many_small_put_per_s",
+        "many_small_fetch_shm_per_s",
+        "many_small_fetch_http_per_s",
         "http_consumer_peak_rss_x",
     ] {
         assert!(
@@ -180,7 +183,7 @@ fn bench_quick_writes_every_cell_json_and_svg() {
         );
     }
     let targets = report["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 7);
+    assert_eq!(targets.len(), 10);
     assert!(targets
         .iter()
         .all(|t| t["met"].is_boolean() || t["met"].is_null()));

@@ -1,19 +1,29 @@
 //! Measurements outside the matrix: plugin dispatch, the 1000 x 4 KiB
-//! batch, and a consumer's peak RSS during a large http fetch.
+//! batch, 10,000 x 4 KiB shards put and fetched from another process, and a
+//! consumer's peak RSS during a large http fetch.
 
-use std::{hint::black_box, time::Instant};
+use std::{collections::BTreeMap, hint::black_box, time::Instant};
 
 use super::{
     matrix::{only, put_remote, Runner},
     BenchError, BenchOptions,
 };
 use crate::worker::{Request, WorkerProcess};
-use shardport_host::{config::FetchMode, node::Node};
+use shardport_host::{
+    config::FetchMode,
+    node::{Node, TensorSpec},
+    Handle,
+};
 
 /// Shards in the batch measurement.
 pub const BATCH_SHARDS: usize = 1000;
 /// Bytes per batch shard.
 pub const BATCH_SHARD_BYTES: u64 = 4 << 10;
+/// Shards in the many-small-shards measurement (an RL step's per-sample
+/// tensors: token ids, logprobs, masks, rewards).
+pub const MANY_SHARDS: usize = 10_000;
+/// The same with `--quick`.
+pub const QUICK_MANY_SHARDS: usize = 1_000;
 
 /// One measurement outside the matrix.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -149,35 +159,9 @@ pub fn batch(
         ids.push(id);
         handles.push(only(h, "http")?);
     }
-    let mut rates = Vec::new();
-    let mut failure = None;
-    // One untimed round warms the connection and the consumer's buffers.
-    for round in 0..=reps.max(3) {
-        let t = Instant::now();
-        let results = node.fetch_many(&handles, FetchMode::Copy);
-        let elapsed = t.elapsed();
-        match results {
-            Ok(results) => {
-                if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-                    failure = Some(BenchError::from(e));
-                    break;
-                }
-            }
-            Err(e) => {
-                failure = Some(e.into());
-                break;
-            }
-        }
-        if round > 0 {
-            rates.push(BATCH_SHARDS as f64 / elapsed.as_secs_f64());
-        }
-    }
+    let rates = rate(BATCH_SHARDS, reps.max(3), || fetch_all(node, &handles));
     runner.owner()?.call(&Request::Remove { ids })?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    let mut rates_us: Vec<f64> = rates;
-    let s = super::stats::Summary::of_us(&mut rates_us).expect("at least three rounds");
+    let s = rates?;
     Ok(Extra::value(
         KEY,
         name,
@@ -188,6 +172,142 @@ pub fn batch(
             s.n, s.min_us, s.max_us
         ),
     ))
+}
+
+/// Shards per second of `round` moving `shards` shards: one untimed round
+/// (connections, buffers, pool pages warm), then `reps`; the summary's
+/// "microseconds" are shards per second.
+fn rate(
+    shards: usize,
+    reps: usize,
+    mut round: impl FnMut() -> Result<(), BenchError>,
+) -> Result<super::stats::Summary, BenchError> {
+    let mut rates = Vec::with_capacity(reps);
+    for i in 0..=reps {
+        let t = Instant::now();
+        round()?;
+        if i > 0 {
+            rates.push(shards as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(super::stats::Summary::of_us(&mut rates).expect("at least one round"))
+}
+
+/// Copies of every shard in `handles` into this process, in batches of the
+/// node's `fetch.max-batch`; the first failure is the error.
+fn fetch_all(node: &Node, handles: &[Handle]) -> Result<(), BenchError> {
+    for chunk in handles.chunks(node.config().fetch.max_batch.max(1)) {
+        if let Some(Err(e)) = node
+            .fetch_many(chunk, FetchMode::Copy)?
+            .into_iter()
+            .find(Result::is_err)
+        {
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// `shards` x 4 KiB ([`MANY_SHARDS`]; fewer with `--quick`): puts into this process's posix-shm pool, and
+/// copies of shards another process owns, through posix-shm and through
+/// http (`fetch_many`). Shards per second, median of `reps` rounds.
+pub fn many_small(
+    runner: &mut Runner<'_>,
+    node: &Node,
+    (shards, reps): (usize, usize),
+    shm_ok: Result<(), String>,
+    http_ok: Result<(), String>,
+) -> Vec<Extra> {
+    let label = |what: &str| format!("{shards} x 4 KiB {what}");
+    let summary = |key: &str, name: String, r: Result<super::stats::Summary, BenchError>| match r {
+        Ok(s) => Extra::value(
+            key,
+            name,
+            s.median_us,
+            "shards/s",
+            format!(
+                "median of {} rounds (min {:.0}, max {:.0})",
+                s.n, s.min_us, s.max_us
+            ),
+        ),
+        Err(e) => Extra::failed(key, &name, "shards/s", &e),
+    };
+    let mut out = Vec::new();
+    let put_name = label("put, posix-shm pool");
+    match &shm_ok {
+        Ok(()) => out.push(summary(
+            "many_small_put_per_s",
+            put_name,
+            many_puts(runner, shards, reps),
+        )),
+        Err(why) => out.push(Extra::skipped(
+            "many_small_put_per_s",
+            &put_name,
+            "shards/s",
+            why.clone(),
+        )),
+    }
+    let fetched = remote_shards(runner, shards);
+    for (transport, ok, key) in [
+        ("posix-shm", &shm_ok, "many_small_fetch_shm_per_s"),
+        ("http", &http_ok, "many_small_fetch_http_per_s"),
+    ] {
+        let name = label(&format!("fetch_many from another process, {transport}"));
+        out.push(match (ok, &fetched) {
+            (Err(why), _) => Extra::skipped(key, &name, "shards/s", why.clone()),
+            (Ok(()), Err(e)) => Extra::failed(key, &name, "shards/s", e),
+            (Ok(()), Ok((_, handles))) => {
+                let only_t: Result<Vec<Handle>, BenchError> =
+                    handles.iter().map(|h| only(h.clone(), transport)).collect();
+                summary(
+                    key,
+                    name,
+                    only_t.and_then(|hs| rate(shards, reps, || fetch_all(node, &hs))),
+                )
+            }
+        });
+    }
+    if let (Ok((ids, _)), Ok(owner)) = (fetched, runner.owner()) {
+        let _ = owner.call(&Request::Remove { ids });
+    }
+    out
+}
+
+/// Puts of `shards` 4 KiB shards into the in-process posix-shm node,
+/// removed after each round.
+fn many_puts(
+    runner: &mut Runner<'_>,
+    shards: usize,
+    reps: usize,
+) -> Result<super::stats::Summary, BenchError> {
+    let node = runner.put_node("posix-shm")?;
+    let src = vec![7u8; BATCH_SHARD_BYTES as usize];
+    let spec = TensorSpec::bytes(BATCH_SHARD_BYTES);
+    let mut ids = Vec::with_capacity(shards);
+    rate(shards, reps, || {
+        for _ in 0..shards {
+            ids.push(node.put(&src, &spec, BTreeMap::new())?.id);
+        }
+        node.remove(&ids);
+        ids.clear();
+        Ok(())
+    })
+}
+
+/// `n` 4 KiB shards put by the owner process: their ids and handles.
+fn remote_shards(
+    runner: &mut Runner<'_>,
+    n: usize,
+) -> Result<(Vec<String>, Vec<Handle>), BenchError> {
+    let owner = runner.owner()?;
+    let mut ids = Vec::with_capacity(n);
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let (id, h) = put_remote(owner, BATCH_SHARD_BYTES, 5000 + i as u64)?;
+        ids.push(id);
+        handles.push(h);
+    }
+    Ok((ids, handles))
 }
 
 /// Peak RSS of a fresh consumer process fetching a `size` shard over http.

@@ -386,7 +386,7 @@ impl<'a> Runner<'a> {
 
     /// The in-process owner node exporting through `transport`, started
     /// (and its pool cycled) on first use.
-    fn put_node(&mut self, transport: &'static str) -> Result<&Node, BenchError> {
+    pub fn put_node(&mut self, transport: &'static str) -> Result<&Node, BenchError> {
         if !self.put_nodes.contains_key(transport) {
             let mut cfg = self.opts.config.clone();
             cfg.put.export_to = Some(vec![TransportName::new(transport).map_err(other)?]);

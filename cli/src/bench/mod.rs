@@ -238,6 +238,20 @@ pub fn run_bench(
     extras.push(batch.unwrap_or_else(|e| {
         extras::Extra::failed("batch_shards_per_s", "http batch", "shards/s", &e)
     }));
+    say("many small shards: 4 KiB each, put, and fetched from another process");
+    let shm_ok = availability(PathId::ShmCopy.spec(), &node);
+    let many = if opts.quick {
+        extras::QUICK_MANY_SHARDS
+    } else {
+        extras::MANY_SHARDS
+    };
+    extras.extend(extras::many_small(
+        &mut runner,
+        &node,
+        (many, opts.reps.min(5)),
+        shm_ok,
+        http_ok.clone(),
+    ));
     say("consumer peak RSS during an http fetch");
     let rss = extras::consumer_rss(&mut runner, opts, largest, http_ok);
     extras.push(rss.unwrap_or_else(|e| {

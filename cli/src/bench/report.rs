@@ -27,6 +27,12 @@ pub const HTTP_4K_P50_US: f64 = 60.0;
 pub const MIN_BATCH_PER_S: f64 = 50_000.0;
 /// Calling a plugin through its vtable: at most this much more than a direct call.
 pub const MAX_DISPATCH_OVERHEAD_NS: f64 = 10.0;
+/// Many small shards (issue 16): an RL step's per-sample tensors must move
+/// at least this fast through shared memory (puts, and fetches from another
+/// process) ...
+pub const MIN_MANY_SHM_PER_S: f64 = 500_000.0;
+/// ... and over http batches.
+pub const MIN_MANY_HTTP_PER_S: f64 = 200_000.0;
 
 /// Everything one run measured.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -329,6 +335,38 @@ pub fn targets(cells: &[Cell], extras: &[Extra], stream: Option<&SizeLimit>) -> 
         None => not_measured(name, target, "batch skipped"),
     });
 
+    for (key, name, min) in [
+        (
+            "many_small_put_per_s",
+            "many small shards, put",
+            MIN_MANY_SHM_PER_S,
+        ),
+        (
+            "many_small_fetch_shm_per_s",
+            "many small shards, shm fetch",
+            MIN_MANY_SHM_PER_S,
+        ),
+        (
+            "many_small_fetch_http_per_s",
+            "many small shards, http fetch",
+            MIN_MANY_HTTP_PER_S,
+        ),
+    ] {
+        let target = &format!(">= {min} shards/s");
+        out.push(match extra(extras, key) {
+            Some(e) => {
+                let v = e.value.expect("filtered");
+                TargetCheck {
+                    name: e.name.clone(),
+                    target: target.into(),
+                    measured: format!("{v:.0} shards/s"),
+                    met: Some(v >= min),
+                }
+            }
+            None => not_measured(name, target, "not measured in this run"),
+        });
+    }
+
     let name = "plugin dispatch overhead";
     let target = &format!("<= {MAX_DISPATCH_OVERHEAD_NS} ns");
     out.push(match extra(extras, "dispatch_overhead_ns") {
@@ -571,7 +609,7 @@ mod tests {
     #[test]
     fn targets_without_cells_are_not_measured() {
         let t = targets(&[], &[], None);
-        assert_eq!(t.len(), 7);
+        assert_eq!(t.len(), 10);
         assert!(t.iter().all(|t| t.met.is_none()), "{t:?}");
     }
 }
