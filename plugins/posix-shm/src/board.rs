@@ -412,6 +412,7 @@ impl Board {
 
     /// Byte ranges `[start, end)` of every claimed or held lease. Read after
     /// retiring an entry (see the protocol above).
+    #[cfg(test)]
     pub(crate) fn leased_ranges(&self) -> Vec<(u64, u64)> {
         self.scan_leases().iter().map(|l| l.range).collect()
     }

@@ -65,6 +65,11 @@ use crate::{
 /// our node tag, or a leftover of a crashed process with the same tag).
 const CREATE_ATTEMPTS: u32 = 16;
 
+/// Removed shards whose space waits for a lease scan before `unexport`
+/// runs one itself: one scan of the lease table per this many removes of a
+/// batch, instead of one per remove. A put sweeps first anyway.
+const RETIRED_SWEEP_BATCH: usize = 64;
+
 /// The pool's two segments.
 #[derive(Debug)]
 struct Pool {
@@ -414,24 +419,15 @@ impl Owner {
                 let Ok(Some(pool)) = self.pool() else {
                     unreachable!("pool reservations exist only with a pool")
                 };
-                // Retire first, then look for leases (see `board`).
+                // Retire first, then look for leases (see `board`): the
+                // lease scan happens in the next `sweep`, which frees the
+                // range if no lease overlaps it. Deferring it lets a batch
+                // of removes share one scan of the lease table instead of
+                // one each (a scan reads every lease slot).
                 pool.board.set_entry_state(slot, EntryState::Retired);
                 b.free_slots.push(slot);
-                if len == 0 {
-                    return;
-                }
-                let range = (offset, offset + len);
-                if pool
-                    .board
-                    .leased_ranges()
-                    .iter()
-                    .any(|&l| overlaps(l, range))
-                {
-                    tracing::debug!(target: "posix_shm", shard = %r.id, offset, len, "space leased by a consumer, reclaim deferred");
+                if len > 0 {
                     b.retired.push((offset, len));
-                } else {
-                    let freed = b.alloc.free(offset);
-                    debug_assert_eq!(freed, Some(len));
                 }
             }
         }
@@ -806,7 +802,12 @@ impl Owner {
             )));
         };
         self.retire(&mut b, r);
-        self.sweep(&mut b, Sweep::IfRetired, counters);
+        // Retired space is freed by the next put (which sweeps before it
+        // allocates, so freed pages are reused warm), by `stats`, or here
+        // once enough has piled up.
+        if b.retired.len() >= RETIRED_SWEEP_BATCH {
+            self.sweep(&mut b, Sweep::IfRetired, counters);
+        }
         Ok(())
     }
 
