@@ -71,14 +71,27 @@ pub fn request(
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
     let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
-    write!(
-        s,
+    let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
-    )
-    .map_err(io)?;
-    s.write_all(body).map_err(io)?;
-    read_response(addr, s, Instant::now() + timeout)
+    );
+    let sent = s
+        .write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body));
+    match sent {
+        // A server may answer before it has read the whole request (401,
+        // 413) and close: its answer says more than the broken pipe.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            read_response(addr, s, Instant::now() + timeout).map_err(|_| io(e))
+        }
+        Err(e) => Err(io(e)),
+        Ok(()) => read_response(addr, s, Instant::now() + timeout),
+    }
 }
 
 /// Reads a whole response: status line, fields (strict framing), and a body

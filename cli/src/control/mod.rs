@@ -77,6 +77,10 @@ pub const BODY_GRACE: Duration = Duration::from_secs(10);
 /// The slowest body rate served (bytes per second): far below any real
 /// network, far above a trickle meant to hold a connection.
 pub const MIN_BODY_RATE: u64 = 1 << 20;
+/// How long a connection may linger after its answer (see `linger`).
+pub const LINGER: Duration = Duration::from_millis(500);
+/// The most a lingering connection reads and drops.
+pub const LINGER_BYTES: usize = 64 << 10;
 /// Write timeout per socket operation, and what `shutdown` waits for
 /// requests in flight: a stalled client loses its connection, never a
 /// server thread forever.
@@ -426,7 +430,10 @@ fn serve_conn(shared: &Shared, stream: TcpStream, ticket: Ticket<TcpStream>) {
     let deadline = Instant::now() + shared.limits.head_deadline;
     let mut reader = BufReader::new(DeadlineStream::new(stream, deadline));
     let result = match read_request(&mut reader, shared.token.as_deref()) {
-        Err(r) => Err(r),
+        Err(r) => {
+            drop(ticket);
+            Err(r)
+        }
         Ok(req) => {
             ticket.admit();
             serve_request(shared, req, &mut reader)
@@ -439,7 +446,31 @@ fn serve_conn(shared: &Shared, stream: TcpStream, ticket: Ticket<TcpStream>) {
             (status, JSON, err_body(code, &message))
         }
     };
-    let _ = respond(&mut out, status, content_type, &body);
+    if respond(&mut out, status, content_type, &body).is_ok() {
+        linger(&mut out);
+    }
+}
+
+/// After an answer: stop sending, and read (and drop) what the client still
+/// sends for at most [`LINGER`] and [`LINGER_BYTES`], so that closing a
+/// socket with unread input does not reset the connection and destroy the
+/// answer before the client has read it (a refused request is often
+/// answered before its rest has arrived).
+fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + LINGER;
+    let mut buf = [0u8; 4096];
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
 }
 
 /// An authenticated request, within the budget of [`Limits::max_connections`].
