@@ -13,7 +13,7 @@
 //!   ending in CRLF, no obsolete line folding;
 //! - bodies framed by `content-length` only: `transfer-encoding` (chunked
 //!   or any other coding) is refused, a `200` without `content-length` is
-//!   refused, and conflicting `content-length` values are refused.
+//!   refused, and a second `content-length` (equal or not) is refused.
 //!
 //! ```text
 //! HTTP/1.1 200 OK\r\n
@@ -100,11 +100,12 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
         if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_decimal(value)
                 .ok_or_else(|| format!("content-length {} is not a byte count", quote(value)))?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(format!(
-                    "conflicting content-length values {} and {n}",
-                    content_length.unwrap_or_default()
-                ));
+            match content_length {
+                Some(c) if c != n => {
+                    return Err(format!("conflicting content-length values {c} and {n}"))
+                }
+                Some(_) => return Err(format!("duplicate content-length {n}")),
+                None => {}
             }
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
@@ -336,11 +337,6 @@ mod tests {
                 .unwrap()
                 .unwrap();
         assert!(!h.close);
-        // The same length twice is fine.
-        let (h, _) = parse(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(h.content_length, Some(5));
     }
 
     #[test]
@@ -373,6 +369,10 @@ mod tests {
         refused(
             b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
             "conflicting content-length",
+        );
+        refused(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nContent-Length: 3\r\n\r\n",
+            "duplicate content-length 3",
         );
         for bad in ["-1", "", "1 2", "0x10", "3,3", "+3", "18446744073709551616"] {
             refused(

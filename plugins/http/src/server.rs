@@ -766,6 +766,14 @@ async fn handle(
 }
 
 async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
+    if let Err(why) = check_framing(req.headers()) {
+        let mut r = error(StatusCode::BAD_REQUEST, "bad_request", &why);
+        // The body's extent is ambiguous: never read another request from
+        // this connection.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
     if let Some(token) = &shared.token {
         let given = req
             .headers()
@@ -968,6 +976,28 @@ fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Respo
     r.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static(allow));
     r
+}
+
+/// Refuses every request whose body framing two HTTP parsers could read
+/// differently (the request-smuggling shapes): more than one
+/// `content-length` field, even with equal values, and any
+/// `transfer-encoding` (our client frames every body with `content-length`,
+/// so chunk sizes are never parsed). hyper itself refuses obs-fold, bare CR
+/// and unparsable `content-length` values with 400.
+fn check_framing(headers: &header::HeaderMap) -> Result<(), String> {
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+    if lengths > 1 {
+        return Err(format!(
+            "{lengths} content-length fields: a request must carry at most one"
+        ));
+    }
+    if let Some(te) = headers.get(header::TRANSFER_ENCODING) {
+        return Err(format!(
+            "transfer-encoding {:?} is not accepted: frame the body with content-length",
+            String::from_utf8_lossy(te.as_bytes())
+        ));
+    }
+    Ok(())
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Frames> {
