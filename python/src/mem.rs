@@ -648,7 +648,17 @@ impl Shard {
             Some((major, minor)) if major >= 1 => (true, if major > 1 { 1 } else { minor }),
             _ => (false, 0),
         };
-        self.dlpack(py, versioned, minor, copy == Some(true))
+        let copy = copy == Some(true);
+        if !versioned && !self.writable && !copy {
+            // A legacy capsule cannot say "read-only": the consumer would
+            // get a writable tensor over memory mapped read-only (a crash
+            // on the first write) or shared with the cache.
+            return Err(PyBufferError::new_err(
+                "the shard is read-only (a zero-copy view) and DLPack before 1.0 cannot say so: \
+                 pass max_version=(1, 0), or copy=True, or fetch with mode=\"copy\"",
+            ));
+        }
+        self.dlpack(py, versioned, minor, copy)
     }
 
     /// `(kDLCPU, 0)`: fetched shards are host memory.
@@ -786,23 +796,28 @@ impl Shard {
         Self::__array__(slf, None, None)
     }
 
-    /// A zero-copy torch tensor (needs torch): `torch.from_dlpack`, or a
-    /// reinterpreting view for float8. torch has no read-only tensors: do not
-    /// write to one made from a view (fetch with mode="copy" to write).
+    /// A torch tensor (needs torch): `torch.from_dlpack`, or a
+    /// reinterpreting view for float8. Zero-copy for a writable shard (a
+    /// copy-mode fetch); torch has no read-only tensors, so a read-only
+    /// view is copied once into a private tensor rather than handed out as
+    /// writable memory that is mapped read-only.
     fn torch<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let torch = py.import("torch")?;
         let me = slf.get();
         let name = dtype_name(me.dtype);
         if name.starts_with("float8") {
-            let bytes = Self::__array__(slf, None, None)?
+            let mut bytes = Self::__array__(slf, None, None)?
                 .call_method1("view", (py.import("numpy")?.getattr("uint8")?,))?;
+            if !me.writable {
+                bytes = bytes.call_method0("copy")?;
+            }
             let t = torch.call_method1("from_numpy", (bytes,))?;
             return t.call_method1("view", (torch.getattr(name.as_str())?,));
         }
-        // A legacy capsule: torch has no read-only tensors either way (see
-        // the module docs: write only to copies).
-        let cap = me.dlpack(py, false, 0, false)?;
+        // A legacy capsule, which every torch reads; a read-only shard goes
+        // as a private copy (see above).
+        let cap = me.dlpack(py, false, 0, !me.writable)?;
         torch.call_method1("from_dlpack", (cap,))
     }
 

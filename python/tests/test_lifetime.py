@@ -35,7 +35,7 @@ def test_lease_of_memoryview_and_unconsumed_capsule(node):
     h = node.put(np.arange(10, dtype=np.int32))
     s = node.fetch(h)
     m = memoryview(s)
-    cap = s.__dlpack__()  # never consumed: its destructor releases
+    cap = s.__dlpack__(max_version=(1, 0))  # never consumed: its destructor releases
     del s
     assert leases(node) == 1
     del m
@@ -110,3 +110,24 @@ def test_two_nodes_owner_and_consumer_lease_counts(prefix):
         assert leases(consumer) == 1 and owner_leases(owner) == 1
         del b
         assert leases(consumer) == 0 and owner_leases(owner) == 0
+
+
+def test_a_view_is_never_exported_as_writable_memory(node):
+    h = node.put(np.arange(16, dtype=np.int32))
+    s = node.fetch(h, mode="view")
+    # DLPack before 1.0 cannot mark memory read-only: refused, not handed
+    # out writable over a read-only mapping.
+    try:
+        s.__dlpack__()
+    except BufferError as e:
+        assert "read-only" in str(e)
+    else:
+        raise AssertionError("a read-only view was exported as a legacy capsule")
+    # DLPack 1.0 says read-only; NumPy then gives a read-only array.
+    a = np.from_dlpack(s)
+    assert not a.flags.writeable
+    assert a[3] == 3
+    # A copy may be writable.
+    c = np.from_dlpack(s, copy=True)
+    c[0] = 42
+    assert c.flags.writeable and np.asarray(s)[0] == 0
