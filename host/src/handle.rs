@@ -258,6 +258,14 @@ impl Handle {
                 m.shape.len()
             ));
         }
+        // A zero dimension makes any other dimension "fit" in 0 bytes; still,
+        // every dimension must be a valid signed size for the consumers
+        // (NumPy, DLPack and the buffer protocol use signed 64-bit shapes).
+        if let Some(d) = m.shape.iter().find(|&&d| d > i64::MAX as u64) {
+            return Err(format!(
+                "shape dimension {d} is over the largest signed 64-bit size"
+            ));
+        }
         match m.implied_byte_len() {
             Some(n) if n == m.byte_len => {}
             Some(n) => {
@@ -632,6 +640,18 @@ mod tests {
         assert_eq!(
             Handle::from_bytes(&h.to_bytes()).unwrap_err().what,
             "unknown dtype code 200"
+        );
+        // Zero elements "fit" any other dimension: still refused, since
+        // consumers take signed 64-bit shapes.
+        let mut h = sample();
+        h.meta.shape = vec![0, 1 << 63].into();
+        h.meta.byte_len = 0;
+        assert_eq!(
+            Handle::from_bytes(&h.to_bytes()).unwrap_err().what,
+            format!(
+                "shape dimension {} is over the largest signed 64-bit size",
+                1u64 << 63
+            )
         );
     }
 
