@@ -2,7 +2,7 @@
 //! in one line naming the plugin and the file, all failures are collected
 //! together, and the host keeps running.
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
 use shardport_abi::{ErrorKind, RSlice, RSliceMut, ShardId, ShardMeta};
 
@@ -307,26 +307,12 @@ fn build_against_patched_abi(
     .unwrap();
     // Same dependency versions as this workspace, so the build is offline.
     std::fs::copy(root.join("Cargo.lock"), work.join("Cargo.lock")).unwrap();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target = util::profile_dir().join("abi-fixtures").join("target");
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--offline",
-            "--quiet",
-            "-p",
-            "shardport-faulty-plugin",
-        ])
-        .arg("--manifest-path")
-        .arg(work.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("RUSTFLAGS")
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building the {variant} fixture failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    util::cargo_build_offline(
+        &work.join("Cargo.toml"),
+        &target,
+        &["-p", "shardport-faulty-plugin"],
+        &format!("the {variant} fixture"),
     );
     let so = target.join("debug/libshardport_faulty_plugin.so");
     let dest = work.join("libshardport_faulty_plugin.so");

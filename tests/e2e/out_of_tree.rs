@@ -10,7 +10,7 @@
 //! by later runs; the sources come from `~/.cargo/registry`, which the
 //! workspace build filled, pinned by a copy of the workspace's `Cargo.lock`.
 
-use std::{path::Path, process::Command, sync::Arc};
+use std::{path::Path, sync::Arc};
 
 use shardport_abi::{
     ExportRequest, LeasedView, RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes,
@@ -71,19 +71,11 @@ fn a_plugin_built_outside_the_workspace_loads_and_moves_shards() {
         .parent()
         .expect("target dir")
         .join("out-of-tree");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["build", "--offline", "--quiet", "--lib"])
-        .arg("--manifest-path")
-        .arg(krate.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("RUSTFLAGS")
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building the out-of-tree plugin failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    util::cargo_build_offline(
+        &krate.join("Cargo.toml"),
+        &target,
+        &["--lib"],
+        "the out-of-tree plugin",
     );
     let so = target.join("debug/libshardport_spool_transport.so");
     assert!(so.is_file(), "{} was not built", so.display());

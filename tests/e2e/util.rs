@@ -227,3 +227,25 @@ pub fn shardport_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
     );
     String::from_utf8(out.stdout).expect("UTF-8 stdout")
 }
+
+/// Builds the crate at `manifest` offline (same Cargo.lock as this
+/// workspace, so every dependency is already downloaded) into `target`,
+/// with `args` after `cargo build --offline --quiet`; fails the test with
+/// cargo's output, naming `what`, when the build fails.
+pub fn cargo_build_offline(manifest: &Path, target: &Path, args: &[&str], what: &str) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["build", "--offline", "--quiet"])
+        .args(args)
+        .arg("--manifest-path")
+        .arg(manifest)
+        .env("CARGO_TARGET_DIR", target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building {what} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
