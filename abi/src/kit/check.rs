@@ -49,6 +49,19 @@ pub fn declared_len(what: &str, field: &str, declared: u64, meta: &ShardMeta) ->
     )))
 }
 
+/// Compares `given` with `expected` (a secret such as a bearer token) in time
+/// that depends only on the length of `expected`, so response timing does
+/// not reveal how much of a guessed token was right.
+pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff: usize = given.len() ^ expected.len();
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= usize::from(g ^ e);
+        diff = std::hint::black_box(diff);
+    }
+    diff == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

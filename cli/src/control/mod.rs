@@ -111,13 +111,7 @@ impl Default for Limits {
     }
 }
 
-/// Constant-time equality of two byte strings (length is not secret).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use shardport_abi::kit::check::constant_time_eq;
 
 /// A running control server; stops accepting when dropped. It holds the
 /// node only weakly, so dropping the node's last owner shuts the node down.

@@ -306,18 +306,7 @@ impl JsonCursor<'_> {
     }
 }
 
-/// Compares `given` with `expected` in time that depends only on the length
-/// of `expected`, so response timing does not reveal how much of a guessed
-/// token was right.
-pub(crate) fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff: usize = given.len() ^ expected.len();
-    for (i, &e) in expected.iter().enumerate() {
-        let g = given.get(i).copied().unwrap_or(!e);
-        diff |= usize::from(g ^ e);
-        diff = std::hint::black_box(diff);
-    }
-    diff == 0
-}
+pub(crate) use shardport_abi::kit::check::constant_time_eq;
 
 /// Checks an `authorization` header value against `token`: scheme `Bearer`
 /// (any case), one space, then the token compared in constant time.
