@@ -46,11 +46,7 @@ mod dispatch {
     #[divan::bench]
     fn vtable(b: Bencher<'_, '_>) {
         let (node, _) = node_and_handle();
-        let plugin = node
-            .plugins()
-            .iter()
-            .find(|p| p.name.as_str() == "posix-shm")
-            .expect("posix-shm loaded");
+        let plugin = node.plugin("posix-shm").expect("posix-shm loaded");
         b.counter(divan::counter::ItemsCount::new(1000usize))
             .bench(|| {
                 let mut acc = 0u64;
@@ -115,7 +111,7 @@ transports = ["http"]
             same_node: config::SameNodeMatch::Both,
             routes: &[],
             experiments: &[],
-            disabled_arms: &[],
+            gates: &[],
             fetch_seq: 0,
         };
         b.bench(|| select::plan(black_box(handle), &local, mode));
@@ -135,7 +131,7 @@ transports = ["http"]
             same_node: cfg.same_node,
             routes: &cfg.routes,
             experiments: &[],
-            disabled_arms: &[],
+            gates: &[],
             fetch_seq: 0,
         };
         b.bench(|| select::plan(black_box(handle), &local, FetchMode::View));
@@ -159,7 +155,7 @@ transports = ["http"]
             same_node: cfg.same_node,
             routes: &cfg.routes,
             experiments: &cfg.experiments,
-            disabled_arms: &[0],
+            gates: &[Default::default()],
             fetch_seq: 0,
         };
         b.bench(|| select::plan(black_box(handle), &local, FetchMode::View));

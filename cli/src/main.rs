@@ -59,6 +59,10 @@ enum Command {
     Gc(cmd::gc::Args),
     /// Print a running node's stats (JSON).
     Stats(cmd::stats::Args),
+    /// Apply a config to running nodes without a restart (experiments,
+    /// routes, cache and fetch policies, plugins), one node at a time,
+    /// stopping at the first that refuses.
+    Reload(cmd::reload::Args),
     /// Print a running node's metrics: Prometheus text (what `/metrics`
     /// serves), or the JSON snapshot `shardport ab report` reads.
     Metrics(cmd::metrics::Args),
@@ -88,6 +92,7 @@ fn run(command: Command) -> cmd::Outcome {
         Command::Drain(args) => cmd::drain::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Stats(args) => cmd::stats::run(args),
+        Command::Reload(args) => cmd::reload::run(args),
         Command::Metrics(args) => cmd::metrics::run(args),
         Command::Soak(args) => cmd::soak::run(args),
         Command::Ab { command } => cmd::ab::run(command),

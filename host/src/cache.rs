@@ -127,6 +127,19 @@ impl Cache {
         &self.policy
     }
 
+    /// Replaces the policy (a config reload) and applies it now: a tighter
+    /// limit evicts at once, by the policy (held entries stay); a disabled
+    /// cache lets go of every entry. Returns what left.
+    pub fn set_policy(&mut self, policy: Policy, now_ns: u64) -> Removed {
+        self.policy = policy;
+        if !self.policy.enabled {
+            let removed: Removed = self.entries.drain().map(|(_, e)| e.data).collect();
+            self.evicted += removed.len() as u64;
+            return removed;
+        }
+        self.evict(now_ns)
+    }
+
     /// A hit for `id` with matching metadata and kind (view or copy).
     pub fn get(
         &mut self,

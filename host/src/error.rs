@@ -14,6 +14,9 @@ pub enum HostError {
     /// One or more `required = true` plugins did not load.
     #[error("required plugins did not load:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
     RequiredPlugins(Vec<LoadError>),
+    /// A config reload was refused; the running config stays in force.
+    #[error("reload refused, the running config stays: {0}")]
+    ReloadRefused(String),
     /// Put arguments disagree (byte length vs dtype and shape, unsupported device).
     #[error("invalid shard: {0}")]
     InvalidShard(String),
@@ -189,10 +192,12 @@ pub enum LoadError {
         detail: String,
     },
     /// The library implements another transport than the config names.
-    #[error("plugin `{plugin}`: {} implements transport `{found}`, not `{plugin}`", path.display())]
+    #[error("plugin `{plugin}`: {} implements transport `{found}`, not `{expected}`{}", path.display(), if expected == plugin { "" } else { " (its `transport` key)" })]
     WrongTransport {
-        /// Plugin name.
+        /// Plugin (instance) name.
         plugin: TransportName,
+        /// The transport the config says the library implements.
+        expected: TransportName,
         /// The file.
         path: PathBuf,
         /// What the library reports.

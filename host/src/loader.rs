@@ -31,8 +31,15 @@ use crate::{
 
 /// A loaded, constructed transport.
 pub struct LoadedPlugin {
-    /// Transport name (config and library agree on it).
+    /// Instance name (the config's `name`).
     pub name: TransportName,
+    /// The transport the library implements (config and library agree on it).
+    pub kind: TransportName,
+    /// The spec it was loaded from (a reload keeps the instance when the
+    /// spec is unchanged).
+    pub spec: PluginSpec,
+    /// The node tag this instance was given (unique per instance).
+    pub node_tag: String,
     /// The file that was loaded.
     pub path: PathBuf,
     /// `shardport-abi` version the plugin was built against.
@@ -88,14 +95,50 @@ pub struct NodeContext {
     pub node_tag: String,
     /// Clock handed to plugins.
     pub clock: Arc<dyn Clock>,
+    /// Transports (kinds) that already have an instance holding the bare
+    /// node tag, and a counter for the tags of the others.
+    pub tags_used: Arc<std::sync::Mutex<(Vec<TransportName>, u64)>>,
+}
+
+impl NodeContext {
+    /// The node tag for a new instance of `spec`: the node's own for the
+    /// first instance of its transport, `{tag}x{n}` for later ones (the
+    /// tag's last part stays `[a-z0-9]`, so dead-owner sweeps still read it).
+    pub fn instance_tag(&self, spec: &PluginSpec) -> String {
+        let mut used = self.tags_used.lock().unwrap_or_else(|p| p.into_inner());
+        if !used.0.contains(&spec.transport) {
+            used.0.push(spec.transport.clone());
+            return self.node_tag.clone();
+        }
+        used.1 += 1;
+        format!("{}x{}", self.node_tag, used.1)
+    }
 }
 
 /// Loads every spec; never panics, never stops at the first failure.
 pub fn load_all(specs: &[PluginSpec], node: &NodeContext) -> LoadReport {
     let mut report = LoadReport::default();
     for spec in specs {
+        match load_instance(spec, node) {
+            Ok(p) => report.loaded.push(p),
+            Err(e) => report.failures.push((e, spec.required)),
+        }
+    }
+    report
+}
+
+/// Loads one spec as a new instance, logging the outcome. Two instances of
+/// one transport in a node (two builds, or an old and a new instance across
+/// a reload) must not share the names of their resources: the second and
+/// later get a node tag of their own ([`NodeContext::instance_tag`]).
+pub fn load_instance(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadError> {
+    let node = NodeContext {
+        node_tag: node.instance_tag(spec),
+        ..node.clone()
+    };
+    {
         let _span = tracing::info_span!(target: "loader", "load", plugin = %spec.name).entered();
-        match load_one(spec, node) {
+        match load_one(spec, &node) {
             Ok(p) => {
                 tracing::info!(
                     target: "loader",
@@ -105,18 +148,17 @@ pub fn load_all(specs: &[PluginSpec], node: &NodeContext) -> LoadReport {
                     capabilities = ?p.info.capabilities,
                     "plugin loaded"
                 );
-                report.loaded.push(p);
+                Ok(p)
             }
             Err(e) => {
                 if let LoadError::Layout { detail, .. } = &e {
                     tracing::debug!(target: "loader", detail = %detail, "abi_stable layout report");
                 }
                 tracing::warn!(target: "loader", error = %e, required = spec.required, "plugin not loaded");
-                report.failures.push((e, spec.required));
+                Err(e)
             }
         }
     }
-    report
 }
 
 fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadError> {
@@ -148,9 +190,10 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
     }
     let module = open_module(&plugin, &path)?;
     let declared = module.transport_name().to_string();
-    if declared != plugin.as_str() {
+    if declared != spec.transport.as_str() {
         return Err(LoadError::WrongTransport {
             plugin,
+            expected: spec.transport.clone(),
             path,
             found: declared,
         });
@@ -175,15 +218,19 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
             error,
         })?;
     let info = transport.describe();
-    if info.name.as_str() != plugin.as_str() {
+    if info.name.as_str() != spec.transport.as_str() {
         return Err(LoadError::WrongTransport {
             plugin,
+            expected: spec.transport.clone(),
             path,
             found: info.name.to_string(),
         });
     }
     Ok(LoadedPlugin {
         name: plugin,
+        kind: spec.transport.clone(),
+        spec: spec.clone(),
+        node_tag: node.node_tag.clone(),
         path,
         abi_version: module.abi_version().to_string(),
         plugin_version: module.plugin_version().to_string(),

@@ -2,8 +2,10 @@
 //! (fetches, bytes, errors, downgrades) and HDR latency histograms by size
 //! bucket; node-wide downgrades, fetches without a candidate and leaked
 //! bytes. Counters are lock-free; each histogram has its own small lock,
-//! created on the first fetch of its size bucket. The transport and arm sets
-//! are fixed when the node starts.
+//! created on the first fetch of its size bucket. Transports and arms are
+//! registered by name, so their series survive config reloads (a transport
+//! or arm a reload removes keeps its totals; one it adds starts at zero).
+//! A bounded event log records what changed traffic (reloads, trips, ramps).
 //!
 //! [`Metrics::snapshot`] gives the JSON [`Snapshot`]; [`prometheus`] renders
 //! a snapshot in the Prometheus text exposition format (0.0.4), so the two
@@ -11,10 +13,11 @@
 
 use std::{
     collections::BTreeMap,
+    collections::VecDeque,
     fmt::Write as _,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Mutex,
+        Arc, Mutex, RwLock,
     },
     time::Duration,
 };
@@ -22,7 +25,9 @@ use std::{
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::snapshot::{size_bucket, Series, SizeHistogram, Snapshot, SIZE_BUCKETS};
+use crate::snapshot::{
+    size_bucket, Event, Series, SizeHistogram, Snapshot, MAX_EVENTS, SIZE_BUCKETS,
+};
 
 /// Highest latency a histogram tracks (1 hour); longer ones are clamped.
 const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
@@ -103,21 +108,60 @@ impl SeriesState {
     }
 }
 
+/// The counters of one experiment arm (shared by every config generation
+/// that has an arm of this experiment and name).
 #[derive(Default)]
-struct ArmState {
+pub struct ArmCounters {
     series: SeriesState,
     assigned: AtomicU64,
     redirected: AtomicU64,
 }
 
+impl std::fmt::Debug for ArmCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArmCounters")
+            .field("assigned", &self.assigned.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArmCounters {
+    /// A fetch was assigned to this arm.
+    pub fn assigned(&self) {
+        self.assigned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A fetch drawn for this arm went to the control arm instead.
+    pub fn redirected(&self) {
+        self.redirected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The arm's transport served the fetch.
+    pub fn ok(&self, bytes: u64, latency: Duration) {
+        self.series.ok(bytes, latency);
+    }
+
+    /// The arm's transport failed the fetch (`then_served`: another
+    /// transport served it afterwards, a downgrade).
+    pub fn error(&self, then_served: bool) {
+        self.series.errors.fetch_add(1, Ordering::Relaxed);
+        if then_served {
+            self.series.downgrades.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Metrics of one node.
 pub struct Metrics {
-    per_transport: BTreeMap<String, SeriesState>,
-    /// Per experiment, per arm.
-    arms: Vec<Vec<ArmState>>,
+    per_transport: RwLock<BTreeMap<String, Arc<SeriesState>>>,
+    /// Per (experiment, arm) name.
+    arms: Mutex<BTreeMap<(String, String), Arc<ArmCounters>>>,
     no_candidate: AtomicU64,
     downgrades: AtomicU64,
     leaked_bytes: AtomicU64,
+    reloads: AtomicU64,
+    reloads_refused: AtomicU64,
+    events: Mutex<VecDeque<Event>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -155,6 +199,12 @@ pub struct ArmInfo {
     pub disabled: Option<String>,
     /// Guardrail trips.
     pub trips: u64,
+    /// `enabled`, `tripped` or `probing`.
+    pub state: &'static str,
+    /// Its share of traffic now.
+    pub share: f64,
+    /// Its counters.
+    pub counters: Arc<ArmCounters>,
 }
 
 /// What an experiment is, for a snapshot.
@@ -166,37 +216,88 @@ pub struct ExperimentInfo {
     pub unit: String,
     /// Arms in config order; the first is the control.
     pub arms: Vec<ArmInfo>,
+    /// The ramp's step and whether it halted.
+    pub ramp: Option<(usize, bool)>,
 }
 
 impl Metrics {
-    /// Metrics for these transports and experiments (arm counts per
-    /// experiment, in config order).
-    pub fn new(transports: impl IntoIterator<Item = String>, arm_counts: &[usize]) -> Self {
+    /// Metrics for these transports (more are added by [`add_transport`](Self::add_transport)).
+    pub fn new(transports: impl IntoIterator<Item = String>) -> Self {
         Metrics {
-            per_transport: transports
-                .into_iter()
-                .map(|t| (t, SeriesState::default()))
-                .collect(),
-            arms: arm_counts
-                .iter()
-                .map(|&n| (0..n).map(|_| ArmState::default()).collect())
-                .collect(),
+            per_transport: RwLock::new(
+                transports
+                    .into_iter()
+                    .map(|t| (t, Arc::default()))
+                    .collect(),
+            ),
+            arms: Mutex::default(),
             no_candidate: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
             leaked_bytes: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            reloads_refused: AtomicU64::new(0),
+            events: Mutex::default(),
         }
+    }
+
+    /// Starts counting `transport` (no-op when it is counted already).
+    pub fn add_transport(&self, transport: &str) {
+        let mut map = self
+            .per_transport
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        map.entry(transport.to_owned()).or_default();
+    }
+
+    fn transport(&self, transport: &str) -> Option<Arc<SeriesState>> {
+        let map = self.per_transport.read().unwrap_or_else(|p| p.into_inner());
+        map.get(transport).cloned()
+    }
+
+    /// The counters of arm `arm` of experiment `experiment` (created on
+    /// first use; the same ones across reloads).
+    pub fn arm_counters(&self, experiment: &str, arm: &str) -> Arc<ArmCounters> {
+        let mut map = self.arms.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            map.entry((experiment.to_owned(), arm.to_owned()))
+                .or_default(),
+        )
+    }
+
+    /// A reload was applied (`true`) or refused.
+    pub fn reload(&self, applied: bool) {
+        let c = if applied {
+            &self.reloads
+        } else {
+            &self.reloads_refused
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Appends to the event log (the oldest event goes past [`MAX_EVENTS`]).
+    pub fn event(&self, at_unix_ms: u64, kind: &str, experiment: Option<&str>, text: String) {
+        let mut log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if log.len() == MAX_EVENTS {
+            log.pop_front();
+        }
+        log.push_back(Event {
+            at_unix_ms,
+            kind: kind.to_owned(),
+            experiment: experiment.map(str::to_owned),
+            text,
+        });
     }
 
     /// A successful fetch.
     pub fn fetch_ok(&self, transport: &str, bytes: u64, latency: Duration) {
-        if let Some(c) = self.per_transport.get(transport) {
+        if let Some(c) = self.transport(transport) {
             c.ok(bytes, latency);
         }
     }
 
     /// A failed attempt (`None`: no candidate at all).
     pub fn fetch_error(&self, transport: Option<&str>) {
-        match transport.and_then(|t| self.per_transport.get(t)) {
+        match transport.and_then(|t| self.transport(t)) {
             Some(c) => c.errors.fetch_add(1, Ordering::Relaxed),
             None => self.no_candidate.fetch_add(1, Ordering::Relaxed),
         };
@@ -205,42 +306,8 @@ impl Metrics {
     /// A downgrade: `served_by` served a fetch after a faster candidate failed.
     pub fn downgrade(&self, served_by: &str) {
         self.downgrades.fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = self.per_transport.get(served_by) {
+        if let Some(c) = self.transport(served_by) {
             c.downgrades.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn arm(&self, experiment: usize, arm: usize) -> Option<&ArmState> {
-        self.arms.get(experiment).and_then(|a| a.get(arm))
-    }
-
-    /// A fetch was assigned to an arm (`redirected`: it was drawn for a
-    /// disabled arm and goes to this, the control arm, instead; it is then
-    /// counted on the drawn arm's `redirected` too).
-    pub fn arm_assigned(&self, experiment: usize, arm: usize, redirected_from: Option<usize>) {
-        if let Some(a) = self.arm(experiment, arm) {
-            a.assigned.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(a) = redirected_from.and_then(|d| self.arm(experiment, d)) {
-            a.redirected.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// The arm's transport served the fetch.
-    pub fn arm_ok(&self, experiment: usize, arm: usize, bytes: u64, latency: Duration) {
-        if let Some(a) = self.arm(experiment, arm) {
-            a.series.ok(bytes, latency);
-        }
-    }
-
-    /// The arm's transport failed the fetch (`then_served`: another
-    /// transport served it afterwards, a downgrade).
-    pub fn arm_error(&self, experiment: usize, arm: usize, then_served: bool) {
-        if let Some(a) = self.arm(experiment, arm) {
-            a.series.errors.fetch_add(1, Ordering::Relaxed);
-            if then_served {
-                a.series.downgrades.fetch_add(1, Ordering::Relaxed);
-            }
         }
     }
 
@@ -267,6 +334,8 @@ impl Metrics {
     /// Per-transport totals.
     pub fn transport_totals(&self) -> BTreeMap<String, TransportSnapshot> {
         self.per_transport
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .map(|(t, c)| {
                 (
@@ -298,41 +367,48 @@ impl Metrics {
             window_s,
             transports: self
                 .per_transport
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .map(|(t, c)| c.series(t, t))
                 .collect(),
             experiments: experiments
                 .iter()
-                .enumerate()
-                .map(|(ei, e)| crate::snapshot::ExperimentSnapshot {
+                .map(|e| crate::snapshot::ExperimentSnapshot {
                     name: e.name.clone(),
                     unit: e.unit.clone(),
                     control: e.arms.first().map(|a| a.name.clone()).unwrap_or_default(),
                     arms: e
                         .arms
                         .iter()
-                        .enumerate()
-                        .map(|(ai, a)| {
-                            let state = self.arm(ei, ai);
-                            crate::snapshot::ArmSnapshot {
-                                weight: a.weight,
-                                assigned: state.map_or(0, |s| s.assigned.load(Ordering::Relaxed)),
-                                disabled: a.disabled.clone(),
-                                guardrail_trips: a.trips,
-                                redirected: state
-                                    .map_or(0, |s| s.redirected.load(Ordering::Relaxed)),
-                                series: state.map_or_else(Series::default, |s| {
-                                    s.series.series(&a.name, &a.transport)
-                                }),
-                            }
+                        .map(|a| crate::snapshot::ArmSnapshot {
+                            weight: a.weight,
+                            state: a.state.to_owned(),
+                            share: Some(a.share),
+                            assigned: a.counters.assigned.load(Ordering::Relaxed),
+                            disabled: a.disabled.clone(),
+                            guardrail_trips: a.trips,
+                            redirected: a.counters.redirected.load(Ordering::Relaxed),
+                            series: a.counters.series.series(&a.name, &a.transport),
                         })
                         .collect(),
+                    ramp_step: e.ramp.map(|(s, _)| s),
+                    ramp_halted: e.ramp.is_some_and(|(_, h)| h),
                 })
                 .collect(),
             downgrades: self.downgrades(),
             no_candidate: self.no_candidate(),
             leaked_bytes: self.leaked_bytes(),
             gauges,
+            reloads: self.reloads.load(Ordering::Relaxed),
+            reloads_refused: self.reloads_refused.load(Ordering::Relaxed),
+            events: self
+                .events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned()
+                .collect(),
         }
     }
 }
@@ -495,6 +571,11 @@ fn node_families(f: &mut Family<'_>, s: &Snapshot) {
         &labels(&[("node", node)]),
         s.leaked_bytes,
     );
+    let name = "shardport_reloads_total";
+    f.header(name, "counter", "Config reloads, applied or refused.");
+    for (result, n) in [("applied", s.reloads), ("refused", s.reloads_refused)] {
+        f.sample(name, &labels(&[("node", node), ("result", result)]), n);
+    }
 }
 
 /// Per-arm counters of every experiment.
@@ -575,7 +656,63 @@ fn arm_state_families(f: &mut Family<'_>, s: &Snapshot) {
                     ("experiment", &e.name),
                     ("arm", &a.series.name),
                 ]),
-                u8::from(a.disabled.is_none()),
+                u8::from(a.state == "enabled"),
+            );
+        }
+    }
+    let name = "shardport_experiment_arm_state";
+    f.header(
+        name,
+        "gauge",
+        "1 for an arm's phase: enabled, tripped (guardrail) or probing (half-open).",
+    );
+    for e in &s.experiments {
+        for a in &e.arms {
+            for state in ["enabled", "tripped", "probing"] {
+                f.sample(
+                    name,
+                    &labels(&[
+                        ("node", node),
+                        ("experiment", &e.name),
+                        ("arm", &a.series.name),
+                        ("state", state),
+                    ]),
+                    u8::from(a.state == state),
+                );
+            }
+        }
+    }
+    let name = "shardport_experiment_arm_share";
+    f.header(
+        name,
+        "gauge",
+        "An arm's share of its experiment's traffic now.",
+    );
+    for e in &s.experiments {
+        for a in &e.arms {
+            f.sample(
+                name,
+                &labels(&[
+                    ("node", node),
+                    ("experiment", &e.name),
+                    ("arm", &a.series.name),
+                ]),
+                a.share.unwrap_or(0.0),
+            );
+        }
+    }
+    let name = "shardport_experiment_ramp_step";
+    f.header(
+        name,
+        "gauge",
+        "The current step (0-based) of an experiment's ramp.",
+    );
+    for e in &s.experiments {
+        if let Some(step) = e.ramp_step {
+            f.sample(
+                name,
+                &labels(&[("node", node), ("experiment", &e.name)]),
+                step,
             );
         }
     }
@@ -645,18 +782,23 @@ mod tests {
     use crate::snapshot::Gauge;
 
     fn sample_snapshot() -> Snapshot {
-        let m = Metrics::new(["posix-shm".to_owned(), "http".to_owned()], &[2]);
+        let m = Metrics::new(["posix-shm".to_owned(), "http".to_owned()]);
+        let (c0, c1) = (
+            m.arm_counters("shm-vs-http", "control"),
+            m.arm_counters("shm-vs-http", "canary"),
+        );
         m.fetch_ok("posix-shm", 4096, Duration::from_micros(3));
         m.fetch_ok("posix-shm", 4096, Duration::from_micros(5));
         m.fetch_ok("posix-shm", 8 << 20, Duration::from_millis(2));
         m.fetch_ok("http", 4096, Duration::from_micros(45));
         m.fetch_error(Some("posix-shm"));
         m.downgrade("http");
-        m.arm_assigned(0, 0, None);
-        m.arm_assigned(0, 1, None);
-        m.arm_assigned(0, 0, Some(1));
-        m.arm_ok(0, 0, 4096, Duration::from_micros(3));
-        m.arm_error(0, 1, true);
+        c0.assigned();
+        c1.assigned();
+        c0.assigned();
+        c1.redirected();
+        c0.ok(4096, Duration::from_micros(3));
+        c1.error(true);
         let exps = [ExperimentInfo {
             name: "shm-vs-http".into(),
             unit: "shard".into(),
@@ -667,6 +809,9 @@ mod tests {
                     weight: 90,
                     disabled: None,
                     trips: 0,
+                    state: "enabled",
+                    share: 1.0,
+                    counters: Arc::clone(&c0),
                 },
                 ArmInfo {
                     name: "canary".into(),
@@ -674,8 +819,12 @@ mod tests {
                     weight: 10,
                     disabled: Some("error rate".into()),
                     trips: 1,
+                    state: "tripped",
+                    share: 0.0,
+                    counters: c1,
                 },
             ],
+            ramp: None,
         }];
         let gauges = vec![
             Gauge {

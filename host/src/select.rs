@@ -51,9 +51,9 @@ pub struct Local<'a> {
     pub routes: &'a [Route],
     /// Experiments, first match wins, before routes.
     pub experiments: &'a [Experiment],
-    /// Per experiment, the bit set of arms the guardrail disabled (missing
-    /// entries: none).
-    pub disabled_arms: &'a [u64],
+    /// Per experiment, its arms' gates: disabled, probing, ramp step
+    /// (missing entries: every arm enabled, no ramp).
+    pub gates: &'a [experiment::Gate],
     /// This fetch's sequence number on this node (per-fetch experiments).
     pub fetch_seq: u64,
 }
@@ -255,7 +255,8 @@ fn apply_experiment(handle: &Handle, local: &Local<'_>, candidates: &[Attempt], 
         if !when_matches(&e.when, handle, local) {
             continue;
         }
-        let disabled = local.disabled_arms.get(ei).copied().unwrap_or(0);
+        let gate = local.gates.get(ei).copied().unwrap_or_default();
+        let disabled = gate.disabled;
         let reachable = |t: &TransportName| candidates.iter().any(|a| &a.transport == t);
         let missing: Vec<&str> = e
             .arms
@@ -268,25 +269,31 @@ fn apply_experiment(handle: &Handle, local: &Local<'_>, candidates: &[Attempt], 
             // Not this experiment's shard: someone's transport cannot reach it.
             continue;
         }
-        let pick = experiment::assign(e, experiment::draw(e, handle.id, local.fetch_seq), disabled);
+        let pick = experiment::assign(e, experiment::draw(e, handle.id, local.fetch_seq), &gate);
         let arm = &e.arms[pick.arm];
         let mut first = candidates
             .iter()
             .find(|a| a.transport == arm.transport)
             .expect("every enabled arm is a candidate")
             .clone();
-        let redirected = pick
-            .redirected_from
-            .map(|d| format!(", drawn `{}` is disabled by its guardrail", e.arms[d].name))
-            .unwrap_or_default();
+        let redirected = match pick.redirected_from {
+            Some(d) if disabled & (1 << d) != 0 => {
+                format!(", drawn `{}` is disabled by its guardrail", e.arms[d].name)
+            }
+            Some(d) => format!(
+                ", drawn `{}` is probing and this is not a probe",
+                e.arms[d].name
+            ),
+            None if pick.probe => ", a probe of this arm after its cool-down".to_owned(),
+            None => String::new(),
+        };
+        let share = match gate.ramp {
+            Some((r, p)) if r == pick.arm => format!("ramp share {:.1}%", p * 100.0),
+            _ => format!("weight {}/{}", arm.weight, e.total_weight()),
+        };
         first.reason = format!(
-            "experiment `{}` arm `{}` ({}, weight {}/{}{redirected}): {}",
-            e.name,
-            arm.name,
-            e.unit,
-            arm.weight,
-            e.total_weight(),
-            first.reason
+            "experiment `{}` arm `{}` ({}, {share}{redirected}): {}",
+            e.name, arm.name, e.unit, first.reason
         );
         out.attempts.retain(|a| a.transport != arm.transport);
         out.attempts.insert(0, first);
@@ -318,7 +325,7 @@ mod tests {
             same_node: SameNodeMatch::Both,
             routes: &[],
             experiments: &[],
-            disabled_arms: &[],
+            gates: &[],
             fetch_seq: 0,
         }
     }

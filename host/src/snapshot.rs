@@ -66,6 +66,34 @@ pub struct Snapshot {
     /// Gauges (cache, store, per-transport plugin stats), by name.
     #[serde(default)]
     pub gauges: Vec<Gauge>,
+    /// Config reloads applied since the node started.
+    #[serde(default)]
+    pub reloads: u64,
+    /// Config reloads refused (the running config stayed).
+    #[serde(default)]
+    pub reloads_refused: u64,
+    /// What changed traffic, oldest first (reloads, weight changes, trips,
+    /// probes, recoveries, ramp steps; the last [`MAX_EVENTS`]).
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
+/// Most events a snapshot carries (older ones are dropped).
+pub const MAX_EVENTS: usize = 256;
+
+/// One change of a node's traffic, for the `ab report` timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// When, ms since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// `reload`, `reload-refused`, `weights`, `trip`, `probe`, `recover`,
+    /// `ramp-step`, `ramp-halt`, `reset`.
+    pub kind: String,
+    /// The experiment concerned, if one.
+    #[serde(default)]
+    pub experiment: Option<String>,
+    /// What happened, one line.
+    pub text: String,
 }
 
 /// One named gauge with labels.
@@ -134,6 +162,16 @@ pub struct ExperimentSnapshot {
     pub control: String,
     /// Arms in config order.
     pub arms: Vec<ArmSnapshot>,
+    /// The ramp's current step (0-based) when the experiment has a ramp.
+    #[serde(default)]
+    pub ramp_step: Option<usize>,
+    /// The ramp stopped because its arm tripped.
+    #[serde(default)]
+    pub ramp_halted: bool,
+}
+
+fn enabled() -> String {
+    "enabled".to_owned()
 }
 
 /// One arm of an experiment.
@@ -141,6 +179,12 @@ pub struct ExperimentSnapshot {
 pub struct ArmSnapshot {
     /// Configured weight.
     pub weight: u32,
+    /// `enabled`, `tripped` or `probing` (half-open).
+    #[serde(default = "enabled")]
+    pub state: String,
+    /// The arm's share of traffic now (weights, ramp step; disabled arms 0).
+    #[serde(default)]
+    pub share: Option<f64>,
     /// Fetches assigned to this arm (successful or not).
     pub assigned: u64,
     /// `Some(why)` when the guardrail disabled the arm; its traffic goes to

@@ -85,6 +85,7 @@ pub fn load(cfg: &Config) -> (Vec<LoadedPlugin>, Vec<String>) {
         node_name: "test".into(),
         node_tag: shardport_abi::testing::unique_node_tag(),
         clock: std::sync::Arc::new(SystemClock::default()),
+        tags_used: Default::default(),
     };
     let report = load_all(&cfg.plugins, &ctx);
     (

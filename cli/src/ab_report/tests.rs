@@ -27,6 +27,8 @@ fn arm_with(
         .sum();
     ArmSnapshot {
         weight: 50,
+        state: "enabled".to_owned(),
+        share: None,
         assigned: fetches + errors,
         disabled: None,
         guardrail_trips: 0,
@@ -54,6 +56,8 @@ fn experiment(name: &str, arms: Vec<ArmSnapshot>) -> ExperimentSnapshot {
         unit: "shard".to_owned(),
         control: arms[0].series.name.clone(),
         arms,
+        ramp_step: None,
+        ramp_halted: false,
     }
 }
 
@@ -69,6 +73,9 @@ fn snap(experiments: Vec<ExperimentSnapshot>) -> Snapshot {
         no_candidate: 0,
         leaked_bytes: 0,
         gauges: Vec::new(),
+        reloads: 0,
+        reloads_refused: 0,
+        events: Vec::new(),
     }
 }
 

@@ -88,10 +88,8 @@ fn direct_echo(x: u64) -> u64 {
 /// `Transport::echo` through a loaded plugin's vtable vs a direct call.
 pub fn dispatch(node: &Node, calls: u64) -> Vec<Extra> {
     let Some(plugin) = node
-        .plugins()
-        .iter()
-        .find(|p| p.name.as_str() == "posix-shm")
-        .or_else(|| node.plugins().first())
+        .plugin("posix-shm")
+        .or_else(|| node.plugins().first().cloned())
     else {
         let why = "no plugin loaded".to_owned();
         return vec![Extra::skipped(

@@ -94,7 +94,7 @@ pub enum BenchError {
 /// capabilities it needs, and nothing the host cannot do yet.
 pub fn availability(spec: &PathSpec, node: &Node) -> Result<(), String> {
     let t = spec.transport;
-    let Some(plugin) = node.plugins().iter().find(|p| p.name.as_str() == t) else {
+    let Some(plugin) = node.plugin(t) else {
         if !node.config().plugins.iter().any(|p| p.name.as_str() == t) {
             return Err(format!(
                 "plugin `{t}` is not loaded: the config has no [[plugin]] named `{t}`"

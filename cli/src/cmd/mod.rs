@@ -30,6 +30,7 @@ pub mod gc;
 pub mod metrics;
 pub mod plugins;
 pub mod put;
+pub mod reload;
 pub mod serve;
 pub mod soak;
 pub mod stats;

@@ -1,6 +1,7 @@
 //! `shardport serve`: a long-lived node that owns shards and serves them
 //! through its transports, with a control endpoint for `put`, `stats` and
-//! `remove`. SIGINT/SIGTERM shut it down cleanly (segments removed).
+//! `remove`. SIGINT/SIGTERM shut it down cleanly (segments removed); SIGHUP
+//! reloads the config file (as `shardport reload` and `POST /v1/reload` do).
 
 use std::{
     sync::{
@@ -36,10 +37,10 @@ const EAGER_OPTIONS: [(&str, &str, &str); 2] = [
     ("posix-shm", "create-pool", "eager"),
 ];
 
-/// Serves until SIGINT or SIGTERM.
+/// Serves until SIGINT or SIGTERM; reloads on SIGHUP.
 pub fn run(args: Args) -> Outcome {
     let mut cfg = load_config(args.config.path())?;
-    make_eager(&mut cfg)?;
+    make_eager(&mut cfg).map_err(|e| Failure::from((EXIT_CONFIG, e)))?;
     let bind = args.control.unwrap_or_else(|| cfg.control.bind.clone());
     let token = cfg
         .control
@@ -49,9 +50,13 @@ pub fn run(args: Args) -> Outcome {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| Failure::from((EXIT_FAILURE, format!("cannot install signal handlers: {e}"))))?;
     let node = start_node(cfg)?;
+    // A reloaded file gets the same adjustment, so reloading an unchanged
+    // file keeps every plugin instance.
+    node.set_reload_hook(std::sync::Arc::new(make_eager));
     let server =
         ControlServer::start(&node, &bind, token).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
     let sweeper = spawn_sweeper(&node);
@@ -67,7 +72,22 @@ pub fn run(args: Args) -> Outcome {
     }
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
-    let sig = signals.forever().next();
+    let mut sig = None;
+    for s in signals.forever() {
+        if s != signal_hook::consts::SIGHUP {
+            sig = Some(s);
+            break;
+        }
+        match node.reload_file(None) {
+            Ok(r) => println!(
+                "reloaded: generation {}, {} change(s)",
+                r.generation,
+                r.changes.len()
+            ),
+            Err(e) => println!("reload refused: {e}"),
+        }
+        let _ = std::io::stdout().flush();
+    }
     tracing::info!(target: "node", signal = ?sig, "shutting down");
     drop(server);
     sweeper.store(true, Ordering::Relaxed);
@@ -79,15 +99,16 @@ pub fn run(args: Args) -> Outcome {
 }
 
 /// Adds [`EAGER_OPTIONS`] to the plugin tables that do not set them.
-fn make_eager(cfg: &mut shardport_host::Config) -> Outcome {
+fn make_eager(cfg: &mut shardport_host::Config) -> Result<(), String> {
     for p in &mut cfg.plugins {
         for (plugin, key, value) in EAGER_OPTIONS {
-            if p.name.as_str() != plugin {
+            if p.transport.as_str() != plugin {
                 continue;
             }
-            let mut table: toml::Table = p.config_text.parse().map_err(|e| {
-                Failure::from((EXIT_CONFIG, format!("plugin `{plugin}` config: {e}")))
-            })?;
+            let mut table: toml::Table = p
+                .config_text
+                .parse()
+                .map_err(|e| format!("plugin `{}` config: {e}", p.name))?;
             if !table.contains_key(key) {
                 table.insert(key.to_owned(), toml::Value::String(value.to_owned()));
                 p.config_text = table.to_string();

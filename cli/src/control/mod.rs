@@ -13,6 +13,12 @@
 //!   drops this node's cached copies (and their leases) of those shards
 //! - `POST /v1/sweep` -> per transport, what was reclaimed from dead processes
 //! - `POST /v1/experiments/reset` -> arms a guardrail disabled, re-enabled
+//! - `POST /v1/reload` with an empty body (read the node's config file
+//!   again), `{"path": "/etc/sp.toml"}` (a file on the node's machine) or
+//!   `{"config": "<TOML text>", "path": "name for messages and base of
+//!   relative plugin paths"}` -> the [`ReloadReport`](shardport_host::node::ReloadReport);
+//!   a refused reload is 409 `reload_refused` with the reason (file:line:col
+//!   for a bad value), and the running config stays
 //!
 //! # Limits
 //! Bounded everywhere ([`Limits`]): the request head in size
@@ -279,6 +285,7 @@ fn respond(
         401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        409 => "Conflict",
         408 => "Request Timeout",
         411 => "Length Required",
         413 => "Payload Too Large",
@@ -590,6 +597,11 @@ fn handle(
             json_out(json!({ "drained": drained }))
         }
         ("POST", "/v1/sweep") => json_out(node.sweep_json()),
+        ("POST", "/v1/reload") => {
+            let body = read_json_body(req, reader)?;
+            let report = reload(node, &body)?;
+            to_json(&report)
+        }
         (
             _,
             "/v1/health"
@@ -600,7 +612,8 @@ fn handle(
             | "/v1/sweep"
             | "/metrics"
             | "/v1/metrics.json"
-            | "/v1/experiments/reset",
+            | "/v1/experiments/reset"
+            | "/v1/reload",
         ) => Err((
             405,
             "method_not_allowed",
@@ -608,6 +621,49 @@ fn handle(
         )),
         (_, path) => Err((404, "not_found", format!("no endpoint {path}"))),
     }
+}
+
+/// `POST /v1/reload`: which config to apply, from the body.
+fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport, Refusal> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Reload {
+        #[serde(default)]
+        path: Option<std::path::PathBuf>,
+        #[serde(default)]
+        config: Option<String>,
+    }
+    let r: Reload = if body.iter().all(u8::is_ascii_whitespace) {
+        Reload {
+            path: None,
+            config: None,
+        }
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            (
+                400,
+                "bad_request",
+                format!(
+                    "expected an empty body, {{\"path\": FILE}} or {{\"config\": TOML, \"path\": FILE}}: {e}"
+                ),
+            )
+        })?
+    };
+    let result = match (r.config, r.path) {
+        (Some(text), path) => {
+            let origin = match path {
+                Some(p) => shardport_host::config::Origin::File(p),
+                None => shardport_host::config::Origin::Text {
+                    name: "<config sent to POST /v1/reload>".to_owned(),
+                    base_dir: std::env::current_dir().unwrap_or_default(),
+                    search_deps: false,
+                },
+            };
+            node.reload_text(&text, origin)
+        }
+        (None, path) => node.reload_file(path.as_deref()),
+    };
+    result.map_err(|e| (409, "reload_refused", e.to_string()))
 }
 
 /// The request body, bounded by [`MAX_JSON_BODY`].

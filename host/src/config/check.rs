@@ -476,8 +476,13 @@ impl Ctx<'_> {
             })?,
             None => String::new(),
         };
+        let transport = match &p.transport {
+            Some(t) => self.transport(&format!("{key}.transport"), t)?,
+            None => name.clone(),
+        };
         Ok(PluginSpec {
             name,
+            transport,
             paths,
             path_as_written: written.clone(),
             sha256,

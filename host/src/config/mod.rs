@@ -239,6 +239,33 @@ pub struct Guardrail {
     /// Fewest attempts in the window (per arm, and for the control arm when
     /// comparing latency) before the guardrail judges anything.
     pub min_samples: u64,
+    /// How long a tripped arm stays off before it is probed (half-open);
+    /// `None` (`cooldown = "off"`): off until `shardport ab reset`.
+    pub cooldown: Option<std::time::Duration>,
+    /// The longest cool-down: each failed probe doubles it up to this.
+    pub max_cooldown: std::time::Duration,
+    /// Share of a probing arm's draws that it serves (the rest go to the
+    /// control arm) while its probes are judged.
+    pub probe_share: f64,
+}
+
+/// Default cool-down before a tripped arm is probed: 5 windows.
+pub const DEFAULT_COOLDOWN_WINDOWS: u32 = 5;
+/// Default longest cool-down.
+pub const DEFAULT_MAX_COOLDOWN: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Default probe share.
+pub const DEFAULT_PROBE_SHARE: f64 = 0.1;
+
+/// A canary ramp: the share of traffic of one arm, raised step by step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ramp {
+    /// Index of the ramped arm (never the control).
+    pub arm: usize,
+    /// Shares of all matching traffic, as fractions in `(0, 1]`, strictly
+    /// increasing; the other arms split the rest by their weights.
+    pub steps: Vec<f64>,
+    /// Time at each step before the next (while the guardrail holds).
+    pub interval: std::time::Duration,
 }
 
 /// Default guardrail window.
@@ -264,6 +291,8 @@ pub struct Experiment {
     pub arms: Vec<Arm>,
     /// Automatic switch-off of misbehaving arms.
     pub guardrail: Option<Guardrail>,
+    /// A schedule raising one arm's share step by step.
+    pub ramp: Option<Ramp>,
 }
 
 impl Experiment {
@@ -276,8 +305,12 @@ impl Experiment {
 /// One plugin to load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginSpec {
-    /// Transport name; must equal the name the library reports.
+    /// Instance name: what handles, routes, arms and metrics call it.
     pub name: TransportName,
+    /// The transport the library must declare (`transport = ...`; the
+    /// instance name when not given): two builds of one transport load as
+    /// two instances, such as `posix-shm` and `posix-shm-next`.
+    pub transport: TransportName,
     /// Candidate paths, tried in order (the first that exists is loaded).
     pub paths: Vec<PathBuf>,
     /// The path as written in the config.

@@ -1,14 +1,15 @@
 //! The checks of `[[route]]` and `[[experiment]]` tables: their conditions,
-//! transport lists, arms and guardrails.
+//! transport lists, arms, guardrails and ramps.
 
 use toml::Spanned;
 
 use super::{
     check::{loads, Ctx},
-    schema::{RawArm, RawExperiment, RawGuardrail, RawRoute, RawWhen},
+    schema::{RawArm, RawExperiment, RawGuardrail, RawRamp, RawRoute, RawWhen},
     span::ConfigError,
-    AddrPattern, Arm, DeviceSel, Experiment, ExperimentUnit, Guardrail, PluginSpec, Route,
-    RouteWhen, DEFAULT_GUARDRAIL_MIN_SAMPLES, DEFAULT_GUARDRAIL_WINDOW, MAX_ARMS,
+    AddrPattern, Arm, DeviceSel, Experiment, ExperimentUnit, Guardrail, PluginSpec, Ramp, Route,
+    RouteWhen, DEFAULT_COOLDOWN_WINDOWS, DEFAULT_GUARDRAIL_MIN_SAMPLES, DEFAULT_GUARDRAIL_WINDOW,
+    DEFAULT_MAX_COOLDOWN, DEFAULT_PROBE_SHARE, MAX_ARMS,
 };
 
 /// Shown with every error about an experiment's arms.
@@ -203,6 +204,10 @@ impl Ctx<'_> {
             None => None,
             Some(g) => Some(self.guardrail(&format!("{key}.guardrail"), g)?),
         };
+        let ramp = match &e.ramp {
+            None => None,
+            Some(r) => Some(self.ramp(&format!("{key}.ramp"), r, &arms)?),
+        };
         Ok(Experiment {
             name: name.to_owned(),
             when,
@@ -210,6 +215,81 @@ impl Ctx<'_> {
             salt: e.salt.clone().unwrap_or_else(|| name.to_owned()),
             arms,
             guardrail,
+            ramp,
+        })
+    }
+
+    /// An experiment's `ramp` at `rkey`: an arm other than the control
+    /// (the last arm when not named), 1..=16 strictly increasing percentages
+    /// in `(0, 100]`, and an interval.
+    fn ramp(&self, rkey: &str, r: &Spanned<RawRamp>, arms: &[Arm]) -> Result<Ramp, ConfigError> {
+        const EXAMPLE: &str =
+            "example: ramp = { arm = \"canary\", steps = [1, 5, 25, 50], interval = \"10m\" }";
+        let raw = r.get_ref();
+        let arm = match &raw.arm {
+            None => arms.len() - 1,
+            Some(a) => match arms.iter().position(|x| x.name == *a.get_ref()) {
+                Some(0) => {
+                    return Err(self.error(
+                        Some(a.span()),
+                        format!(
+                            "`{rkey}.arm`: `{}` is the control arm; ramp a canary arm",
+                            a.get_ref()
+                        ),
+                        Some(EXAMPLE),
+                    ))
+                }
+                Some(i) => i,
+                None => {
+                    let names: Vec<&str> = arms.iter().map(|x| x.name.as_str()).collect();
+                    return Err(self.error(
+                        Some(a.span()),
+                        format!(
+                            "`{rkey}.arm`: no arm `{}` (arms: {})",
+                            a.get_ref(),
+                            names.join(", ")
+                        ),
+                        Some(EXAMPLE),
+                    ));
+                }
+            },
+        };
+        let list = raw.steps.get_ref();
+        if !(1..=16).contains(&list.len()) {
+            return Err(self.error(
+                Some(raw.steps.span()),
+                format!(
+                    "`{rkey}.steps`: expected 1..=16 percentages, found {}",
+                    list.len()
+                ),
+                Some(EXAMPLE),
+            ));
+        }
+        let mut steps: Vec<f64> = Vec::with_capacity(list.len());
+        for (k, v) in list.iter().enumerate() {
+            let pct = match v.get_ref() {
+                toml::Value::Integer(i) => *i as f64,
+                toml::Value::Float(f) => *f,
+                _ => f64::NAN,
+            };
+            let prev = steps.last().map_or(0.0, |p| p * 100.0);
+            if !(pct > prev && pct <= 100.0) {
+                return Err(self.error(
+                    Some(v.span()),
+                    format!(
+                        "`{rkey}.steps[{k}]`: expected a percentage above {prev} and at most 100 (steps only go up), found {}",
+                        v.get_ref()
+                    ),
+                    Some(EXAMPLE),
+                ));
+            }
+            steps.push(pct / 100.0);
+        }
+        let interval = self.duration(&format!("{rkey}.interval"), &raw.interval, "10m")?;
+        Ok(Ramp {
+            arm,
+            steps,
+            interval,
         })
     }
 
@@ -321,11 +401,34 @@ impl Ctx<'_> {
                 self.int_in(&format!("{gkey}.min-samples"), v, 1, 100_000_000, "100")? as u64
             }
         };
+        let cooldown = match &g.cooldown {
+            Some(v) if v.get_ref().trim() == "off" => None,
+            Some(v) => Some(self.duration(&format!("{gkey}.cooldown"), v, "5m")?),
+            None => Some(window * DEFAULT_COOLDOWN_WINDOWS),
+        };
+        let max_cooldown = match &g.max_cooldown {
+            None => DEFAULT_MAX_COOLDOWN.max(cooldown.unwrap_or_default()),
+            Some(v) => self.duration(&format!("{gkey}.max-cooldown"), v, "1h")?,
+        };
+        if let (Some(c), Some(m)) = (cooldown, &g.max_cooldown) {
+            if max_cooldown < c {
+                return Err(self.error(
+                    Some(m.span()),
+                    format!("`{gkey}.max-cooldown` ({max_cooldown:?}) is shorter than `cooldown` ({c:?})"),
+                    None,
+                ));
+            }
+        }
+        let probe_share = fraction("probe-share", &g.probe_share, 0.0001, 1.0, "0.1")?
+            .unwrap_or(DEFAULT_PROBE_SHARE);
         Ok(Guardrail {
             max_error_rate,
             max_p99_ratio,
             window,
             min_samples,
+            cooldown,
+            max_cooldown,
+            probe_share,
         })
     }
 }

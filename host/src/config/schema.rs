@@ -39,6 +39,15 @@ pub(super) struct RawExperiment {
     pub(super) owner: Option<Spanned<String>>,
     pub(super) arms: Spanned<Vec<RawArm>>,
     pub(super) guardrail: Option<Spanned<RawGuardrail>>,
+    pub(super) ramp: Option<Spanned<RawRamp>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct RawRamp {
+    pub(super) arm: Option<Spanned<String>>,
+    pub(super) steps: Spanned<Vec<Spanned<toml::Value>>>,
+    pub(super) interval: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +65,9 @@ pub(super) struct RawGuardrail {
     pub(super) max_p99_ratio: Option<Spanned<f64>>,
     pub(super) window: Option<Spanned<String>>,
     pub(super) min_samples: Option<Spanned<i64>>,
+    pub(super) cooldown: Option<Spanned<String>>,
+    pub(super) max_cooldown: Option<Spanned<String>>,
+    pub(super) probe_share: Option<Spanned<f64>>,
 }
 
 /// The conditions of a `[[route]]` or `[[experiment]]`, as written.
@@ -135,6 +147,7 @@ pub(super) struct RawLocality {
 #[serde(rename_all = "kebab-case")]
 pub(super) struct RawPlugin {
     pub(super) name: Spanned<String>,
+    pub(super) transport: Option<Spanned<String>>,
     pub(super) path: Spanned<String>,
     pub(super) sha256: Option<Spanned<String>>,
     pub(super) required: Option<bool>,

@@ -1,12 +1,13 @@
 //! Stats, metrics, sweeps, experiment resets and cache maintenance.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use shardport_abi::{ErrorKind, StatKind};
 
 use super::{lock, Node, NodeStats, PluginStats, SweepResult};
 use crate::{
     cache::CacheStats,
+    experiment::{shares, ArmEvent},
     metrics::{ArmInfo, ExperimentInfo},
     snapshot::{Gauge, Snapshot},
 };
@@ -16,7 +17,8 @@ impl Node {
     /// (every experiment when `None`). Returns `(experiment, arm)` names
     /// re-enabled; an unknown name is an error naming the known ones.
     pub fn reset_experiments(&self, name: Option<&str>) -> Result<Vec<(String, String)>, String> {
-        let exps = &self.inner.config.experiments;
+        let g = self.inner.live();
+        let exps = &g.config.experiments;
         if let Some(n) = name {
             if !exps.iter().any(|e| e.name == n) {
                 let known: Vec<&str> = exps.iter().map(|e| e.name.as_str()).collect();
@@ -31,10 +33,17 @@ impl Node {
             }
         }
         let mut out = Vec::new();
-        for (e, st) in exps.iter().zip(&self.inner.experiments) {
+        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
+        for (e, st) in exps.iter().zip(&g.experiments) {
             if name.is_none_or(|n| n == e.name) {
-                for a in st.reset() {
+                for a in st.reset(e) {
                     tracing::info!(target: "experiment", experiment = %e.name, arm = %e.arms[a].name, "arm re-enabled");
+                    self.inner.metrics.event(
+                        now_ms,
+                        "reset",
+                        Some(&e.name),
+                        format!("arm {} re-enabled by an operator", e.arms[a].name),
+                    );
                     out.push((e.name.clone(), e.arms[a].name.clone()));
                 }
             }
@@ -54,27 +63,36 @@ impl Node {
     /// The node's metrics as a snapshot (the JSON of `/v1/metrics.json`;
     /// [`crate::metrics::prometheus`] renders it for `/metrics`).
     pub fn metrics_snapshot(&self) -> Snapshot {
-        let experiments: Vec<ExperimentInfo> = self
-            .inner
+        let live = self.inner.live();
+        let experiments: Vec<ExperimentInfo> = live
             .config
             .experiments
             .iter()
-            .zip(&self.inner.experiments)
-            .map(|(e, st)| ExperimentInfo {
-                name: e.name.clone(),
-                unit: e.unit.to_string(),
-                arms: e
-                    .arms
-                    .iter()
-                    .enumerate()
-                    .map(|(i, a)| ArmInfo {
-                        name: a.name.clone(),
-                        transport: a.transport.to_string(),
-                        weight: a.weight,
-                        disabled: st.disabled_reason(i),
-                        trips: st.trips(i),
-                    })
-                    .collect(),
+            .zip(&live.experiments)
+            .zip(&live.arm_counters)
+            .map(|((e, st), counters)| {
+                let phases = st.phases();
+                let shares = shares(e, &st.gate(e));
+                ExperimentInfo {
+                    name: e.name.clone(),
+                    unit: e.unit.to_string(),
+                    arms: e
+                        .arms
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| ArmInfo {
+                            name: a.name.clone(),
+                            transport: a.transport.to_string(),
+                            weight: a.weight,
+                            disabled: st.disabled_reason(i),
+                            trips: st.trips(i),
+                            state: phases[i].name(),
+                            share: shares[i],
+                            counters: Arc::clone(&counters[i]),
+                        })
+                        .collect(),
+                    ramp: st.ramp(),
+                }
             })
             .collect();
         let cache = self.cache_stats();
@@ -93,7 +111,7 @@ impl Node {
             g("shards_owned", vec![], shards_owned as f64),
             g("bytes_owned", vec![], bytes_owned as f64),
         ];
-        for p in &self.inner.plugins {
+        for p in &live.plugins {
             for st in p.transport.stats() {
                 let name = if st.kind == StatKind::COUNTER {
                     "plugin_events_total"
@@ -116,7 +134,7 @@ impl Node {
             .monotonic_nanos()
             .saturating_sub(self.inner.started_ns);
         self.inner.metrics.snapshot(
-            &self.inner.config.node.name,
+            &live.config.node.name,
             self.inner.clock.now_unix_nanos() / 1_000_000,
             window_ns as f64 / 1e9,
             &experiments,
@@ -143,8 +161,10 @@ impl Node {
     /// are left out.
     pub fn sweep(&self) -> Vec<(String, SweepResult)> {
         self.evict_expired();
+        // Drops plugins a reload removed once nothing holds them.
+        let _ = self.draining();
         let mut out = Vec::new();
-        for p in &self.inner.plugins {
+        for p in &self.inner.live().plugins {
             match p.transport.sweep().into_result() {
                 Ok(stats) => {
                     let stats: BTreeMap<String, u64> = stats
@@ -192,8 +212,8 @@ impl Node {
     pub fn stats(&self) -> NodeStats {
         let (shards_owned, bytes_owned) = self.owned_totals();
         let cache = self.cache_stats();
-        let plugins = self
-            .inner
+        let live = self.inner.live();
+        let plugins = live
             .plugins
             .iter()
             .map(|p| {
@@ -229,7 +249,7 @@ impl Node {
             })
             .collect();
         NodeStats {
-            node: self.inner.config.node.name.clone(),
+            node: live.config.node.name.clone(),
             tag: self.inner.tag.clone(),
             shards_owned,
             bytes_owned,
@@ -237,7 +257,9 @@ impl Node {
             cache_bytes: cache.bytes,
             cache,
             plugins,
-            load_failures: self.inner.load_failures.clone(),
+            load_failures: live.load_failures.clone(),
+            draining: self.draining(),
+            generation: live.number,
             transports: self.inner.metrics.transport_totals(),
             downgrades: self.inner.metrics.downgrades(),
             no_candidate: self.inner.metrics.no_candidate(),
@@ -248,6 +270,7 @@ impl Node {
     /// Calls every loaded transport's `describe` and `health` (used by `shardport plugins`).
     pub fn plugin_report(&self) -> Vec<(String, bool, String)> {
         self.inner
+            .live()
             .plugins
             .iter()
             .map(|p| {
@@ -255,5 +278,67 @@ impl Node {
                 (p.name.to_string(), h.ok, h.message.to_string())
             })
             .collect()
+    }
+}
+
+impl Node {
+    /// Logs an experiment's arm event and adds it to the metrics' event log.
+    pub(super) fn log_arm_event(&self, exp: &crate::config::Experiment, event: &ArmEvent) {
+        let arm_name = |i: usize| exp.arms.get(i).map_or("?", |a| a.name.as_str());
+        let (kind, text) = match event {
+            ArmEvent::Tripped {
+                arm,
+                why,
+                cooldown_ns,
+            } => {
+                let until = match cooldown_ns {
+                    Some(c) => format!("probed again after a {:.0} s cool-down", *c as f64 / 1e9),
+                    None => "until `shardport ab reset` (POST /v1/experiments/reset)".to_owned(),
+                };
+                (
+                    "trip",
+                    format!(
+                        "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}`, {until}",
+                        arm_name(*arm),
+                        arm_name(0)
+                    ),
+                )
+            }
+            ArmEvent::Probing { arm } => (
+                "probe",
+                format!(
+                    "arm `{}` cool-down over: probing on a {:.1}% share of its draws",
+                    arm_name(*arm),
+                    exp.guardrail
+                        .as_ref()
+                        .map_or(0.0, |g| g.probe_share * 100.0)
+                ),
+            ),
+            ArmEvent::Recovered { arm } => (
+                "recover",
+                format!("arm `{}` passed its probes: re-enabled", arm_name(*arm)),
+            ),
+            ArmEvent::RampStep { step, share } => (
+                "ramp-step",
+                format!(
+                    "ramp step {step}: arm `{}` now takes {:.1}% of the traffic",
+                    exp.ramp.as_ref().map_or("?", |r| arm_name(r.arm)),
+                    share * 100.0
+                ),
+            ),
+            ArmEvent::RampHalted { step } => (
+                "ramp-halt",
+                format!("ramp halted at step {step}: its arm tripped"),
+            ),
+        };
+        if kind == "trip" {
+            tracing::warn!(target: "experiment", experiment = %exp.name, "{text}");
+        } else {
+            tracing::info!(target: "experiment", experiment = %exp.name, "{text}");
+        }
+        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
+        self.inner
+            .metrics
+            .event(now_ms, kind, Some(&exp.name), text);
     }
 }

@@ -11,7 +11,7 @@ use std::{
 
 use shardport_abi::{AbiError, ErrorKind, ImportItem, RResult, RSlice, RSliceMut};
 
-use super::{lock, zeroed, Fetched, Node};
+use super::{lock, zeroed, Fetched, Generation, Node};
 use crate::{
     config::FetchMode,
     error::HostError,
@@ -35,7 +35,8 @@ impl Node {
         handles: &[Handle],
         mode: FetchMode,
     ) -> Result<Vec<Result<Fetched, HostError>>, HostError> {
-        let max = self.inner.config.fetch.max_batch;
+        let g = self.inner.live();
+        let max = g.config.fetch.max_batch;
         if handles.len() > max {
             return Err(HostError::BatchTooLarge {
                 n: handles.len(),
@@ -44,7 +45,7 @@ impl Node {
         }
         match mode {
             FetchMode::View => Ok(self.fetch_each(handles, mode)),
-            FetchMode::Copy => Ok(self.fetch_batched(handles)),
+            FetchMode::Copy => Ok(self.fetch_batched(g, handles)),
         }
     }
 
@@ -68,9 +69,13 @@ impl Node {
 
     /// Copies in rounds: each round imports every shard still missing from
     /// its next candidate, one `import_many` per (owner, transport) group.
-    fn fetch_batched(&self, handles: &[Handle]) -> Vec<Result<Fetched, HostError>> {
+    fn fetch_batched(
+        &self,
+        g: Arc<Generation>,
+        handles: &[Handle],
+    ) -> Vec<Result<Fetched, HostError>> {
         let start = Instant::now();
-        let mut b = Batch::new(handles.len());
+        let mut b = Batch::new(handles.len(), g);
         let mut pending = self.batch_plan(handles, &mut b, start);
         while !pending.is_empty() {
             // Group what is still missing by (owner, next transport to try).
@@ -86,7 +91,7 @@ impl Node {
             let groups: Vec<(usize, Vec<usize>)> =
                 groups.into_iter().map(|((_, _, p), v)| (p, v)).collect();
             let results = run_parallel(&groups, |(pi, members)| {
-                self.import_group(*pi, members, handles, &b.plans, &b.cursor)
+                self.import_group(&b.g, *pi, members, handles, &b.plans, &b.cursor)
             });
             pending.clear();
             for (i, r) in results {
@@ -106,8 +111,8 @@ impl Node {
     fn batch_plan(&self, handles: &[Handle], b: &mut Batch, start: Instant) -> Vec<usize> {
         let mut pending = Vec::new();
         for (i, h) in handles.iter().enumerate() {
-            let plan = self.plan(h, FetchMode::Copy);
-            if let Err(e) = self.check_claimed_size(h) {
+            let plan = self.plan_for(&b.g, h, FetchMode::Copy, super::device::Memory::Host);
+            if let Err(e) = self.check_claimed_size(&b.g, h) {
                 b.out[i] = Some(Err(e));
             } else if let Err(e) = self.candidates(h, &plan.attempts, &plan.skipped) {
                 b.out[i] = Some(Err(e));
@@ -132,10 +137,17 @@ impl Node {
         start: Instant,
     ) -> bool {
         let attempt = &b.plans[i].attempts[b.cursor[i]];
-        let failed = match r.map(|buf| (self.verify(&handles[i], &attempt.transport, &buf), buf)) {
+        let verified = r.map(|buf| {
+            (
+                self.verify(&b.g, &handles[i], &attempt.transport, &buf),
+                buf,
+            )
+        });
+        let failed = match verified {
             Ok((Ok(()), buf)) => {
                 let failures = std::mem::take(&mut b.failures[i]);
                 b.out[i] = Some(self.batch_served(
+                    &b.g,
                     &handles[i],
                     &b.plans[i],
                     attempt,
@@ -161,7 +173,13 @@ impl Node {
         if b.cursor[i] < b.plans[i].attempts.len() {
             return true;
         }
-        self.record_arm(&b.plans[i], None, handles[i].meta.byte_len, start.elapsed());
+        self.record_arm(
+            &b.g,
+            &b.plans[i],
+            None,
+            handles[i].meta.byte_len,
+            start.elapsed(),
+        );
         let error = b.corrupt[i]
             .take()
             .unwrap_or_else(|| HostError::FetchFailed {
@@ -173,8 +191,10 @@ impl Node {
     }
 
     /// The result of a batch shard whose current attempt delivered `buf`.
+    #[allow(clippy::too_many_arguments)]
     fn batch_served(
         &self,
+        g: &Generation,
         handle: &Handle,
         plan: &Plan,
         attempt: &Attempt,
@@ -183,8 +203,8 @@ impl Node {
         start: Instant,
     ) -> Result<Fetched, HostError> {
         let len = handle.meta.byte_len;
-        self.record_arm(plan, Some(&attempt.transport), len, start.elapsed());
-        let selection = self.report(handle, attempt, failures)?;
+        self.record_arm(g, plan, Some(&attempt.transport), len, start.elapsed());
+        let selection = self.report(g, handle, attempt, failures)?;
         self.inner
             .metrics
             .fetch_ok(attempt.transport.as_str(), len, start.elapsed());
@@ -202,13 +222,14 @@ impl Node {
     /// Imports one (owner, transport) group with a single `import_many`.
     fn import_group(
         &self,
+        g: &Generation,
         pi: usize,
         members: &[usize],
         handles: &[Handle],
         plans: &[Plan],
         cursor: &[usize],
     ) -> Vec<(usize, Result<Vec<u8>, AbiError>)> {
-        let p = &self.inner.plugins[pi];
+        let p = &g.plugins[pi];
         let mut bufs: Vec<(usize, Result<Vec<u8>, AbiError>)> = members
             .iter()
             .map(|&i| {
@@ -263,11 +284,14 @@ struct Batch {
     failures: Vec<Vec<(TransportName, AbiError)>>,
     /// The first verification failure, reported if no attempt delivers.
     corrupt: Vec<Option<HostError>>,
+    /// The config generation the whole batch runs under.
+    g: Arc<Generation>,
 }
 
 impl Batch {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, g: Arc<Generation>) -> Self {
         Batch {
+            g,
             out: (0..n).map(|_| None).collect(),
             plans: Vec::with_capacity(n),
             cursor: vec![0; n],

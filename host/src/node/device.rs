@@ -29,8 +29,8 @@ use shardport_abi::{
 
 use super::{
     fetch::Miss,
-    put::{check_tags, Exported},
-    Node, Selection, Stored, TensorSpec,
+    put::{check_put_size, check_tags, exports_to, Exported},
+    Generation, Node, Selection, Stored, TensorSpec,
 };
 use crate::{
     config::{FetchMode, TransportName},
@@ -105,21 +105,22 @@ impl Node {
     /// each descriptor (`Transport::can_import`: an export they cannot reach
     /// from here, such as a GPU not visible to this process, is not a
     /// candidate), and for host-memory results of CUDA shards, copies only.
-    pub(super) fn plan_for(&self, handle: &Handle, mode: FetchMode, memory: Memory) -> Plan {
-        let disabled: Vec<u64> = self
-            .inner
-            .experiments
-            .iter()
-            .map(|e| e.disabled())
-            .collect();
+    pub(super) fn plan_for(
+        &self,
+        g: &Generation,
+        handle: &Handle,
+        mode: FetchMode,
+        memory: Memory,
+    ) -> Plan {
+        let gates = self.gates(g);
         let local = Local {
-            plugins: &self.inner.facts,
+            plugins: &g.facts,
             identity: &self.inner.identity,
             owner_addr_local: self.inner.locality.is_local_addr(&handle.owner.addr),
-            same_node: self.inner.config.same_node,
-            routes: &self.inner.config.routes,
-            experiments: &self.inner.config.experiments,
-            disabled_arms: &disabled,
+            same_node: g.config.same_node,
+            routes: &g.config.routes,
+            experiments: &g.config.experiments,
+            gates: &gates,
             fetch_seq: self
                 .inner
                 .fetch_seq
@@ -129,7 +130,7 @@ impl Node {
         let cuda = handle.meta.device.kind == DeviceKind::CUDA;
         let attempts = std::mem::take(&mut out.attempts);
         for mut a in attempts {
-            let p = &self.inner.plugins[a.plugin];
+            let p = &g.plugins[a.plugin];
             let desc = &handle.exports[a.export].descriptor;
             if let Err(e) = p
                 .transport
@@ -153,7 +154,7 @@ impl Node {
         // An experiment arm whose transport refused the shard: the shard
         // does not take part (arms are compared on shards both can reach).
         if let Some(choice) = &out.arm {
-            let arm = &self.inner.config.experiments[choice.experiment].arms[choice.arm];
+            let arm = &g.config.experiments[choice.experiment].arms[choice.arm];
             if out.attempts.first().map(|a| &a.transport) != Some(&arm.transport) {
                 out.arm = None;
             }
@@ -178,8 +179,9 @@ impl Node {
         let meta = spec.meta()?;
         check_device_put(addr, len, spec, &meta)?;
         check_tags(&tags)?;
-        self.check_put_size(meta.byte_len)?;
-        let usable = self.device_exporters(&meta)?;
+        let g = self.inner.live();
+        check_put_size(&g, meta.byte_len)?;
+        let usable = self.device_exporters(&g, &meta)?;
         let id = self.next_id();
         let _span =
             tracing::debug_span!(target: "store", "put_device", shard = %id, bytes = len).entered();
@@ -198,7 +200,7 @@ impl Node {
                 data: SharedBytes::device(addr.0, len as usize),
                 allocation: 0,
             };
-            done.export(&self.inner.plugins[pi], pi, id, req, "device export failed");
+            done.export(&g.plugins[pi], id, req, "device export failed");
         }
         if done.exports.is_empty() {
             return Err(HostError::NoDeviceTransport {
@@ -212,24 +214,18 @@ impl Node {
 
     /// The loaded transports with the `cuda` capability that `put.export-to`
     /// selects; an error naming what is loaded when there is none.
-    fn device_exporters(&self, meta: &ShardMeta) -> Result<Vec<usize>, HostError> {
-        let usable: Vec<usize> = self
-            .inner
+    fn device_exporters(&self, g: &Generation, meta: &ShardMeta) -> Result<Vec<usize>, HostError> {
+        let usable: Vec<usize> = g
             .plugins
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.capabilities().contains(Capabilities::CUDA) && self.exports_to(p))
+            .filter(|(_, p)| p.capabilities().contains(Capabilities::CUDA) && exports_to(g, p))
             .map(|(i, _)| i)
             .collect();
         if !usable.is_empty() {
             return Ok(usable);
         }
-        let loaded: Vec<String> = self
-            .inner
-            .plugins
-            .iter()
-            .map(|p| p.name.to_string())
-            .collect();
+        let loaded: Vec<String> = g.plugins.iter().map(|p| p.name.to_string()).collect();
         Err(HostError::NoDeviceTransport {
             device: meta.device.to_string(),
             why: format!(
@@ -250,6 +246,7 @@ impl Node {
     /// memory while this is non-zero.
     pub fn device_leases_held(&self) -> u64 {
         self.inner
+            .live()
             .plugins
             .iter()
             .filter(|p| p.capabilities().contains(Capabilities::CUDA))
@@ -265,8 +262,9 @@ impl Node {
         let start = Instant::now();
         let _span =
             tracing::debug_span!(target: "fetch", "fetch_device", shard = %handle.id).entered();
-        self.check_device_handle(handle)?;
-        let mut plan = self.plan_for(handle, FetchMode::View, Memory::Device);
+        let g = self.inner.live();
+        self.check_device_handle(&g, handle)?;
+        let mut plan = self.plan_for(&g, handle, FetchMode::View, Memory::Device);
         let (views, copies): (Vec<_>, Vec<_>) = plan.attempts.drain(..).partition(|a| a.zero_copy);
         plan.skipped.extend(
             copies
@@ -274,7 +272,7 @@ impl Node {
                 .map(|a| (a.transport, "no zero-copy device view".to_owned())),
         );
         let views = self.candidates(handle, &views, &plan.skipped)?;
-        let (view, selection) = self.deliver(handle, views, None, start, |_, p, desc| {
+        let (view, selection) = self.deliver(&g, handle, views, None, start, |_, p, desc| {
             LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
         })?;
         Ok(DeviceView {
@@ -297,36 +295,58 @@ impl Node {
         let start = Instant::now();
         let _span = tracing::debug_span!(target: "fetch", "fetch_device_into", shard = %handle.id)
             .entered();
-        self.check_device_handle(handle)?;
+        let g = self.inner.live();
+        self.check_device_handle(&g, handle)?;
         if len != handle.meta.byte_len {
             return Err(HostError::InvalidShard(format!(
                 "destination is {len} bytes, shard {} is {}",
                 handle.id, handle.meta.byte_len
             )));
         }
-        let plan = self.plan_for(handle, FetchMode::Copy, Memory::Device);
+        let plan = self.plan_for(&g, handle, FetchMode::Copy, Memory::Device);
         let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
-        let ((), mut selection) = self.deliver(handle, attempts, None, start, |_, p, desc| {
-            p.transport
-                .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
-                .into_result()
-                .map(|_| ())
-                .map_err(Miss::Failed)
-        })?;
+        let ((), mut selection) =
+            self.deliver(&g, handle, attempts, None, start, |_, p, desc| {
+                p.transport
+                    .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
+                    .into_result()
+                    .map(|_| ())
+                    .map_err(Miss::Failed)
+            })?;
         selection.reason = selection
             .reason
             .replace(", copy", ", device-to-device copy");
         Ok(selection)
     }
 
-    fn check_device_handle(&self, handle: &Handle) -> Result<(), HostError> {
+    fn check_device_handle(&self, g: &Generation, handle: &Handle) -> Result<(), HostError> {
         if handle.meta.device.kind != DeviceKind::CUDA {
             return Err(HostError::InvalidShard(format!(
                 "shard {} is on {}; fetch it with fetch/fetch_into",
                 handle.id, handle.meta.device
             )));
         }
-        self.check_claimed_size(handle)
+        self.check_claimed_size(g, handle)
+    }
+
+    /// Each experiment's gates for a fetch planned now: cool-downs that
+    /// ended start probing and due ramp steps are taken first (logged).
+    fn gates(&self, g: &Generation) -> Vec<crate::experiment::Gate> {
+        if g.experiments.is_empty() {
+            return Vec::new();
+        }
+        let now = self.inner.clock.monotonic_nanos();
+        g.config
+            .experiments
+            .iter()
+            .zip(&g.experiments)
+            .map(|(e, st)| {
+                for event in st.tick(e, now) {
+                    self.log_arm_event(e, &event);
+                }
+                st.gate(e)
+            })
+            .collect()
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
 
 use shardport_abi::{AbiError, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
-use super::{lock, put::compute, zeroed, Fetched, Node, Selection};
+use super::{lock, put::compute, zeroed, Fetched, Generation, Node, Selection};
 use crate::{
     config::{FetchMode, OnDowngrade},
     error::HostError,
@@ -20,7 +20,8 @@ use crate::{
 impl Node {
     /// Fetches with the configured default mode.
     pub fn fetch(&self, handle: &Handle) -> Result<Fetched, HostError> {
-        self.fetch_mode(handle, self.inner.config.fetch.mode)
+        let mode = self.inner.live().config.fetch.mode;
+        self.fetch_mode(handle, mode)
     }
 
     /// Fetches a shard as a zero-copy view or a copy.
@@ -73,33 +74,41 @@ impl Node {
         mut target: Target<'_>,
         start: Instant,
     ) -> Result<(Option<ShardBytes>, Selection), HostError> {
-        self.check_claimed_size(handle)?;
-        let plan = self.plan(handle, mode);
+        let g = self.inner.live();
+        self.check_claimed_size(&g, handle)?;
+        let plan = self.plan_for(&g, handle, mode, super::device::Memory::Host);
         let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
-        self.deliver(handle, attempts, Some(&plan), start, |attempt, p, desc| {
-            let data = match &mut target {
-                Target::View if attempt.zero_copy => {
-                    LeasedView::import(&p.transport, desc, &handle.meta)
-                        .map(|v| Some(ShardBytes::View(v)))
+        self.deliver(
+            &g,
+            handle,
+            attempts,
+            Some(&plan),
+            start,
+            |attempt, p, desc| {
+                let data = match &mut target {
+                    Target::View if attempt.zero_copy => {
+                        LeasedView::import(&p.transport, desc, &handle.meta)
+                            .map(|v| Some(ShardBytes::View(v)))
+                    }
+                    Target::View | Target::Alloc => {
+                        let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
+                        import_into(p, desc, &handle.meta, &mut buf)
+                            .map(|()| Some(ShardBytes::Owned(buf)))
+                    }
+                    Target::Into(dst) => import_into(p, desc, &handle.meta, dst).map(|()| None),
                 }
-                Target::View | Target::Alloc => {
-                    let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
-                    import_into(p, desc, &handle.meta, &mut buf)
-                        .map(|()| Some(ShardBytes::Owned(buf)))
-                }
-                Target::Into(dst) => import_into(p, desc, &handle.meta, dst).map(|()| None),
-            }
-            .map_err(Miss::Failed)?;
-            let bytes: &[u8] = match (&data, &target) {
-                (Some(d), _) => d,
-                (None, Target::Into(dst)) => dst,
-                (None, _) => &[],
-            };
-            // Wrong bytes from this transport: the next one may do better.
-            self.verify(handle, &attempt.transport, bytes)
-                .map_err(Miss::Corrupt)?;
-            Ok(data)
-        })
+                .map_err(Miss::Failed)?;
+                let bytes: &[u8] = match (&data, &target) {
+                    (Some(d), _) => d,
+                    (None, Target::Into(dst)) => dst,
+                    (None, _) => &[],
+                };
+                // Wrong bytes from this transport: the next one may do better.
+                self.verify(&g, handle, &attempt.transport, bytes)
+                    .map_err(Miss::Corrupt)?;
+                Ok(data)
+            },
+        )
     }
 
     /// The plan's attempts, or `NoCandidate` (counted) when there is none.
@@ -126,6 +135,7 @@ impl Node {
     /// first verification error, else `FetchFailed` listing every attempt.
     pub(super) fn deliver<T>(
         &self,
+        g: &Generation,
         handle: &Handle,
         attempts: &[Attempt],
         arm: Option<&Plan>,
@@ -136,15 +146,15 @@ impl Node {
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
         let mut corrupt: Option<HostError> = None;
         for attempt in attempts {
-            let p = &self.inner.plugins[attempt.plugin];
+            let p = &g.plugins[attempt.plugin];
             let desc = &handle.exports[attempt.export].descriptor;
             let e = match import(attempt, p, desc) {
                 Ok(value) => {
                     let latency = start.elapsed();
                     if let Some(plan) = arm {
-                        self.record_arm(plan, Some(&attempt.transport), len, latency);
+                        self.record_arm(g, plan, Some(&attempt.transport), len, latency);
                     }
-                    let selection = self.report(handle, attempt, failures)?;
+                    let selection = self.report(g, handle, attempt, failures)?;
                     self.inner
                         .metrics
                         .fetch_ok(attempt.transport.as_str(), len, latency);
@@ -168,7 +178,7 @@ impl Node {
             failures.push((attempt.transport.clone(), e));
         }
         if let Some(plan) = arm {
-            self.record_arm(plan, None, len, start.elapsed());
+            self.record_arm(g, plan, None, len, start.elapsed());
         }
         Err(corrupt.unwrap_or(HostError::FetchFailed {
             id: handle.id,
@@ -178,8 +188,12 @@ impl Node {
 
     /// Refuses a handle claiming more than `node.max-shard-size`, before
     /// anything is allocated for it.
-    pub(super) fn check_claimed_size(&self, handle: &Handle) -> Result<(), HostError> {
-        let max = self.inner.config.node.max_shard_size;
+    pub(super) fn check_claimed_size(
+        &self,
+        g: &Generation,
+        handle: &Handle,
+    ) -> Result<(), HostError> {
+        let max = g.config.node.max_shard_size;
         if handle.meta.byte_len > max {
             return Err(HostError::InvalidShard(format!(
                 "shard {} claims {} bytes, over node.max-shard-size = {max}",
@@ -194,7 +208,12 @@ impl Node {
     /// `can_import` are skipped with its reason; host fetches of CUDA shards
     /// are copies (see `node::device`).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
-        self.plan_for(handle, mode, super::device::Memory::Host)
+        self.plan_for(
+            &self.inner.live(),
+            handle,
+            mode,
+            super::device::Memory::Host,
+        )
     }
 
     /// Records the outcome of a fetch for its experiment arm, if it has one,
@@ -202,36 +221,32 @@ impl Node {
     /// the fetch (`None`: every attempt failed).
     pub(super) fn record_arm(
         &self,
+        g: &Generation,
         plan: &Plan,
         served: Option<&TransportName>,
         bytes: u64,
         latency: Duration,
     ) {
         let Some(choice) = &plan.arm else { return };
-        let exp = &self.inner.config.experiments[choice.experiment];
+        let exp = &g.config.experiments[choice.experiment];
         let arm = &exp.arms[choice.arm];
-        let m = &self.inner.metrics;
-        m.arm_assigned(choice.experiment, choice.arm, choice.redirected_from);
+        let counters = &g.arm_counters[choice.experiment];
+        counters[choice.arm].assigned();
+        if let Some(d) = choice.redirected_from {
+            counters[d].redirected();
+        }
         let ok = served == Some(&arm.transport);
         if ok {
-            m.arm_ok(choice.experiment, choice.arm, bytes, latency);
+            counters[choice.arm].ok(bytes, latency);
         } else {
-            m.arm_error(choice.experiment, choice.arm, served.is_some());
+            counters[choice.arm].error(served.is_some());
         }
         let latency_ns = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
         let now = self.inner.clock.monotonic_nanos();
-        if let Some(why) =
-            self.inner.experiments[choice.experiment].record(exp, choice.arm, ok, latency_ns, now)
+        if let Some(event) =
+            g.experiments[choice.experiment].record(exp, choice.arm, ok, latency_ns, now)
         {
-            tracing::warn!(
-                target: "experiment",
-                experiment = %exp.name,
-                arm = %arm.name,
-                transport = %arm.transport,
-                "guardrail disabled arm `{}`: {why}; its traffic goes to the control arm `{}` until `shardport ab reset` (POST /v1/experiments/reset) or a restart",
-                arm.name,
-                exp.arms[0].name
-            );
+            self.log_arm_event(exp, &event);
         }
     }
 
@@ -239,6 +254,7 @@ impl Node {
     /// downgrade policy.
     pub(super) fn report(
         &self,
+        g: &Generation,
         handle: &Handle,
         attempt: &Attempt,
         failures: Vec<(TransportName, AbiError)>,
@@ -260,7 +276,7 @@ impl Node {
                 attempt.transport,
                 list.join("; ")
             );
-            match self.inner.config.fetch.on_downgrade {
+            match g.config.fetch.on_downgrade {
                 OnDowngrade::Fail => return Err(HostError::Downgrade { id: handle.id, why }),
                 OnDowngrade::Warn => {
                     tracing::warn!(target: "select", shard = %handle.id, "downgrade: {why}")
@@ -289,11 +305,12 @@ impl Node {
 
     pub(super) fn verify(
         &self,
+        g: &Generation,
         handle: &Handle,
         transport: &TransportName,
         data: &[u8],
     ) -> Result<(), HostError> {
-        if !self.inner.config.fetch.verify_checksum {
+        if !g.config.fetch.verify_checksum {
             return Ok(());
         }
         let ROption::RSome(expected) = handle.meta.checksum else {

@@ -3,10 +3,20 @@
 //! There are no process globals: several nodes in one process each have their
 //! own plugin instances, store, cache, identity tag and metrics.
 //!
+//! # Generations
+//! What a config reload replaces (the config, the plugin instances it lists,
+//! experiment states, the storage transport) is one immutable
+//! [`Generation`], swapped atomically. Every operation reads the live
+//! generation once at its start and uses only it, so a fetch in flight
+//! finishes under the config it started with and a new one sees only the
+//! new config. What outlives reloads (owned shards, the cache, metrics,
+//! identity) sits beside it in `Inner`.
+//!
 //! # Locking
 //! `shards` (owned shards) and `cache` (fetched shards) are separate mutexes,
 //! never held together, and never held across a plugin call except for
 //! `remove`, which takes the entry out of the map first and unexports after.
+//! `live` is held only to clone or swap an `Arc`; `reload` serializes reloads.
 //!
 //! # Failure modes
 //! A plugin that fails to load is reported and skipped unless `required`. A
@@ -17,7 +27,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard},
+    sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard, RwLock},
     time::{Duration, Instant},
 };
 
@@ -35,7 +45,7 @@ use crate::{
     identity::{new_node_tag, NodeIdentity},
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
-    metrics::Metrics,
+    metrics::{ArmCounters, Metrics},
     select::PluginFacts,
     services::{Clock, SystemClock},
 };
@@ -45,9 +55,11 @@ mod batch;
 mod device;
 mod fetch;
 mod put;
+mod reload;
 
 pub use batch::MAX_FETCH_THREADS;
 pub use device::{DevicePtr, DeviceView};
+pub use reload::{ConfigHook, ReloadError, ReloadReport};
 
 /// Shape, dtype and device of a shard being put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,8 +117,10 @@ impl Stored {
 struct OwnedShard {
     handle: Handle,
     stored: Stored,
-    /// Plugin indices that exported it; the storage transport (if any) is last.
-    exported_by: Vec<usize>,
+    /// Plugin instances that exported it; the storage transport (if any) is
+    /// last. They stay alive (draining, after a reload removed them) until
+    /// the shard is removed.
+    exported_by: Vec<Arc<LoadedPlugin>>,
 }
 
 pub use crate::vocab::ShardBytes;
@@ -184,6 +198,11 @@ pub struct NodeStats {
     pub plugins: Vec<PluginStats>,
     /// Plugins that failed to load (one line each).
     pub load_failures: Vec<String>,
+    /// Plugins a reload removed that still have calls, shards or leases
+    /// out (one line each: name, path, why it waits).
+    pub draining: Vec<String>,
+    /// The config generation (0 at start, +1 per applied reload).
+    pub generation: u64,
     /// Per-transport fetch metrics.
     pub transports: BTreeMap<String, crate::metrics::TransportSnapshot>,
     /// Downgrades.
@@ -194,25 +213,92 @@ pub struct NodeStats {
     pub leaked_bytes: u64,
 }
 
-struct Inner {
-    config: Config,
+/// What a reload replaces at once: the config and everything derived
+/// from it. Immutable; fetches hold the one they started with.
+struct Generation {
+    /// 0 at start, +1 per applied reload.
+    number: u64,
+    config: Arc<Config>,
+    plugins: Vec<Arc<LoadedPlugin>>,
+    facts: Vec<PluginFacts>,
+    load_failures: Vec<String>,
     /// Plugin index whose allocator holds owned bytes (`storage = "pool"`).
     storage_plugin: Option<usize>,
+    /// Live state per `config.experiments` entry.
+    experiments: Vec<Arc<ExperimentState>>,
+    /// Counters per experiment, per arm.
+    arm_counters: Vec<Vec<Arc<ArmCounters>>>,
+}
+
+impl Generation {
+    /// Builds a generation over loaded plugins (experiment states from
+    /// `keep` when they fit, fresh ones otherwise).
+    fn new(
+        number: u64,
+        config: Config,
+        plugins: Vec<Arc<LoadedPlugin>>,
+        load_failures: Vec<String>,
+        metrics: &Metrics,
+        mut keep: impl FnMut(&crate::config::Experiment) -> Option<Arc<ExperimentState>>,
+        now_ns: u64,
+    ) -> Generation {
+        for p in &plugins {
+            metrics.add_transport(p.name.as_str());
+        }
+        let facts = plugins
+            .iter()
+            .map(|p| PluginFacts {
+                name: p.name.clone(),
+                capabilities: p.capabilities(),
+                needs_identity: p.needs_identity(),
+            })
+            .collect();
+        let experiments = config
+            .experiments
+            .iter()
+            .map(|e| keep(e).unwrap_or_else(|| Arc::new(ExperimentState::new(e, now_ns))))
+            .collect();
+        let arm_counters = config
+            .experiments
+            .iter()
+            .map(|e| {
+                e.arms
+                    .iter()
+                    .map(|a| metrics.arm_counters(&e.name, &a.name))
+                    .collect()
+            })
+            .collect();
+        Generation {
+            number,
+            storage_plugin: storage_plugin(&config.put.storage, &plugins),
+            config: Arc::new(config),
+            plugins,
+            facts,
+            load_failures,
+            experiments,
+            arm_counters,
+        }
+    }
+}
+
+struct Inner {
     tag: String,
     identity: NodeIdentity,
     locality: Locality,
     epoch: u64,
-    plugins: Vec<LoadedPlugin>,
-    facts: Vec<PluginFacts>,
-    load_failures: Vec<String>,
+    /// The config generation in force.
+    live: RwLock<Arc<Generation>>,
+    /// Held for the whole of a reload (one at a time); removed plugins wait
+    /// here until nothing uses them.
+    reload: Mutex<reload::Book>,
+    /// What the loader needs to make more instances (reloads).
+    load_ctx: NodeContext,
     id_prefix: u64,
     next_id: AtomicU64,
     shards: Mutex<HashMap<ShardId, OwnedShard>>,
     cache: Mutex<Cache>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
-    /// Live state per `config.experiments` entry.
-    experiments: Vec<ExperimentState>,
     /// Fetches planned so far (per-fetch experiment draws).
     fetch_seq: AtomicU64,
     /// Monotonic clock reading at start.
@@ -227,10 +313,12 @@ pub struct Node {
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = self.inner.live();
         f.debug_struct("Node")
-            .field("name", &self.inner.config.node.name)
+            .field("name", &g.config.node.name)
             .field("tag", &self.inner.tag)
-            .field("plugins", &self.inner.facts)
+            .field("generation", &g.number)
+            .field("plugins", &g.facts)
             .finish_non_exhaustive()
     }
 }
@@ -294,6 +382,7 @@ impl Node {
             node_name: config.node.name.clone(),
             node_tag: tag.clone(),
             clock: Arc::clone(&clock),
+            tags_used: Arc::default(),
         };
         let report = load_all(&config.plugins, &ctx);
         let (required, optional): (Vec<_>, Vec<_>) =
@@ -304,50 +393,40 @@ impl Node {
             return Err(HostError::RequiredPlugins(errs));
         }
         let load_failures = optional.iter().map(|(e, _)| e.to_string()).collect();
-        let facts = report
-            .loaded
-            .iter()
-            .map(|p| PluginFacts {
-                name: p.name.clone(),
-                capabilities: p.capabilities(),
-                needs_identity: p.needs_identity(),
-            })
-            .collect();
         let mut rnd = [0u8; 8];
         let _ = getrandom::fill(&mut rnd);
         let epoch = clock.now_unix_nanos();
-        let arm_counts: Vec<usize> = config.experiments.iter().map(|e| e.arms.len()).collect();
-        let metrics = Metrics::new(
-            report.loaded.iter().map(|p| p.name.to_string()),
-            &arm_counts,
+        let metrics = Metrics::new(report.loaded.iter().map(|p| p.name.to_string()));
+        let plugins: Vec<Arc<LoadedPlugin>> = report.loaded.into_iter().map(Arc::new).collect();
+        tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = plugins.len(), "node started");
+        let started_ns = clock.monotonic_nanos();
+        let cache = Cache::new(config.cache);
+        let generation = Generation::new(
+            0,
+            config,
+            plugins,
+            load_failures,
+            &metrics,
+            |_| None,
+            started_ns,
         );
-        let experiments = config
-            .experiments
-            .iter()
-            .map(ExperimentState::new)
-            .collect();
-        let storage_plugin = storage_plugin(&config.put.storage, &report.loaded);
-        tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = report.loaded.len(), "node started");
         Ok(Node {
             inner: Arc::new(Inner {
-                storage_plugin,
                 tag,
                 identity: NodeIdentity::current(),
                 locality: Locality::new(),
                 epoch,
-                facts,
-                load_failures,
-                plugins: report.loaded,
+                live: RwLock::new(Arc::new(generation)),
+                reload: Mutex::default(),
+                load_ctx: ctx,
                 id_prefix: u64::from_le_bytes(rnd) ^ epoch,
                 next_id: AtomicU64::new(1),
                 shards: Mutex::default(),
-                cache: Mutex::new(Cache::new(config.cache)),
-                started_ns: clock.monotonic_nanos(),
+                cache: Mutex::new(cache),
+                started_ns,
                 clock: Arc::clone(&clock),
                 metrics,
-                experiments,
                 fetch_seq: AtomicU64::new(0),
-                config,
             }),
         })
     }
@@ -355,15 +434,20 @@ impl Node {
     /// This node as the owner written into its handles.
     fn owner(&self) -> Owner {
         Owner {
-            addr: self.inner.config.node.advertise.clone(),
+            addr: self.inner.live().config.node.advertise.clone(),
             identity: self.inner.identity.clone(),
             epoch: self.inner.epoch,
         }
     }
 
-    /// The node's config.
-    pub fn config(&self) -> &Config {
-        &self.inner.config
+    /// The node's config in force now (a reload may replace it at any time).
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.inner.live().config)
+    }
+
+    /// The config generation in force: 0 at start, +1 per applied reload.
+    pub fn generation(&self) -> u64 {
+        self.inner.live().number
     }
 
     /// The node's unique tag.
@@ -376,15 +460,21 @@ impl Node {
         &self.inner.identity
     }
 
-    /// Loaded plugins.
-    pub fn plugins(&self) -> &[LoadedPlugin] {
-        &self.inner.plugins
+    /// The plugins the config in force lists and that loaded.
+    pub fn plugins(&self) -> Vec<Arc<LoadedPlugin>> {
+        self.inner.live().plugins.clone()
+    }
+
+    /// The loaded plugin named `name`, if the config in force has it.
+    pub fn plugin(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        let g = self.inner.live();
+        g.plugins.iter().find(|p| p.name.as_str() == name).cloned()
     }
 
     /// One line per plugin that failed to load (optional plugins only; a
     /// required one stops the node).
-    pub fn load_failures(&self) -> &[String] {
-        &self.inner.load_failures
+    pub fn load_failures(&self) -> Vec<String> {
+        self.inner.live().load_failures.clone()
     }
 
     /// Removes owned shards: unexports from every transport (the storage
@@ -428,14 +518,18 @@ impl Node {
 }
 
 impl Inner {
+    /// The generation in force (a fetch keeps it from start to end).
+    fn live(&self) -> Arc<Generation> {
+        Arc::clone(&self.live.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Unexports a shard from every transport that exported it, the storage
     /// transport last, then frees its bytes. When a transport fails to
     /// unexport (other than "not found"), it may still serve from the bytes,
     /// so they are leaked, loudly, rather than freed under it.
     fn unexport_all(&self, id: ShardId, shard: OwnedShard) {
         let mut still_lent = false;
-        for &pi in &shard.exported_by {
-            let p = &self.plugins[pi];
+        for p in &shard.exported_by {
             if let Err(e) = p.transport.unexport(id).into_result() {
                 tracing::warn!(target: "store", shard = %id, transport = %p.name, error = %e, "unexport failed");
                 still_lent |= e.kind != ErrorKind::NOT_FOUND;
@@ -464,7 +558,7 @@ impl Drop for Inner {
 
 /// The plugin whose allocator holds owned bytes under `storage = "pool"`;
 /// `None` (the heap, with a warning) when it is not loaded or has no allocator.
-fn storage_plugin(storage: &Storage, loaded: &[LoadedPlugin]) -> Option<usize> {
+fn storage_plugin(storage: &Storage, loaded: &[Arc<LoadedPlugin>]) -> Option<usize> {
     let Storage::Pool(t) = storage else {
         return None;
     };

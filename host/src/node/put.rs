@@ -5,14 +5,14 @@
 //! bounds, one export per transport with its descriptor checked against
 //! what a handle can carry, and keeping the shard once its handle is valid.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use shardport_abi::{
     AbiError, AllocationGuard, Capabilities, Checksum, ChecksumAlgo, Device, ErrorKind,
     ExportRequest, ROption, ShardId, ShardMeta, SharedBytes,
 };
 
-use super::{lock, zeroed, Node, OwnedShard, Stored, TensorSpec};
+use super::{lock, zeroed, Generation, Node, OwnedShard, Stored, TensorSpec};
 use crate::{
     config::ChecksumPolicy,
     error::HostError,
@@ -25,8 +25,8 @@ use crate::{
 pub(super) struct Exported {
     /// One per transport that exported the shard, in export order.
     pub exports: Vec<Export>,
-    /// Plugin indices that exported it (the order `remove` unexports in).
-    pub exported_by: Vec<usize>,
+    /// Plugin instances that exported it (the order `remove` unexports in).
+    pub exported_by: Vec<Arc<LoadedPlugin>>,
     /// `(transport, error)` per transport that refused.
     pub failures: Vec<(TransportName, AbiError)>,
 }
@@ -72,19 +72,20 @@ impl Node {
         let _span =
             tracing::debug_span!(target: "store", "put", shard = %id, bytes = meta.byte_len)
                 .entered();
-        self.check_put_size(meta.byte_len)?;
+        let g = self.inner.live();
+        check_put_size(&g, meta.byte_len)?;
 
         // 1. Storage: the pool transport's allocator, or the heap.
-        let mut stored = self.allocate(id, meta.byte_len)?;
+        let mut stored = allocate(&g, id, meta.byte_len)?;
         match &mut stored {
             Stored::Heap(b) => fill(b),
             Stored::Pool(g) => fill(g.as_mut_slice()),
         }
-        meta.checksum = checksum(self.inner.config.put.checksum, stored.bytes());
+        meta.checksum = checksum(g.config.put.checksum, stored.bytes());
 
         // 2. Exports: the storage transport first (it exports in place), then
         // every other selected transport lending the stored bytes.
-        let mut done = self.export_stored(id, &meta, &mut stored);
+        let mut done = export_stored(&g, id, &meta, &mut stored);
         if done.exports.is_empty() {
             // Nothing to undo: the storage transport exports first and a
             // failure there stops the loop; the allocation guard frees its space.
@@ -95,7 +96,7 @@ impl Node {
         }
         // Storage transport unexports last (its memory backs the others).
         done.exported_by
-            .rotate_left(usize::from(self.inner.storage_plugin.is_some()));
+            .rotate_left(usize::from(g.storage_plugin.is_some()));
         self.keep(id, meta, tags, done, stored)
     }
 
@@ -108,84 +109,6 @@ impl Node {
                 .next_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
-    }
-
-    /// Refuses a shard over `node.max-shard-size`.
-    pub(super) fn check_put_size(&self, byte_len: u64) -> Result<(), HostError> {
-        let max = self.inner.config.node.max_shard_size;
-        if byte_len > max {
-            return Err(HostError::InvalidShard(format!(
-                "{byte_len} bytes exceeds node.max-shard-size = {max}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// True when `put.export-to` selects `p` (no list: every transport).
-    pub(super) fn exports_to(&self, p: &LoadedPlugin) -> bool {
-        match &self.inner.config.put.export_to {
-            Some(list) => list.contains(&p.name),
-            None => true,
-        }
-    }
-
-    /// Space for `len` bytes: in the storage transport's pool, or the heap.
-    fn allocate(&self, id: ShardId, len: u64) -> Result<Stored, HostError> {
-        let Some(pi) = self.inner.storage_plugin else {
-            return Ok(Stored::Heap(zeroed(len)?.into_boxed_slice()));
-        };
-        let p = &self.inner.plugins[pi];
-        AllocationGuard::allocate(&p.transport, id, len)
-            .map(Stored::Pool)
-            .map_err(|error| HostError::Storage {
-                transport: p.name.clone(),
-                error,
-            })
-    }
-
-    /// Exports stored CPU bytes: the storage transport first, then every
-    /// other selected transport with the `cpu` capability. A refusal by the
-    /// storage transport stops there (nothing else may lend its memory).
-    fn export_stored(&self, id: ShardId, meta: &ShardMeta, stored: &mut Stored) -> Exported {
-        let storage_plugin = self.inner.storage_plugin;
-        let mut order: Vec<usize> = Vec::new();
-        order.extend(storage_plugin);
-        for (pi, p) in self.inner.plugins.iter().enumerate() {
-            // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
-            let selected = self.exports_to(p) && p.capabilities().contains(Capabilities::CPU);
-            if selected && Some(pi) != storage_plugin {
-                order.push(pi);
-            }
-        }
-        let mut done = Exported {
-            exports: Vec::new(),
-            exported_by: Vec::new(),
-            failures: Vec::new(),
-        };
-        for pi in order {
-            let allocation = match (&mut *stored, Some(pi) == storage_plugin) {
-                (Stored::Pool(g), true) => g.token(),
-                _ => 0,
-            };
-            let req = ExportRequest {
-                id,
-                meta: meta.clone(),
-                data: SharedBytes::lend(stored.bytes()),
-                allocation,
-            };
-            let ok = done.export(&self.inner.plugins[pi], pi, id, req, "export failed");
-            if ok && allocation != 0 {
-                if let Stored::Pool(g) = stored {
-                    g.mark_exported();
-                }
-            }
-            if !ok && allocation != 0 {
-                // The bytes live in this transport's allocation and it
-                // refused to export them: nothing else may lend them.
-                break;
-            }
-        }
-        done
     }
 
     /// Keeps an exported shard and returns its handle, or withdraws every
@@ -235,14 +158,91 @@ impl Node {
     }
 }
 
+/// Refuses a shard over `node.max-shard-size`.
+pub(super) fn check_put_size(g: &Generation, byte_len: u64) -> Result<(), HostError> {
+    let max = g.config.node.max_shard_size;
+    if byte_len > max {
+        return Err(HostError::InvalidShard(format!(
+            "{byte_len} bytes exceeds node.max-shard-size = {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// True when `put.export-to` selects `p` (no list: every transport).
+pub(super) fn exports_to(g: &Generation, p: &LoadedPlugin) -> bool {
+    match &g.config.put.export_to {
+        Some(list) => list.contains(&p.name),
+        None => true,
+    }
+}
+
+/// Space for `len` bytes: in the storage transport's pool, or the heap.
+fn allocate(g: &Generation, id: ShardId, len: u64) -> Result<Stored, HostError> {
+    let Some(pi) = g.storage_plugin else {
+        return Ok(Stored::Heap(zeroed(len)?.into_boxed_slice()));
+    };
+    let p = &g.plugins[pi];
+    AllocationGuard::allocate(&p.transport, id, len)
+        .map(Stored::Pool)
+        .map_err(|error| HostError::Storage {
+            transport: p.name.clone(),
+            error,
+        })
+}
+
+/// Exports stored CPU bytes: the storage transport first, then every
+/// other selected transport with the `cpu` capability. A refusal by the
+/// storage transport stops there (nothing else may lend its memory).
+fn export_stored(g: &Generation, id: ShardId, meta: &ShardMeta, stored: &mut Stored) -> Exported {
+    let storage_plugin = g.storage_plugin;
+    let mut order: Vec<usize> = Vec::new();
+    order.extend(storage_plugin);
+    for (pi, p) in g.plugins.iter().enumerate() {
+        // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
+        let selected = exports_to(g, p) && p.capabilities().contains(Capabilities::CPU);
+        if selected && Some(pi) != storage_plugin {
+            order.push(pi);
+        }
+    }
+    let mut done = Exported {
+        exports: Vec::new(),
+        exported_by: Vec::new(),
+        failures: Vec::new(),
+    };
+    for pi in order {
+        let allocation = match (&mut *stored, Some(pi) == storage_plugin) {
+            (Stored::Pool(g), true) => g.token(),
+            _ => 0,
+        };
+        let req = ExportRequest {
+            id,
+            meta: meta.clone(),
+            data: SharedBytes::lend(stored.bytes()),
+            allocation,
+        };
+        let ok = done.export(&g.plugins[pi], id, req, "export failed");
+        if ok && allocation != 0 {
+            if let Stored::Pool(g) = stored {
+                g.mark_exported();
+            }
+        }
+        if !ok && allocation != 0 {
+            // The bytes live in this transport's allocation and it
+            // refused to export them: nothing else may lend them.
+            break;
+        }
+    }
+    done
+}
+
 impl Exported {
-    /// Asks plugin `pi` to export `req`; records the export or the failure
+    /// Asks plugin `p` to export `req`; records the export or the failure
     /// (logged as `what`). A descriptor a handle cannot carry is withdrawn
     /// and counts as a failure. Returns whether it exported.
     pub(super) fn export(
         &mut self,
-        p: &LoadedPlugin,
-        pi: usize,
+        p: &Arc<LoadedPlugin>,
         id: ShardId,
         req: ExportRequest,
         what: &str,
@@ -265,7 +265,7 @@ impl Exported {
                     transport: p.name.clone(),
                     descriptor: desc.into_vec(),
                 });
-                self.exported_by.push(pi);
+                self.exported_by.push(Arc::clone(p));
                 true
             }
             Err(e) => {

@@ -2,33 +2,52 @@
 //! guardrail that switches a misbehaving arm off.
 //!
 //! Assignment is a pure function of (experiment, shard id or fetch number,
-//! disabled arms). Per shard it hashes the salt and the shard id (xxh3, stable
+//! arm gates). Per shard it hashes the salt and the shard id (xxh3, stable
 //! across processes, machines and versions), so every consumer sends a given
-//! shard to the same arm. An arm the guardrail disabled sends its traffic to
-//! the control arm (`arms[0]`); the other arms keep their shards.
+//! shard to the same arm, and weighted rendezvous hashing over the arm names
+//! makes it monotone: raising an arm's weight or ramp share only moves shards
+//! into that arm. An arm the guardrail disabled sends its traffic to the
+//! control arm (`arms[0]`); the other arms keep their shards.
 //!
 //! The guardrail keeps, per arm, outcomes in a sliding window of time slots
 //! (driven by the node's injected clock, so tests do not sleep) and judges
 //! the arm's error rate and its p99 latency relative to the control arm's.
-
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Mutex,
-};
+//! [`state`] holds each arm's phase (enabled, tripped, probing) and the ramp.
 
 use hdrhistogram::Histogram;
 use shardport_abi::ShardId;
 
 use crate::config::{Experiment, ExperimentUnit, Guardrail};
 
+mod state;
+
+pub use state::{ArmEvent, ArmPhase, ExperimentState};
+
 /// The arm a fetch was assigned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Assignment {
     /// Index of the arm whose transport goes first.
     pub arm: usize,
-    /// `Some(drawn)` when the drawn arm is disabled and the fetch went to
-    /// the control arm instead.
+    /// `Some(drawn)` when the drawn arm is disabled (or probing, and this
+    /// draw is not one of its probes) and the fetch went to the control arm.
     pub redirected_from: Option<usize>,
+    /// The arm is probing (half-open) and this fetch is one of its probes.
+    pub probe: bool,
+}
+
+/// The live gates of one experiment's arms, read once per fetch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gate {
+    /// Bit set of arms switched off by the guardrail (their draws go to
+    /// the control arm).
+    pub disabled: u64,
+    /// Bit set of arms being probed after a cool-down: a share
+    /// (`guardrail.probe-share`) of their draws stays, the rest go to the
+    /// control arm.
+    pub probing: u64,
+    /// `(arm, share)`: a ramp's current step; the arm takes `share` of the
+    /// traffic, the other arms split the rest by their weights.
+    pub ramp: Option<(usize, f64)>,
 }
 
 /// The point in `[0, 2^64)` a fetch draws: per shard from the salt and the
@@ -51,33 +70,116 @@ pub fn draw(exp: &Experiment, id: ShardId, fetch_seq: u64) -> u64 {
     h.digest()
 }
 
-/// The arm of a draw: arms own consecutive slices of `[0, total weight)`
-/// in config order, and the draw is mapped onto that range without bias
-/// worth measuring (128-bit multiply-shift). `disabled` is a bit set of arm
-/// indices; a disabled arm's share goes to the control arm.
-pub fn assign(exp: &Experiment, point: u64, disabled: u64) -> Assignment {
-    let total = exp.total_weight();
-    let x = ((u128::from(point) * u128::from(total)) >> 64) as u64;
-    let mut acc = 0u64;
-    let mut arm = exp.arms.len() - 1;
+/// A uniform number in `(0, 1]` from `point` and `key` (53 bits of xxh3).
+fn unit_interval(point: u64, key: &[u8]) -> f64 {
+    let h = xxhash_rust::xxh3::xxh3_64_with_seed(key, point);
+    ((h >> 11) + 1) as f64 / (1u64 << 53) as f64
+}
+
+/// The weight each arm draws with: its configured weight, or under a ramp
+/// the ramped arm's share of the whole (`p / (1 - p)` times the others'
+/// total; a 100% step gives the others nothing).
+fn effective_weight(exp: &Experiment, gate: &Gate, i: usize) -> f64 {
+    let w = f64::from(exp.arms[i].weight);
+    let Some((r, share)) = gate.ramp else {
+        return w;
+    };
+    if share >= 1.0 {
+        return if i == r { 1.0 } else { 0.0 };
+    }
+    if i != r {
+        return w;
+    }
+    let others: f64 = exp
+        .arms
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != r)
+        .map(|(_, a)| f64::from(a.weight))
+        .sum();
+    others * share / (1.0 - share)
+}
+
+/// The arm of a draw, by weighted rendezvous hashing: every arm scores the
+/// draw with a hash of (draw, arm name), `-ln(u) / weight`, and the lowest
+/// score wins. Each arm wins with probability weight / total, and the
+/// assignment is monotone: raising one arm's weight (or its ramp share)
+/// can only move draws into that arm, never out of it and never between
+/// the other arms, so a ramp does not reshuffle what the other arms serve.
+/// Scores depend on arm names, not positions, so reordering arms moves
+/// nothing. A disabled arm's draws go to the control arm (`arms[0]`); a
+/// probing arm keeps a `probe_share` of its draws (another hash of the
+/// draw decides which).
+pub fn assign(exp: &Experiment, point: u64, gate: &Gate) -> Assignment {
+    let mut best = (f64::INFINITY, 0usize);
     for (i, a) in exp.arms.iter().enumerate() {
-        acc += u64::from(a.weight);
-        if x < acc {
-            arm = i;
-            break;
+        let w = effective_weight(exp, gate, i);
+        if w <= 0.0 {
+            continue;
+        }
+        let score = -unit_interval(point, a.name.as_bytes()).ln() / w;
+        if score < best.0 {
+            best = (score, i);
         }
     }
-    if arm != 0 && disabled & (1 << arm) != 0 {
-        Assignment {
-            arm: 0,
-            redirected_from: Some(arm),
-        }
-    } else {
-        Assignment {
+    let arm = best.1;
+    let redirect = Assignment {
+        arm: 0,
+        redirected_from: Some(arm),
+        probe: false,
+    };
+    if arm == 0 {
+        return Assignment {
             arm,
             redirected_from: None,
-        }
+            probe: false,
+        };
     }
+    if gate.disabled & (1 << arm) != 0 {
+        return redirect;
+    }
+    if gate.probing & (1 << arm) != 0 {
+        let share = exp.guardrail.as_ref().map_or(0.0, |g| g.probe_share);
+        return if unit_interval(point, b"\0probe") <= share {
+            Assignment {
+                arm,
+                redirected_from: None,
+                probe: true,
+            }
+        } else {
+            redirect
+        };
+    }
+    Assignment {
+        arm,
+        redirected_from: None,
+        probe: false,
+    }
+}
+
+/// Each arm's expected share of the experiment's traffic under `gate`
+/// (what [`assign`] gives on average): weights, or the ramp step and the
+/// others by weight; a disabled arm's share, and the part of a probing
+/// arm's share that is not probed, count for the control arm.
+pub fn shares(exp: &Experiment, gate: &Gate) -> Vec<f64> {
+    let w: Vec<f64> = (0..exp.arms.len())
+        .map(|i| effective_weight(exp, gate, i))
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut out: Vec<f64> = w.iter().map(|x| x / total).collect();
+    for i in 1..out.len() {
+        let kept = if gate.disabled & (1 << i) != 0 {
+            0.0
+        } else if gate.probing & (1 << i) != 0 {
+            exp.guardrail.as_ref().map_or(0.0, |g| g.probe_share)
+        } else {
+            1.0
+        };
+        let moved = out[i] * (1.0 - kept);
+        out[i] -= moved;
+        out[0] += moved;
+    }
+    out
 }
 
 /// Number of slots a guardrail window is cut into.
@@ -149,129 +251,6 @@ pub fn judge(g: &Guardrail, arm: &WindowStats, control: &WindowStats) -> Option<
     None
 }
 
-/// The live state of one experiment: disabled arms and guardrail windows.
-#[derive(Debug)]
-pub struct ExperimentState {
-    disabled: AtomicU64,
-    trips: Vec<AtomicU64>,
-    reasons: Mutex<Vec<Option<String>>>,
-    windows: Mutex<Vec<Vec<Slot>>>,
-    slot_ns: u64,
-}
-
-impl ExperimentState {
-    /// A fresh state (every arm enabled).
-    pub fn new(exp: &Experiment) -> Self {
-        let window_ns = exp
-            .guardrail
-            .as_ref()
-            .map_or(1, |g| g.window.as_nanos().min(u128::from(u64::MAX)) as u64);
-        ExperimentState {
-            disabled: AtomicU64::new(0),
-            trips: exp.arms.iter().map(|_| AtomicU64::new(0)).collect(),
-            reasons: Mutex::new(vec![None; exp.arms.len()]),
-            windows: Mutex::new(vec![Vec::new(); exp.arms.len()]),
-            slot_ns: (window_ns / SLOTS).max(1),
-        }
-    }
-
-    /// Bit set of disabled arms.
-    pub fn disabled(&self) -> u64 {
-        self.disabled.load(Ordering::Relaxed)
-    }
-
-    /// Why `arm` is disabled, if it is.
-    pub fn disabled_reason(&self, arm: usize) -> Option<String> {
-        self.reasons
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(arm)
-            .cloned()
-            .flatten()
-    }
-
-    /// How many times the guardrail tripped for `arm`.
-    pub fn trips(&self, arm: usize) -> u64 {
-        self.trips.get(arm).map_or(0, |t| t.load(Ordering::Relaxed))
-    }
-
-    /// Records the outcome of an attempt on `arm` at monotonic time `now_ns`
-    /// and applies the guardrail. Returns the reason when this outcome made
-    /// the guardrail disable the arm (the caller logs it).
-    pub fn record(
-        &self,
-        exp: &Experiment,
-        arm: usize,
-        ok: bool,
-        latency_ns: u64,
-        now_ns: u64,
-    ) -> Option<String> {
-        let g = exp.guardrail.as_ref()?;
-        let period = now_ns / self.slot_ns;
-        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        let slots = windows.get_mut(arm)?;
-        slots.retain(|s| s.period + SLOTS > period);
-        let slot = match slots.iter_mut().position(|s| s.period == period) {
-            Some(i) => &mut slots[i],
-            None => {
-                slots.push(Slot {
-                    period,
-                    ok: 0,
-                    errors: 0,
-                    latency: new_histogram(),
-                });
-                slots.last_mut().expect("just pushed")
-            }
-        };
-        if ok {
-            slot.ok += 1;
-            let _ = slot.latency.record(latency_ns.max(1));
-        } else {
-            slot.errors += 1;
-        }
-        if arm == 0 || self.disabled() & (1 << arm) != 0 {
-            return None;
-        }
-        let stats = |slots: &mut Vec<Slot>| {
-            slots.retain(|s| s.period + SLOTS > period);
-            let mut h = new_histogram();
-            let mut w = WindowStats::default();
-            for s in slots.iter() {
-                w.ok += s.ok;
-                w.errors += s.errors;
-                let _ = h.add(&s.latency);
-            }
-            w.p99_ns = if h.is_empty() {
-                0
-            } else {
-                h.value_at_quantile(0.99)
-            };
-            w
-        };
-        let mine = stats(&mut windows[arm]);
-        let control = stats(&mut windows[0]);
-        let why = judge(g, &mine, &control)?;
-        self.disabled.fetch_or(1 << arm, Ordering::Relaxed);
-        self.trips[arm].fetch_add(1, Ordering::Relaxed);
-        self.reasons.lock().unwrap_or_else(|p| p.into_inner())[arm] = Some(why.clone());
-        Some(why)
-    }
-
-    /// Re-enables every disabled arm and forgets the windows (an operator
-    /// decided the cause is fixed). Returns the arms that were disabled.
-    pub fn reset(&self) -> Vec<usize> {
-        let was = self.disabled.swap(0, Ordering::Relaxed);
-        let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
-        reasons.iter_mut().for_each(|r| *r = None);
-        self.windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter_mut()
-            .for_each(Vec::clear);
-        (0..64).filter(|i| was & (1 << i) != 0).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -297,6 +276,14 @@ mod tests {
                 })
                 .collect(),
             guardrail,
+            ramp: None,
+        }
+    }
+
+    fn gate(disabled: u64) -> Gate {
+        Gate {
+            disabled,
+            ..Gate::default()
         }
     }
 
@@ -311,7 +298,7 @@ mod tests {
     fn split(e: &Experiment, n: u64, disabled: u64) -> Vec<u64> {
         let mut counts = vec![0u64; e.arms.len()];
         for i in 0..n {
-            counts[assign(e, draw(e, id(i), i), disabled).arm] += 1;
+            counts[assign(e, draw(e, id(i), i), &gate(disabled)).arm] += 1;
         }
         counts
     }
@@ -342,8 +329,8 @@ mod tests {
         let e = exp(ExperimentUnit::Shard, &[50, 50], None);
         for i in 0..1000 {
             // The fetch sequence number does not matter per shard.
-            let a = assign(&e, draw(&e, id(i), 1), 0);
-            let b = assign(&e, draw(&e, id(i), 999_999), 0);
+            let a = assign(&e, draw(&e, id(i), 1), &gate(0));
+            let b = assign(&e, draw(&e, id(i), 999_999), &gate(0));
             assert_eq!(a, b, "shard {i} moved between fetches");
         }
         // Same config in another process: the same split.
@@ -354,8 +341,8 @@ mod tests {
         other.salt = "salt-2".into();
         let moved = (0..1000)
             .filter(|&i| {
-                assign(&e, draw(&e, id(i), 0), 0).arm
-                    != assign(&other, draw(&other, id(i), 0), 0).arm
+                assign(&e, draw(&e, id(i), 0), &gate(0)).arm
+                    != assign(&other, draw(&other, id(i), 0), &gate(0)).arm
             })
             .count();
         assert!(moved > 300 && moved < 700, "{moved} of 1000 moved");
@@ -378,7 +365,7 @@ mod tests {
     fn per_fetch_unit_varies_for_one_shard() {
         let e = exp(ExperimentUnit::Fetch, &[50, 50], None);
         let arms: std::collections::BTreeSet<usize> = (0..100)
-            .map(|seq| assign(&e, draw(&e, id(7), seq), 0).arm)
+            .map(|seq| assign(&e, draw(&e, id(7), seq), &gate(0)).arm)
             .collect();
         assert_eq!(arms.len(), 2, "one shard, many fetches: both arms");
     }
@@ -388,21 +375,23 @@ mod tests {
         let e = exp(ExperimentUnit::Shard, &[50, 25, 25], None);
         for i in 0..2000 {
             let p = draw(&e, id(i), 0);
-            let before = assign(&e, p, 0);
-            let after = assign(&e, p, 1 << 2);
+            let before = assign(&e, p, &gate(0));
+            let after = assign(&e, p, &gate(1 << 2));
             match before.arm {
                 2 => assert_eq!(
                     after,
                     Assignment {
                         arm: 0,
-                        redirected_from: Some(2)
+                        redirected_from: Some(2),
+                        probe: false,
                     }
                 ),
                 a => assert_eq!(
                     after,
                     Assignment {
                         arm: a,
-                        redirected_from: None
+                        redirected_from: None,
+                        probe: false,
                     }
                 ),
             }
@@ -410,9 +399,9 @@ mod tests {
         // The control arm cannot be disabled.
         let p = (0..)
             .map(|i| draw(&e, id(i), 0))
-            .find(|&p| assign(&e, p, 0).arm == 0)
+            .find(|&p| assign(&e, p, &gate(0)).arm == 0)
             .unwrap();
-        assert_eq!(assign(&e, p, 1).arm, 0);
+        assert_eq!(assign(&e, p, &gate(1)).arm, 0);
     }
 
     proptest! {
@@ -423,10 +412,83 @@ mod tests {
             disabled: u64,
         ) {
             let e = exp(ExperimentUnit::Fetch, &weights, None);
-            let a = assign(&e, point, disabled);
+            let a = assign(&e, point, &gate(disabled));
             prop_assert!(a.arm < weights.len());
             prop_assert!(a.arm == 0 || disabled & (1 << a.arm) == 0);
         }
+
+        /// Raising one arm's weight never moves a shard out of that arm,
+        /// nor between two other arms: the shards that move, move into it.
+        #[test]
+        fn raising_a_weight_only_moves_shards_into_that_arm(
+            weights in proptest::collection::vec(1u32..1000, 2..8),
+            raised in 0usize..8,
+            by in 1u32..5000,
+            ids in proptest::collection::vec(any::<u64>(), 200),
+        ) {
+            let raised = raised % weights.len();
+            let before = exp(ExperimentUnit::Shard, &weights, None);
+            let mut after = before.clone();
+            after.arms[raised].weight += by;
+            for &n in &ids {
+                let a = assign(&before, draw(&before, id(n), 0), &gate(0)).arm;
+                let b = assign(&after, draw(&after, id(n), 0), &gate(0)).arm;
+                prop_assert!(a == b || b == raised, "shard {n} moved from arm {a} to {b}, raised {raised}");
+            }
+        }
+
+        /// The same for a ramp: a later step only moves shards into the
+        /// ramped arm.
+        #[test]
+        fn a_ramp_step_only_moves_shards_into_the_ramped_arm(
+            weights in proptest::collection::vec(1u32..1000, 2..8),
+            arm in 1usize..8,
+            lo in 0.001f64..0.99,
+            up in 0.0f64..1.0,
+            ids in proptest::collection::vec(any::<u64>(), 200),
+        ) {
+            let arm = 1 + (arm - 1) % (weights.len() - 1);
+            let hi = lo + (1.0 - lo) * up;
+            let e = exp(ExperimentUnit::Shard, &weights, None);
+            let at = |share: f64| Gate { ramp: Some((arm, share)), ..Gate::default() };
+            for &n in &ids {
+                let p = draw(&e, id(n), 0);
+                let a = assign(&e, p, &at(lo)).arm;
+                let b = assign(&e, p, &at(hi)).arm;
+                prop_assert!(a == b || b == arm, "shard {n} moved from arm {a} to {b} ({lo} -> {hi})");
+            }
+        }
+    }
+
+    #[test]
+    fn a_ramp_step_gives_its_arm_that_share_of_the_traffic() {
+        let e = exp(ExperimentUnit::Shard, &[70, 30, 10], None);
+        for share in [0.01, 0.05, 0.25, 0.5] {
+            let mut counts = [0u64; 3];
+            for i in 0..100_000 {
+                let g = Gate {
+                    ramp: Some((2, share)),
+                    ..Gate::default()
+                };
+                counts[assign(&e, draw(&e, id(i), 0), &g).arm] += 1;
+            }
+            let got = counts[2] as f64 / 100_000.0;
+            assert!(
+                (got - share).abs() < 0.01,
+                "step {share}: ramped arm got {got}"
+            );
+            // The others keep their 70:30 ratio of the rest.
+            let ratio = counts[0] as f64 / counts[1] as f64;
+            assert!(
+                (ratio - 70.0 / 30.0).abs() < 0.15,
+                "step {share}: 0:1 ratio {ratio}"
+            );
+        }
+        let all = Gate {
+            ramp: Some((1, 1.0)),
+            ..Gate::default()
+        };
+        assert!((0..1000).all(|i| assign(&e, draw(&e, id(i), 0), &all).arm == 1));
     }
 
     fn guard(max_error_rate: Option<f64>, max_p99_ratio: Option<f64>) -> Guardrail {
@@ -435,6 +497,9 @@ mod tests {
             max_p99_ratio,
             window: Duration::from_secs(10),
             min_samples: 20,
+            cooldown: None,
+            max_cooldown: Duration::from_secs(3600),
+            probe_share: 0.1,
         }
     }
 
@@ -502,7 +567,7 @@ mod tests {
             &[50, 50],
             Some(guard(Some(0.2), None)),
         );
-        let st = ExperimentState::new(&e);
+        let st = ExperimentState::new(&e, 0);
         let s = 1_000_000_000u64; // 1 s; slots are 1 s in a 10 s window
                                   // 19 errors long ago: they leave the window before they count.
         for _ in 0..19 {
@@ -516,7 +581,14 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(st.record(&e, 1, false, 0, 12 * s), None);
         }
-        let why = st.record(&e, 1, false, 0, 12 * s).expect("trips");
+        let Some(ArmEvent::Tripped {
+            arm: 1,
+            why,
+            cooldown_ns: None,
+        }) = st.record(&e, 1, false, 0, 12 * s)
+        else {
+            panic!("the 6th error trips arm 1 with no cool-down");
+        };
         assert!(why.contains("max-error-rate"), "{why}");
         assert_eq!(st.disabled(), 1 << 1);
         assert_eq!(st.trips(1), 1);
@@ -529,7 +601,7 @@ mod tests {
             assert_eq!(st.record(&e, 0, false, 0, 12 * s), None);
         }
         assert_eq!(st.disabled(), 1 << 1);
-        assert_eq!(st.reset(), vec![1]);
+        assert_eq!(st.reset(&e), vec![1]);
         assert_eq!(st.disabled(), 0);
         assert_eq!(st.disabled_reason(1), None);
     }
@@ -541,16 +613,16 @@ mod tests {
             &[50, 50],
             Some(guard(None, Some(2.0))),
         );
-        let st = ExperimentState::new(&e);
+        let st = ExperimentState::new(&e, 0);
         for _ in 0..30 {
             st.record(&e, 0, true, 10_000, 5);
         }
         for _ in 0..19 {
             assert_eq!(st.record(&e, 1, true, 50_000, 5), None);
         }
-        let why = st
-            .record(&e, 1, true, 50_000, 5)
-            .expect("5x the control p99");
+        let Some(ArmEvent::Tripped { why, .. }) = st.record(&e, 1, true, 50_000, 5) else {
+            panic!("5x the control p99 trips");
+        };
         assert!(why.contains("max-p99-ratio"), "{why}");
     }
 }

@@ -1,0 +1,558 @@
+//! The live state of one experiment: each arm's phase (enabled, tripped,
+//! probing), its guardrail window, and the ramp's step.
+//!
+//! # Arm phases
+//! An enabled arm whose window breaks the guardrail is *tripped*: its draws
+//! go to the control arm. After the cool-down it is *probing* (half-open):
+//! a small share of its draws (`probe-share`) come back to it, judged in a
+//! fresh window; once `min-samples` probes are in, it is enabled again if
+//! the guardrail holds, or tripped again with twice the cool-down (up to
+//! `max-cooldown`). `cooldown = "off"` keeps a tripped arm off until a
+//! manual reset, which re-enables every arm at once.
+//!
+//! # Ramps
+//! A ramp raises one arm's share step by step: it moves to the next step
+//! after `interval` at the current one if the arm did not trip meanwhile;
+//! a trip halts the ramp where it is (a reset resumes it).
+//!
+//! Time is the node's monotonic clock, read by the caller: nothing here
+//! sleeps or spawns. The fast path ([`ExperimentState::gate`]) reads atomics
+//! and takes the lock only when a cool-down or a ramp interval has ended.
+
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Mutex, MutexGuard,
+};
+
+use super::{judge, new_histogram, Gate, Slot, WindowStats, SLOTS};
+use crate::config::{Experiment, Guardrail};
+
+/// What an arm is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArmPhase {
+    /// Serving its draws.
+    Enabled,
+    /// Switched off by the guardrail until `until_ns` (or a reset when
+    /// `until_ns` is `u64::MAX`).
+    Tripped {
+        /// Monotonic time the cool-down ends.
+        until_ns: u64,
+        /// The cool-down that was applied.
+        cooldown_ns: u64,
+    },
+    /// Serving a probe share of its draws, which are being judged.
+    Probing {
+        /// The cool-down of the trip before (doubled on a failed probe).
+        cooldown_ns: u64,
+    },
+}
+
+impl ArmPhase {
+    /// `enabled`, `tripped` or `probing` (the metric label).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ArmPhase::Enabled => "enabled",
+            ArmPhase::Tripped { .. } => "tripped",
+            ArmPhase::Probing { .. } => "probing",
+        }
+    }
+}
+
+/// Something that changed an experiment's traffic, for logs, metrics and
+/// the `ab report` timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArmEvent {
+    /// The guardrail switched the arm off.
+    Tripped {
+        /// Arm index.
+        arm: usize,
+        /// The guardrail's finding.
+        why: String,
+        /// Cool-down before probing (`None`: until reset).
+        cooldown_ns: Option<u64>,
+    },
+    /// The cool-down ended; the arm is probing.
+    Probing {
+        /// Arm index.
+        arm: usize,
+    },
+    /// The probes passed; the arm serves its whole share again.
+    Recovered {
+        /// Arm index.
+        arm: usize,
+    },
+    /// The ramp moved to its next step.
+    RampStep {
+        /// Step index.
+        step: usize,
+        /// The ramped arm's share now.
+        share: f64,
+    },
+    /// The ramp stopped because its arm tripped.
+    RampHalted {
+        /// Step index it stays at.
+        step: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RampState {
+    step: usize,
+    since_ns: u64,
+    halted: bool,
+}
+
+#[derive(Debug)]
+struct Book {
+    phases: Vec<ArmPhase>,
+    reasons: Vec<Option<String>>,
+    windows: Vec<Vec<Slot>>,
+    ramp: Option<RampState>,
+}
+
+/// The live state of one experiment.
+#[derive(Debug)]
+pub struct ExperimentState {
+    /// Bit sets mirrored from `book` for the lock-free fast path.
+    disabled: AtomicU64,
+    probing: AtomicU64,
+    /// Ramp step + 1 (0: no ramp).
+    ramp_step: AtomicU64,
+    /// Earliest monotonic time at which [`tick`](Self::tick) has work.
+    next_event_ns: AtomicU64,
+    trips: Vec<AtomicU64>,
+    book: Mutex<Book>,
+    slot_ns: u64,
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+impl ExperimentState {
+    /// A fresh state at monotonic time `now_ns` (every arm enabled, the
+    /// ramp at its first step).
+    pub fn new(exp: &Experiment, now_ns: u64) -> Self {
+        let window_ns = exp.guardrail.as_ref().map_or(1, |g| nanos(g.window));
+        let ramp = exp.ramp.as_ref().map(|_| RampState {
+            step: 0,
+            since_ns: now_ns,
+            halted: false,
+        });
+        let st = ExperimentState {
+            disabled: AtomicU64::new(0),
+            probing: AtomicU64::new(0),
+            ramp_step: AtomicU64::new(u64::from(ramp.is_some())),
+            next_event_ns: AtomicU64::new(u64::MAX),
+            trips: exp.arms.iter().map(|_| AtomicU64::new(0)).collect(),
+            book: Mutex::new(Book {
+                phases: vec![ArmPhase::Enabled; exp.arms.len()],
+                reasons: vec![None; exp.arms.len()],
+                windows: vec![Vec::new(); exp.arms.len()],
+                ramp,
+            }),
+            slot_ns: (window_ns / SLOTS).max(1),
+        };
+        st.publish(exp, &st.lock());
+        st
+    }
+
+    /// True when this state can carry on under `next` (a reload): same arm
+    /// names in the same order, same guardrail window and same ramp.
+    pub fn fits(&self, old: &Experiment, next: &Experiment) -> bool {
+        let names = |e: &Experiment| e.arms.iter().map(|a| a.name.clone()).collect::<Vec<_>>();
+        names(old) == names(next)
+            && old.guardrail.as_ref().map(|g| g.window) == next.guardrail.as_ref().map(|g| g.window)
+            && old.ramp == next.ramp
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Mirrors the book into the atomics the fast path reads.
+    fn publish(&self, exp: &Experiment, book: &Book) {
+        let (mut disabled, mut probing, mut next) = (0u64, 0u64, u64::MAX);
+        for (i, p) in book.phases.iter().enumerate() {
+            match *p {
+                ArmPhase::Enabled => {}
+                ArmPhase::Tripped { until_ns, .. } => {
+                    disabled |= 1 << i;
+                    next = next.min(until_ns);
+                }
+                ArmPhase::Probing { .. } => probing |= 1 << i,
+            }
+        }
+        if let (Some(r), Some(cfg)) = (&book.ramp, &exp.ramp) {
+            if !r.halted && r.step + 1 < cfg.steps.len() {
+                next = next.min(r.since_ns.saturating_add(nanos(cfg.interval)));
+            }
+            self.ramp_step.store(r.step as u64 + 1, Ordering::Relaxed);
+        }
+        self.disabled.store(disabled, Ordering::Relaxed);
+        self.probing.store(probing, Ordering::Relaxed);
+        self.next_event_ns.store(next, Ordering::Relaxed);
+    }
+
+    /// Moves time to `now_ns`: ends cool-downs (the arm starts probing) and
+    /// advances the ramp. Cheap when nothing is due (one atomic load).
+    pub fn tick(&self, exp: &Experiment, now_ns: u64) -> Vec<ArmEvent> {
+        if now_ns < self.next_event_ns.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let mut book = self.lock();
+        let mut events = Vec::new();
+        for i in 0..book.phases.len() {
+            if let ArmPhase::Tripped {
+                until_ns,
+                cooldown_ns,
+            } = book.phases[i]
+            {
+                if now_ns >= until_ns {
+                    book.phases[i] = ArmPhase::Probing { cooldown_ns };
+                    book.windows[i].clear();
+                    events.push(ArmEvent::Probing { arm: i });
+                }
+            }
+        }
+        if let (Some(cfg), Some(r)) = (&exp.ramp, book.ramp.as_mut()) {
+            let due = r.since_ns.saturating_add(nanos(cfg.interval));
+            if !r.halted && r.step + 1 < cfg.steps.len() && now_ns >= due {
+                r.step += 1;
+                r.since_ns = now_ns;
+                events.push(ArmEvent::RampStep {
+                    step: r.step,
+                    share: cfg.steps[r.step],
+                });
+            }
+        }
+        self.publish(exp, &book);
+        events
+    }
+
+    /// The gates a fetch reads (after [`tick`](Self::tick)).
+    pub fn gate(&self, exp: &Experiment) -> Gate {
+        let step = self.ramp_step.load(Ordering::Relaxed);
+        Gate {
+            disabled: self.disabled.load(Ordering::Relaxed),
+            probing: self.probing.load(Ordering::Relaxed),
+            ramp: exp
+                .ramp
+                .as_ref()
+                .filter(|_| step > 0)
+                .and_then(|r| Some((r.arm, *r.steps.get(step as usize - 1)?))),
+        }
+    }
+
+    /// Bit set of disabled (tripped) arms.
+    pub fn disabled(&self) -> u64 {
+        self.disabled.load(Ordering::Relaxed)
+    }
+
+    /// Each arm's phase.
+    pub fn phases(&self) -> Vec<ArmPhase> {
+        self.lock().phases.clone()
+    }
+
+    /// The ramp's step and whether it halted (`None`: no ramp).
+    pub fn ramp(&self) -> Option<(usize, bool)> {
+        self.lock().ramp.map(|r| (r.step, r.halted))
+    }
+
+    /// Why `arm` was last tripped, while it is tripped or probing.
+    pub fn disabled_reason(&self, arm: usize) -> Option<String> {
+        self.lock().reasons.get(arm).cloned().flatten()
+    }
+
+    /// How many times the guardrail tripped for `arm`.
+    pub fn trips(&self, arm: usize) -> u64 {
+        self.trips.get(arm).map_or(0, |t| t.load(Ordering::Relaxed))
+    }
+
+    /// Records the outcome of an attempt on `arm` at monotonic time `now_ns`
+    /// and applies the guardrail: an enabled arm may trip, a probing arm is
+    /// judged once its probes reach `min-samples`. Returns what changed.
+    pub fn record(
+        &self,
+        exp: &Experiment,
+        arm: usize,
+        ok: bool,
+        latency_ns: u64,
+        now_ns: u64,
+    ) -> Option<ArmEvent> {
+        let g = exp.guardrail.as_ref()?;
+        let period = now_ns / self.slot_ns;
+        let mut book = self.lock();
+        let slots = book.windows.get_mut(arm)?;
+        slots.retain(|s| s.period + SLOTS > period);
+        let slot = match slots.iter_mut().position(|s| s.period == period) {
+            Some(i) => &mut slots[i],
+            None => {
+                slots.push(Slot {
+                    period,
+                    ok: 0,
+                    errors: 0,
+                    latency: new_histogram(),
+                });
+                slots.last_mut().expect("just pushed")
+            }
+        };
+        if ok {
+            slot.ok += 1;
+            let _ = slot.latency.record(latency_ns.max(1));
+        } else {
+            slot.errors += 1;
+        }
+        let phase = book.phases[arm];
+        if arm == 0 || matches!(phase, ArmPhase::Tripped { .. }) {
+            return None;
+        }
+        let mine = window_stats(&mut book.windows[arm], period);
+        let control = window_stats(&mut book.windows[0], period);
+        let verdict = judge(g, &mine, &control);
+        let event = match (phase, verdict) {
+            (ArmPhase::Enabled, None) => return None,
+            (ArmPhase::Probing { .. }, None) if mine.attempts() < g.min_samples => return None,
+            (ArmPhase::Probing { .. }, None) => {
+                book.phases[arm] = ArmPhase::Enabled;
+                book.reasons[arm] = None;
+                ArmEvent::Recovered { arm }
+            }
+            (ArmPhase::Enabled, Some(why)) => self.trip(&mut book, g, arm, why, None, now_ns),
+            (ArmPhase::Probing { cooldown_ns }, Some(why)) => {
+                self.trip(&mut book, g, arm, why, Some(cooldown_ns), now_ns)
+            }
+            (ArmPhase::Tripped { .. }, _) => unreachable!("returned above"),
+        };
+        if matches!(event, ArmEvent::Tripped { .. }) {
+            if let (Some(r), Some(cfg)) = (book.ramp.as_mut(), &exp.ramp) {
+                if cfg.arm == arm {
+                    r.halted = true;
+                }
+            }
+        }
+        self.publish(exp, &book);
+        Some(event)
+    }
+
+    /// Switches `arm` off: for the guardrail's cool-down on a first trip,
+    /// twice the last one (capped) after a failed probe.
+    fn trip(
+        &self,
+        book: &mut Book,
+        g: &Guardrail,
+        arm: usize,
+        why: String,
+        last_cooldown_ns: Option<u64>,
+        now_ns: u64,
+    ) -> ArmEvent {
+        let cooldown_ns = g.cooldown.map(|c| match last_cooldown_ns {
+            None => nanos(c),
+            Some(last) => last.saturating_mul(2).min(nanos(g.max_cooldown)),
+        });
+        book.phases[arm] = ArmPhase::Tripped {
+            until_ns: cooldown_ns.map_or(u64::MAX, |c| now_ns.saturating_add(c)),
+            cooldown_ns: cooldown_ns.unwrap_or(0),
+        };
+        book.reasons[arm] = Some(why.clone());
+        book.windows[arm].clear();
+        self.trips[arm].fetch_add(1, Ordering::Relaxed);
+        ArmEvent::Tripped {
+            arm,
+            why,
+            cooldown_ns,
+        }
+    }
+
+    /// Re-enables every tripped or probing arm, forgets the windows and
+    /// resumes a halted ramp (an operator decided the cause is fixed).
+    /// Returns the arms that were not enabled.
+    pub fn reset(&self, exp: &Experiment) -> Vec<usize> {
+        let mut book = self.lock();
+        let was: Vec<usize> = (0..book.phases.len())
+            .filter(|&i| book.phases[i] != ArmPhase::Enabled)
+            .collect();
+        book.phases.iter_mut().for_each(|p| *p = ArmPhase::Enabled);
+        book.reasons.iter_mut().for_each(|r| *r = None);
+        book.windows.iter_mut().for_each(Vec::clear);
+        if let Some(r) = book.ramp.as_mut() {
+            r.halted = false;
+        }
+        self.publish(exp, &book);
+        was
+    }
+}
+
+/// The window's totals and p99, dropping slots that left it.
+fn window_stats(slots: &mut Vec<Slot>, period: u64) -> WindowStats {
+    slots.retain(|s| s.period + SLOTS > period);
+    let mut h = new_histogram();
+    let mut w = WindowStats::default();
+    for s in slots.iter() {
+        w.ok += s.ok;
+        w.errors += s.errors;
+        let _ = h.add(&s.latency);
+    }
+    w.p99_ns = if h.is_empty() {
+        0
+    } else {
+        h.value_at_quantile(0.99)
+    };
+    w
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Arm, ExperimentUnit, Ramp, RouteWhen, TransportName};
+
+    const S: u64 = 1_000_000_000;
+
+    fn exp(cooldown: Option<Duration>, ramp: Option<Ramp>) -> Experiment {
+        Experiment {
+            name: "e".into(),
+            when: RouteWhen::default(),
+            unit: ExperimentUnit::Shard,
+            salt: "s".into(),
+            arms: ["control", "canary"]
+                .iter()
+                .map(|n| Arm {
+                    name: (*n).into(),
+                    transport: TransportName::new(n).unwrap(),
+                    weight: 50,
+                })
+                .collect(),
+            guardrail: Some(Guardrail {
+                max_error_rate: Some(0.2),
+                max_p99_ratio: None,
+                window: Duration::from_secs(10),
+                min_samples: 20,
+                cooldown,
+                max_cooldown: Duration::from_secs(100),
+                probe_share: 0.1,
+            }),
+            ramp,
+        }
+    }
+
+    /// Records `n` outcomes on `arm` at `t`, returning the events.
+    fn feed(
+        st: &ExperimentState,
+        e: &Experiment,
+        arm: usize,
+        ok: bool,
+        n: usize,
+        t: u64,
+    ) -> Vec<ArmEvent> {
+        (0..n)
+            .filter_map(|_| st.record(e, arm, ok, 1000, t))
+            .collect()
+    }
+
+    #[test]
+    fn a_tripped_arm_probes_after_its_cooldown_and_recovers_when_probes_pass() {
+        let e = exp(Some(Duration::from_secs(30)), None);
+        let st = ExperimentState::new(&e, 0);
+        let ev = feed(&st, &e, 1, false, 20, S);
+        assert!(
+            matches!(ev[..], [ArmEvent::Tripped { arm: 1, cooldown_ns: Some(c), .. }] if c == 30 * S)
+        );
+        assert_eq!(st.gate(&e).disabled, 0b10);
+        // Before the cool-down ends nothing changes.
+        assert!(st.tick(&e, 30 * S).is_empty());
+        assert_eq!(st.phases()[1].name(), "tripped");
+        assert_eq!(st.tick(&e, 31 * S), vec![ArmEvent::Probing { arm: 1 }]);
+        let g = st.gate(&e);
+        assert_eq!((g.disabled, g.probing), (0, 0b10));
+        // 19 good probes are not enough to judge; the 20th re-enables it.
+        assert!(feed(&st, &e, 1, true, 19, 32 * S).is_empty());
+        assert_eq!(
+            feed(&st, &e, 1, true, 1, 32 * S),
+            vec![ArmEvent::Recovered { arm: 1 }]
+        );
+        assert_eq!(st.gate(&e), Gate::default());
+        assert_eq!(st.disabled_reason(1), None);
+        assert_eq!(st.trips(1), 1);
+    }
+
+    #[test]
+    fn a_failed_probe_trips_again_with_twice_the_cooldown_up_to_the_cap() {
+        let e = exp(Some(Duration::from_secs(30)), None);
+        let st = ExperimentState::new(&e, 0);
+        feed(&st, &e, 1, false, 20, 0);
+        let mut t = 0;
+        for want in [60, 100, 100] {
+            t += 200 * S;
+            assert_eq!(st.tick(&e, t), vec![ArmEvent::Probing { arm: 1 }]);
+            let ev = feed(&st, &e, 1, false, 20, t);
+            assert!(
+                matches!(ev[..], [ArmEvent::Tripped { cooldown_ns: Some(c), .. }] if c == want * S),
+                "{ev:?}, want a {want} s cool-down"
+            );
+        }
+        assert_eq!(st.trips(1), 4);
+        // A manual reset still re-enables it at once.
+        assert_eq!(st.reset(&e), vec![1]);
+        assert_eq!(st.gate(&e), Gate::default());
+    }
+
+    #[test]
+    fn cooldown_off_keeps_a_tripped_arm_off_until_reset() {
+        let e = exp(None, None);
+        let st = ExperimentState::new(&e, 0);
+        feed(&st, &e, 1, false, 20, 0);
+        assert!(st.tick(&e, u64::MAX - 1).is_empty());
+        assert_eq!(st.gate(&e).disabled, 0b10);
+    }
+
+    fn ramp() -> Option<Ramp> {
+        Some(Ramp {
+            arm: 1,
+            steps: vec![0.01, 0.05, 0.25, 0.5],
+            interval: Duration::from_secs(60),
+        })
+    }
+
+    #[test]
+    fn a_ramp_advances_one_step_per_interval_to_its_last_step() {
+        let e = exp(None, ramp());
+        let st = ExperimentState::new(&e, 5 * S);
+        assert_eq!(st.gate(&e).ramp, Some((1, 0.01)));
+        assert!(st.tick(&e, 64 * S).is_empty(), "interval not over");
+        let mut shares = Vec::new();
+        for k in 1..=5u64 {
+            for ev in st.tick(&e, 5 * S + k * 60 * S) {
+                if let ArmEvent::RampStep { share, .. } = ev {
+                    shares.push(share);
+                }
+            }
+        }
+        assert_eq!(shares, vec![0.05, 0.25, 0.5], "stops at the last step");
+        assert_eq!(st.gate(&e).ramp, Some((1, 0.5)));
+        assert_eq!(st.ramp(), Some((3, false)));
+    }
+
+    #[test]
+    fn a_ramp_halts_where_its_arm_trips_and_a_reset_resumes_it() {
+        let e = exp(None, ramp());
+        let st = ExperimentState::new(&e, 0);
+        st.tick(&e, 60 * S);
+        assert_eq!(st.gate(&e).ramp, Some((1, 0.05)));
+        feed(&st, &e, 1, false, 20, 61 * S);
+        assert_eq!(st.ramp(), Some((1, true)));
+        assert!(st.tick(&e, 1000 * S).is_empty(), "halted: no step");
+        assert_eq!(st.gate(&e).ramp, Some((1, 0.05)));
+        st.reset(&e);
+        assert_eq!(st.ramp(), Some((1, false)));
+        let ev = st.tick(&e, 1001 * S);
+        assert_eq!(
+            ev,
+            vec![ArmEvent::RampStep {
+                step: 2,
+                share: 0.25
+            }]
+        );
+    }
+}

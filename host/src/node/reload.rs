@@ -1,0 +1,478 @@
+//! reload: a new config applied to a running node, atomically, without
+//! dropping its shards.
+//!
+//! A reload is checked whole before anything changes: the config parses
+//! and validates, settings that only a restart can change are unchanged,
+//! every new or changed plugin loads, and no owned shard would be left
+//! without a transport. Then one new [`Generation`] replaces the old one
+//! in a single pointer swap: fetches in flight finish under the old one,
+//! new fetches see only the new one. Plugins the new config keeps
+//! unchanged are the same instances (their pools, servers and leases go
+//! on); experiment states whose arms are unchanged carry over (guardrail
+//! windows, trips, ramp step); per-arm and per-transport metrics are kept
+//! by name. A tighter cache limit evicts at once.
+//!
+//! A plugin the new config drops (or replaces with another build or
+//! table) stops taking new work at the swap: its exports of owned shards
+//! are withdrawn (unless it holds their bytes, as the storage transport),
+//! and it is *draining* until no fetch in flight, owned shard or lease
+//! holds it; then the instance is dropped (its segments and servers go;
+//! the library stays mapped, as abi_stable never unloads one).
+
+use std::{path::Path, sync::Arc};
+
+use serde::Serialize;
+use shardport_abi::{ErrorKind, ShardId};
+
+use super::{lock, Generation, Node};
+use crate::{
+    config::{self, Config, Experiment, Origin},
+    error::HostError,
+    loader::{load_instance, LoadedPlugin},
+};
+
+/// What a reload did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReloadReport {
+    /// The generation now in force.
+    pub generation: u64,
+    /// One line per change (plugins, routes, experiments, weights, cache,
+    /// fetch and put settings); empty when the config was the same.
+    pub changes: Vec<String>,
+    /// Cache entries the new cache policy evicted at once.
+    pub evicted: usize,
+    /// Removed plugins still draining (name: why).
+    pub draining: Vec<String>,
+    /// Non-fatal findings (config warnings, optional plugins that still do
+    /// not load, settings that take effect at the next restart).
+    pub warnings: Vec<String>,
+}
+
+/// A reload's refusal (the running config stays): the same as
+/// [`HostError::ReloadRefused`], kept for callers that match on it.
+pub type ReloadError = HostError;
+
+/// A step every reloaded config goes through before it is checked (the
+/// embedding program's own adjustments, such as `shardport serve` making
+/// its transports start eagerly); an error refuses the reload.
+pub type ConfigHook = Arc<dyn Fn(&mut Config) -> Result<(), String> + Send + Sync>;
+
+/// Plugins that a reload removed, kept until nothing uses them, and the
+/// reload hook.
+#[derive(Default)]
+pub(super) struct Book {
+    draining: Vec<Arc<LoadedPlugin>>,
+    hook: Option<ConfigHook>,
+}
+
+impl Book {
+    /// Drops the removed plugins nothing holds any more; returns the rest
+    /// as `name (path): why` lines.
+    fn reap(&mut self) -> Vec<String> {
+        self.draining.retain(|p| {
+            let busy = Arc::strong_count(p) > 1 || Arc::strong_count(&p.transport) > 1;
+            if !busy {
+                tracing::info!(target: "reload", plugin = %p.name, path = %p.path.display(), "drained plugin dropped");
+            }
+            busy
+        });
+        self.draining.iter().map(draining_line).collect()
+    }
+}
+
+fn draining_line(p: &Arc<LoadedPlugin>) -> String {
+    format!(
+        "{} ({}): draining, {} holders (fetches in flight, owned shards it stores) and {} leases or allocations",
+        p.name,
+        p.path.display(),
+        Arc::strong_count(p) - 1,
+        Arc::strong_count(&p.transport) - 1
+    )
+}
+
+fn refused(why: impl Into<String>) -> HostError {
+    HostError::ReloadRefused(why.into())
+}
+
+impl Node {
+    /// Applies `next` to the running node (see the module docs), or
+    /// refuses it with the reason and leaves the running config in force.
+    /// Logged and counted either way.
+    pub fn reload(&self, next: Config) -> Result<ReloadReport, HostError> {
+        let result = self.try_reload(next);
+        let m = &self.inner.metrics;
+        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
+        match &result {
+            Ok(r) => {
+                m.reload(true);
+                tracing::info!(target: "reload", generation = r.generation, changes = r.changes.len(), evicted = r.evicted, "config reloaded");
+                let summary = if r.changes.is_empty() {
+                    "no change".to_owned()
+                } else {
+                    r.changes.join("; ")
+                };
+                m.event(
+                    now_ms,
+                    "reload",
+                    None,
+                    format!("generation {}: {summary}", r.generation),
+                );
+                for c in &r.changes {
+                    tracing::info!(target: "reload", "{c}");
+                }
+            }
+            Err(e) => {
+                m.reload(false);
+                tracing::error!(target: "reload", error = %e, "config reload refused");
+                m.event(now_ms, "reload-refused", None, e.to_string());
+            }
+        }
+        result
+    }
+
+    /// Reads, parses and applies a config file: `path`, or the file the
+    /// running config came from. A file that cannot be read or parsed is
+    /// refused with the error (file:line:col for a bad value).
+    pub fn reload_file(&self, path: Option<&Path>) -> Result<ReloadReport, HostError> {
+        let path = match path {
+            Some(p) => p.to_path_buf(),
+            None => match &self.inner.live().config.origin {
+                Origin::File(p) => p.clone(),
+                other => {
+                    let e = refused(format!(
+                        "the node runs a config that has no file to read again ({other:?}); name a config file"
+                    ));
+                    return self.count_refusal(e);
+                }
+            },
+        };
+        match config::load(&path) {
+            Ok(next) => self.reload(next),
+            Err(e) => self.count_refusal(refused(e.to_string())),
+        }
+    }
+
+    /// Parses `text` (as if read from `origin`) and applies it.
+    pub fn reload_text(&self, text: &str, origin: Origin) -> Result<ReloadReport, HostError> {
+        match config::parse_str(text, origin) {
+            Ok(next) => self.reload(next),
+            Err(e) => self.count_refusal(refused(e.to_string())),
+        }
+    }
+
+    fn count_refusal(&self, e: HostError) -> Result<ReloadReport, HostError> {
+        self.inner.metrics.reload(false);
+        tracing::error!(target: "reload", error = %e, "config reload refused");
+        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
+        self.inner
+            .metrics
+            .event(now_ms, "reload-refused", None, e.to_string());
+        Err(e)
+    }
+
+    /// Sets the step every reloaded config goes through first (see
+    /// [`ConfigHook`]); the program that started the node with an adjusted
+    /// config sets the same adjustment here, so that a reload of the same
+    /// file changes nothing.
+    pub fn set_reload_hook(&self, hook: ConfigHook) {
+        lock(&self.inner.reload).hook = Some(hook);
+    }
+
+    /// Removed plugins still draining, one line each.
+    pub fn draining(&self) -> Vec<String> {
+        lock(&self.inner.reload).reap()
+    }
+
+    fn try_reload(&self, mut next: Config) -> Result<ReloadReport, HostError> {
+        let mut book = lock(&self.inner.reload);
+        if let Some(hook) = &book.hook {
+            hook(&mut next).map_err(refused)?;
+        }
+        let old = self.inner.live();
+        let mut warnings = restart_only(&old.config, &next)?;
+        warnings.extend(next.warnings.iter().cloned());
+        let (plugins, load_failures) = self.reload_plugins(&old, &next, &mut warnings)?;
+        let removed: Vec<Arc<LoadedPlugin>> = old
+            .plugins
+            .iter()
+            .filter(|p| !plugins.iter().any(|q| Arc::ptr_eq(p, q)))
+            .cloned()
+            .collect();
+        self.check_stranded(&removed)?;
+        let changes = describe_changes(&old.config, &next, &removed, &plugins);
+        let now_ns = self.inner.clock.monotonic_nanos();
+        let carried = |e: &Experiment| {
+            let i = old
+                .config
+                .experiments
+                .iter()
+                .position(|o| o.name == e.name)?;
+            let st = &old.experiments[i];
+            st.fits(&old.config.experiments[i], e)
+                .then(|| Arc::clone(st))
+        };
+        let cache_policy = next.cache;
+        let generation = Generation::new(
+            old.number + 1,
+            next,
+            plugins,
+            load_failures,
+            &self.inner.metrics,
+            carried,
+            now_ns,
+        );
+        let number = generation.number;
+        *self.inner.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(generation);
+        drop(old);
+        // After the swap: no new fetch reaches a removed plugin.
+        self.withdraw_exports(&removed);
+        book.draining.extend(removed);
+        let evicted = {
+            let gone = lock(&self.inner.cache).set_policy(cache_policy, now_ns);
+            gone.len()
+        };
+        Ok(ReloadReport {
+            generation: number,
+            changes,
+            evicted,
+            draining: book.reap(),
+            warnings,
+        })
+    }
+
+    /// The plugin instances of `next`: unchanged specs keep their instance,
+    /// new or changed ones are loaded. A load failure refuses the reload,
+    /// except for an optional plugin whose unchanged spec did not load
+    /// before either (a warning, as at start).
+    fn reload_plugins(
+        &self,
+        old: &Generation,
+        next: &Config,
+        warnings: &mut Vec<String>,
+    ) -> Result<(Vec<Arc<LoadedPlugin>>, Vec<String>), HostError> {
+        let mut plugins = Vec::new();
+        let mut failures = Vec::new();
+        let mut load_failures = Vec::new();
+        for spec in &next.plugins {
+            if let Some(p) = old.plugins.iter().find(|p| p.spec == *spec) {
+                plugins.push(Arc::clone(p));
+                continue;
+            }
+            match load_instance(spec, &self.inner.load_ctx) {
+                Ok(p) => plugins.push(Arc::new(p)),
+                Err(e) if !spec.required && old.config.plugins.contains(spec) => {
+                    warnings.push(format!("optional plugin still not loaded: {e}"));
+                    load_failures.push(e.to_string());
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        if !failures.is_empty() {
+            return Err(refused(format!(
+                "plugins did not load: {}",
+                failures.join("; ")
+            )));
+        }
+        Ok((plugins, load_failures))
+    }
+
+    /// Refuses a reload that would leave owned shards with no transport:
+    /// every transport that exports them is one the new config removes.
+    fn check_stranded(&self, removed: &[Arc<LoadedPlugin>]) -> Result<(), HostError> {
+        if removed.is_empty() {
+            return Ok(());
+        }
+        let shards = lock(&self.inner.shards);
+        let mut stranded: Vec<(ShardId, Vec<String>)> = shards
+            .iter()
+            .filter(|(_, s)| {
+                s.exported_by
+                    .iter()
+                    .all(|p| removed.iter().any(|r| Arc::ptr_eq(p, r)))
+            })
+            .map(|(id, s)| {
+                (
+                    *id,
+                    s.exported_by.iter().map(|p| p.name.to_string()).collect(),
+                )
+            })
+            .collect();
+        drop(shards);
+        if stranded.is_empty() {
+            return Ok(());
+        }
+        stranded.sort_by_key(|(id, _)| *id);
+        let n = stranded.len();
+        let listed: Vec<String> = stranded
+            .iter()
+            .take(8)
+            .map(|(id, by)| format!("{id} (exported only by {})", by.join(", ")))
+            .collect();
+        Err(refused(format!(
+            "{n} owned shard(s) would be stranded: {}{}; remove them first, or keep a transport that exports them",
+            listed.join(", "),
+            if n > 8 { ", ..." } else { "" }
+        )))
+    }
+
+    /// Withdraws the exports of owned shards from removed plugins, except
+    /// where the plugin stores the shard's bytes (it unexports last, when
+    /// the shard is removed).
+    fn withdraw_exports(&self, removed: &[Arc<LoadedPlugin>]) {
+        if removed.is_empty() {
+            return;
+        }
+        let mut work: Vec<(ShardId, Arc<LoadedPlugin>)> = Vec::new();
+        {
+            let mut shards = lock(&self.inner.shards);
+            for (id, s) in shards.iter_mut() {
+                let storage = s.exported_by.len().checked_sub(1).filter(|_| s.is_pooled());
+                let mut k = 0;
+                s.exported_by.retain(|p| {
+                    let keep = Some(k) == storage || !removed.iter().any(|r| Arc::ptr_eq(p, r));
+                    if !keep {
+                        work.push((*id, Arc::clone(p)));
+                    }
+                    k += 1;
+                    keep
+                });
+            }
+        }
+        for (id, p) in work {
+            if let Err(e) = p.transport.unexport(id).into_result() {
+                if e.kind != ErrorKind::NOT_FOUND {
+                    tracing::warn!(target: "reload", shard = %id, transport = %p.name, error = %e, "unexport of a removed plugin failed");
+                }
+            }
+        }
+    }
+}
+
+/// Settings only a restart can change (handles carry the node's address,
+/// and its name labels every metric): a difference refuses the reload.
+/// Returns warnings for settings that take effect at the next restart.
+fn restart_only(old: &Config, next: &Config) -> Result<Vec<String>, HostError> {
+    let mut fixed = Vec::new();
+    if old.node.name != next.node.name {
+        fixed.push(format!(
+            "node.name ({} -> {})",
+            old.node.name, next.node.name
+        ));
+    }
+    if old.node.advertise != next.node.advertise {
+        fixed.push(format!(
+            "node.advertise ({} -> {})",
+            old.node.advertise, next.node.advertise
+        ));
+    }
+    if !fixed.is_empty() {
+        return Err(refused(format!(
+            "{} cannot change under a running node (handles and metrics carry it); restart to change it",
+            fixed.join(", ")
+        )));
+    }
+    let mut warnings = Vec::new();
+    if old.control != next.control {
+        warnings.push(
+            "control.* changed: the control endpoint keeps its address and token until the next restart"
+                .to_owned(),
+        );
+    }
+    Ok(warnings)
+}
+
+/// One line per difference an operator cares about.
+fn describe_changes(
+    old: &Config,
+    next: &Config,
+    removed: &[Arc<LoadedPlugin>],
+    plugins: &[Arc<LoadedPlugin>],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in removed {
+        out.push(format!("plugin {} ({}) removed", p.name, p.path.display()));
+    }
+    for p in plugins {
+        if !old.plugins.contains(&p.spec) {
+            out.push(format!(
+                "plugin {} loaded from {} (version {})",
+                p.name,
+                p.path.display(),
+                p.plugin_version
+            ));
+        }
+    }
+    if old.routes != next.routes {
+        let names: Vec<&str> = next.routes.iter().map(|r| r.name.as_str()).collect();
+        out.push(format!("routes: now [{}]", names.join(", ")));
+    }
+    for e in &next.experiments {
+        match old.experiments.iter().find(|o| o.name == e.name) {
+            None => out.push(format!("experiment {} added", e.name)),
+            Some(o) if o != e => out.push(experiment_change(o, e)),
+            Some(_) => {}
+        }
+    }
+    for o in &old.experiments {
+        if !next.experiments.iter().any(|e| e.name == o.name) {
+            out.push(format!("experiment {} removed", o.name));
+        }
+    }
+    let pairs: [(&str, String, String); 4] = [
+        (
+            "cache",
+            format!("{:?}", old.cache),
+            format!("{:?}", next.cache),
+        ),
+        (
+            "fetch",
+            format!("{:?}", old.fetch),
+            format!("{:?}", next.fetch),
+        ),
+        ("put", format!("{:?}", old.put), format!("{:?}", next.put)),
+        (
+            "node.max-shard-size",
+            old.node.max_shard_size.to_string(),
+            next.node.max_shard_size.to_string(),
+        ),
+    ];
+    for (what, a, b) in pairs {
+        if a != b {
+            out.push(format!("{what}: {a} -> {b}"));
+        }
+    }
+    out
+}
+
+/// `experiment e: weights control 90 -> 80, canary 10 -> 20` and what else changed.
+fn experiment_change(o: &Experiment, e: &Experiment) -> String {
+    let w = |x: &Experiment| {
+        x.arms
+            .iter()
+            .map(|a| format!("{}={}", a.name, a.weight))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut parts = Vec::new();
+    if w(o) != w(e) {
+        parts.push(format!("weights {} -> {}", w(o), w(e)));
+    }
+    if o.guardrail != e.guardrail {
+        parts.push("guardrail changed".to_owned());
+    }
+    if o.ramp != e.ramp {
+        parts.push("ramp changed (restarts at its first step)".to_owned());
+    }
+    if o.when != e.when || o.unit != e.unit || o.salt != e.salt {
+        parts.push("conditions, unit or salt changed".to_owned());
+    }
+    format!("experiment {}: {}", e.name, parts.join(", "))
+}
+
+impl super::OwnedShard {
+    /// Its bytes live in the storage transport's pool (that transport is
+    /// the last in `exported_by`).
+    fn is_pooled(&self) -> bool {
+        matches!(self.stored, super::Stored::Pool(_))
+    }
+}
