@@ -11,19 +11,11 @@ use shardport_host::{FetchMode, Handle, Node, TensorSpec};
 
 use crate::util;
 
-fn spool_plugin(dir: &std::path::Path) -> String {
-    format!(
-        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
-        util::plugin_lib("shardport-spool-transport").display(),
-        dir.display()
-    )
-}
-
 fn owner(spool: &std::path::Path) -> Node {
     Node::start(util::parse(&format!(
         "{}{}",
         util::shm_plugin("pool-size = \"16MiB\""),
-        spool_plugin(spool)
+        util::spool_plugin(spool)
     )))
     .expect("owner starts")
 }
@@ -36,7 +28,7 @@ fn consumer(
     let cfg = util::parse(&format!(
         "[fetch]\non-downgrade = \"allow\"\n{experiment}\n{}{}",
         util::shm_plugin("pool-size = \"1MiB\""),
-        spool_plugin(spool)
+        util::spool_plugin(spool)
     ));
     match clock {
         Some(c) => Node::start_with_clock(cfg, c),

@@ -17,4 +17,5 @@ mod loader;
 mod netns;
 mod nodes;
 mod out_of_tree;
+mod reload;
 mod serve;

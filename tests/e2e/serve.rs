@@ -260,3 +260,136 @@ fn cluster_drain_empties_every_consumers_cache_and_releases_leases() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(a.cache_stats().entries, 3);
 }
+
+/// The node's stats over its control endpoint.
+fn stats(control: &str) -> serde_json::Value {
+    shardport_cli::control::client::call(
+        control,
+        "GET",
+        "/v1/stats",
+        None,
+        &[],
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
+/// Polls the node's stats until `f` holds (bounded).
+fn wait_for(control: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = stats(control);
+        if f(&s) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never happened: {what}; last stats {s}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
+    let s = serve("serve-reload", "");
+    let path = s._dir.path().join("node.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let hup = || {
+        let ok = Command::new("kill")
+            .args(["-HUP", &s.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    let out = shardport(&[
+        "put", "--node", &s.control, "--size", "64KiB", "--seed", "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let handle = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    // The unchanged file: serve's own adjustments are applied again, so the
+    // plugin instances (and the shard in the pool) stay.
+    hup();
+    wait_for(&s.control, "generation 1", |v| v["generation"] == 1);
+    let st = stats(&s.control);
+    assert_eq!(st["shards_owned"], 1);
+    assert!(st["draining"].as_array().unwrap().is_empty(), "{st}");
+    // A changed file: its cache policy applies.
+    std::fs::write(&path, format!("{text}\n[cache]\npolicy = \"explicit\"\n")).unwrap();
+    hup();
+    wait_for(&s.control, "generation 2", |v| v["generation"] == 2);
+    // A broken file is refused; the node keeps the last good config.
+    std::fs::write(&path, "[fetch\nmode = ").unwrap();
+    hup();
+    let metrics = || {
+        shardport_cli::control::client::call(
+            &s.control,
+            "GET",
+            "/v1/metrics.json",
+            None,
+            &[],
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metrics()["reloads_refused"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken file was never refused"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stats(&s.control)["generation"], 2);
+    // `shardport reload` with a file of its own: checked here first, so a
+    // bad one never reaches the node (exit 2, naming file:line:col).
+    let bad = s._dir.path().join("bad.toml");
+    std::fs::write(&bad, "[fetch]\nmode = \"sideways\"\n").unwrap();
+    let out = shardport(&[
+        "reload",
+        "--node",
+        &s.control,
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad.toml:2:"),
+        "{out:?}"
+    );
+    let good = s._dir.path().join("good.toml");
+    std::fs::write(&good, &text).unwrap();
+    let out = shardport(&[
+        "reload",
+        "--node",
+        &s.control,
+        "--config",
+        good.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("generation 3"), "{stdout}");
+    assert!(
+        stdout.contains("cache:"),
+        "the cache policy went back: {stdout}"
+    );
+    // The shard put before any reload is still served.
+    let out = shardport(&["fetch", "--handle", &handle, "--mode", "copy"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The reloads are in the metrics' event log, the refused one with its reason.
+    let events = metrics()["events"].as_array().unwrap().clone();
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["reload", "reload", "reload-refused", "reload"],
+        "{events:?}"
+    );
+}

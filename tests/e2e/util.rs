@@ -58,6 +58,23 @@ pub fn shm_plugin(extra: &str) -> String {
     )
 }
 
+/// The spool-dir plugin table (the example third-party transport) over `dir`.
+pub fn spool_plugin(dir: &Path) -> String {
+    format!(
+        "[[plugin]]\nname = \"spool-dir\"\npath = \"{}\"\n[plugin.config]\ndir = \"{}\"\n",
+        plugin_lib("shardport-spool-transport").display(),
+        dir.display()
+    )
+}
+
+/// The http plugin table on an ephemeral loopback port.
+pub fn http_plugin() -> String {
+    format!(
+        "[[plugin]]\nname = \"http\"\npath = \"{}\"\n[plugin.config]\nbind = \"127.0.0.1:0\"\n",
+        plugin_lib("shardport-http").display()
+    )
+}
+
 /// Writes `text` as `node.toml` in `dir` and parses it.
 pub fn write_config(dir: &Path, text: &str) -> (PathBuf, Config) {
     let path = dir.join("node.toml");
@@ -234,12 +251,25 @@ pub fn shardport_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
 /// with `args` after `cargo build --offline --quiet`; fails the test with
 /// cargo's output, naming `what`, when the build fails.
 pub fn cargo_build_offline(manifest: &Path, target: &Path, args: &[&str], what: &str) {
+    cargo_build_offline_env(manifest, target, args, &[], what);
+}
+
+/// [`cargo_build_offline`] with environment variables set for the build
+/// (a crate's `option_env!` reads them, so two builds of one source differ).
+pub fn cargo_build_offline_env(
+    manifest: &Path,
+    target: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    what: &str,
+) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = std::process::Command::new(cargo)
         .args(["build", "--offline", "--quiet"])
         .args(args)
         .arg("--manifest-path")
         .arg(manifest)
+        .envs(envs.iter().copied())
         .env("CARGO_TARGET_DIR", target)
         .env_remove("RUSTFLAGS")
         .output()

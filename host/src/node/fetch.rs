@@ -11,6 +11,7 @@ use super::{lock, put::compute, zeroed, Fetched, Generation, Node, Selection};
 use crate::{
     config::{FetchMode, OnDowngrade},
     error::HostError,
+    experiment::ArmEvent,
     handle::Handle,
     loader::LoadedPlugin,
     select::{Attempt, Plan},
@@ -243,10 +244,15 @@ impl Node {
         }
         let latency_ns = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
         let now = self.inner.clock.monotonic_nanos();
-        if let Some(event) =
-            g.experiments[choice.experiment].record(exp, choice.arm, ok, latency_ns, now)
-        {
+        let st = &g.experiments[choice.experiment];
+        if let Some(event) = st.record(exp, choice.arm, ok, latency_ns, now) {
             self.log_arm_event(exp, &event);
+            let ramped = exp.ramp.as_ref().is_some_and(|r| r.arm == choice.arm);
+            if let (true, ArmEvent::Tripped { .. }, Some((step, true))) =
+                (ramped, &event, st.ramp())
+            {
+                self.log_arm_event(exp, &ArmEvent::RampHalted { step });
+            }
         }
     }
 

@@ -8,8 +8,9 @@
 //! in a single pointer swap: fetches in flight finish under the old one,
 //! new fetches see only the new one. Plugins the new config keeps
 //! unchanged are the same instances (their pools, servers and leases go
-//! on); experiment states whose arms are unchanged carry over (guardrail
-//! windows, trips, ramp step); per-arm and per-transport metrics are kept
+//! on); experiment states whose arms, guardrail window, ramp and arm
+//! instances are unchanged carry over (guardrail windows, trips, ramp
+//! step), others start afresh; per-arm and per-transport metrics are kept
 //! by name. A tighter cache limit evicts at once.
 //!
 //! A plugin the new config drops (or replaces with another build or
@@ -26,7 +27,7 @@ use shardport_abi::{ErrorKind, ShardId};
 
 use super::{lock, Generation, Node};
 use crate::{
-    config::{self, Config, Experiment, Origin},
+    config::{self, Config, Experiment, Origin, TransportName},
     error::HostError,
     loader::{load_instance, LoadedPlugin},
 };
@@ -201,7 +202,19 @@ impl Node {
         self.check_stranded(&removed)?;
         let changes = describe_changes(&old.config, &next, &removed, &plugins);
         let now_ns = self.inner.clock.monotonic_nanos();
+        // Transports whose instance this reload adds, replaces or removes:
+        // an experiment with such an arm starts afresh (a new build is a
+        // new arm, whatever its name).
+        let renewed: Vec<TransportName> = plugins
+            .iter()
+            .filter(|p| !old.plugins.iter().any(|q| Arc::ptr_eq(p, q)))
+            .chain(&removed)
+            .map(|p| p.name.clone())
+            .collect();
         let carried = |e: &Experiment| {
+            if e.arms.iter().any(|a| renewed.contains(&a.transport)) {
+                return None;
+            }
             let i = old
                 .config
                 .experiments
