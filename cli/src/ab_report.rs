@@ -489,6 +489,12 @@ pub struct ExperimentReport {
     pub control: String,
     /// Arms in config order.
     pub arms: Vec<ArmReport>,
+    /// The ramp's step, and whether it halted.
+    pub ramp: Option<(usize, bool)>,
+    /// What changed this experiment's traffic, oldest first: config
+    /// reloads (weights, arms), guardrail trips, probes, recoveries, ramp
+    /// steps and operator resets (from the snapshot's event log).
+    pub timeline: Vec<shardport_host::snapshot::Event>,
     /// Each non-control arm against the control.
     pub differences: Vec<ArmDiff>,
 }
@@ -506,6 +512,10 @@ pub struct ArmReport {
     pub assigned: u64,
     /// Why the guardrail disabled it, if it did.
     pub disabled: Option<String>,
+    /// `enabled`, `tripped` or `probing`.
+    pub state: String,
+    /// Its share of the experiment's traffic now, when the snapshot says.
+    pub share: Option<f64>,
     /// Successful fetches in the selected size buckets.
     pub n: u64,
     /// Nearest-rank p50 latency, ns.
@@ -621,7 +631,7 @@ pub fn build(snap: &Snapshot, opts: &Options) -> Result<Report, ReportError> {
     };
     let experiments = selected
         .into_iter()
-        .map(|e| experiment(e, size, opts))
+        .map(|e| experiment(snap, e, size, opts))
         .collect::<Result<Vec<_>, _>>()?;
     let mut notes = Vec::new();
     if let Some(s) = size {
@@ -643,6 +653,7 @@ pub fn build(snap: &Snapshot, opts: &Options) -> Result<Report, ReportError> {
 }
 
 fn experiment(
+    snap: &Snapshot,
     e: &ExperimentSnapshot,
     size: Option<&str>,
     opts: &Options,
@@ -661,11 +672,22 @@ fn experiment(
         .filter(|a| a.name != e.control)
         .map(|a| compare(&e.name, a, control, opts))
         .collect();
+    let timeline = snap
+        .events
+        .iter()
+        .filter(|x| {
+            x.experiment.as_deref() == Some(e.name.as_str())
+                || (x.experiment.is_none() && x.text.contains(&e.name))
+        })
+        .cloned()
+        .collect();
     Ok(ExperimentReport {
         name: e.name.clone(),
         unit: e.unit.clone(),
         control: e.control.clone(),
         arms,
+        ramp: e.ramp_step.map(|s| (s, e.ramp_halted)),
+        timeline,
         differences,
     })
 }
@@ -685,6 +707,8 @@ fn arm(a: &ArmSnapshot, size: Option<&str>) -> ArmReport {
         weight: a.weight,
         assigned: a.assigned,
         disabled: a.disabled.clone(),
+        state: a.state.clone(),
+        share: a.share,
         n: histogram.n(),
         p50_ns: histogram.percentile(500),
         p90_ns: histogram.percentile(900),
@@ -1051,6 +1075,7 @@ impl fmt::Display for Report {
                 "arm",
                 "transport",
                 "weight",
+                "share",
                 "assigned",
                 "n",
                 "p50",
@@ -1065,15 +1090,17 @@ impl fmt::Display for Report {
             .map(str::to_owned)
             .to_vec()];
             for a in &e.arms {
-                let status = match (&a.disabled, a.name == e.control) {
-                    (Some(why), _) => format!("disabled: {why}"),
-                    (None, true) => "control".to_owned(),
-                    (None, false) => "active".to_owned(),
+                let status = match (a.state.as_str(), &a.disabled, a.name == e.control) {
+                    ("probing", Some(why), _) => format!("probing after: {why}"),
+                    (_, Some(why), _) => format!("disabled: {why}"),
+                    (_, None, true) => "control".to_owned(),
+                    (_, None, false) => "active".to_owned(),
                 };
                 rows.push(vec![
                     a.name.clone(),
                     a.transport.clone(),
                     a.weight.to_string(),
+                    a.share.map_or_else(dash, |x| format!("{:.1}%", x * 100.0)),
                     a.assigned.to_string(),
                     a.n.to_string(),
                     a.p50_ns.map_or_else(dash, latency_label),
@@ -1087,7 +1114,23 @@ impl fmt::Display for Report {
                     status,
                 ]);
             }
-            table(f, "  ", &[0, 1, 12], &rows)?;
+            table(f, "  ", &[0, 1, 13], &rows)?;
+            if let Some((step, halted)) = e.ramp {
+                let how = if halted { ", halted by a trip" } else { "" };
+                writeln!(f, "  ramp at step {step}{how}")?;
+            }
+            if !e.timeline.is_empty() {
+                writeln!(f, "  timeline:")?;
+                for x in &e.timeline {
+                    writeln!(
+                        f,
+                        "    {}  {:<14} {}",
+                        utc_label(x.at_unix_ms),
+                        x.kind,
+                        x.text
+                    )?;
+                }
+            }
             if e.differences.is_empty() {
                 continue;
             }

@@ -294,6 +294,77 @@ fn a_disabled_arm_is_shown_as_disabled() {
 }
 
 #[test]
+fn the_timeline_shows_weight_changes_trips_and_ramp_steps_of_its_experiment() {
+    let mut treatment = arm("http", &[(20_000, 100)]);
+    treatment.state = "probing".to_owned();
+    treatment.share = Some(0.005);
+    treatment.disabled = Some("error rate 12% above 5%".to_owned());
+    let mut e = experiment(
+        "canary",
+        vec![arm("posix-shm", &[(10_000, 100)]), treatment],
+    );
+    e.ramp_step = Some(1);
+    e.ramp_halted = true;
+    let other = experiment("other", vec![arm("a", &[(1, 1)]), arm("b", &[(1, 1)])]);
+    let mut s = snap(vec![e, other]);
+    let ev = |ms: u64, kind: &str, exp: Option<&str>, text: &str| snapshot::Event {
+        at_unix_ms: 1_700_000_000_000 + ms,
+        kind: kind.to_owned(),
+        experiment: exp.map(str::to_owned),
+        text: text.to_owned(),
+    };
+    s.events = vec![
+        ev(
+            0,
+            "reload",
+            None,
+            "generation 1: experiment canary: weights control=95 http=5 -> control=90 http=10",
+        ),
+        ev(
+            1000,
+            "ramp-step",
+            Some("canary"),
+            "ramp step 1: arm `http` now takes 5.0% of the traffic",
+        ),
+        ev(
+            2000,
+            "trip",
+            Some("canary"),
+            "guardrail disabled arm `http`: error rate 12%",
+        ),
+        ev(2500, "trip", Some("other"), "guardrail disabled arm `b`"),
+        ev(
+            3000,
+            "probe",
+            Some("canary"),
+            "arm `http` cool-down over: probing",
+        ),
+    ];
+    let r = report(&s);
+    let kinds: Vec<&str> = r.experiments[0]
+        .timeline
+        .iter()
+        .map(|x| x.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["reload", "ramp-step", "trip", "probe"]);
+    assert_eq!(r.experiments[1].timeline.len(), 1, "only its own trip");
+    let text = r.to_string();
+    assert!(text.contains("ramp at step 1, halted by a trip"), "{text}");
+    assert!(
+        text.contains("weights control=95 http=5 -> control=90 http=10"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("http "))
+        .unwrap();
+    assert!(
+        line.contains("0.5%") && line.ends_with("probing after: error rate 12% above 5%"),
+        "{line}"
+    );
+}
+
+#[test]
 fn an_unknown_experiment_names_the_available_ones() {
     let s = snap(vec![
         experiment("shm-vs-http", vec![arm("a", &[(1, 1)])]),
@@ -574,15 +645,17 @@ fn the_table_lines_up_and_reads_plainly() {
     let mut s = constant_pair();
     s.experiments[0].arms[0].weight = 90;
     s.experiments[0].arms[1].weight = 10;
+    s.experiments[0].arms[0].share = Some(0.9);
+    s.experiments[0].arms[1].share = Some(0.1);
     let table = report(&s).to_string();
     let expected = "\
 node trainer-0: snapshot taken 2023-11-14 22:13:20 UTC, covering 600 s; sizes: all
 latency: nearest-rank percentiles of successful fetches; throughput: bytes per second of fetch time
 
 experiment shm-vs-http (unit shard, control posix-shm)
-  arm        transport  weight  assigned    n      p50      p90      p99  throughput  errors  error rate  downgrades  status
-  posix-shm  posix-shm      90       100  100  10.0 us  10.0 us  10.0 us  409.6 MB/s       0       0.00%           0  control
-  http       http           10       100  100  20.0 us  20.0 us  20.0 us  204.8 MB/s       0       0.00%           0  active
+  arm        transport  weight  share  assigned    n      p50      p90      p99  throughput  errors  error rate  downgrades  status
+  posix-shm  posix-shm      90  90.0%       100  100  10.0 us  10.0 us  10.0 us  409.6 MB/s       0       0.00%           0  control
+  http       http           10  10.0%       100  100  20.0 us  20.0 us  20.0 us  204.8 MB/s       0       0.00%           0  active
   differences vs control posix-shm (bootstrap 95% CI, 2000 resamples, seed 1):
     http  p50         http is slower than posix-shm by 10.0 us p50 (95% CI 10.0..10.0 us); ratio 2.00x (95% CI 2.00x..2.00x)
     http  error rate  no significant difference in error rate between http and posix-shm (+0.00 pp, 95% CI 0.00..0.00 pp)

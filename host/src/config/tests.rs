@@ -22,6 +22,27 @@ fn embedded_default_is_valid() {
 #[test]
 fn ab_test_config_describes_its_split() {
     let c = parse_str(include_str!("../../../configs/ab-test.toml"), text_origin()).unwrap();
+    // The second experiment ramps a new build of http (another instance of
+    // the same transport) from 1% to 50%.
+    let up = &c.experiments[1];
+    assert_eq!(up.name, "http-build-upgrade");
+    let ramp = up.ramp.as_ref().unwrap();
+    assert_eq!(
+        (ramp.arm, ramp.steps.clone(), ramp.interval),
+        (
+            1,
+            vec![0.01, 0.05, 0.25, 0.5],
+            std::time::Duration::from_secs(600)
+        )
+    );
+    let next = c
+        .plugins
+        .iter()
+        .find(|p| p.name.as_str() == "http-next")
+        .unwrap();
+    assert_eq!(next.transport.as_str(), "http");
+    let g = up.guardrail.as_ref().unwrap();
+    assert_eq!(g.cooldown, Some(std::time::Duration::from_secs(1800)));
     let e = &c.experiments[0];
     assert_eq!(
         (e.name.as_str(), e.unit),
@@ -55,6 +76,27 @@ fn ab_test_config_describes_its_split() {
 }
 
 #[test]
+fn a_plugin_may_name_the_transport_its_library_implements() {
+    let text = "[[plugin]]\nname = \"shm-next\"\ntransport = \"posix-shm\"\npath = \"n.so\"\n[[plugin]]\nname = \"posix-shm\"\npath = \"o.so\"\n";
+    let c = parse_str(text, text_origin()).unwrap();
+    let kinds: Vec<(&str, &str)> = c
+        .plugins
+        .iter()
+        .map(|p| (p.name.as_str(), p.transport.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("shm-next", "posix-shm"), ("posix-shm", "posix-shm")]
+    );
+    let e = parse_str(
+        "[[plugin]]\nname = \"x\"\ntransport = \"Bad Name\"\npath = \"n.so\"\n",
+        text_origin(),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("plugin[0].transport"), "{e}");
+}
+
+#[test]
 fn experiment_errors_name_the_key() {
     let base =
         "[[plugin]]\nname = \"a\"\npath = \"a.so\"\n[[plugin]]\nname = \"b\"\npath = \"b.so\"\n";
@@ -67,6 +109,14 @@ fn experiment_errors_name_the_key() {
         ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 1.5 }", "`experiment[0].guardrail.max-error-rate`: expected a number in 0..=1, found 1.5"),
         ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 0.1, window = \"soon\" }", "`experiment[0].guardrail.window`: expected a duration"),
         ("min-size = \"2MiB\"\nmax-size = \"1MiB\"\narms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]", "`experiment[0]`: max-size (1048576) is below min-size (2097152)"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 0.1, cooldown = \"10m\", max-cooldown = \"1m\" }", "`experiment[0].guardrail.max-cooldown` (60s) is shorter than `cooldown` (600s)"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 0.1, probe-share = 0.0 }", "`experiment[0].guardrail.probe-share`: expected a number in 0.0001..=1"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { arm = \"a\", steps = [1, 5], interval = \"1m\" }", "`experiment[0].ramp.arm`: `a` is the control arm"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { arm = \"c\", steps = [1, 5], interval = \"1m\" }", "`experiment[0].ramp.arm`: no arm `c` (arms: a, b)"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { steps = [5, 5], interval = \"1m\" }", "`experiment[0].ramp.steps[1]`: expected a percentage above 5 and at most 100"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { steps = [50, 101], interval = \"1m\" }", "`experiment[0].ramp.steps[1]`"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { steps = [], interval = \"1m\" }", "`experiment[0].ramp.steps`: expected 1..=16 percentages, found 0"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nramp = { steps = [1], interval = \"never\" }", "`experiment[0].ramp.interval`: expected a duration"),
     ];
     for (body, want) in cases {
         let text = format!("{base}[[experiment]]\nname = \"x\"\n{body}\n");
