@@ -35,6 +35,9 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 pub struct PyNode {
     node: Mutex<Option<Node>>,
     name: String,
+    /// Where relative plugin paths of this node's configs also resolve
+    /// (kept for `reload`).
+    plugin_dir: Option<PathBuf>,
 }
 
 fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
@@ -170,13 +173,37 @@ impl PyNode {
         config: Option<&Bound<'_, PyAny>>,
         plugin_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
-        let cfg = load_config(config, plugin_dir)?;
+        let cfg = load_config(config, plugin_dir.clone())?;
         let name = cfg.node.name.clone();
         let node = py.allow_threads(|| Node::start(cfg)).map_err(host_err)?;
         Ok(PyNode {
             node: Mutex::new(Some(node)),
             name,
+            plugin_dir,
         })
+    }
+
+    /// Applies a new config to the running node without a restart (the
+    /// same forms as the constructor: a path, TOML text or a dict; `None`
+    /// reads the node's config file again). Experiments, routes, cache and
+    /// fetch policies and plugins change atomically: fetches in flight
+    /// finish under the old config. Owned shards stay. Returns what changed
+    /// (`generation`, `changes`, `evicted`, `draining`, `warnings`); a
+    /// config that is wrong, or that would strand owned shards, raises
+    /// `ConfigError` and the running config stays.
+    #[pyo3(signature = (config=None))]
+    fn reload(&self, py: Python<'_>, config: Option<&Bound<'_, PyAny>>) -> PyResult<PyObject> {
+        let node = self.node()?;
+        let report = match config.filter(|c| !c.is_none()) {
+            None => py.allow_threads(|| node.reload_file(None)),
+            Some(c) => {
+                let cfg = load_config(Some(c), self.plugin_dir.clone())?;
+                py.allow_threads(|| node.reload(cfg))
+            }
+        }
+        .map_err(host_err)?;
+        let v = serde_json::to_value(&report).map_err(|e| py_err(Kind::Base, e.to_string()))?;
+        json_to_py(py, &v)
     }
 
     /// Removes every shard this node owns and stops its transports. Shards
