@@ -564,3 +564,51 @@ fn a_new_transport_build_rolls_out_as_a_ramped_canary() {
         .iter()
         .any(|x| x.kind == "ramp-step" && x.text.contains("50.0%")));
 }
+
+#[test]
+fn a_tighter_cache_limit_evicts_at_once() {
+    let dir = util::temp_dir("reload-cache");
+    let o = owner(dir.path());
+    let handles: Vec<Handle> = (0..8)
+        .map(|i| {
+            o.put(
+                &[i as u8; 65536],
+                &TensorSpec::bytes(65536),
+                BTreeMap::new(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let cfg = |budget: &str| {
+        format!(
+            "[cache]\npolicy = \"lru\"\nmax-bytes = \"{budget}\"\n{}",
+            util::shm_plugin("")
+        )
+    };
+    let c = Node::start(util::parse(&cfg("1MiB"))).unwrap();
+    for h in &handles {
+        drop(c.fetch_mode(h, FetchMode::Copy).unwrap());
+    }
+    assert_eq!(c.cache_stats().entries, 8);
+    let r = reload(&c, &cfg("128KiB")).unwrap();
+    assert_eq!(r.evicted, 6, "{r:?}");
+    assert_eq!(c.cache_stats().entries, 2);
+    assert!(
+        r.changes.iter().any(|x| x.starts_with("cache:")),
+        "{:?}",
+        r.changes
+    );
+    // The two most recently used stay: hits, with no transport involved.
+    for h in &handles[6..] {
+        assert_eq!(
+            c.fetch_mode(h, FetchMode::Copy)
+                .unwrap()
+                .selection
+                .transport,
+            "cache"
+        );
+    }
+    // Turning the cache off lets go of everything.
+    let r = reload(&c, &util::shm_plugin("")).unwrap();
+    assert_eq!((r.evicted, c.cache_stats().entries), (2, 0));
+}
