@@ -273,3 +273,70 @@ guardrail = { max-error-rate = 0.2, window = "60s", min-samples = 10 }
         2
     );
 }
+
+#[test]
+fn a_tripped_arm_is_probed_after_its_cooldown_and_recovers_once_its_transport_works() {
+    let dir = util::temp_dir("ab-half-open");
+    let o = owner(dir.path());
+    let clock = Arc::new(util::ManualClock::default());
+    let c = consumer(
+        dir.path(),
+        r#"
+[[experiment]]
+name = "canary"
+arms = [
+  { name = "control", transport = "posix-shm", weight = 50 },
+  { name = "spool", transport = "spool-dir", weight = 50 },
+]
+guardrail = { max-error-rate = 0.2, window = "10s", min-samples = 10, cooldown = "30s", probe-share = 0.5 }
+"#,
+        Some(clock.clone()),
+    );
+    let state = |c: &Node| c.metrics_snapshot().experiments[0].arms[1].state.clone();
+    // The spool medium fails: the arm trips.
+    let broken = put_many(&o, 100);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    for h in &broken {
+        c.fetch_mode(h, FetchMode::Copy).unwrap();
+    }
+    assert_eq!(state(&c), "tripped");
+    // The medium is back (new shards, new files), but the cool-down holds.
+    let fresh = put_many(&o, 400);
+    clock.advance(Duration::from_secs(29));
+    for h in &fresh[..50] {
+        assert_eq!(
+            c.fetch_mode(h, FetchMode::Copy)
+                .unwrap()
+                .selection
+                .transport,
+            "posix-shm"
+        );
+    }
+    assert_eq!(state(&c), "tripped");
+    // After it, probes (half of the arm's draws) go to spool-dir, pass,
+    // and the arm takes its whole share again.
+    clock.advance(Duration::from_secs(2));
+    let mut via_spool = 0;
+    for h in &fresh {
+        let f = c.fetch_mode(h, FetchMode::Copy).unwrap();
+        if f.selection.transport == "spool-dir" {
+            via_spool += 1;
+            assert!(
+                f.selection.reason.contains("probe") || state(&c) == "enabled",
+                "{}",
+                f.selection.reason
+            );
+        }
+    }
+    assert!(
+        via_spool >= 10,
+        "{via_spool} probes and fetches via spool-dir"
+    );
+    assert_eq!(state(&c), "enabled");
+    let snap = c.metrics_snapshot();
+    let kinds: Vec<&str> = snap.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["trip", "probe", "recover"], "{:?}", snap.events);
+    assert_eq!(snap.experiments[0].arms[1].guardrail_trips, 1);
+}
