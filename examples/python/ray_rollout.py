@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="add a step in which this actor is killed with ray.kill",
     )
+    ap.add_argument("--prefix", help="segment prefix of this run (default: a random one)")
     args = ap.parse_args(argv)
     if args.actors < 1 or args.steps < 0 or args.mib <= 0:
         ap.error("--actors must be >= 1, --steps >= 0, --mib > 0")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: ray is not importable ({_RAY_IMPORT_ERROR})")
         return 2
 
-    prefix = "spray" + secrets.token_hex(4)
+    prefix = args.prefix or "spray" + secrets.token_hex(4)
     # In a real job: the same secret in every process's environment
     # (`auth-token-env`); here the driver makes one and hands it to the actors.
     token = secrets.token_hex(16)
