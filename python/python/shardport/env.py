@@ -373,8 +373,18 @@ def _override_http(plugin: dict, host: str) -> None:
             f"the http transport will serve shard bytes on {pc['bind']} with no "
             "auth token: set plugin.http.config.auth-token-env",
             ExposedWithoutTokenWarning,
-            stacklevel=4,
+            stacklevel=_caller_level(),
         )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside
+    this package (the user's ``Node(...)`` or ``apply(...)`` call)."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 1
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == pkg:
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _as_dict(config: Any) -> dict:
