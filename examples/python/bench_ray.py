@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--actors, --reps and --reps-large must be >= 1, --warmup >= 0")
 
     ray.init(
+        address="local",  # a new local cluster, never one RAY_ADDRESS names
         num_cpus=2,
         object_store_memory=1 << 30,
         include_dashboard=False,

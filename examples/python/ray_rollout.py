@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_hex(16)
     ok = True
     ray.init(
+        address="local",  # a new local cluster, never one RAY_ADDRESS names
         num_cpus=2,
         object_store_memory=100 << 20,
         include_dashboard=False,

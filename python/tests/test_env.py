@@ -214,5 +214,7 @@ def test_config_from_a_file_and_from_text(monkeypatch, tmp_path):
         spenv.apply("[node\n", "k8s")
     with pytest.raises(ConfigError, match="node.advertise"):
         spenv.apply({"node": {"advertise": "nohostport"}}, "k8s")
+    with pytest.raises(ConfigError, match="cannot read config file /no/such.toml"):
+        spenv.apply("/no/such.toml", "k8s")
     with pytest.raises(InvalidInputError, match="found int"):
         spenv.apply(3, "k8s")

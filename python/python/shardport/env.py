@@ -412,6 +412,8 @@ def _as_dict(config: Any) -> dict:
                 p["path"] = str((path.parent / rel).resolve())
         return cfg
     if isinstance(config, str):
+        if "\n" not in config and config.endswith(".toml"):
+            raise ConfigError(f"cannot read config file {config}: no such file")
         try:
             return tomllib.loads(config)
         except tomllib.TOMLDecodeError as e:
