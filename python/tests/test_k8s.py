@@ -16,7 +16,7 @@ import pytest
 
 import shardport
 
-from helpers import leftovers, unique_prefix
+from helpers import config, leftovers, unique_prefix
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not importable (scripts/setup.sh installs it)")
 
@@ -213,6 +213,9 @@ def run_step(tmp_path: Path, rollout_shm: bool, rollout_token: str) -> tuple[str
         if tr.poll() is None:
             tr.kill()
             tr.wait()
+        if leftovers(prefix):  # a killed trainer's: a node with the prefix sweeps them
+            with shardport.Node(config(prefix)):
+                pass
 
 
 def test_the_pods_program_runs_a_step_through_shared_memory(tmp_path):
