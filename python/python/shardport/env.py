@@ -5,24 +5,17 @@ each tells the process where it runs in its own way. This module reads that
 and turns it into config overrides, so a node advertises an address other
 machines can reach and names itself after its place in the job:
 
-========  ==========================================  =====================
-source    address advertised (``node.advertise``,     node name
-          the http transport's bind)
-========  ==========================================  =====================
-ray       ``ray.util.get_node_ip_address()`` (Ray     ``ray-<actor id>`` or
-          must be initialized in this process: a      ``ray-driver-<pid>``
-          driver after ``ray.init()``, any actor or
-          task)
-torchrun  the local address of the route to           ``rank<RANK>``
-          ``MASTER_ADDR`` (no packet is sent;
-          ``127.0.0.1`` when ``MASTER_ADDR`` is this
-          machine); also reads ``RANK``,
-          ``LOCAL_RANK``, ``WORLD_SIZE``,
-          ``GROUP_RANK``
-k8s       ``POD_IP`` (downward API); also reads       ``POD_NAME``, else
-          ``NODE_NAME`` and ``POD_NAME``              ``pod-<POD_IP>``
-none      nothing changes: the config as written      as written
-========  ==========================================  =====================
+- ``ray``: the address is ``ray.util.get_node_ip_address()`` (Ray must be
+  initialized in this process: a driver after ``ray.init()``, any actor or
+  task); the name ``ray-<actor id>``, ``ray-task-<pid>`` or
+  ``ray-driver-<pid>``.
+- ``torchrun``: the address is the local address of the route to
+  ``MASTER_ADDR`` (no packet is sent; ``127.0.0.1`` when ``MASTER_ADDR`` is
+  loopback); the name ``rank<RANK>``; ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``GROUP_RANK`` are read and checked.
+- ``k8s`` (the downward API): the address is ``POD_IP``; the name
+  ``POD_NAME``, else ``pod-<POD_IP>``; ``NODE_NAME`` is read too.
+- ``none``: nothing changes, the config as written.
 
 **Choosing the source.** The ``addr_from`` argument of :class:`shardport.Node`
 (or of :func:`detect`/:func:`apply`), else the environment variable
@@ -216,7 +209,12 @@ def _from_ray() -> EngineEnv:
     ip = _check_ip(ray.util.get_node_ip_address(), "ray.util.get_node_ip_address()")
     ctx = ray.get_runtime_context()
     actor = ctx.get_actor_id()
-    name = f"ray-{actor[:16]}" if actor else f"ray-driver-{os.getpid()}"
+    if actor:
+        name = f"ray-{actor[:16]}"
+    elif ctx.get_task_id():
+        name = f"ray-task-{os.getpid()}"
+    else:
+        name = f"ray-driver-{os.getpid()}"
     return EngineEnv(source="ray", host=ip, name=name, node_name=ctx.get_node_id())
 
 
