@@ -23,7 +23,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is not importable (scripts/set
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 STEP = ROOT / "examples" / "python" / "k8s_step.py"
-MANIFESTS = ["configmap.yaml", "secret.yaml", "two-pods.yaml", "colocated.yaml"]
+MANIFESTS = ["configmap.yaml", "secret.yaml", "two-pods.yaml", "colocated.yaml", "networkpolicy.yaml"]
 
 
 def docs(name: str) -> list[dict]:
@@ -81,6 +81,7 @@ def test_every_manifest_parses_and_has_the_expected_objects():
         "secret.yaml": ["Secret"],
         "two-pods.yaml": ["Service", "Job", "Job"],
         "colocated.yaml": ["Job"],
+        "networkpolicy.yaml": ["NetworkPolicy"],
     }
     for f in MANIFESTS:
         for d in docs(f):
@@ -161,6 +162,24 @@ def test_two_pods_use_http_and_the_colocated_pod_shares_dev_shm():
     assert env_of(colo["containers"][1])["TRAINER_URL"]["value"].startswith("http://127.0.0.1:9000")
     for tpl_spec in (trainer["spec"], colo):
         assert not tpl_spec.get("hostIPC") and not tpl_spec.get("hostNetwork")
+
+
+def test_the_network_policy_admits_the_job_s_ports_only_from_the_job_and_prometheus():
+    cfg = toml_config()
+    http_port = port_of(plugin(cfg, "http")["config"]["bind"])
+    pol = one("NetworkPolicy", "shardport")["spec"]
+    assert pol["policyTypes"] == ["Ingress"]
+    for _, tpl in pod_templates():  # it selects every pod of the job
+        assert pol["podSelector"]["matchLabels"].items() <= tpl["metadata"]["labels"].items()
+    rules = pol["ingress"]
+    job_rule = next(r for r in rules if "podSelector" in r["from"][0] and "namespaceSelector" not in r["from"][0])
+    assert job_rule["from"][0]["podSelector"]["matchLabels"] == pol["podSelector"]["matchLabels"]
+    app_ports = {int(tpl["metadata"]["annotations"]["prometheus.io/port"]) for _, tpl in pod_templates()}
+    assert {p["port"] for p in job_rule["ports"]} == {http_port} | app_ports
+    # Shard bytes (the http port) are reachable from the job's pods only.
+    for r in rules:
+        if r is not job_rule:
+            assert http_port not in {p["port"] for p in r["ports"]}, r
 
 
 def local_config(tmp_path: Path, prefix: str, shm: bool) -> Path:
