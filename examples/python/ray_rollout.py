@@ -14,7 +14,11 @@ was chosen. At step end the trainer removes the shards. After
     python examples/python/ray_rollout.py --actors 2 --steps 2
     python examples/python/ray_rollout.py --kill rollout   # + a step where a rollout actor dies
     python examples/python/ray_rollout.py --kill trainer   # + a step where the owner dies
+    python examples/python/ray_rollout.py --http           # the path across machines
 
+`--http`: the trainer exports through the http transport only (heap
+storage), so every actor fetches a copy over http with the token, as an
+actor on another machine of the Ray cluster would.
 `--kill rollout`: one more step in which a rollout actor is killed
 (`ray.kill`) while it holds views of the step's shards; the others finish,
 the trainer removes the shards and closes as usual.
@@ -52,9 +56,11 @@ POOL_SIZE = "128MiB"
 #: How long a rollout actor holds its views in a `--kill` step before giving
 #: up waiting to be killed (the driver kills it within a second).
 HOLD_S = 60.0
+#: Whether the fetches are expected zero-copy (not with --http).
+ZERO_COPY = True
 
 
-def node_config(prefix: str, name: str, token: str) -> dict:
+def node_config(prefix: str, name: str, token: str, http_only: bool = False) -> dict:
     """The default config with a segment prefix of this run (so the /dev/shm
     check sees only this run), a smaller pool, and a token for the http
     transport: with `addr_from="ray"` it serves on the Ray node's IP, not
@@ -67,6 +73,9 @@ def node_config(prefix: str, name: str, token: str) -> dict:
             p["config"]["pool-size"] = POOL_SIZE
         if p["name"] == "http":
             p["config"]["auth-token"] = token
+    if http_only:  # what an actor on another machine gets
+        cfg["put"]["export-to"] = ["http"]
+        cfg["put"]["storage"] = "heap"  # not the shm pool, which would export too
     return cfg
 
 
@@ -89,8 +98,9 @@ def crc(a: np.ndarray) -> int:
 class Trainer:
     """Owns the weights: puts them each step, removes them at step end."""
 
-    def __init__(self, prefix: str, token: str, mib: float) -> None:
-        self.node = shardport.Node(node_config(prefix, "trainer", token), addr_from="ray")
+    def __init__(self, prefix: str, token: str, mib: float, http_only: bool) -> None:
+        cfg = node_config(prefix, "trainer", token, http_only)
+        self.node = shardport.Node(cfg, addr_from="ray")
         self.mib = mib
         self.handles: dict[str, shardport.Handle] = {}
 
@@ -118,8 +128,9 @@ class Trainer:
 class Rollout:
     """Fetches the weights by handle, zero-copy, and checks them."""
 
-    def __init__(self, rank: int, prefix: str, token: str) -> None:
+    def __init__(self, rank: int, prefix: str, token: str, mode: str) -> None:
         self.rank = rank
+        self.mode = mode
         self.node = shardport.Node(node_config(prefix, f"rollout{rank}", token), addr_from="ray")
         self.held: list = []
 
@@ -129,7 +140,7 @@ class Rollout:
     def _fetch(self, handles: dict) -> dict:
         report = {}
         for name, h in handles.items():
-            shard = self.node.fetch(h, mode="view")
+            shard = self.node.fetch(h, mode=self.mode)
             a = shard.numpy()
             report[name] = {
                 "crc": crc(a),
@@ -177,7 +188,7 @@ class Rollout:
 def check(report_of: tuple, expect: dict, step: int, key: str = "crc", note: str = "") -> bool:
     rank, s, report = report_of
     good = s == step and set(report) == set(expect)
-    good &= all(r[key] == expect[n] and r["zero_copy"] for n, r in report.items())
+    good &= all(r[key] == expect[n] and r["zero_copy"] == ZERO_COPY for n, r in report.items())
     r = report["embed.weight"]
     print(
         f"step {step} actor {rank}: {len(report)} arrays "
@@ -223,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         help="add a step in which this actor is killed with ray.kill",
     )
     ap.add_argument("--prefix", help="segment prefix of this run (default: a random one)")
+    ap.add_argument(
+        "--http",
+        action="store_true",
+        help="the trainer exports through http only, as to actors on other machines",
+    )
     args = ap.parse_args(argv)
     if args.actors < 1 or args.steps < 0 or args.mib <= 0:
         ap.error("--actors must be >= 1, --steps >= 0, --mib > 0")
@@ -230,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: ray is not importable ({_RAY_IMPORT_ERROR})")
         return 2
 
+    global ZERO_COPY
+    ZERO_COPY = not args.http  # http delivers copies
     prefix = args.prefix or "spray" + secrets.token_hex(4)
     # In a real job: the same secret in every process's environment
     # (`auth-token-env`); here the driver makes one and hands it to the actors.
@@ -245,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         # Actors take no CPU slot, so N of them fit on a 2-CPU cluster.
-        trainer = ray.remote(num_cpus=0)(Trainer).remote(prefix, token, args.mib)
+        trainer = ray.remote(num_cpus=0)(Trainer).remote(prefix, token, args.mib, args.http)
         rollouts = [
-            ray.remote(num_cpus=0, max_concurrency=2)(Rollout).remote(r, prefix, token)
+            ray.remote(num_cpus=0, max_concurrency=2)(Rollout).remote(r, prefix, token, "copy" if args.http else "view")
             for r in range(args.actors)
         ]
         for step in range(args.steps):

@@ -79,3 +79,13 @@ def test_bad_arguments_are_refused():
         [sys.executable, str(EXAMPLE), "--actors", "0"], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "--actors must be >= 1" in r.stderr
+
+
+def test_over_http_as_across_machines_with_the_token():
+    out, _ = run_example("--actors", "2", "--steps", "2", "--mib", "1", "--http")
+    lines = fetch_lines(out)
+    assert len(lines) == 4, out
+    for l in lines:
+        assert "checksums match" in l and "via http (copy, zero-copy=False)" in l, l
+    assert "exports ['http']" in out, out
+    assert out.strip().endswith("ok")
