@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     # (`auth-token-env`); here the driver makes one and hands it to the actors.
     token = secrets.token_hex(16)
     ok = True
+    trainer = None
     ray.init(
         address="local",  # a new local cluster, never one RAY_ADDRESS names
         num_cpus=2,
@@ -265,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         # Actors take no CPU slot, so N of them fit on a 2-CPU cluster.
         trainer = ray.remote(num_cpus=0)(Trainer).remote(prefix, token, args.mib, args.http)
         rollouts = [
-            ray.remote(num_cpus=0, max_concurrency=2)(Rollout).remote(r, prefix, token, "copy" if args.http else "view")
+            ray.remote(num_cpus=0, max_concurrency=2)(Rollout).remote(
+                r, prefix, token, "copy" if args.http else "view"
+            )
             for r in range(args.actors)
         ]
         for step in range(args.steps):
@@ -323,9 +326,17 @@ def main(argv: list[str] | None = None) -> int:
             ray.get(a.close.remote())
         if trainer is not None:
             stats = ray.get(trainer.close.remote())
+            trainer = None
             print(f"trainer closed: {stats['bytes_owned']} bytes still owned")
             ok &= stats["bytes_owned"] == 0
     finally:
+        # On an error above, close the trainer's node before Ray kills its
+        # process (ray.shutdown() runs no close()); best effort.
+        if trainer is not None and args.kill != "trainer":
+            try:
+                ray.get(trainer.close.remote(), timeout=30)
+            except Exception as e:  # the error above is the one to see
+                print(f"closing the trainer after an error failed too: {e}", file=sys.stderr)
         ray.shutdown()
 
     left = sorted(n for n in os.listdir("/dev/shm") if prefix in n)
