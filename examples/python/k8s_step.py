@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -183,7 +184,14 @@ def rollout(args: argparse.Namespace) -> int:
     return 0 if good else 1
 
 
+def on_sigterm(signum, frame) -> None:
+    """Kubernetes stops a pod with SIGTERM: leave through the `with` blocks,
+    so the node closes and unlinks its segments (exit status 143)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("role", choices=["trainer", "rollout"])
     ap.add_argument("--config", default=os.environ.get("SHARDPORT_CONFIG", DEFAULT_CONFIG))

@@ -260,6 +260,36 @@ def test_a_wrong_token_is_refused(tmp_path):
     assert "report from rollout-0: ok=False" in tout and tout.strip().endswith("FAILED"), tout
 
 
+def test_sigterm_closes_the_trainer_s_node(tmp_path):
+    """Kubernetes stops pods with SIGTERM: the trainer leaves nothing behind."""
+    import signal
+
+    prefix = unique_prefix()
+    env = dict(os.environ, SHARDPORT_ADDR_FROM="k8s", POD_IP="127.0.0.1", SHARDPORT_TOKEN="s" * 32)
+    tr = subprocess.Popen(
+        [sys.executable, str(STEP), "trainer", "--config", str(local_config(tmp_path, prefix, True)),
+         "--bind", "127.0.0.1", "--port", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        out = []
+        while not any("serving handles on" in l for l in out):
+            line = tr.stdout.readline()
+            assert line, "".join(out)
+            out.append(line)
+        assert leftovers(prefix), "the trainer's pool should exist while it runs"
+        tr.send_signal(signal.SIGTERM)
+        assert tr.wait(timeout=60) == 128 + signal.SIGTERM, tr.stdout.read()
+        assert leftovers(prefix) == []
+    finally:
+        if tr.poll() is None:
+            tr.kill()
+            tr.wait()
+        if leftovers(prefix):
+            with shardport.Node(config(prefix)):
+                pass
+
+
 def test_kubectl_dry_run_accepts_the_manifests():
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed: the manifests are checked by the tests above only")
