@@ -135,6 +135,8 @@ def test_pods_get_the_environment_volumes_and_ports_the_config_names():
             # A memory-backed emptyDir counts against the memory limit.
             assert byte_size(c["resources"]["limits"]["memory"]) >= byte_size(dshm["sizeLimit"]), where
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+            probe = c["readinessProbe"]["httpGet"]
+            assert probe["path"] == "/metrics" and probe["port"] in ports, where
             if "shardport-http" in ports:
                 assert ports["shardport-http"] == port_of(http["bind"]), where
             container_ports += list(ports.values())
