@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from . import errors
+from . import env, errors
 from ._core import DEFAULT_CONFIG, Handle, Shard, __version__
 from ._core import Node as _CoreNode
 from .errors import (
@@ -51,6 +51,7 @@ __all__ = [
     "default_config",
     "DEFAULT_CONFIG",
     "errors",
+    "env",
     "ShardportError",
     "ConfigError",
     "InvalidInputError",
@@ -115,6 +116,11 @@ class Node(_CoreNode):
     with the same structure. Relative plugin paths also resolve in
     :func:`plugin_dir`.
 
+    ``addr_from``: where the node takes its address and name from: ``"ray"``,
+    ``"torchrun"``, ``"k8s"``, ``"auto"`` or ``"none"`` (see
+    :mod:`shardport.env`); ``None``: ``$SHARDPORT_ADDR_FROM``, else
+    ``"none"`` (the config as written, loopback by default).
+
     Use as a context manager or call :meth:`close`: closing removes every
     shard this node owns (shards other processes already fetched as views
     stay readable until released).
@@ -125,13 +131,26 @@ class Node(_CoreNode):
     ``drain(handles=None)``, ``stats()``, ``metrics()``, ``close()``.
     """
 
-    def __new__(cls, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> Node:
+    def __new__(
+        cls,
+        config: Any = None,
+        *,
+        plugin_dir: Optional[os.PathLike] = None,
+        addr_from: Optional[str] = None,
+    ) -> Node:
         d = Path(plugin_dir) if plugin_dir is not None else _default_plugin_dir()
+        config = env.apply(config, addr_from)
         self = super().__new__(cls, config, str(d))
         self._device_refs = {}
         return self
 
-    def __init__(self, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> None:
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        plugin_dir: Optional[os.PathLike] = None,
+        addr_from: Optional[str] = None,
+    ) -> None:
         """Starts the node (see the class docstring); ``plugin_dir`` overrides
         :func:`plugin_dir` for this node."""
 
