@@ -12,8 +12,8 @@
 //! - `enospc`: an allocation (creating or growing a segment) fails with
 //!   `RESOURCE_EXHAUSTED`, as a full `/dev/shm` does;
 //! - `garbage-descriptor`: an export succeeds but returns random bytes as
-//!   its descriptor (the shard is withdrawn from the plugin, so nothing
-//!   leaks; consumers must refuse the descriptor).
+//!   its descriptor (the plugin keeps the real export, withdrawn as usual
+//!   when the shard is removed; consumers must refuse the descriptor).
 //!
 //! Short reads and corruption are only caught where the handle carries a
 //! checksum (`put.checksum`) and consumers verify it (`fetch.verify-checksum`):
@@ -147,12 +147,12 @@ impl Transport for Injector {
 
     fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
         self.maybe_delay();
-        let id = req.id;
         let r = self.inner.export(req);
         if let RResult::ROk(desc) = &r {
             if self.dice.roll(5, self.dice.faults.garbage_descriptor_ppm) {
-                // The real export is withdrawn: only the garbage remains.
-                let _ = self.inner.unexport(id);
+                // The plugin keeps its real export (a storage transport's
+                // unexport would free bytes the shard still uses); the
+                // handle gets garbage.
                 let n = desc.len().clamp(1, 64);
                 let garbage: Vec<u8> = (0..n).map(|_| self.dice.next() as u8).collect();
                 return RResult::ROk(garbage.into());
