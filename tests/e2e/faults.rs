@@ -272,8 +272,8 @@ fn a_full_dev_shm_is_a_clear_error_and_the_node_recovers() {
         .args(["-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"])
         .output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        println!(
-            "SKIPPED: a private tmpfs on /dev/shm needs `unshare -m` and mount rights: {}",
+        eprintln!(
+            "full /dev/shm test skipped: a private tmpfs on /dev/shm needs `unshare -m` and mount rights: {}",
             probe.map_or_else(
                 |e| e.to_string(),
                 |o| String::from_utf8_lossy(&o.stderr).into_owned()
