@@ -28,8 +28,8 @@ use std::sync::{
 };
 
 use shardport_abi::{
-    AbiError, Allocation, ErrorKind, ExportRequest, Health, ImportInfo, ImportItem, RResult,
-    RSlice, RSliceMut, RVec, Region, ShardId, ShardMeta, SharedTransport, Stat, TD_Opaque,
+    AbiError, Allocation, ErrorKind, ExportRequest, Health, ImportInfo, ImportItem, OwnerClaim,
+    RResult, RSlice, RSliceMut, RVec, Region, ShardId, ShardMeta, SharedTransport, Stat, TD_Opaque,
     Transport, TransportBox, TransportInfo,
 };
 
@@ -256,6 +256,15 @@ impl Transport for Injector {
 
     fn can_import(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<(), AbiError> {
         self.inner.can_import(desc, meta)
+    }
+
+    fn can_import_from(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        owner: &OwnerClaim,
+    ) -> RResult<(), AbiError> {
+        self.inner.can_import_from(desc, meta, owner)
     }
 
     fn import_into_device(
