@@ -324,8 +324,12 @@ impl Consumer {
     /// Validates `desc` and obtains the right to read its bytes.
     /// Refuses a descriptor whose segments (data, and board in pool mode)
     /// belong to another owner than `claim` (see `names::check_owner`).
+    /// A descriptor that does not decode passes: the import reports why
+    /// (a failed attempt, so the fetch is a downgrade), as before binding.
     pub(crate) fn check_claim(&self, desc: &[u8], claim: &OwnerClaim) -> PluginResult<()> {
-        let d = Descriptor::decode(desc, &self.prefix)?;
+        let Ok(d) = Descriptor::decode(desc, &self.prefix) else {
+            return Ok(());
+        };
         for (field, name) in [("segment", &d.segment), ("board", &d.board)] {
             if name.is_empty() {
                 continue;
