@@ -92,6 +92,20 @@ fn checksums_are_computed_at_put_and_checked_at_fetch() {
     });
     let err = n.fetch_mode(&bad, FetchMode::Copy).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch via `posix-shm`"), "{err}");
+    // Counted once per failed attempt, by a single fetch and in a batch.
+    let errors = || n.stats().transports["posix-shm"].errors;
+    assert_eq!(errors(), 1);
+    let r = n.fetch_many(&[bad], FetchMode::Copy).unwrap();
+    assert!(r[0]
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("checksum mismatch"));
+    assert_eq!(
+        errors(),
+        2,
+        "a batch's checksum mismatch is one error, not two"
+    );
 }
 
 fn consumer(fetch_and_cache: &str) -> Node {
