@@ -39,16 +39,7 @@ impl Node {
         spec: &TensorSpec,
         tags: BTreeMap<String, String>,
     ) -> Result<Handle, HostError> {
-        let meta = spec.meta()?;
-        if meta.byte_len != bytes.len() as u64 {
-            return Err(HostError::InvalidShard(format!(
-                "{} bytes given, dtype {} with shape {:?} needs {}",
-                bytes.len(),
-                spec.dtype,
-                spec.shape,
-                meta.byte_len
-            )));
-        }
+        check_len(bytes, spec)?;
         self.put_inner(&self.inner.live(), spec, tags, |dst, policy| {
             copy_and_checksum(bytes, dst, policy)
         })
@@ -65,16 +56,7 @@ impl Node {
         items
             .iter()
             .map(|(bytes, spec, tags)| {
-                let meta = spec.meta()?;
-                if meta.byte_len != bytes.len() as u64 {
-                    return Err(HostError::InvalidShard(format!(
-                        "{} bytes given, dtype {} with shape {:?} needs {}",
-                        bytes.len(),
-                        spec.dtype,
-                        spec.shape,
-                        meta.byte_len
-                    )));
-                }
+                check_len(bytes, spec)?;
                 self.put_inner(&g, spec, tags.clone(), |dst, policy| {
                     copy_and_checksum(bytes, dst, policy)
                 })
@@ -320,6 +302,21 @@ impl Exported {
             }
         }
     }
+}
+
+/// `bytes` has the length `spec`'s dtype and shape imply.
+fn check_len(bytes: &[u8], spec: &TensorSpec) -> Result<(), HostError> {
+    let meta = spec.meta()?;
+    if meta.byte_len != bytes.len() as u64 {
+        return Err(HostError::InvalidShard(format!(
+            "{} bytes given, dtype {} with shape {:?} needs {}",
+            bytes.len(),
+            spec.dtype,
+            spec.shape,
+            meta.byte_len
+        )));
+    }
+    Ok(())
 }
 
 /// Bounds on a put's tags (shared by `put_with` and `put_device`).
