@@ -298,13 +298,16 @@ mod tests {
         DType, Device, ShardMeta,
     };
 
-    /// Views and allocations as boxed slices, by token; `short` makes
+    /// Views and allocations as heap buffers, by token; `short` makes
     /// `import_view` return one byte less than asked. Shared with the test
     /// (`Arc<Heap>` is the transport) so it can read the books.
     #[derive(Default)]
     struct Heap {
-        views: Mutex<HashMap<u64, Box<[u8]>>>,
-        allocs: Mutex<HashMap<u64, Box<[u8]>>>,
+        // `Vec`, not `Box<[u8]>`: moving a box into the map would retag it
+        // as unique and invalidate the pointer already handed out (Miri's
+        // Stacked Borrows says so); a vector's buffer is not retagged.
+        views: Mutex<HashMap<u64, Vec<u8>>>,
+        allocs: Mutex<HashMap<u64, Vec<u8>>>,
         next: Mutex<u64>,
         short: bool,
     }
@@ -342,7 +345,7 @@ mod tests {
         }
         fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
             let len = meta.byte_len as usize - usize::from(self.short);
-            let bytes: Box<[u8]> = (0..len).map(|i| desc[0].wrapping_add(i as u8)).collect();
+            let bytes: Vec<u8> = (0..len).map(|i| desc[0].wrapping_add(i as u8)).collect();
             let token = self.token();
             let ptr = bytes.as_ptr();
             self.views.lock().unwrap().insert(token, bytes);
@@ -355,7 +358,7 @@ mod tests {
             }
         }
         fn allocate(&self, _id: ShardId, len: u64) -> RResult<Allocation, AbiError> {
-            let mut bytes = vec![0u8; len as usize].into_boxed_slice();
+            let mut bytes = vec![0u8; len as usize];
             let token = self.token();
             let ptr = bytes.as_mut_ptr();
             self.allocs.lock().unwrap().insert(token, bytes);
