@@ -549,6 +549,18 @@ impl PyNode {
         json_to_py(py, &v)
     }
 
+    /// Reclaims what dead processes left behind: segments of owners that
+    /// died, leases of consumers that died (never a live process's). A
+    /// library node does not sweep by itself (`shardport serve` does, every
+    /// `node.sweep-interval`); call this from a supervisor after a worker
+    /// was killed. Returns, per transport, what was reclaimed (or
+    /// `{"error": ...}`).
+    fn sweep(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let node = self.node()?;
+        let v = py.allow_threads(|| node.sweep_json());
+        json_to_py(py, &v)
+    }
+
     /// The node's metrics in the Prometheus text format.
     fn metrics(&self, py: Python<'_>) -> PyResult<String> {
         let node = self.node()?;
