@@ -17,7 +17,7 @@
 //! Locking: the transport keeps the books under its owner lock; every
 //! method takes `&mut self`, so reclaims never race each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use shardport_abi::ShardId;
 
@@ -146,7 +146,12 @@ impl<T> Books<T> {
         if scope == Scope::Retired && self.deferred.is_empty() {
             return r;
         }
-        let retired = |s: &Scanned| self.deferred.iter().any(|d| s.names(d.slot, d.generation));
+        let waiting: HashSet<(u32, u64)> = self
+            .deferred
+            .iter()
+            .map(|d| (d.slot, d.generation))
+            .collect();
+        let retired = |s: &Scanned| s.target.1 != 0 && waiting.contains(&s.target);
         let mut verdicts: HashMap<Holder, Verdict> = HashMap::new();
         let mut live = Vec::new();
         for s in b.scan() {
@@ -174,9 +179,14 @@ impl<T> Books<T> {
                 _ => live.push(s),
             }
         }
+        let named: HashSet<(u32, u64)> = live
+            .iter()
+            .filter(|s| s.target.1 != 0)
+            .map(|s| s.target)
+            .collect();
         let deferred = std::mem::take(&mut self.deferred);
         for d in deferred {
-            if live.iter().any(|s| s.names(d.slot, d.generation)) {
+            if named.contains(&(d.slot, d.generation)) {
                 self.deferred.push(d);
             } else {
                 b.free(d.slot, d.generation);
@@ -192,9 +202,10 @@ impl<T> Books<T> {
         let Some(b) = &self.board else {
             return 0;
         };
+        let ours: HashSet<(u32, u64)> = self.all().map(|p| (p.slot, p.generation)).collect();
         b.scan()
             .iter()
-            .filter(|s| self.all().any(|p| s.names(p.slot, p.generation)))
+            .filter(|s| s.target.1 != 0 && ours.contains(&s.target))
             .count() as u64
     }
 

@@ -17,6 +17,7 @@
 //! cache = "keep"              # or "close-on-release"
 //! max-idle-mappings = 64
 //! lease-slots = 4096
+//! lease-records = 4096
 //! ```
 //!
 //! ## What earlier systems learned, and where it lives here
@@ -26,15 +27,17 @@
 //!   (owner process, allocation generation) with a reference count, and a
 //!   reallocation is detected by its new generation (`cache`).
 //! - The exporter must not free memory a consumer still maps: leases on a
-//!   shared-memory board (`board`).
+//!   shared-memory board (`board`), each recording who holds it, so the
+//!   owner takes back the leases of consumers that provably died
+//!   (`books`, `liveness`).
 //! - The consumer never reads before the producer's writes finished: the
 //!   owner records an interprocess event after them, the consumer waits on it
 //!   (`sys::Driver::record_ipc_event` / `wait_ipc_event`).
 //!
 //! ## Where to start reading
 //! This file (the transport, owner and consumer sides), then `descriptor`
-//! (the wire format), `cache`, `board`, and `sys`, the only module with
-//! `unsafe`.
+//! (the wire format), `cache`, `board`, `books` (the owner's side of the
+//! board), `liveness`, and `sys`, the only module with `unsafe`.
 
 #![deny(unsafe_code)]
 
