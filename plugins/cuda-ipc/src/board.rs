@@ -67,8 +67,8 @@
 //! read belongs to that claim or an earlier one; a pid word tagged with the
 //! claim's sequence was written by that claim, and so were the start time
 //! and namespaces, written before it. Such a holder, if provably dead (see
-//! `liveness`: `ESRCH`, a reused pid, or a zombie, judged only within our
-//! PID namespace), loses the record: [`Board::reclaim`] CASes exactly that
+//! `liveness`: `ESRCH` or a reused pid, judged only within our PID
+//! namespace; a zombie is not proof), loses the record: [`Board::reclaim`] CASes exactly that
 //! claim word to `free`. A dead holder never writes again, and only the
 //! holder otherwise moves a taken record, so the CAS can only race with a
 //! holder that is alive, which `judge` never calls dead (every doubt is

@@ -15,15 +15,16 @@
 //! recorded in *our* PID namespace, where its pid means the same process to
 //! us as to it:
 //! - `kill(pid, 0)` fails with `ESRCH`: no such process;
-//! - or `/proc/<pid>/stat` shows another start time (the pid was reused), or
-//!   the same start time in state `Z`/`X` (it exited and is not reaped yet:
-//!   its memory and device mappings are gone). `/proc` is read only when it
-//!   belongs to our PID namespace and the time namespaces agree (start times
-//!   are shifted by a time namespace's offset).
+//! - or `/proc/<pid>/stat` shows another start time: the pid was reused.
+//!   `/proc` is read only when it belongs to our PID namespace and the time
+//!   namespaces agree (start times are shifted by a time namespace's offset).
 //!
 //! Everything else is [`Verdict::Unknown`], which every caller treats as
 //! alive: another or an unknown PID namespace, an unknown field, an
-//! unreadable `/proc`, a failed probe.
+//! unreadable `/proc`, a failed probe, and a zombie (state `Z`): a process
+//! that exited but is not reaped yet looks exactly like one whose main
+//! thread called `pthread_exit` while its other threads still run (and read
+//! the device memory), so its lease waits until its parent reaps it.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -233,7 +234,7 @@ pub fn judge(rec: &Holder, here: &Here, probe: &impl Probe) -> Verdict {
             Verdict::Dead("exited, its pid now belongs to another process")
         }
         ProcStat::Found(s) if matches!(s.state, b'Z' | b'X') => {
-            Verdict::Dead("exited, not yet reaped by its parent")
+            Verdict::Unknown("a zombie: exited, or only its main thread did; judged once reaped")
         }
         ProcStat::Found(_) => Verdict::Alive,
         // kill saw it, /proc does not: hidden (hidepid) or just exiting.
@@ -295,9 +296,10 @@ mod tests {
             judge(&REC, &HERE, &running(b'R', 901)),
             Verdict::Dead(_)
         ));
+        // A zombie leader may still have running threads: never dead.
         assert!(matches!(
             judge(&REC, &HERE, &running(b'Z', 900)),
-            Verdict::Dead(_)
+            Verdict::Unknown(_)
         ));
         // Nothing is judged across PID namespaces or with unknown fields,
         // not even a pid that does not exist here.
