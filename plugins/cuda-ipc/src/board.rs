@@ -1,177 +1,578 @@
 //! The lease board: how an owner knows that consumers still map a shard's
-//! device memory, so it never frees memory a consumer still reads.
+//! device memory, and who they are, so it never frees memory a live consumer
+//! still reads and can take back the leases of consumers that died.
 //!
-//! # Layout
+//! # Layout (version 2)
 //! A POSIX shared-memory segment per owner transport instance
 //! (`/shardport-cuda-<node tag>`, mode 0600, created exclusively, unlinked
-//! by its owner), an array of little-endian `u64` words:
-//! word 0 is the magic [`BOARD_MAGIC`], word 1 the slot count, then one word
-//! per exported shard:
+//! by its owner), an array of little-endian `u64` words every process
+//! accesses only atomically (`SeqCst`):
 //!
 //! ```text
-//! bits 63..24  slot generation (40 bits, never 0 once published)
-//! bit  23      live: the shard is exported (new leases allowed)
-//! bits 22..0   lease count
+//! header   (4 words)   magic "SPCUBRD" + version byte ('2'), slot count,
+//!                      record count, reserved (0)
+//! slots    (1 word each, one per exported shard)
+//!                      generation (bits 63..24, 40 bits, never 0 once
+//!                      published) | state (bits 1..0: 0 free, 1 live,
+//!                      2 retired)
+//! records  (5 words each, one per lease)
+//!                      claim word: sequence << 2 | state (0 free,
+//!                        1 claiming, 2 held)
+//!                      target: slot generation << 24 | slot (0: none yet)
+//!                      holder pid | low 32 bits of the claim's sequence << 32
+//!                      holder start time (clock ticks since boot)
+//!                      holder namespaces: PID-namespace inode | time << 32
 //! ```
 //!
-//! # Protocol (every change is one compare-and-swap on one word)
-//! - owner `publish`: a free word (not live, no lease) becomes
-//!   (generation + 1, live, 0); the descriptor carries the slot and the new
-//!   generation.
-//! - consumer `lease`: +1 only while the word is live with the descriptor's
-//!   generation; otherwise the shard was unexported (`NOT_FOUND`).
-//! - consumer `unlease`: -1 while the generation matches.
-//! - owner `retire` (unexport): clears live; the memory is freed once the
-//!   count reads 0 (at once, or by a later call: `reap`). A consumer can no
-//!   longer take a lease on a retired word, so the owner's "count is 0"
-//!   is final.
+//! Version 1 (magic "SPCUBRD1") counted leases in the slot word and recorded
+//! no holder. The version is the magic's last byte; a consumer refuses a
+//! board of another version naming both ([`AttachError::Version`]), so an
+//! owner and its consumers must run the same layout.
 //!
-//! # What is guaranteed, and what is not
-//! Memory the plugin owns (staged copies) is freed only when no lease is
-//! held. Memory the host lent (`put_device`, the caller's tensor) cannot be
-//! kept alive by the plugin: `unexport` retires the slot and the host reports
-//! how many leases are still held (`leases_held_on_owner`); the caller must
-//! not free its tensor while that is non-zero. Leases of a consumer that
-//! died without releasing are NOT reclaimed (posix-shm's board records
-//! lessee pids; this one does not yet), so such a slot keeps its memory
-//! until the owner exits.
+//! # Protocol (every change is one compare-and-swap or store on one word)
+//! - owner **publish**: a free slot word becomes live with generation + 1;
+//!   the descriptor carries the slot and the new generation.
+//! - consumer **lease**: claims a free record (CAS `free(s - 1)` ->
+//!   `claiming(s)`), clears its target, writes who it is (start time,
+//!   namespaces, then the pid tagged with `s`), then its target (slot,
+//!   generation), marks the record `held(s)`, and only then re-reads the
+//!   slot word: it must still be live with that generation, or the consumer
+//!   frees the record and reports the shard unexported (`NOT_FOUND`).
+//! - consumer **release**: one CAS `held(s)` -> `free(s)`; it fails, having
+//!   changed nothing, when the owner reclaimed the record.
+//! - owner **retire** (unexport): the slot word becomes retired, and only
+//!   then are the records scanned for one naming the slot and generation
+//!   (claiming or held). Without one the memory is freed and the slot word
+//!   made free; with one the owner keeps the memory and scans again on
+//!   later calls (`reap`).
+//!
+//! Why no lease is missed: both sides write their own word, then read the
+//! other's, all `SeqCst`, so in the single total order either the
+//! consumer's record writes precede the owner's scan (the owner sees the
+//! lease) or the owner's retire precedes the consumer's re-check (the
+//! consumer sees the shard gone and never reads it). A scan that reads a
+//! record whose target is still zero ignores it: it read the target before
+//! the consumer wrote it, so the retire came before the consumer's re-check
+//! too. A stale target of an earlier claim (read before the new claim
+//! zeroed it) only makes the owner wait longer. Once a retired slot's
+//! scan finds no lease, no lease of that generation can appear: "no lease"
+//! is final, as with version 1's count.
+//!
+//! # Reclaiming the leases of dead consumers
+//! Only the owner reclaims, under its books lock. [`Board::scan`] reads a
+//! taken record's claim word, then its pid word, start time, namespaces and
+//! target, then the claim word again. Each claim word value occurs once per
+//! record (the sequence only grows), and a later claimer writes only after
+//! its own CAS changed the word, so the same value twice means every word
+//! read belongs to that claim or an earlier one; a pid word tagged with the
+//! claim's sequence was written by that claim, and so were the start time
+//! and namespaces, written before it. Such a holder, if provably dead (see
+//! `liveness`: `ESRCH` or a reused pid, judged only within our PID
+//! namespace; a zombie is not proof), loses the record: [`Board::reclaim`] CASes exactly that
+//! claim word to `free`. A dead holder never writes again, and only the
+//! holder otherwise moves a taken record, so the CAS can only race with a
+//! holder that is alive, which `judge` never calls dead (every doubt is
+//! `Unknown`, treated as alive); had it wrongly, exactly one of the two CASes
+//! would win, and a release never touches a record it no longer holds. A
+//! consumer that died before tagging its pid (a window of a few stores)
+//! keeps its record taken, naming no slot (the target is written after the
+//! tag): a record without its tag is never reclaimed, and holds no memory.
+//! A dead process's device mappings are gone with it (the driver tears its
+//! context down at exit), so freeing the memory it leased is safe.
+//!
+//! # Failure modes
+//! Consumers map the board read-write; a hostile one can claim records or
+//! write nonsense. The owner keeps its own books in process memory and only
+//! counts leases from the board, so the worst a bad consumer can do is keep
+//! memory occupied, or write another process's identity into its record
+//! (which then counts as that process's).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::{
+    fmt,
+    sync::atomic::{AtomicU64, Ordering::SeqCst},
+};
 
-/// Word 0 of every board: "SPCUBRD1".
-pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"SPCUBRD1");
+use crate::liveness::{Holder, Namespaces};
+
+/// The layout version this plugin writes and accepts.
+pub const LAYOUT_VERSION: u8 = b'2';
+/// The magic's first seven bytes; the eighth is the layout version.
+const MAGIC_STEM: &[u8; 7] = b"SPCUBRD";
+/// Word 0 of every board of this version: "SPCUBRD2".
+pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"SPCUBRD2");
 /// Words before the first slot.
-pub const HEADER_WORDS: usize = 2;
-const LEASE_BITS: u32 = 23;
-const LEASE_MASK: u64 = (1 << LEASE_BITS) - 1;
-const LIVE: u64 = 1 << LEASE_BITS;
+pub const HEADER_WORDS: usize = 4;
+/// Words of one lease record.
+pub const RECORD_WORDS: usize = 5;
+
+const H_MAGIC: usize = 0;
+const H_SLOTS: usize = 1;
+const H_RECORDS: usize = 2;
+
+const R_CLAIM: usize = 0;
+const R_TARGET: usize = 1;
+const R_PID: usize = 2;
+const R_START: usize = 3;
+const R_NS: usize = 4;
+
 const GEN_SHIFT: u32 = 24;
 const GEN_MASK: u64 = (1 << 40) - 1;
-/// Most leases one slot counts.
-pub const MAX_LEASES: u64 = LEASE_MASK;
+const SLOT_STATE_MASK: u64 = 0b11;
+const TARGET_SLOT_MASK: u64 = (1 << GEN_SHIFT) - 1;
+/// Most slots a board has (the target word's slot field).
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// Most lease records a board has.
+pub const MAX_RECORDS: u32 = 1 << 20;
+
+/// State of a slot word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// Not exported; reusable.
+    Free = 0,
+    /// Exported: new leases allowed.
+    Live = 1,
+    /// Unexported: no new leases; freed by its owner once no lease names it.
+    Retired = 2,
+}
 
 /// A slot word, unpacked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
-    /// Generation.
+    /// Generation (40 bits).
     pub generation: u64,
-    /// Exported.
-    pub live: bool,
-    /// Leases held.
-    pub leases: u64,
+    /// State.
+    pub state: SlotState,
 }
 
-/// Unpacks a word.
+/// Unpacks a slot word (an unknown state reads as retired: no lease, never
+/// reused).
 pub fn unpack(w: u64) -> Slot {
     Slot {
         generation: (w >> GEN_SHIFT) & GEN_MASK,
-        live: w & LIVE != 0,
-        leases: w & LEASE_MASK,
+        state: match w & SLOT_STATE_MASK {
+            0 => SlotState::Free,
+            1 => SlotState::Live,
+            _ => SlotState::Retired,
+        },
     }
 }
 
-/// Packs a slot.
+/// Packs a slot word.
 pub fn pack(s: Slot) -> u64 {
-    ((s.generation & GEN_MASK) << GEN_SHIFT)
-        | if s.live { LIVE } else { 0 }
-        | (s.leases & LEASE_MASK)
+    (s.generation & GEN_MASK) << GEN_SHIFT | s.state as u64
+}
+
+const CLAIM_FREE: u64 = 0;
+const CLAIM_CLAIMING: u64 = 1;
+const CLAIM_HELD: u64 = 2;
+const CLAIM_STATE_BITS: u32 = 2;
+const CLAIM_STATE_MASK: u64 = (1 << CLAIM_STATE_BITS) - 1;
+const SEQ_MASK: u64 = u64::MAX >> CLAIM_STATE_BITS;
+
+/// A record's claim word: the claim's sequence and the record's state.
+pub fn claim_word(seq: u64, state: u64) -> u64 {
+    (seq & SEQ_MASK) << CLAIM_STATE_BITS | state
+}
+
+fn claim_state(word: u64) -> u64 {
+    word & CLAIM_STATE_MASK
+}
+
+fn claim_seq(word: u64) -> u64 {
+    word >> CLAIM_STATE_BITS
+}
+
+/// The holder pid word: the pid, tagged with the low half of its claim's
+/// sequence.
+pub fn pid_word(pid: u32, seq: u64) -> u64 {
+    u64::from(pid) | u64::from(seq as u32) << 32
+}
+
+/// `(pid, tag)` of a pid word.
+pub fn split_pid_word(w: u64) -> (u32, u32) {
+    (w as u32, (w >> 32) as u32)
+}
+
+/// A record's target word: slot and generation (0 means none: generations
+/// are never 0).
+pub fn target_word(slot: u32, generation: u64) -> u64 {
+    (generation & GEN_MASK) << GEN_SHIFT | u64::from(slot) & TARGET_SLOT_MASK
+}
+
+/// `(slot, generation)` of a target word.
+pub fn split_target_word(w: u64) -> (u32, u64) {
+    ((w & TARGET_SLOT_MASK) as u32, (w >> GEN_SHIFT) & GEN_MASK)
+}
+
+/// Table sizes of a board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Slots (shards exported at a time).
+    pub slots: u32,
+    /// Lease records (leases held at a time, all consumers together).
+    pub records: u32,
+}
+
+impl Layout {
+    /// Words the board needs.
+    pub fn words(&self) -> usize {
+        HEADER_WORDS + self.slots as usize + RECORD_WORDS * self.records as usize
+    }
+
+    fn slot(&self, slot: u32) -> usize {
+        assert!(slot < self.slots, "slot {slot} out of range");
+        HEADER_WORDS + slot as usize
+    }
+
+    fn record(&self, index: u32, field: usize) -> usize {
+        assert!(index < self.records, "record {index} out of range");
+        HEADER_WORDS + self.slots as usize + RECORD_WORDS * index as usize + field
+    }
+}
+
+/// Why a consumer cannot use a board.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachError {
+    /// The owner writes another layout version (the magic's last byte).
+    Version {
+        /// The version byte found.
+        found: u8,
+    },
+    /// Not a board, or a header that disagrees with the board's real size.
+    Invalid(String),
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::Version { found } => write!(
+                f,
+                "lease board layout version is {}, this plugin uses version {}",
+                char::from(*found).escape_default(),
+                char::from(LAYOUT_VERSION)
+            ),
+            AttachError::Invalid(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Why a lease was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseError {
-    /// The slot was unexported or reused (generation or live bit differ).
+    /// The slot was unexported or reused (generation or state differ).
     Gone {
-        /// What the word holds now.
+        /// What the slot word holds now.
         found: Slot,
     },
-    /// The slot already counts [`MAX_LEASES`].
+    /// Every lease record is taken.
     Full,
+    /// The slot is outside the board.
+    NoSuchSlot,
 }
 
-/// Owner: publishes a free word. Returns the new generation, or `None` when
-/// the word is not free (live, or leases still held).
-pub fn publish(word: &AtomicU64) -> Option<u64> {
-    let cur = word.load(Ordering::Acquire);
-    let s = unpack(cur);
-    if s.live || s.leases != 0 {
-        return None;
-    }
-    let mut generation = (s.generation + 1) & GEN_MASK;
-    if generation == 0 {
-        generation = 1;
-    }
-    let new = pack(Slot {
-        generation,
-        live: true,
-        leases: 0,
-    });
-    word.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
-        .ok()
-        .map(|_| generation)
+/// A lease this consumer holds: its record and the claim's sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// Record index.
+    pub index: u32,
+    seq: u64,
 }
 
-/// Owner: retires a published word (no new leases). Returns the leases still held.
-pub fn retire(word: &AtomicU64, generation: u64) -> u64 {
-    let mut cur = word.load(Ordering::Acquire);
-    loop {
+/// One taken record as the owner's scan saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scanned {
+    /// Record index.
+    pub index: u32,
+    /// The claim word, read before and after the other words.
+    word: u64,
+    /// `(slot, generation)` named by the record (generation 0: none yet).
+    pub target: (u32, u64),
+    /// `None` while the identity is incomplete or changed during the scan.
+    pub holder: Option<Holder>,
+}
+
+impl Scanned {
+    /// True when the record names `slot` of `generation`. A record whose
+    /// target is not written yet names nothing: its consumer re-checks the
+    /// slot after writing it (see the protocol).
+    pub fn names(&self, slot: u32, generation: u64) -> bool {
+        generation != 0 && self.target == (slot, generation)
+    }
+}
+
+/// A board over its words: a [`crate::sys::BoardMap`], or a plain vector in
+/// tests.
+#[derive(Debug)]
+pub struct Board<W> {
+    words: W,
+    layout: Layout,
+}
+
+impl<W: AsRef<[AtomicU64]>> Board<W> {
+    /// Owner side: writes the header of a freshly created (zero-filled)
+    /// board of at least `layout.words()` words.
+    pub fn init(words: W, layout: Layout) -> Board<W> {
+        assert!(words.as_ref().len() >= layout.words(), "board too small");
+        assert!(layout.slots <= MAX_SLOTS && layout.records <= MAX_RECORDS);
+        let b = Board { words, layout };
+        b.word(H_SLOTS).store(u64::from(layout.slots), SeqCst);
+        b.word(H_RECORDS).store(u64::from(layout.records), SeqCst);
+        b.word(H_MAGIC).store(BOARD_MAGIC, SeqCst);
+        b
+    }
+
+    /// Consumer side: checks a peer's board header against its real size.
+    pub fn attach(words: W) -> Result<Board<W>, AttachError> {
+        let w = words.as_ref();
+        let invalid = |why: String| Err(AttachError::Invalid(why));
+        if w.len() < HEADER_WORDS {
+            return invalid(format!(
+                "lease board is {} words, smaller than its {HEADER_WORDS}-word header",
+                w.len()
+            ));
+        }
+        let magic = w[H_MAGIC].load(SeqCst).to_le_bytes();
+        if magic[..7] != MAGIC_STEM[..] {
+            return invalid("lease board magic is wrong (not a cuda-ipc lease board)".into());
+        }
+        if magic[7] != LAYOUT_VERSION {
+            return Err(AttachError::Version { found: magic[7] });
+        }
+        let slots = w[H_SLOTS].load(SeqCst);
+        let records = w[H_RECORDS].load(SeqCst);
+        if !(1..=u64::from(MAX_SLOTS)).contains(&slots)
+            || !(1..=u64::from(MAX_RECORDS)).contains(&records)
+        {
+            return invalid(format!(
+                "lease board header says {slots} slots and {records} records, out of range"
+            ));
+        }
+        let layout = Layout {
+            slots: slots as u32,
+            records: records as u32,
+        };
+        if w.len() != layout.words() {
+            return invalid(format!(
+                "lease board is {} words, its header needs {}",
+                w.len(),
+                layout.words()
+            ));
+        }
+        Ok(Board { words, layout })
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        &self.words.as_ref()[i]
+    }
+
+    /// Table sizes (validated).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The slot word of `slot`, unpacked.
+    pub fn slot(&self, slot: u32) -> Slot {
+        unpack(self.word(self.layout.slot(slot)).load(SeqCst))
+    }
+
+    // ---- owner side ----
+
+    /// Publishes free slot `slot`: returns its new generation, or `None`
+    /// when the slot is not free.
+    pub fn publish(&self, slot: u32) -> Option<u64> {
+        let w = self.word(self.layout.slot(slot));
+        let cur = w.load(SeqCst);
         let s = unpack(cur);
-        if s.generation != generation || !s.live {
-            return s.leases;
+        if s.state != SlotState::Free {
+            return None;
         }
-        let new = pack(Slot { live: false, ..s });
-        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return s.leases,
-            Err(now) => cur = now,
-        }
-    }
-}
-
-/// Leases held on a word now.
-pub fn leases(word: &AtomicU64) -> u64 {
-    unpack(word.load(Ordering::Acquire)).leases
-}
-
-/// Consumer: takes a lease on a live word of `generation`.
-pub fn lease(word: &AtomicU64, generation: u64) -> Result<(), LeaseError> {
-    let mut cur = word.load(Ordering::Acquire);
-    loop {
-        let s = unpack(cur);
-        if s.generation != generation || !s.live {
-            return Err(LeaseError::Gone { found: s });
-        }
-        if s.leases >= MAX_LEASES {
-            return Err(LeaseError::Full);
+        let mut generation = (s.generation + 1) & GEN_MASK;
+        if generation == 0 {
+            generation = 1;
         }
         let new = pack(Slot {
-            leases: s.leases + 1,
-            ..s
+            generation,
+            state: SlotState::Live,
         });
-        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Ok(()),
-            Err(now) => cur = now,
+        w.compare_exchange(cur, new, SeqCst, SeqCst)
+            .ok()
+            .map(|_| generation)
+    }
+
+    /// Retires live slot `slot` of `generation` (no new leases). `false`
+    /// when the slot does not hold that live generation.
+    pub fn retire(&self, slot: u32, generation: u64) -> bool {
+        self.swap_slot(slot, generation, SlotState::Live, SlotState::Retired)
+    }
+
+    /// Frees retired slot `slot` of `generation` for reuse; the caller found
+    /// no lease naming it after retiring it.
+    pub fn free(&self, slot: u32, generation: u64) -> bool {
+        self.swap_slot(slot, generation, SlotState::Retired, SlotState::Free)
+    }
+
+    fn swap_slot(&self, slot: u32, generation: u64, from: SlotState, to: SlotState) -> bool {
+        let old = pack(Slot {
+            generation,
+            state: from,
+        });
+        let new = pack(Slot {
+            generation,
+            state: to,
+        });
+        self.word(self.layout.slot(slot))
+            .compare_exchange(old, new, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Every taken record: its target and, where complete and stable during
+    /// the read, its holder (see "Reclaiming" above).
+    pub fn scan(&self) -> Vec<Scanned> {
+        let l = self.layout;
+        let mut out = Vec::new();
+        for i in 0..l.records {
+            let r = |f: usize| self.word(l.record(i, f)).load(SeqCst);
+            let word = r(R_CLAIM);
+            if claim_state(word) == CLAIM_FREE {
+                continue;
+            }
+            // The pid word before the identity it vouches for.
+            let (pid, tag) = split_pid_word(r(R_PID));
+            let start_ticks = r(R_START);
+            let ns = Namespaces::from_word(r(R_NS));
+            let target = split_target_word(r(R_TARGET));
+            let stable = r(R_CLAIM) == word;
+            let holder = (stable && pid != 0 && tag == claim_seq(word) as u32).then_some(Holder {
+                pid,
+                start_ticks,
+                ns,
+            });
+            out.push(Scanned {
+                index: i,
+                word,
+                target,
+                holder,
+            });
+        }
+        out
+    }
+
+    /// Records that may lease `slot` of `generation` now.
+    pub fn leases_on(&self, slot: u32, generation: u64) -> u64 {
+        self.scan()
+            .iter()
+            .filter(|s| s.names(slot, generation))
+            .count() as u64
+    }
+
+    /// Frees the record `rec` describes, whose holder is proved dead, by one
+    /// CAS of exactly the claim word the scan saw. `false` when the scan saw
+    /// no complete holder, or the record changed since (which only its
+    /// holder, so a live one, could have done).
+    pub fn reclaim(&self, rec: &Scanned) -> bool {
+        rec.holder.is_some()
+            && self
+                .word(self.layout.record(rec.index, R_CLAIM))
+                .compare_exchange(
+                    rec.word,
+                    claim_word(claim_seq(rec.word), CLAIM_FREE),
+                    SeqCst,
+                    SeqCst,
+                )
+                .is_ok()
+    }
+
+    // ---- consumer side ----
+
+    /// Takes a lease on `slot` of `generation` for `holder`, searching for
+    /// a free record from `hint`.
+    pub fn lease(
+        &self,
+        slot: u32,
+        generation: u64,
+        holder: &Holder,
+        hint: u32,
+    ) -> Result<Ticket, LeaseError> {
+        let l = self.layout;
+        if slot >= l.slots {
+            return Err(LeaseError::NoSuchSlot);
+        }
+        let found = self.slot(slot);
+        if found.state != SlotState::Live || found.generation != generation {
+            return Err(LeaseError::Gone { found });
+        }
+        let n = u64::from(l.records);
+        let ticket = (0..n)
+            .map(|k| ((u64::from(hint) + k) % n) as u32)
+            .find_map(|i| {
+                let w = self.word(l.record(i, R_CLAIM));
+                let free = w.load(SeqCst);
+                if claim_state(free) != CLAIM_FREE {
+                    return None;
+                }
+                let seq = claim_seq(free).wrapping_add(1) & SEQ_MASK;
+                w.compare_exchange(free, claim_word(seq, CLAIM_CLAIMING), SeqCst, SeqCst)
+                    .ok()
+                    .map(|_| Ticket { index: i, seq })
+            })
+            .ok_or(LeaseError::Full)?;
+        let w = |f: usize, v: u64| self.word(l.record(ticket.index, f)).store(v, SeqCst);
+        // No stale target from an earlier claim while this one is claiming.
+        w(R_TARGET, 0);
+        // Identity, the pid word last: tagged with this claim, it says the
+        // identity is complete (see "Reclaiming").
+        w(R_START, holder.start_ticks);
+        w(R_NS, holder.ns.to_word());
+        w(R_PID, pid_word(holder.pid, ticket.seq));
+        w(R_TARGET, target_word(slot, generation));
+        w(R_CLAIM, claim_word(ticket.seq, CLAIM_HELD));
+        let now = self.slot(slot);
+        if now.state == SlotState::Live && now.generation == generation {
+            Ok(ticket)
+        } else {
+            self.release(ticket);
+            Err(LeaseError::Gone { found: now })
         }
     }
-}
 
-/// Consumer: ends a lease taken by [`lease`]. `false` when the word holds no
-/// lease of that generation (a bug, or a board someone else rewrote).
-pub fn unlease(word: &AtomicU64, generation: u64) -> bool {
-    let mut cur = word.load(Ordering::Acquire);
-    loop {
-        let s = unpack(cur);
-        if s.generation != generation || s.leases == 0 {
+    /// Ends a lease: one CAS `held` -> `free` of this claim. `false`, having
+    /// changed nothing, when the owner had reclaimed the record (it judged
+    /// this process dead: an identity recorded wrongly).
+    pub fn release(&self, ticket: Ticket) -> bool {
+        if ticket.index >= self.layout.records {
             return false;
         }
-        let new = pack(Slot {
-            leases: s.leases - 1,
-            ..s
-        });
-        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return true,
-            Err(now) => cur = now,
-        }
+        self.word(self.layout.record(ticket.index, R_CLAIM))
+            .compare_exchange(
+                claim_word(ticket.seq, CLAIM_HELD),
+                claim_word(ticket.seq, CLAIM_FREE),
+                SeqCst,
+                SeqCst,
+            )
+            .is_ok()
     }
+}
+
+#[cfg(test)]
+impl<W: AsRef<[AtomicU64]>> Board<W> {
+    /// Writes record `index` word by word, as a consumer interrupted at any
+    /// point (or a hostile one) could have left it (tests).
+    pub fn forge(&self, index: u32, seq: u64, held: bool, holder: &Holder, tag: u64, target: u64) {
+        let l = self.layout;
+        let state = if held { CLAIM_HELD } else { CLAIM_CLAIMING };
+        let w = |f: usize, v: u64| self.word(l.record(index, f)).store(v, SeqCst);
+        w(R_START, holder.start_ticks);
+        w(R_NS, holder.ns.to_word());
+        w(R_PID, pid_word(holder.pid, tag));
+        w(R_TARGET, target);
+        w(R_CLAIM, claim_word(seq, state));
+    }
+}
+
+/// Zeroed words for a board of `layout` in process memory (tests).
+#[cfg(test)]
+pub fn words_for(layout: Layout) -> Vec<AtomicU64> {
+    (0..layout.words()).map(|_| AtomicU64::new(0)).collect()
 }
 
 #[cfg(test)]
@@ -180,63 +581,200 @@ mod tests {
 
     use super::*;
 
+    const LAYOUT: Layout = Layout {
+        slots: 4,
+        records: 3,
+    };
+
+    const HOLDER: Holder = Holder {
+        pid: 1,
+        start_ticks: 2,
+        ns: Namespaces { pid: 3, time: 4 },
+    };
+
+    fn board() -> Board<Vec<AtomicU64>> {
+        Board::init(words_for(LAYOUT), LAYOUT)
+    }
+
     #[test]
     fn lifecycle() {
-        let w = AtomicU64::new(0);
-        let g = publish(&w).unwrap();
+        let b = board();
+        let g = b.publish(1).unwrap();
         assert_eq!(g, 1);
-        assert_eq!(publish(&w), None, "a live word is not free");
-        lease(&w, g).unwrap();
-        lease(&w, g).unwrap();
-        assert!(matches!(lease(&w, g + 1), Err(LeaseError::Gone { .. })));
-        assert_eq!(retire(&w, g), 2);
+        assert_eq!(b.publish(1), None, "a live slot is not free");
+        let t1 = b.lease(1, g, &HOLDER, 0).unwrap();
+        let t2 = b.lease(1, g, &HOLDER, 0).unwrap();
+        assert_ne!(t1, t2);
+        assert!(matches!(
+            b.lease(1, g + 1, &HOLDER, 0),
+            Err(LeaseError::Gone { .. })
+        ));
+        assert_eq!(b.lease(9, g, &HOLDER, 0), Err(LeaseError::NoSuchSlot));
+        assert_eq!(b.leases_on(1, g), 2);
+        assert_eq!(b.leases_on(2, g), 0);
+        assert!(b.retire(1, g));
+        assert!(!b.retire(1, g), "already retired");
         assert!(
-            matches!(lease(&w, g), Err(LeaseError::Gone { found }) if !found.live),
+            matches!(b.lease(1, g, &HOLDER, 0), Err(LeaseError::Gone { found }) if found.state == SlotState::Retired),
             "no lease after retire"
         );
-        assert_eq!(publish(&w), None, "leases still held: not reusable");
-        assert!(unlease(&w, g));
-        assert!(unlease(&w, g));
-        assert!(!unlease(&w, g), "no lease left");
-        assert_eq!(leases(&w), 0);
-        assert_eq!(publish(&w), Some(2), "free again, next generation");
+        assert_eq!(b.publish(1), None, "retired: not reusable");
+        assert!(b.release(t1));
+        assert!(!b.release(t1), "a second release changes nothing");
+        assert_eq!(b.leases_on(1, g), 1);
+        assert!(b.release(t2));
+        assert_eq!(b.leases_on(1, g), 0);
+        assert!(b.free(1, g));
+        assert_eq!(b.publish(1), Some(2), "free again, next generation");
         assert!(
-            matches!(lease(&w, 1), Err(LeaseError::Gone { .. })),
+            matches!(b.lease(1, 1, &HOLDER, 0), Err(LeaseError::Gone { .. })),
             "old descriptors stay refused"
         );
     }
 
     #[test]
-    fn generation_wraps_past_zero() {
-        let w = AtomicU64::new(pack(Slot {
-            generation: GEN_MASK,
-            live: false,
-            leases: 0,
-        }));
-        assert_eq!(publish(&w), Some(1));
+    fn a_full_table_refuses_and_frees_nothing() {
+        let b = board();
+        let g = b.publish(0).unwrap();
+        let t: Vec<_> = (0..3).map(|i| b.lease(0, g, &HOLDER, i).unwrap()).collect();
+        assert_eq!(b.lease(0, g, &HOLDER, 0), Err(LeaseError::Full));
+        assert_eq!(b.leases_on(0, g), 3);
+        for t in t {
+            assert!(b.release(t));
+        }
     }
 
     #[test]
-    fn full_slot_refuses() {
-        let w = AtomicU64::new(pack(Slot {
-            generation: 3,
-            live: true,
-            leases: MAX_LEASES,
-        }));
-        assert_eq!(lease(&w, 3), Err(LeaseError::Full));
+    fn generation_wraps_past_zero() {
+        let b = board();
+        b.word(b.layout.slot(0)).store(
+            pack(Slot {
+                generation: GEN_MASK,
+                state: SlotState::Free,
+            }),
+            SeqCst,
+        );
+        assert_eq!(b.publish(0), Some(1));
+    }
+
+    #[test]
+    fn scans_see_whole_holders_and_reclaim_only_that_claim() {
+        let b = board();
+        let g = b.publish(2).unwrap();
+        let a = b.lease(2, g, &HOLDER, 0).unwrap();
+        let scan = b.scan();
+        assert_eq!(scan.len(), 1);
+        assert_eq!(scan[0].index, a.index);
+        assert_eq!(scan[0].target, (2, g));
+        assert_eq!(scan[0].holder, Some(HOLDER));
+
+        // Released and claimed again: the old scan no longer describes the
+        // record, so reclaiming by it changes nothing.
+        assert!(b.release(a));
+        let again = b.lease(2, g, &HOLDER, a.index).unwrap();
+        assert_eq!(again.index, a.index);
+        assert!(!b.reclaim(&scan[0]));
+        assert_eq!(b.leases_on(2, g), 1);
+
+        // Reclaiming the current claim frees the record; its holder's
+        // release then fails without touching it, even once it is claimed
+        // anew.
+        let now = b.scan();
+        assert!(b.reclaim(&now[0]));
+        assert_eq!(b.leases_on(2, g), 0);
+        let next = b.lease(2, g, &HOLDER, a.index).unwrap();
+        assert_eq!(next.index, a.index);
+        assert!(!b.release(again));
+        assert_eq!(b.leases_on(2, g), 1);
+        assert!(b.release(next));
+    }
+
+    #[test]
+    fn a_torn_record_has_no_holder_and_is_never_reclaimed() {
+        let b = board();
+        let g = b.publish(0).unwrap();
+        let l = b.layout;
+        // A claimer that died after its claim CAS, before tagging its pid:
+        // the pid word still carries an earlier claim's tag.
+        let claim = b.word(l.record(1, R_CLAIM));
+        claim.store(claim_word(41, CLAIM_CLAIMING), SeqCst);
+        b.word(l.record(1, R_PID)).store(pid_word(77, 40), SeqCst);
+        b.word(l.record(1, R_START)).store(5, SeqCst);
+        b.word(l.record(1, R_NS)).store(HOLDER.ns.to_word(), SeqCst);
+        let scan = b.scan();
+        assert_eq!(scan.len(), 1);
+        assert_eq!(scan[0].holder, None, "untagged pid: no holder");
+        assert!(!b.reclaim(&scan[0]));
+        // Its target was never written (zeroed by the claim): it names no
+        // slot, so it holds no memory back, but its record stays taken.
+        assert!(!scan[0].names(0, g));
+        assert_eq!(b.leases_on(0, g), 0);
+        // Died after writing its target, before tagging? Impossible: the
+        // target is written after the pid. A stale target of an earlier
+        // claim does hold the slot back (the owner waits, never guesses).
+        b.word(l.record(1, R_TARGET))
+            .store(target_word(0, g), SeqCst);
+        assert_eq!(b.leases_on(0, g), 1);
+        assert!(!b.reclaim(&b.scan()[0]));
+        // No pid at all: no holder either.
+        b.word(l.record(1, R_PID)).store(pid_word(0, 41), SeqCst);
+        assert_eq!(b.scan()[0].holder, None);
+        // Tagged with its own claim: complete.
+        b.word(l.record(1, R_PID)).store(pid_word(77, 41), SeqCst);
+        assert_eq!(
+            b.scan()[0].holder,
+            Some(Holder {
+                pid: 77,
+                start_ticks: 5,
+                ns: HOLDER.ns
+            })
+        );
+        assert_eq!(claim.load(SeqCst), claim_word(41, CLAIM_CLAIMING));
+    }
+
+    #[test]
+    fn attach_checks_the_header_and_refuses_other_versions() {
+        let b = board();
+        let words = b.words;
+        let attach = |w: &[AtomicU64]| {
+            let v: Vec<AtomicU64> = w.iter().map(|x| AtomicU64::new(x.load(SeqCst))).collect();
+            Board::attach(v).map(|b| b.layout())
+        };
+        assert_eq!(attach(&words), Ok(LAYOUT));
+        words[H_MAGIC].store(u64::from_le_bytes(*b"SPCUBRD1"), SeqCst);
+        let e = attach(&words).unwrap_err();
+        assert_eq!(e, AttachError::Version { found: b'1' });
+        assert_eq!(
+            e.to_string(),
+            "lease board layout version is 1, this plugin uses version 2"
+        );
+        words[H_MAGIC].store(u64::from_le_bytes(*b"SPSHMBRD"), SeqCst);
+        assert!(attach(&words).unwrap_err().to_string().contains("magic"));
+        words[H_MAGIC].store(BOARD_MAGIC, SeqCst);
+        words[H_RECORDS].store(4, SeqCst);
+        assert!(attach(&words).unwrap_err().to_string().contains("needs"));
+        words[H_RECORDS].store(0, SeqCst);
+        assert!(attach(&words)
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
+        assert!(attach(&words[..2])
+            .unwrap_err()
+            .to_string()
+            .contains("header"));
     }
 
     #[test]
     fn concurrent_leases_balance() {
-        let w = std::sync::Arc::new(AtomicU64::new(0));
-        let g = publish(&w).unwrap();
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let w = std::sync::Arc::clone(&w);
+        let b = std::sync::Arc::new(board());
+        let g = b.publish(3).unwrap();
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let b = std::sync::Arc::clone(&b);
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        lease(&w, g).unwrap();
-                        assert!(unlease(&w, g));
+                        let t = b.lease(3, g, &HOLDER, i).unwrap();
+                        assert!(b.release(t));
                     }
                 })
             })
@@ -244,21 +782,31 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(
-            unpack(w.load(Ordering::Acquire)),
-            Slot {
-                generation: g,
-                live: true,
-                leases: 0
-            }
-        );
+        assert_eq!(b.leases_on(3, g), 0);
+        assert!(b.scan().is_empty());
     }
 
     proptest! {
         #[test]
-        fn pack_roundtrip(generation in 0u64..=GEN_MASK, live: bool, leases in 0u64..=MAX_LEASES) {
-            let s = Slot { generation, live, leases };
+        fn slot_words_roundtrip(generation in 0u64..=GEN_MASK, state in 0u64..3) {
+            let state = unpack(state).state;
+            let s = Slot { generation, state };
             prop_assert_eq!(unpack(pack(s)), s);
+        }
+
+        #[test]
+        fn record_words_roundtrip(
+            slot in 0u32..MAX_SLOTS,
+            generation in 1u64..=GEN_MASK,
+            pid: u32,
+            seq in 0u64..=SEQ_MASK,
+            state in 0u64..3,
+        ) {
+            prop_assert_eq!(split_target_word(target_word(slot, generation)), (slot, generation));
+            prop_assert_ne!(target_word(slot, generation), 0);
+            prop_assert_eq!(split_pid_word(pid_word(pid, seq)), (pid, seq as u32));
+            let w = claim_word(seq, state);
+            prop_assert_eq!((claim_seq(w), claim_state(w)), (seq, state));
         }
     }
 }

@@ -8,6 +8,11 @@ use crate::cache::Policy;
 /// Default `lease-slots`: shards one owner instance exports at a time. Each
 /// slot is one 8-byte word of the board, so 4096 slots cost 32 KiB.
 pub const DEFAULT_LEASE_SLOTS: u64 = 4096;
+/// Default `lease-records`: leases all consumers together hold on one
+/// owner's shards at a time (a device view, or an import in progress). Each
+/// record is five words of the board (who holds it, and on what), so 4096
+/// cost 160 KiB; a consumer that finds none free gets `RESOURCE_EXHAUSTED`.
+pub const DEFAULT_LEASE_RECORDS: u64 = 4096;
 /// Default `max-idle-mappings`: opened allocations kept open with no view,
 /// so a later fetch of the same allocation costs no `cuIpcOpenMemHandle`
 /// (the expensive part of a first fetch), bounded because each one pins the
@@ -19,6 +24,8 @@ pub const DEFAULT_MAX_IDLE: u64 = 64;
 pub struct Config {
     /// Lease board slots.
     pub lease_slots: u32,
+    /// Lease board records.
+    pub lease_records: u32,
     /// Consumer cache policy.
     pub cache: Policy,
 }
@@ -28,6 +35,7 @@ impl Config {
     pub fn parse(instance: &str, text: &str) -> PluginResult<Config> {
         let t = Options::parse(instance, text)?;
         let lease_slots = t.u64_in("lease-slots", 1..=1 << 20, DEFAULT_LEASE_SLOTS)? as u32;
+        let lease_records = t.u64_in("lease-records", 1..=1 << 20, DEFAULT_LEASE_RECORDS)? as u32;
         let max_idle = t.u64_in("max-idle-mappings", 0..=1 << 16, DEFAULT_MAX_IDLE)? as usize;
         let cache = t.choose(
             "cache",
@@ -38,7 +46,11 @@ impl Config {
             "keep",
         )?;
         t.finish()?;
-        Ok(Config { lease_slots, cache })
+        Ok(Config {
+            lease_slots,
+            lease_records,
+            cache,
+        })
     }
 }
 
@@ -50,6 +62,7 @@ mod tests {
     fn defaults_and_keys() {
         let c = Config::parse("gpu", "").unwrap();
         assert_eq!(c.lease_slots, DEFAULT_LEASE_SLOTS as u32);
+        assert_eq!(c.lease_records, DEFAULT_LEASE_RECORDS as u32);
         assert_eq!(c.cache, Policy::Keep { max_idle: 64 });
         let c = Config::parse("gpu", "cache = \"close-on-release\"\nlease-slots = 8").unwrap();
         assert_eq!(c.cache, Policy::CloseOnRelease);
@@ -62,6 +75,17 @@ mod tests {
         assert!(e.message.contains("plugin.gpu.config.cache"), "{e:?}");
         let e = Config::parse("gpu", "lease-slots = 0").unwrap_err();
         assert!(e.message.contains("plugin.gpu.config.lease-slots"), "{e:?}");
+        let e = Config::parse("gpu", "lease-records = 0").unwrap_err();
+        assert!(
+            e.message.contains("plugin.gpu.config.lease-records"),
+            "{e:?}"
+        );
+        assert_eq!(
+            Config::parse("gpu", "lease-records = 9")
+                .unwrap()
+                .lease_records,
+            9
+        );
         let e = Config::parse("gpu", "bogus = 1").unwrap_err();
         assert!(e.message.contains("bogus"), "{e:?}");
     }

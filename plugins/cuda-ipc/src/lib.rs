@@ -17,6 +17,7 @@
 //! cache = "keep"              # or "close-on-release"
 //! max-idle-mappings = 64
 //! lease-slots = 4096
+//! lease-records = 4096
 //! ```
 //!
 //! ## What earlier systems learned, and where it lives here
@@ -26,32 +27,38 @@
 //!   (owner process, allocation generation) with a reference count, and a
 //!   reallocation is detected by its new generation (`cache`).
 //! - The exporter must not free memory a consumer still maps: leases on a
-//!   shared-memory board (`board`).
+//!   shared-memory board (`board`), each recording who holds it, so the
+//!   owner takes back the leases of consumers that provably died
+//!   (`books`, `liveness`).
 //! - The consumer never reads before the producer's writes finished: the
 //!   owner records an interprocess event after them, the consumer waits on it
 //!   (`sys::Driver::record_ipc_event` / `wait_ipc_event`).
 //!
 //! ## Where to start reading
 //! This file (the transport, owner and consumer sides), then `descriptor`
-//! (the wire format), `cache`, `board`, and `sys`, the only module with
-//! `unsafe`.
+//! (the wire format), `cache`, `board`, `books` (the owner's side of the
+//! board), `liveness`, and `sys`, the only module with `unsafe`.
 
 #![deny(unsafe_code)]
 
 pub mod board;
+mod books;
 pub mod cache;
 pub mod config;
 pub mod descriptor;
+pub mod liveness;
 #[allow(unsafe_code)]
 mod sys;
 pub mod testkit;
 
 #[cfg(test)]
+mod reclaim_tests;
+#[cfg(test)]
 mod tests;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{atomic::Ordering, Mutex},
+    sync::Mutex,
 };
 
 use shardport_abi::{
@@ -62,7 +69,8 @@ use shardport_abi::{
 };
 
 use crate::{
-    board::{LeaseError, BOARD_MAGIC, HEADER_WORDS},
+    board::{Board, Layout, LeaseError, Ticket},
+    books::{Books, Published, Reaped, Scope},
     cache::{AllocKey, CacheError, OpenCache, OwnerKey},
     config::Config,
     descriptor::{format_uuid, Descriptor, BOARD_PREFIX},
@@ -93,8 +101,7 @@ fn this_process() -> OwnerKey {
 /// Start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22).
 fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    liveness::parse_stat(&stat).map(|s| s.start_ticks)
 }
 
 /// Whether the owner process `o` is alive on this boot (a reused pid with
@@ -136,25 +143,15 @@ impl Live {
     }
 }
 
-/// One exported shard on the owner side.
+/// What one exported shard keeps alive on the owner side (its board slot
+/// is in the books).
 struct Exported {
-    slot: u32,
-    slot_generation: u64,
     /// Staged copy of host bytes (freed with this record), or `None` for
     /// memory the host lent.
     staged: Option<DeviceBuffer>,
     /// Keeps the IPC event alive while consumers may open it.
     _event: Event,
     len: u64,
-}
-
-#[derive(Default)]
-struct OwnerState {
-    board: Option<BoardMap>,
-    next_slot: u32,
-    shards: HashMap<ShardId, Exported>,
-    /// Unexported shards whose slots still count leases.
-    deferred: Vec<Exported>,
 }
 
 /// A consumer lease: cache reference + board lease.
@@ -165,8 +162,7 @@ struct LeaseRec {
     /// same key).
     base: u64,
     board: String,
-    slot: u32,
-    slot_generation: u64,
+    ticket: Ticket,
 }
 
 /// The consumer's opened allocations, by local device ordinal. Process-wide,
@@ -179,7 +175,7 @@ static CACHES: Mutex<BTreeMap<u32, OpenCache<IpcOpener>>> = Mutex::new(BTreeMap:
 
 #[derive(Default)]
 struct ConsumerState {
-    boards: HashMap<String, std::sync::Arc<BoardMap>>,
+    boards: HashMap<String, std::sync::Arc<Board<BoardMap>>>,
     leases: HashMap<u64, LeaseRec>,
     next_token: u64,
 }
@@ -192,6 +188,7 @@ struct Counters {
     imports_view: Counter,
     imports_device: Counter,
     deferred_frees: Counter,
+    leases_reclaimed: Counter,
 }
 
 /// One cuda-ipc transport instance.
@@ -200,7 +197,9 @@ struct CudaIpc {
     cfg: Config,
     state: Result<Live, String>,
     here: OwnerKey,
-    owner: Mutex<OwnerState>,
+    /// This process as a lease holder (recorded in the owners' boards).
+    me: liveness::Here,
+    owner: Mutex<Books<Exported>>,
     consumer: Mutex<ConsumerState>,
     counters: Counters,
 }
@@ -235,12 +234,18 @@ fn create_with(
         ),
         Err(why) => tracing::warn!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
     }
+    let me = liveness::Here::current();
+    let layout = Layout {
+        slots: cfg.lease_slots,
+        records: cfg.lease_records,
+    };
     Ok(kit::into_transport_box(CudaIpc {
         ctx,
         cfg,
         state,
         here: this_process(),
-        owner: Mutex::default(),
+        me,
+        owner: Mutex::new(Books::new(layout, me)),
         consumer: Mutex::default(),
         counters: Counters::default(),
     }))
@@ -309,7 +314,7 @@ impl CudaIpc {
                 "cuda-ipc hands out no allocations (no ALLOCATOR capability)",
             ));
         }
-        self.reap_deferred();
+        self.reap(Scope::Retired);
         let gpu = live.gpu(req.meta.device.index)?;
         let d = &live.driver;
         d.bind(&gpu).map_err(|e| cuda("binding the device", e))?;
@@ -371,51 +376,27 @@ impl CudaIpc {
             .map_err(|e| cuda("recording the IPC event", e))?;
 
         let mut o = lock(&self.owner);
-        if o.shards.contains_key(&req.id) {
+        if o.contains(&req.id) {
             return Err(AbiError::invalid_argument(format!(
                 "shard {} is already exported",
                 req.id
             )));
         }
-        if o.board.is_none() {
-            let words = HEADER_WORDS + self.cfg.lease_slots as usize;
-            let b = BoardMap::create(&self.board_name(), words).map_err(|e| {
-                AbiError::new(
-                    shardport_abi::ErrorKind::IO,
-                    format!("cuda-ipc cannot create its lease board: {e}"),
-                )
-            })?;
-            b.word(0)
-                .expect("header")
-                .store(BOARD_MAGIC, Ordering::Release);
-            b.word(1)
-                .expect("header")
-                .store(u64::from(self.cfg.lease_slots), Ordering::Release);
-            o.board = Some(b);
-        }
-        let slots = self.cfg.lease_slots;
-        let start = o.next_slot;
-        let board = o.board.as_ref().expect("created above");
-        let mut found = None;
-        for i in 0..slots {
-            let slot = (start + i) % slots;
-            let word = board
-                .word(HEADER_WORDS + slot as usize)
-                .expect("inside the board");
-            if let Some(g) = board::publish(word) {
-                found = Some((slot, g));
-                break;
-            }
-        }
-        let Some((slot, slot_generation)) = found else {
+        o.board(&self.board_name()).map_err(|e| {
+            AbiError::new(
+                shardport_abi::ErrorKind::IO,
+                format!("cuda-ipc cannot create its lease board: {e}"),
+            )
+        })?;
+        let Some((slot, slot_generation)) = o.publish() else {
             return Err(AbiError::new(
                 shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
                 format!(
-                    "cuda-ipc: all {slots} lease slots are in use (plugin config `lease-slots`)"
+                    "cuda-ipc: all {} lease slots are in use (plugin config `lease-slots`)",
+                    self.cfg.lease_slots
                 ),
             ));
         };
-        o.next_slot = (slot + 1) % slots;
         let desc = Descriptor {
             boot_id: self.here.boot_id,
             pid: self.here.pid,
@@ -431,14 +412,16 @@ impl CudaIpc {
             slot_generation,
             board: self.board_name(),
         };
-        o.shards.insert(
+        o.insert(
             req.id,
-            Exported {
+            Published {
                 slot,
-                slot_generation,
-                staged,
-                _event: event,
-                len: req.meta.byte_len,
+                generation: slot_generation,
+                value: Exported {
+                    staged,
+                    _event: event,
+                    len: req.meta.byte_len,
+                },
             },
         );
         self.counters.bytes_exported.add(req.meta.byte_len);
@@ -448,20 +431,14 @@ impl CudaIpc {
     fn unexport(&self, id: ShardId) -> PluginResult<()> {
         self.live()?;
         let mut o = lock(&self.owner);
-        let e = o
-            .shards
-            .remove(&id)
+        let lent = o.get(&id).map(|p| p.value.staged.is_none());
+        let (held, reaped) = o
+            .unexport(&id)
             .ok_or_else(|| AbiError::not_found(format!("cuda-ipc: shard {id} is not exported")))?;
-        let word = o
-            .board
-            .as_ref()
-            .and_then(|b| b.word(HEADER_WORDS + e.slot as usize))
-            .expect("an exported shard has a board slot");
-        let held = board::retire(word, e.slot_generation);
-        if held == 0 {
-            Self::free_exported(e);
-        } else {
-            if e.staged.is_none() {
+        drop(o);
+        self.count_reaped(reaped);
+        if held > 0 {
+            if lent == Some(true) {
                 tracing::warn!(
                     target: "cuda_ipc",
                     shard = %id,
@@ -471,65 +448,30 @@ impl CudaIpc {
                 );
             }
             self.counters.deferred_frees.inc();
-            o.deferred.push(e);
         }
-        drop(o);
-        self.reap_deferred();
         Ok(())
     }
 
-    /// Drops an unexported shard whose slot holds no lease: frees its staged
-    /// buffer (if any) and destroys its event.
-    fn free_exported(e: Exported) {
-        if let Some(buf) = &e.staged {
-            tracing::debug!(target: "cuda_ipc", bytes = buf.len(), "freeing a staged buffer");
-        }
-        drop(e);
+    fn count_reaped(&self, r: Reaped) {
+        self.counters.leases_reclaimed.add(r.reclaimed);
     }
 
-    /// Frees unexported shards whose last lease has ended.
-    fn reap_deferred(&self) {
-        let mut o = lock(&self.owner);
-        if o.deferred.is_empty() {
-            return;
-        }
-        let deferred = std::mem::take(&mut o.deferred);
-        let mut keep = Vec::new();
-        for e in deferred {
-            let held = o
-                .board
-                .as_ref()
-                .and_then(|b| b.word(HEADER_WORDS + e.slot as usize))
-                .map_or(0, board::leases);
-            if held == 0 {
-                Self::free_exported(e);
-            } else {
-                keep.push(e);
-            }
-        }
-        o.deferred = keep;
+    /// Takes back the leases of dead consumers in `scope` and frees
+    /// unexported shards whose last lease has ended (dropping an
+    /// [`Exported`] frees its staged buffer and destroys its event).
+    fn reap(&self, scope: Scope) {
+        let r = lock(&self.owner).reap(scope);
+        self.count_reaped(r);
     }
 
     fn owner_leases(&self) -> (u64, u64, u64) {
         let o = lock(&self.owner);
-        let Some(b) = o.board.as_ref() else {
-            return (0, 0, 0);
-        };
-        let held = o
-            .shards
-            .values()
-            .chain(o.deferred.iter())
-            .filter_map(|e| b.word(HEADER_WORDS + e.slot as usize))
-            .map(board::leases)
-            .sum();
         let staged = o
-            .shards
-            .values()
-            .chain(o.deferred.iter())
-            .filter(|e| e.staged.is_some())
-            .map(|e| e.len)
+            .all()
+            .filter(|p| p.value.staged.is_some())
+            .map(|p| p.value.len)
             .sum();
-        (held, o.deferred.len() as u64, staged)
+        (o.leases_held(), o.deferred_len() as u64, staged)
     }
 
     // ---- consumer side ----
@@ -595,36 +537,44 @@ impl CudaIpc {
                     d.board
                 ))
             })?;
-            let ok = b.word(0).map(|w| w.load(Ordering::Acquire)) == Some(BOARD_MAGIC)
-                && b.word(1).map(|w| w.load(Ordering::Acquire))
-                    == Some((b.words() - HEADER_WORDS) as u64);
-            if !ok {
-                return Err(AbiError::invalid_descriptor(format!(
-                    "cuda-ipc: {} is not a lease board of this version",
-                    d.board
-                )));
-            }
-            c.boards.insert(d.board.clone(), std::sync::Arc::new(b));
-        }
-        let board_map = std::sync::Arc::clone(&c.boards[&d.board]);
-        let word = board_map
-            .word(HEADER_WORDS + d.slot as usize)
-            .ok_or_else(|| {
+            let b = Board::attach(b).map_err(|e| {
                 AbiError::invalid_descriptor(format!(
-                    "cuda-ipc descriptor field `lease slot`: {} is outside the board {}",
-                    d.slot, d.board
+                    "cuda-ipc: {} is not a lease board this plugin can use: {e}",
+                    d.board
                 ))
             })?;
-        board::lease(word, d.slot_generation).map_err(|e| match e {
-            LeaseError::Gone { .. } => AbiError::not_found(format!(
-                "cuda-ipc: the shard was unexported by its owner (pid {}, slot {} generation {})",
-                d.pid, d.slot, d.slot_generation
-            )),
-            LeaseError::Full => AbiError::new(
-                shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
-                "cuda-ipc: the shard's lease count is at its maximum",
-            ),
-        })?;
+            c.boards.insert(d.board.clone(), std::sync::Arc::new(b));
+        }
+        let board = std::sync::Arc::clone(&c.boards[&d.board]);
+        if std::process::id() != self.me.holder.pid {
+            return Err(AbiError::internal(format!(
+                "this cuda-ipc instance was created in process {} and is used in process {} \
+                 (a fork): create a new node in the child",
+                self.me.holder.pid,
+                std::process::id()
+            )));
+        }
+        let hint = self.me.holder.pid.wrapping_mul(0x9e37_79b9);
+        let ticket = board
+            .lease(d.slot, d.slot_generation, &self.me.holder, hint)
+            .map_err(|e| match e {
+                LeaseError::Gone { .. } => AbiError::not_found(format!(
+                    "cuda-ipc: the shard was unexported by its owner (pid {}, slot {} generation {})",
+                    d.pid, d.slot, d.slot_generation
+                )),
+                LeaseError::Full => AbiError::new(
+                    shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
+                    format!(
+                        "cuda-ipc: every lease record of the owner's board {} is taken (the \
+                         owner's plugin config `lease-records`)",
+                        d.board
+                    ),
+                ),
+                LeaseError::NoSuchSlot => AbiError::invalid_descriptor(format!(
+                    "cuda-ipc descriptor field `lease slot`: {} is outside the board {}",
+                    d.slot, d.board
+                )),
+            })?;
         let rec = LeaseRec {
             ordinal,
             key: AllocKey {
@@ -636,8 +586,7 @@ impl CudaIpc {
                 generation: d.generation,
             },
             board: d.board.clone(),
-            slot: d.slot,
-            slot_generation: d.slot_generation,
+            ticket,
             base: 0,
         };
         // Under the lock: only the cache bookkeeping (and a first open).
@@ -664,7 +613,7 @@ impl CudaIpc {
         let (gpu, base) = match acquired {
             Ok(v) => v,
             Err(e) => {
-                board::unlease(word, d.slot_generation);
+                board.release(ticket);
                 return Err(e);
             }
         };
@@ -711,10 +660,9 @@ impl CudaIpc {
         let ok = c
             .boards
             .get(&rec.board)
-            .and_then(|b| b.word(HEADER_WORDS + rec.slot as usize))
-            .is_some_and(|w| board::unlease(w, rec.slot_generation));
+            .is_some_and(|b| b.release(rec.ticket));
         if !ok {
-            tracing::warn!(target: "cuda_ipc", board = %rec.board, slot = rec.slot, "lease was not on the board");
+            tracing::warn!(target: "cuda_ipc", board = %rec.board, record = rec.ticket.index, "lease was not on the board (reclaimed by its owner?)");
         }
     }
 
@@ -804,7 +752,7 @@ impl CudaIpc {
 
     fn sweep(&self) -> PluginResult<Vec<Stat>> {
         self.live()?;
-        self.reap_deferred();
+        self.reap(Scope::All);
         let here = self.here;
         let closed: usize = lock(&CACHES)
             .values_mut()
@@ -815,7 +763,7 @@ impl CudaIpc {
 
     fn stats(&self) -> Vec<Stat> {
         let (held, deferred, staged) = self.owner_leases();
-        let exports = lock(&self.owner).shards.len() as u64;
+        let exports = lock(&self.owner).exported_len() as u64;
         let leases_active = lock(&self.consumer).leases.len() as u64;
         // Process-wide: the caches are shared by every instance.
         let mut cc = cache::CacheCounters::default();
@@ -847,6 +795,7 @@ impl CudaIpc {
             .counter("imports_view", &k.imports_view)
             .counter("imports_device", &k.imports_device)
             .counter("deferred_frees", &k.deferred_frees)
+            .counter("leases_reclaimed", &k.leases_reclaimed)
             .finish()
     }
 }
@@ -871,23 +820,11 @@ impl Drop for CudaIpc {
             for rec in &leases {
                 self.close(rec);
             }
-            let o = std::mem::take(&mut *lock(&self.owner));
-            let held: u64 = o
-                .board
-                .as_ref()
-                .map(|b| {
-                    o.shards
-                        .values()
-                        .chain(o.deferred.iter())
-                        .filter_map(|e| b.word(HEADER_WORDS + e.slot as usize))
-                        .map(board::leases)
-                        .sum()
-                })
-                .unwrap_or(0);
+            let (held, exports) = lock(&self.owner).drain();
             if held > 0 {
                 tracing::warn!(target: "cuda_ipc", leases = held, "transport dropped while consumers still lease its exports; their memory is freed now");
             }
-            drop(o);
+            drop(exports);
         });
     }
 }

@@ -746,21 +746,20 @@ impl BoardMap {
             owns_name: false,
         })
     }
+}
 
-    /// Number of words.
-    pub(crate) fn words(&self) -> usize {
-        self.len / 8
-    }
-
-    /// Word `i`, or `None` outside the board.
-    pub(crate) fn word(&self, i: usize) -> Option<&AtomicU64> {
-        if i >= self.words() {
-            return None;
+impl AsRef<[AtomicU64]> for BoardMap {
+    /// The board's words.
+    fn as_ref(&self) -> &[AtomicU64] {
+        if self.len == 0 {
+            // Not mapped yet (a failed `create`): the pointer is dangling.
+            return &[];
         }
-        // SAFETY: inside the mapping (checked), 8-byte aligned (page-aligned
-        // base), the mapping lives as long as the borrow of `self`, and every
-        // process accesses board words only atomically.
-        Some(unsafe { &*self.ptr.as_ptr().add(i * 8).cast::<AtomicU64>() })
+        // SAFETY: the mapping is `len` bytes (a multiple of 8, checked at
+        // create/open), 8-byte aligned (page-aligned base), lives as long as
+        // the borrow of `self`, and every process accesses board words only
+        // atomically, so shared `AtomicU64`s are a sound view of it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 }
 

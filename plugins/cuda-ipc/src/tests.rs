@@ -317,3 +317,66 @@ fn gpu_cpu_shards_are_refused() {
         ErrorKind::UNSUPPORTED
     );
 }
+
+/// A board of this process played as a peer owner's, named for `test`.
+fn peer_board(test: &str) -> (crate::board::Board<crate::sys::BoardMap>, String) {
+    let name = format!("{BOARD_PREFIX}test-{}-{test}", std::process::id());
+    let layout = crate::board::Layout {
+        slots: 2,
+        records: 2,
+    };
+    let map = crate::sys::BoardMap::create(&name, layout.words()).unwrap();
+    (crate::board::Board::init(map, layout), name)
+}
+
+fn import_error(
+    t: &TransportBox,
+    board: &str,
+    slot: u32,
+    slot_generation: u64,
+) -> shardport_abi::AbiError {
+    let mut d = Descriptor::decode(&descriptor_from(std::process::id() + 1)).unwrap();
+    d.board = board.to_owned();
+    d.slot = slot;
+    d.slot_generation = slot_generation;
+    let mut dst = [0u8; 16];
+    t.import_into(
+        RSlice::from_slice(&d.encode()),
+        &cuda_meta(16),
+        RSliceMut::from_mut_slice(&mut dst),
+    )
+    .into_result()
+    .unwrap_err()
+}
+
+#[test]
+fn a_consumer_refuses_boards_of_another_layout_version_and_unexported_slots() {
+    // Every refusal here comes before any driver call (the fake GPU has none).
+    let t = with_fake_gpu();
+    let (board, name) = peer_board("version");
+    let generation = board.publish(0).unwrap();
+    assert!(board.retire(0, generation));
+    let e = import_error(&t, &name, 0, generation);
+    assert_eq!(e.kind, ErrorKind::NOT_FOUND, "{e}");
+    assert!(e.message.contains("unexported by its owner"), "{e}");
+    let e = import_error(&t, &name, 7, generation);
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{e}");
+    assert!(e.message.contains("`lease slot`: 7"), "{e}");
+    assert!(board.scan().is_empty(), "no record left taken");
+
+    // A version-1 owner's board (its magic names its version).
+    let (v1, v1_name) = peer_board("v1");
+    drop(v1);
+    let map = crate::sys::BoardMap::create(&v1_name, 8).unwrap();
+    map.as_ref()[0].store(
+        u64::from_le_bytes(*b"SPCUBRD1"),
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    let e = import_error(&t, &v1_name, 0, 1);
+    assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{e}");
+    assert!(
+        e.message
+            .contains("layout version is 1, this plugin uses version 2"),
+        "{e}"
+    );
+}
