@@ -18,6 +18,21 @@ fn every_target_replays_its_corpus() {
     }
 }
 
+/// The seeds reach both outcomes, and the target's own CRC-32C agrees with
+/// the plugin's.
+#[test]
+fn the_seeds_reach_acceptance_and_refusal() {
+    use shardport_cuda_ipc::descriptor::Descriptor;
+    let seeds = cuda_seeds();
+    let accepted: Vec<&str> = seeds
+        .iter()
+        .filter(|(_, d)| Descriptor::decode(d).is_ok())
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(accepted, ["valid", "whole-allocation"]);
+    assert_eq!(cuda_ipc::crc32c(b"123456789"), 0xE306_9283);
+}
+
 #[test]
 #[ignore = "rewrites fuzz/corpus; run by hand after a format changes"]
 fn regenerate_seed_corpus() {

@@ -18,6 +18,46 @@ fn every_target_replays_its_corpus() {
     }
 }
 
+/// The in-memory server answers the seeds as the real one would: health
+/// and batch with the token are 200, without it 401, and each smuggling
+/// shape gets one 400 and nothing for the request hidden behind it.
+#[test]
+fn the_server_seeds_get_the_expected_answers() {
+    use shardport_http::fuzzing::{parse_response_head, serve};
+    let statuses = |input: &[u8]| {
+        let (out, ended) = serve(input);
+        assert!(ended);
+        let mut rest = &out[..];
+        let mut got = Vec::new();
+        while let Ok(Some(h)) = parse_response_head(rest) {
+            let len = h.content_length.expect("a length") as usize;
+            rest = &rest[h.head_len + len..];
+            got.push(h.status);
+        }
+        assert!(rest.is_empty(), "unparsed output {rest:?}");
+        got
+    };
+    let seeds: std::collections::BTreeMap<_, _> = server_seeds().into_iter().collect();
+    assert_eq!(statuses(&seeds["health"]), [200]);
+    assert_eq!(statuses(&seeds["batch"]), [200]);
+    assert_eq!(statuses(&seeds["shard-pipelined"]), [404, 200]);
+    assert_eq!(statuses(&seeds["no-token"]), [401]);
+    assert_eq!(statuses(&seeds["smuggle-te"]), [400]);
+    assert_eq!(statuses(&seeds["smuggle-two-cl"]), [400]);
+}
+
+/// The descriptor seeds reach both outcomes.
+#[test]
+fn the_descriptor_seeds_reach_acceptance_and_refusal() {
+    use shardport_http::fuzzing::descriptor_roundtrip;
+    let accepted: Vec<&str> = http_descriptor_seeds()
+        .iter()
+        .filter(|(_, d)| descriptor_roundtrip(d).is_ok())
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(accepted, ["ipv4", "ipv6", "dns"]);
+}
+
 #[test]
 #[ignore = "rewrites fuzz/corpus; run by hand after a format changes"]
 fn regenerate_seed_corpus() {
@@ -66,7 +106,7 @@ fn server_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("no-token", req("GET /v1/health HTTP/1.1\r\nhost: o\r\n\r\n")),
         ("batch", batch),
         ("smuggle-te", req("POST /v1/batch HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n0\r\n\r\nGET /v1/health HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\n\r\n")),
-        ("smuggle-two-cl", req("POST /v1/batch HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\ncontent-length: 0\r\ncontent-length: 0\r\n\r\nGET /v1/health HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\n\r\n")),
+        ("smuggle-two-cl", req("POST /v1/batch HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\ncontent-length: 0\r\ncontent-length: 5\r\n\r\nGET /v1/health HTTP/1.1\r\nhost: o\r\nauthorization: Bearer fuzz-token\r\n\r\n")),
     ]
 }
 

@@ -18,6 +18,19 @@ fn every_target_replays_its_corpus() {
     }
 }
 
+/// The seeds reach both outcomes, so the target's assertions are exercised.
+#[test]
+fn the_seeds_reach_acceptance_and_refusal() {
+    use shardport_posix_shm::fuzzing::descriptor_roundtrip;
+    let seeds = posix_shm_seeds();
+    let accepted: Vec<&str> = seeds
+        .iter()
+        .filter(|(_, d)| descriptor_roundtrip(d, posix_shm::PREFIX).is_ok())
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(accepted, ["pool", "segment"]);
+}
+
 #[test]
 #[ignore = "rewrites fuzz/corpus; run by hand after a format changes"]
 fn regenerate_seed_corpus() {

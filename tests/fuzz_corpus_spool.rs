@@ -18,6 +18,18 @@ fn every_target_replays_its_corpus() {
     }
 }
 
+/// The seeds reach both outcomes.
+#[test]
+fn the_seeds_reach_acceptance_and_refusal() {
+    use shardport_spool_transport::descriptor::Descriptor;
+    let accepted: Vec<&str> = spool_seeds()
+        .iter()
+        .filter(|(_, d)| Descriptor::decode(d).is_ok())
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(accepted, ["valid"]);
+}
+
 #[test]
 #[ignore = "rewrites fuzz/corpus; run by hand after a format changes"]
 fn regenerate_seed_corpus() {

@@ -115,6 +115,9 @@ pub(crate) fn serve(input: &[u8]) -> (Vec<u8>, bool) {
         .max_header_size(shared.max_header_bytes)
         .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
         .header_read_timeout(None)
+        // The peer's end of input comes with its last byte: answer what
+        // was asked before closing, as a real peer would wait for.
+        .half_close(true)
         .serve_connection(TokioIo::new(io), svc);
     let ended = RUNTIME.with(|rt| {
         let mut rt = rt.borrow_mut();
