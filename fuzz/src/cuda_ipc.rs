@@ -5,8 +5,11 @@
 use shardport_abi::ErrorKind;
 use shardport_cuda_ipc::descriptor::{check_board_name, Descriptor};
 
+/// A fuzz target: its name (binary and corpus directory) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The targets of this file.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[("descriptor_cuda_ipc", descriptor_cuda_ipc)];
+pub const TARGETS: &[Target] = &[("descriptor_cuda_ipc", descriptor_cuda_ipc)];
 
 /// CRC-32C (Castagnoli, reflected), bit by bit: slow, short, and
 /// independent of the plugin's own checksum code.

@@ -6,8 +6,11 @@
 use shardport_abi::ErrorKind;
 use shardport_http::fuzzing;
 
+/// A fuzz target: its name (binary and corpus directory) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The targets of this file.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[Target] = &[
     ("descriptor_http", descriptor_http),
     ("http_server_request", http_server_request),
     ("http_client_response", http_client_response),
@@ -86,14 +89,17 @@ pub fn http_server_request(data: &[u8]) {
 }
 
 /// The first request head of `data` (leading empty lines skipped), when
-/// it is complete.
+/// it is complete: up to the first empty line, where lines end in LF or
+/// CR LF as hyper reads them.
 fn first_head(data: &[u8]) -> Option<&[u8]> {
     let mut d = data;
-    while let Some(r) = d.strip_prefix(b"\r\n") {
+    while let Some(r) = d.strip_prefix(b"\r\n").or_else(|| d.strip_prefix(b"\n")) {
         d = r;
     }
-    let end = d.windows(4).position(|w| w == b"\r\n\r\n")?;
-    Some(&d[..end + 2])
+    let end = (0..d.len()).find(|&i| {
+        d[i] == b'\n' && (d[i + 1..].starts_with(b"\n") || d[i + 1..].starts_with(b"\r\n"))
+    })?;
+    Some(&d[..=end])
 }
 
 /// A head whose body extent two readers could disagree on: a

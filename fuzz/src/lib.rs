@@ -30,8 +30,11 @@ use shardport_host::{
     snapshot::{self, Snapshot},
 };
 
+/// A fuzz target: its name (binary and corpus directory) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The targets of this file: name (binary and corpus directory) and body.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[Target] = &[
     ("handle_bytes", handle_bytes),
     ("handle_json", handle_json),
     ("control_head", control_head),

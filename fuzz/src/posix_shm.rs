@@ -3,8 +3,11 @@
 
 use shardport_abi::{AbiError, ErrorKind};
 
+/// A fuzz target: its name (binary and corpus directory) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The targets of this file.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[("descriptor_posix_shm", descriptor_posix_shm)];
+pub const TARGETS: &[Target] = &[("descriptor_posix_shm", descriptor_posix_shm)];
 
 /// The segment prefix the consumer is configured with (the default).
 pub const PREFIX: &str = "shardport";

@@ -5,8 +5,11 @@
 use shardport_abi::ErrorKind;
 use shardport_spool_transport::descriptor::{validate_file_name, Descriptor};
 
+/// A fuzz target: its name (binary and corpus directory) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The targets of this file.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[("descriptor_spool", descriptor_spool)];
+pub const TARGETS: &[Target] = &[("descriptor_spool", descriptor_spool)];
 
 /// An accepted descriptor re-encodes to the input and names a file that
 /// stays inside the spool directory; a refusal is `INVALID_DESCRIPTOR`.
