@@ -252,6 +252,11 @@ impl Handle {
         if m.device.kind != DeviceKind::CPU && m.device.kind != DeviceKind::CUDA {
             return Err(format!("unknown device kind {}", m.device.kind.0));
         }
+        // `cpu` has no ordinal: another index would make two handles that
+        // print and serialize (JSON) the same but compare unequal.
+        if m.device.kind == DeviceKind::CPU && m.device.index != 0 {
+            return Err(format!("cpu device with index {}", m.device.index));
+        }
         if m.shape.len() > MAX_DIMS {
             return Err(format!(
                 "shape has {} dimensions, limit {MAX_DIMS}",
@@ -688,5 +693,25 @@ mod tests {
                 prop_assert!(h.validate().is_ok());
             }
         }
+    }
+}
+
+/// Inputs the fuzz targets found (`fuzz/corpus/handle_*/finding-*`).
+#[cfg(test)]
+mod fuzz_regressions {
+    use super::*;
+
+    /// `handle_bytes` found a binary handle whose `cpu` device carried
+    /// index 0x10000000: accepted, but its JSON form (`"cpu"`) decoded to a
+    /// different handle. A cpu device with an index is now refused.
+    #[test]
+    fn a_cpu_device_with_an_index_is_refused() {
+        let data = include_bytes!("../../fuzz/corpus/handle_bytes/finding-cpu-device-index");
+        let e = Handle::from_bytes(data).unwrap_err();
+        assert_eq!(e.what, "cpu device with index 268435456");
+        let mut fixed = data.to_vec();
+        fixed[23..27].copy_from_slice(&[0; 4]);
+        let h = Handle::from_bytes(&fixed).expect("index 0 is a cpu device");
+        assert_eq!(Handle::from_json(&h.to_json()).unwrap(), h);
     }
 }

@@ -41,6 +41,9 @@
 mod client;
 mod config;
 mod descriptor;
+/// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing;
 mod head;
 mod server;
 mod stats;

@@ -84,6 +84,9 @@ const WATCHDOG_MAX: Duration = Duration::from_secs(1);
 const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 /// Longest request path quoted back in an error message.
 const MAX_QUOTED_PATH: usize = 96;
+/// The request handler over an in-memory connection, for the fuzz targets.
+pub(crate) mod in_memory;
+
 /// Marker for "no request head in progress".
 const NONE: u64 = u64::MAX;
 

@@ -44,6 +44,9 @@ mod config;
 mod consumer;
 mod descriptor;
 mod errors;
+/// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing;
 mod liveness;
 mod names;
 mod owner;
