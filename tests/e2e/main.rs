@@ -19,3 +19,4 @@ mod nodes;
 mod out_of_tree;
 mod reload;
 mod serve;
+mod tls;

@@ -108,13 +108,15 @@ impl Descriptor {
             VERSION => false,
             VERSION_FLAGS => match r.u8("flags")? {
                 FLAG_TLS => true,
-                f => return Err(bad(
-                    "flags",
-                    format!(
+                f => {
+                    return Err(bad(
+                        "flags",
+                        format!(
                         "{f:#04x} is not a flag set this plugin knows (expected {FLAG_TLS:#04x}, \
                              TLS; a plain owner writes version {VERSION})"
                     ),
-                )),
+                    ))
+                }
             },
             v => {
                 return Err(bad(
