@@ -424,3 +424,76 @@ fn bad_certificate_paths_are_config_errors_naming_key_and_file() {
         "{err}"
     );
 }
+
+/// Clients that open TLS handshakes and stall are pending connections like
+/// slow heads: they are evicted oldest first, and cut off at the head
+/// deadline, while an operator's handshake and request get through.
+#[test]
+fn stalled_tls_handshakes_do_not_lock_out_an_operator() {
+    use std::{io::Read as _, io::Write as _, net::TcpStream, time::Duration};
+
+    use shardport_cli::control::{client, tls, ControlServer, Limits};
+
+    let dir = util::temp_dir("tls-stalled");
+    let d = dir.path();
+    let ca = Ca::new("control CA");
+    let (cert, key) = ca.issue(d, "control");
+    let trust = client::Trust::from_ca_file(&ca.write(d, "ca")).unwrap();
+    let n = shardport_host::Node::start(util::parse(&util::http_plugin())).unwrap();
+    let limits = Limits {
+        max_pending: 8,
+        max_pending_per_peer: 8,
+        head_deadline: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let server = ControlServer::start_tls(
+        &n,
+        "127.0.0.1:0",
+        Some("tok".into()),
+        limits,
+        Some(tls::server_config(&cert, &key).unwrap()),
+    )
+    .unwrap();
+    let addr = server.addr().to_string();
+    // Twice the pending budget, each stuck after the first bytes of a
+    // ClientHello.
+    let attackers: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(&[0x16, 0x03, 0x01, 0x02]).unwrap();
+            s
+        })
+        .collect();
+    for _ in 0..3 {
+        let stats = client::call_with(
+            &addr,
+            Some(&trust),
+            "GET",
+            "/v1/stats",
+            Some("tok"),
+            &[],
+            Duration::from_secs(30),
+        )
+        .expect("an operator was locked out by stalled handshakes");
+        assert!(stats.get("shards_owned").is_some(), "{stats}");
+    }
+    assert!(
+        server.evicted_total() >= 8,
+        "stalled handshakes were not evicted: {}",
+        server.evicted_total()
+    );
+    assert!(server.pending() <= 8);
+    // The ones still pending are closed at the head deadline.
+    for mut s in attackers {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("a stalled handshake was not closed: {e}"),
+            }
+        }
+    }
+}
