@@ -140,18 +140,6 @@ impl Write for Stream {
         }
     }
 
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.write_all(buf),
-            // One TLS record per request instead of one per `write` call,
-            // then out to the socket.
-            Stream::Tls(s) => {
-                s.conn.writer().write_all(buf)?;
-                s.flush()
-            }
-        }
-    }
-
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Stream::Plain(s) => s.flush(),
@@ -914,7 +902,12 @@ impl Client {
             self.auth.as_deref(),
             req.body,
         );
-        let written = conn.stream.write_all(&out);
+        // One write of head and body together (a TLS stream encrypts and
+        // sends it in records of up to 16 KiB as it goes).
+        let written = conn
+            .stream
+            .write_all(&out)
+            .and_then(|()| conn.stream.flush());
         conn.req = out;
         written.map_err(SendError::NoResponse)?;
         conn.pos = 0;

@@ -399,3 +399,46 @@ fn bad_tls_files_are_config_errors_naming_the_key_and_the_file() {
         assert!(e.message.starts_with(&want), "{cfg}:\n{e}\nwant: {want}");
     }
 }
+
+/// A batch request larger than rustls's 64 KiB send buffer (5000 ids,
+/// 80 KiB) goes out whole over TLS.
+#[test]
+fn a_large_batch_request_crosses_tls() {
+    let files = Files::new();
+    let ca = Ca::new("test CA");
+    let owner = node(&format!(
+        "{}max-batch = 8192",
+        owner_cfg(&files.issue(&ca, "owner"))
+    ));
+    let consumer = node(&format!(
+        "tls-ca = \"{}\"\nmax-batch = 8192",
+        p(&files.ca(&ca, "ca"))
+    ));
+    let n = 5000;
+    let data: Vec<Vec<u8>> = (0..n).map(|i| pattern(8, i as u8)).collect();
+    let descs: Vec<Vec<u8>> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| export(&owner.t, i as u128 + 1, d).unwrap())
+        .collect();
+    let meta = ShardMeta::bytes(8);
+    let mut bufs = vec![vec![0u8; 8]; n];
+    let mut items: Vec<ImportItem<'_>> = descs
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(d, b)| ImportItem {
+            desc: RSlice::from_slice(d),
+            meta: &meta,
+            dst: RSliceMut::from_mut_slice(b),
+        })
+        .collect();
+    for r in consumer
+        .t
+        .import_many(RSliceMut::from_mut_slice(&mut items))
+    {
+        r.into_result().unwrap();
+    }
+    drop(items);
+    assert_eq!(bufs, data);
+    assert_eq!(stat(&consumer.t, "batch_requests"), 1);
+}
