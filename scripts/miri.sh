@@ -17,8 +17,7 @@ fi
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-isolation-error=warn-nobacktrace}"
 # Proptest cases are slow under Miri: a handful are enough to run the code.
 export PROPTEST_CASES="${PROPTEST_CASES:-4}"
-# kit::lent and view have no unit tests yet; add them here when they do.
-echo "== miri: shardport-abi kit::codec"
-cargo +nightly miri test -p shardport-abi --lib -- kit::codec ${1:+"$1"}
+echo "== miri: shardport-abi kit::codec, view (leased views and allocations over a heap transport)"
+cargo +nightly miri test -p shardport-abi --lib -- kit::codec view:: ${1:+"$1"}
 echo "== miri: shardport-host handle"
 cargo +nightly miri test -p shardport-host --lib -- handle:: ${1:+"$1"}

@@ -50,6 +50,18 @@ if ! .venv/bin/python -c 'import maturin, numpy, ml_dtypes, pytest' 2>/dev/null;
     .venv/bin/python -m pip install -q --disable-pip-version-check \
         'maturin>=1.16,<2' 'numpy>=2.1' 'ml_dtypes>=0.4' 'pytest>=7'
 fi
+# Test dependencies of the engine integrations (docs/engines.md): PyYAML for
+# the Kubernetes manifest checks, Ray for the Ray example and its tests. Ray
+# has no wheel for some platforms and Python versions: then its tests skip
+# with their reason, and setup goes on. torch is not installed here (its
+# wheels are several GB); the torch tests skip without it.
+if ! .venv/bin/python -c 'import yaml' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check 'pyyaml>=6,<7'
+fi
+if ! .venv/bin/python -c 'import ray' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check 'ray>=2.40,<3' ||
+        echo "setup: ray did not install; the Ray tests will skip" >&2
+fi
 profile=${SHARDPORT_PY_PROFILE:-debug}
 release_flag=()
 [ "$profile" = release ] && release_flag=(--release)

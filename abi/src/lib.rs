@@ -116,9 +116,9 @@ pub use module::{PluginModule, PluginModuleRef, ABI_VERSION};
 pub use plugin::PluginContext;
 // The transport trait object and what crosses it.
 pub use transport::{
-    Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem, Region,
-    SharedBytes, SharedTransport, Stat, StatKind, Transport, TransportBox, TransportInfo,
-    Transport_TO,
+    Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem,
+    OwnerClaim, Region, SharedBytes, SharedTransport, Stat, StatKind, Transport, TransportBox,
+    TransportInfo, Transport_TO,
 };
 // Host-side owners of plugin memory.
 pub use view::{AllocationGuard, LeasedDeviceView, LeasedView};

@@ -4,18 +4,23 @@
 //! The root module [`PluginModule`] and the [`Transport`](crate::Transport)
 //! vtable are abi_stable *prefix types*:
 //! - Fields and methods are only ever **appended**, after the field marked
-//!   `#[sabi(last_prefix_field)]`. A host reading an older plugin sees such a
-//!   field as absent (`None`) and treats it as a missing capability; a
-//!   `Transport` method appended later has a default body returning
-//!   `unsupported`, used when the plugin's vtable lacks it.
+//!   `#[sabi(last_prefix_field)]`; a `Transport` method appended later has a
+//!   default body.
+//! - What appending buys is one direction only: a **host built against an
+//!   older interface loads a newer plugin** (the extra fields are ignored).
+//!   A host never loads a plugin built before an append: abi_stable's layout
+//!   check refuses an implementation with fewer prefix fields than the
+//!   host's interface ("too many fields"; seen when `can_import_from` was
+//!   appended, tested in `tests/e2e/loader.rs`). So every append is a
+//!   **minor** bump (0.1 -> 0.2 while this crate is 0.x), which abi_stable
+//!   refuses across with a plain version message, and plugins are rebuilt.
 //! - Never reorder, remove or retype a field or method, change a type carried
 //!   across the boundary, or add a variant-bearing enum: that breaks layout and
 //!   the loader refuses the plugin (`AbiInstability`).
 //! - Enumerations are integer codes ([`DType`](crate::DType),
 //!   [`ErrorKind`](crate::ErrorKind), ...) so new codes never break layout.
-//! - While this crate is 0.x, a **minor** bump (0.1 -> 0.2) is a breaking ABI
-//!   change: abi_stable refuses to load across it even with identical layout.
-//!   A **patch** bump must keep the layout compatible under the rules above.
+//! - A **patch** bump changes no layout at all.
+//! - History: 0.2.0 appended `Transport::can_import_from` (owner binding).
 //! - [`ABI_VERSION`] travels as data in the root module so hosts can report
 //!   which interface a plugin was built against.
 

@@ -264,6 +264,25 @@ pub struct ImportItem<'a> {
     pub dst: RSliceMut<'a, u8>,
 }
 
+/// Who a handle says owns its shard, as the host read it from the handle:
+/// what a transport whose descriptors name owner resources (segments,
+/// files) checks those names against, so that a handle cannot point at
+/// another owner's resource. Unknown parts are empty or 0.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerClaim {
+    /// The owner's advertised address.
+    pub addr: RString,
+    /// The owner node's epoch (Unix ns at its start; unique per node run).
+    pub epoch: u64,
+    /// The owner's kernel boot id (as in `/proc/sys/kernel/random/boot_id`).
+    pub boot_id: RString,
+    /// The owner's PID namespace inode.
+    pub pid_ns: u64,
+    /// The owner's IPC namespace inode.
+    pub ipc_ns: u64,
+}
+
 /// How an import was carried out, for the host's fetch report.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, Default)]
@@ -444,6 +463,24 @@ pub trait Transport: Send + Sync {
         RResult::RErr(AbiError::unsupported(
             "this transport has no device-to-device import",
         ))
+    }
+
+    /// Consumer side: [`can_import`](Self::can_import), knowing who the
+    /// handle says owns the shard. A transport whose descriptors name the
+    /// owner's resources (posix-shm segment names carry the owner's
+    /// identity and node epoch) refuses, with `INVALID_DESCRIPTOR` naming
+    /// both owners, a descriptor that names another owner's resource than
+    /// `owner` claims: a handle is bound to its owner's memory. The host
+    /// calls this instead of `can_import`. Appended after the last prefix
+    /// method: the default is `can_import(desc, meta)`.
+    fn can_import_from(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        owner: &OwnerClaim,
+    ) -> RResult<(), AbiError> {
+        let _ = owner;
+        self.can_import(desc, meta)
     }
 }
 

@@ -276,3 +276,196 @@ impl fmt::Debug for AllocationGuard {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The views over a transport that keeps its memory on the heap: what
+    //! `scripts/miri.sh` runs the unsafe slices of this module through.
+
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex},
+    };
+
+    use abi_stable::{
+        sabi_trait::TD_Opaque,
+        std_types::{RSliceMut, RVec},
+    };
+
+    use super::*;
+    use crate::{
+        transport::{ExportRequest, Health, ImportInfo, Stat, Transport, TransportInfo},
+        DType, Device, ShardMeta,
+    };
+
+    /// Views and allocations as heap buffers, by token; `short` makes
+    /// `import_view` return one byte less than asked. Shared with the test
+    /// (`Arc<Heap>` is the transport) so it can read the books.
+    #[derive(Default)]
+    struct Heap {
+        // `Vec`, not `Box<[u8]>`: moving a box into the map would retag it
+        // as unique and invalidate the pointer already handed out (Miri's
+        // Stacked Borrows says so); a vector's buffer is not retagged.
+        views: Mutex<HashMap<u64, Vec<u8>>>,
+        allocs: Mutex<HashMap<u64, Vec<u8>>>,
+        next: Mutex<u64>,
+        short: bool,
+    }
+
+    impl Heap {
+        fn token(&self) -> u64 {
+            let mut n = self.next.lock().unwrap();
+            *n += 1;
+            *n
+        }
+    }
+
+    impl Transport for Arc<Heap> {
+        fn describe(&self) -> TransportInfo {
+            TransportInfo {
+                name: "heap".into(),
+                version: "0".into(),
+                capabilities: crate::Capabilities::CPU,
+                needs_identity: Default::default(),
+            }
+        }
+        fn export(&self, _req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
+            RResult::RErr(AbiError::unsupported("heap exports nothing"))
+        }
+        fn unexport(&self, _id: ShardId) -> RResult<(), AbiError> {
+            RResult::ROk(())
+        }
+        fn import_into(
+            &self,
+            _desc: RSlice<'_, u8>,
+            _meta: &ShardMeta,
+            _dst: RSliceMut<'_, u8>,
+        ) -> RResult<ImportInfo, AbiError> {
+            RResult::RErr(AbiError::unsupported("views only"))
+        }
+        fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
+            let len = meta.byte_len as usize - usize::from(self.short);
+            let bytes: Vec<u8> = (0..len).map(|i| desc[0].wrapping_add(i as u8)).collect();
+            let token = self.token();
+            let ptr = bytes.as_ptr();
+            self.views.lock().unwrap().insert(token, bytes);
+            RResult::ROk(Region { ptr, len, token })
+        }
+        fn release(&self, token: u64) -> RResult<(), AbiError> {
+            match self.views.lock().unwrap().remove(&token) {
+                Some(_) => RResult::ROk(()),
+                None => RResult::RErr(AbiError::invalid_argument(format!("token {token}"))),
+            }
+        }
+        fn allocate(&self, _id: ShardId, len: u64) -> RResult<Allocation, AbiError> {
+            let mut bytes = vec![0u8; len as usize];
+            let token = self.token();
+            let ptr = bytes.as_mut_ptr();
+            self.allocs.lock().unwrap().insert(token, bytes);
+            RResult::ROk(Allocation {
+                ptr,
+                len: len as usize,
+                token,
+            })
+        }
+        fn free_allocation(&self, token: u64) -> RResult<(), AbiError> {
+            match self.allocs.lock().unwrap().remove(&token) {
+                Some(_) => RResult::ROk(()),
+                None => RResult::RErr(AbiError::invalid_argument(format!("token {token}"))),
+            }
+        }
+        fn stats(&self) -> RVec<Stat> {
+            RVec::new()
+        }
+        fn health(&self) -> Health {
+            Health {
+                ok: true,
+                message: "ok".into(),
+            }
+        }
+    }
+
+    fn meta(len: u64) -> ShardMeta {
+        ShardMeta {
+            dtype: DType::U8,
+            shape: vec![len].into(),
+            device: Device::CPU,
+            byte_len: len,
+            checksum: abi_stable::std_types::ROption::RNone,
+        }
+    }
+
+    fn shared(heap: Heap) -> (SharedTransport, Arc<Heap>) {
+        // The test keeps its own handle on the books through a second Arc.
+        let heap = Arc::new(heap);
+        let t: SharedTransport = Arc::new(crate::TransportBox::from_value(
+            Arc::clone(&heap),
+            TD_Opaque,
+        ));
+        (t, heap)
+    }
+
+    #[test]
+    fn a_view_reads_the_lent_bytes_and_releases_its_lease_on_drop() {
+        let (t, heap) = shared(Heap::default());
+        let v = LeasedView::import(&t, &[10], &meta(300)).unwrap();
+        assert_eq!(v.len(), 300);
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == 10u8.wrapping_add(i as u8)));
+        let w = LeasedView::import(&t, &[0], &meta(0)).unwrap();
+        assert!(w.is_empty());
+        assert_eq!(heap.views.lock().unwrap().len(), 2);
+        drop(v);
+        drop(w);
+        assert!(
+            heap.views.lock().unwrap().is_empty(),
+            "both leases released"
+        );
+    }
+
+    #[test]
+    fn a_region_of_the_wrong_length_is_refused_and_its_lease_released() {
+        let (t, heap) = shared(Heap {
+            short: true,
+            ..Heap::default()
+        });
+        let e = LeasedView::import(&t, &[1], &meta(64)).unwrap_err();
+        assert!(e.message.contains("63 bytes for a shard of 64"), "{e}");
+        assert!(heap.views.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_allocation_is_written_and_freed_unless_exported() {
+        let (t, heap) = shared(Heap::default());
+        let id = ShardId { hi: 1, lo: 2 };
+        let mut g = AllocationGuard::allocate(&t, id, 4096).unwrap();
+        g.as_mut_slice()
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8);
+        assert!(g.as_slice().iter().enumerate().all(|(i, &b)| b == i as u8));
+        drop(g);
+        assert!(heap.allocs.lock().unwrap().is_empty(), "freed on drop");
+        let mut g = AllocationGuard::allocate(&t, id, 16).unwrap();
+        let token = g.mark_exported();
+        assert_eq!(g.as_slice().len(), 16, "still readable after export");
+        drop(g);
+        assert!(
+            heap.allocs.lock().unwrap().contains_key(&token),
+            "the transport frees it"
+        );
+        let empty = AllocationGuard::allocate(&t, id, 0).unwrap();
+        assert!(empty.as_slice().is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "is exported")]
+    fn exported_bytes_cannot_be_written() {
+        let (t, _) = shared(Heap::default());
+        let mut g = AllocationGuard::allocate(&t, ShardId { hi: 0, lo: 1 }, 8).unwrap();
+        g.mark_exported();
+        g.as_mut_slice()[0] = 1;
+    }
+}

@@ -107,19 +107,18 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// A tag unique to one node instance: `<pid>-<start ticks>-<random>`, in
-/// `[a-z0-9-]`, so segment names identify their owner process (a later
-/// sweep can tell dead owners from live ones) and never collide.
-pub fn new_node_tag() -> String {
+/// A unique tag for a node instance started at `epoch` (its Unix ns at
+/// start, the epoch handles carry): `{pid}-{start ticks}-{epoch hex}g{n}`,
+/// the owner's pid and process start time (so a sweep can tell whether it
+/// is alive), the epoch (so a transport can check that a name it is given
+/// belongs to the owner a handle claims, see `Transport::can_import_from`)
+/// and a per-process counter.
+pub fn new_node_tag(epoch: u64) -> String {
     let pid = std::process::id();
     let start = process_start_ticks(pid).unwrap_or(0);
-    let mut rnd = [0u8; 4];
-    // A failed getrandom leaves zeros; pid + start time + the per-process
-    // counter below still keep tags unique.
-    let _ = getrandom::fill(&mut rnd);
     static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{pid}-{start}-{}{n}", hex::encode(rnd))
+    format!("{pid}-{start}-{epoch:x}g{n}")
 }
 
 #[cfg(test)]
@@ -165,9 +164,10 @@ mod tests {
 
     #[test]
     fn node_tags_are_unique_and_safe() {
-        let a = new_node_tag();
-        let b = new_node_tag();
+        let a = new_node_tag(0x1234);
+        let b = new_node_tag(0x1234);
         assert_ne!(a, b);
+        assert!(a.split('-').nth(2).unwrap().starts_with("1234g"), "{a}");
         assert!(a
             .bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));

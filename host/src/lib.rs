@@ -50,11 +50,13 @@ pub mod cache;
 pub mod metrics;
 // Deployment config: TOML schema, semantic checks, validated types (uses `vocab`, `locality`).
 pub mod config;
+// Fault injection in front of a plugin (uses `config`).
+pub mod faults;
 // Experiment arm assignment and guardrails (uses `config`).
 pub mod experiment;
 // Pure transport selection (uses `config`, `experiment`, `handle`, `identity`, `vocab`).
 pub mod select;
-// Opens and checks plugin libraries (uses `config`, `error`, `services`, `vocab`).
+// Opens and checks plugin libraries (uses `config`, `error`, `faults`, `services`, `vocab`).
 pub mod loader;
 
 // The top: uses everything above; nothing imports it.

@@ -217,6 +217,13 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
             path: path.clone(),
             error,
         })?;
+    let transport = match spec.faults {
+        Some(f) => {
+            tracing::warn!(target: "loader", plugin = %plugin, faults = ?f, "FAULT INJECTION enabled in front of this plugin ([plugin.faults]); for drills and tests only");
+            crate::faults::inject(transport, f)
+        }
+        None => transport,
+    };
     let info = transport.describe();
     if info.name.as_str() != spec.transport.as_str() {
         return Err(LoadError::WrongTransport {

@@ -641,23 +641,30 @@ fn arm_counter_families(f: &mut Family<'_>, s: &Snapshot) {
 /// Per-arm state and latency of every experiment.
 fn arm_state_families(f: &mut Family<'_>, s: &Snapshot) {
     let node = s.node.as_str();
-    let name = "shardport_experiment_arm_enabled";
-    f.header(
-        name,
-        "gauge",
-        "1 while an arm takes traffic, 0 once the guardrail disabled it.",
-    );
-    for e in &s.experiments {
-        for a in &e.arms {
-            f.sample(
-                name,
-                &labels(&[
+    type ArmValue = fn(&crate::snapshot::ArmSnapshot) -> f64;
+    let gauges: [(&str, &str, ArmValue); 2] = [
+        (
+            "shardport_experiment_arm_enabled",
+            "1 while an arm takes its whole share, 0 while tripped or probing.",
+            |a| f64::from(u8::from(a.state == "enabled")),
+        ),
+        (
+            "shardport_experiment_arm_share",
+            "An arm's share of its experiment's traffic now.",
+            |a| a.share.unwrap_or(0.0),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        f.header(name, "gauge", help);
+        for e in &s.experiments {
+            for a in &e.arms {
+                let pairs = [
                     ("node", node),
                     ("experiment", &e.name),
                     ("arm", &a.series.name),
-                ]),
-                u8::from(a.state == "enabled"),
-            );
+                ];
+                f.sample(name, &labels(&pairs), value(a));
+            }
         }
     }
     let name = "shardport_experiment_arm_state";
@@ -669,36 +676,14 @@ fn arm_state_families(f: &mut Family<'_>, s: &Snapshot) {
     for e in &s.experiments {
         for a in &e.arms {
             for state in ["enabled", "tripped", "probing"] {
-                f.sample(
-                    name,
-                    &labels(&[
-                        ("node", node),
-                        ("experiment", &e.name),
-                        ("arm", &a.series.name),
-                        ("state", state),
-                    ]),
-                    u8::from(a.state == state),
-                );
-            }
-        }
-    }
-    let name = "shardport_experiment_arm_share";
-    f.header(
-        name,
-        "gauge",
-        "An arm's share of its experiment's traffic now.",
-    );
-    for e in &s.experiments {
-        for a in &e.arms {
-            f.sample(
-                name,
-                &labels(&[
+                let pairs = [
                     ("node", node),
                     ("experiment", &e.name),
                     ("arm", &a.series.name),
-                ]),
-                a.share.unwrap_or(0.0),
-            );
+                    ("state", state),
+                ];
+                f.sample(name, &labels(&pairs), u8::from(a.state == state));
+            }
         }
     }
     let name = "shardport_experiment_ramp_step";

@@ -3,6 +3,7 @@
 //! runs with the GIL released.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Mutex,
     time::Duration,
@@ -16,7 +17,7 @@ use shardport_abi::{Device, ShardId};
 use shardport_host::{
     config::{self, Origin},
     metrics::prometheus,
-    Config, DevicePtr, FetchMode, HostError, Node, TensorSpec,
+    Config, DevicePtr, FetchMode, Handle, HostError, Node, TensorSpec,
 };
 
 use crate::{
@@ -248,55 +249,77 @@ impl PyNode {
     ) -> PyResult<PyHandle> {
         let node = self.node()?;
         let tags = crate::convert::tags(tags)?;
-        let buf = InBuffer::get(obj).map_err(|e| {
-            let ty = obj
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default();
-            py_err(
-                Kind::Unsupported,
-                format!(
-                    "cannot put a {ty}: it has neither __dlpack__ nor the buffer protocol ({e})"
-                ),
-            )
-        })?;
-        let dt = match dtype {
-            Some(name) => {
-                let d = parse_dtype(name)?;
-                if itemsize(d) != buf.itemsize() {
-                    return Err(py_err(
-                        Kind::InvalidInput,
-                        format!(
-                            "dtype {name} has {} bytes per element, the buffer has {}",
-                            itemsize(d),
-                            buf.itemsize()
-                        ),
-                    ));
-                }
-                d
-            }
-            None => dtype_of_format(&buf.format(), buf.itemsize())
-                .map_err(|e| py_err(Kind::InvalidInput, e))?,
-        };
-        let spec = TensorSpec {
-            dtype: dt,
-            shape: buf.shape(),
-            device: Device::CPU,
-        };
+        let (buf, spec) = buffer_spec(obj, dtype)?;
         let src = buf.source();
-        let res = py.allow_threads(|| {
-            if spec_len(&spec) != Some(src.packed_len() as u64) {
-                return Err(HostError::InvalidShard(format!(
-                    "the buffer has {} bytes, dtype and shape need {:?}",
-                    src.packed_len(),
-                    spec_len(&spec)
-                )));
-            }
-            node.put_with(&spec, tags, |dst| src.copy_to(dst))
-        });
+        let res = py.allow_threads(|| put_source(&node, &spec, tags, &src));
         drop(buf);
         res.map(|inner| PyHandle { inner }).map_err(host_err)
+    }
+
+    /// Puts many buffer-protocol objects in one call (`dtypes[i]` as in
+    /// `_put_buffer`), the GIL released once for all of them. One handle
+    /// per object, in order; the first failure raises (the shards put
+    /// before it stay, and are listed in the error).
+    #[pyo3(signature = (objs, dtypes, tags=None))]
+    fn _put_buffers(
+        &self,
+        py: Python<'_>,
+        objs: Vec<Bound<'_, PyAny>>,
+        dtypes: Vec<Option<String>>,
+        tags: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Vec<PyHandle>> {
+        if objs.len() != dtypes.len() {
+            return Err(py_err(
+                Kind::InvalidInput,
+                format!("{} objects but {} dtypes", objs.len(), dtypes.len()),
+            ));
+        }
+        let node = self.node()?;
+        let tags = crate::convert::tags(tags)?;
+        let (bufs, specs): (Vec<InBuffer>, Vec<TensorSpec>) = objs
+            .iter()
+            .zip(&dtypes)
+            .map(|(o, d)| buffer_spec(o, d.as_deref()))
+            .collect::<PyResult<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let sources: Vec<_> = bufs.iter().map(InBuffer::source).collect();
+        let res: Vec<Result<Handle, HostError>> = py.allow_threads(|| {
+            let mut out = Vec::with_capacity(sources.len());
+            for (spec, src) in specs.iter().zip(&sources) {
+                let r = put_source(&node, spec, tags.clone(), src);
+                let failed = r.is_err();
+                out.push(r);
+                if failed {
+                    break;
+                }
+            }
+            out
+        });
+        drop(sources);
+        drop(bufs);
+        let mut handles = Vec::with_capacity(res.len());
+        for (i, r) in res.into_iter().enumerate() {
+            match r {
+                Ok(inner) => handles.push(PyHandle { inner }),
+                Err(e) => {
+                    let done: Vec<String> =
+                        handles.iter().map(|h| h.inner.id.to_string()).collect();
+                    let err = host_err(e);
+                    let msg = format!(
+                        "put_many: object {i} failed: {}; objects 0..{i} were put (ids: {})",
+                        err.value(py),
+                        if done.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            done.join(", ")
+                        }
+                    );
+                    return Err(PyErr::from_type(err.get_type(py), msg));
+                }
+            }
+        }
+        Ok(handles)
     }
 
     /// Puts GPU memory without copying it, through the cuda-ipc transport
@@ -526,6 +549,18 @@ impl PyNode {
         json_to_py(py, &v)
     }
 
+    /// Reclaims what dead processes left behind: segments of owners that
+    /// died, leases of consumers that died (never a live process's). A
+    /// library node does not sweep by itself (`shardport serve` does, every
+    /// `node.sweep-interval`); call this from a supervisor after a worker
+    /// was killed. Returns, per transport, what was reclaimed (or
+    /// `{"error": ...}`).
+    fn sweep(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let node = self.node()?;
+        let v = py.allow_threads(|| node.sweep_json());
+        json_to_py(py, &v)
+    }
+
     /// The node's metrics in the Prometheus text format.
     fn metrics(&self, py: Python<'_>) -> PyResult<String> {
         let node = self.node()?;
@@ -576,6 +611,63 @@ impl PyNode {
             Err(_) => format!("Node(name={:?}, closed)", self.name),
         }
     }
+}
+
+/// The buffer of `obj` and the tensor it describes (`dtype` overrides the
+/// buffer's element type, same item size).
+fn buffer_spec(obj: &Bound<'_, PyAny>, dtype: Option<&str>) -> PyResult<(InBuffer, TensorSpec)> {
+    let buf = InBuffer::get(obj).map_err(|e| {
+        let ty = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        py_err(
+            Kind::Unsupported,
+            format!("cannot put a {ty}: it has neither __dlpack__ nor the buffer protocol ({e})"),
+        )
+    })?;
+    let dt = match dtype {
+        Some(name) => {
+            let d = parse_dtype(name)?;
+            if itemsize(d) != buf.itemsize() {
+                return Err(py_err(
+                    Kind::InvalidInput,
+                    format!(
+                        "dtype {name} has {} bytes per element, the buffer has {}",
+                        itemsize(d),
+                        buf.itemsize()
+                    ),
+                ));
+            }
+            d
+        }
+        None => dtype_of_format(&buf.format(), buf.itemsize())
+            .map_err(|e| py_err(Kind::InvalidInput, e))?,
+    };
+    let spec = TensorSpec {
+        dtype: dt,
+        shape: buf.shape(),
+        device: Device::CPU,
+    };
+    Ok((buf, spec))
+}
+
+/// Puts the bytes of `src` as `spec` (runs without the GIL).
+fn put_source(
+    node: &Node,
+    spec: &TensorSpec,
+    tags: BTreeMap<String, String>,
+    src: &crate::mem::Source,
+) -> Result<Handle, HostError> {
+    if spec_len(spec) != Some(src.packed_len() as u64) {
+        return Err(HostError::InvalidShard(format!(
+            "the buffer has {} bytes, dtype and shape need {:?}",
+            src.packed_len(),
+            spec_len(spec)
+        )));
+    }
+    node.put_with(spec, tags, |dst| src.copy_to(dst))
 }
 
 fn spec_len(spec: &TensorSpec) -> Option<u64> {

@@ -131,3 +131,36 @@ def test_a_view_is_never_exported_as_writable_memory(node):
     c = np.from_dlpack(s, copy=True)
     c[0] = 42
     assert c.flags.writeable and np.asarray(s)[0] == 0
+
+
+def _own_and_hang(cfg, q) -> None:
+    """Child: puts a shard, reports its handle, then waits to be killed."""
+    import time
+
+    with shardport.Node(cfg) as n:
+        h = n.put(np.arange(4096, dtype=np.uint8))
+        q.put(h.to_bytes())
+        time.sleep(120)
+
+
+def test_sweep_reclaims_the_segments_of_a_killed_owner(prefix, spawn):
+    import os
+    import signal
+
+    from helpers import config, leftovers
+
+    cfg = config(prefix)
+    # The sweeper starts first: its own start-up sweep finds nothing yet.
+    with shardport.Node(cfg) as n:
+        q = spawn.Queue()
+        p = spawn.Process(target=_own_and_hang, args=(cfg, q))
+        p.start()
+        shardport.Handle.from_bytes(q.get(timeout=60))
+        assert leftovers(prefix), "the owner made its pool"
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(timeout=30)
+        report = n.sweep()
+        assert report["posix-shm"]["segments_swept"] >= 2, report
+        # What is left is this node's own (it put nothing: maybe nothing).
+        mine = [s for s in leftovers(prefix) if str(os.getpid()) in s]
+        assert leftovers(prefix) == mine

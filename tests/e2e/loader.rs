@@ -355,7 +355,7 @@ fn read_abi_deps(root: &Path, names: &[&str]) -> String {
 fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     // A minor bump of a 0.x interface crate: abi_stable refuses it even with
     // an identical layout.
-    let minor = build_against_patched_abi("minor-bump", "0.2.0", |_| {});
+    let minor = build_against_patched_abi("minor-bump", "0.3.0", |_| {});
     let msg = only_failure(&format!(
         "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
         minor.display()
@@ -363,14 +363,14 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     assert_eq!(
         msg,
         format!(
-            "plugin `faulty`: {} was built against shardport-abi 0.2.0, this host expects 0.1.x (incompatible ABI; rebuild the plugin)",
+            "plugin `faulty`: {} was built against shardport-abi 0.3.0, this host expects 0.2.x (incompatible ABI; rebuild the plugin)",
             minor.display()
         )
     );
 
     // A patch release that broke the rules: a field inserted into the root
     // module before its last prefix field.
-    let layout = build_against_patched_abi("layout-break", "0.1.0", |abi| {
+    let layout = build_against_patched_abi("layout-break", "0.2.0", |abi| {
         let m = abi.join("src/module.rs");
         let text = std::fs::read_to_string(&m).unwrap();
         let text = text
@@ -397,7 +397,7 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
         "{msg}"
     );
     assert!(
-        msg.ends_with("(rebuild against shardport-abi 0.1.0; details at debug level)"),
+        msg.ends_with("(rebuild against shardport-abi 0.2.0; details at debug level)"),
         "{msg}"
     );
     assert!(!msg.contains('\n'), "not one line: {msg}");
@@ -406,4 +406,68 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
         "summary too long ({} bytes): {msg}",
         msg.len()
     );
+
+    // The evolution rules, both directions, at the same version: a plugin
+    // built before the last appended method is refused (abi_stable wants
+    // the plugin's vtable at least as long as the host's: that is why every
+    // append is a minor bump)...
+    let older = build_against_patched_abi("before-append", "0.2.0", |abi| {
+        let t = abi.join("src/transport.rs");
+        let text = std::fs::read_to_string(&t).unwrap();
+        let start = text
+            .find("    /// Consumer side: [`can_import`](Self::can_import), knowing who")
+            .unwrap();
+        let end = start
+            + text[start..]
+                .find("        self.can_import(desc, meta)\n    }\n")
+                .unwrap()
+            + "        self.can_import(desc, meta)\n    }\n".len();
+        std::fs::write(&t, format!("{}{}", &text[..start], &text[end..])).unwrap();
+        let a = abi.join("src/kit/adapter.rs");
+        let text = std::fs::read_to_string(&a).unwrap();
+        let start = text
+            .find("    fn can_import_from(\n        &self,\n        desc: RSlice")
+            .unwrap();
+        let end = start
+            + text[start..].find("        })\n    }\n").unwrap()
+            + "        })\n    }\n".len();
+        std::fs::write(&a, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    });
+    let msg = only_failure(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
+        older.display()
+    ));
+    assert!(
+        msg.contains("incompatible interface layout") && msg.contains("too many fields"),
+        "{msg}"
+    );
+    // ...and a plugin built against a newer interface (one more method
+    // appended) loads and moves shards.
+    let newer = build_against_patched_abi("after-append", "0.2.0", |abi| {
+        let t = abi.join("src/transport.rs");
+        let text = std::fs::read_to_string(&t).unwrap();
+        let anchor = "        let _ = owner;\n        self.can_import(desc, meta)\n    }\n";
+        assert!(text.contains(anchor), "patch did not apply");
+        let text = text.replace(
+            anchor,
+            &format!("{anchor}\n    /// Appended by the after-append test fixture.\n    fn fixture_newer(&self) -> u64 {{\n        7\n    }}\n"),
+        );
+        std::fs::write(t, text).unwrap();
+    });
+    let node = shardport_host::Node::start(util::parse(&format!(
+        "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\nrequired = true\n",
+        newer.display()
+    )))
+    .expect("a newer plugin loads");
+    let h = node
+        .put(
+            &[9u8; 64],
+            &shardport_host::TensorSpec::bytes(64),
+            Default::default(),
+        )
+        .unwrap();
+    let f = node
+        .fetch_mode(&h, shardport_host::FetchMode::Copy)
+        .unwrap();
+    assert_eq!((f.selection.transport.as_str(), f.data[0]), ("faulty", 9));
 }

@@ -13,6 +13,7 @@ mod crash;
 mod cross_process;
 mod cuda;
 mod experiments;
+mod faults;
 mod loader;
 mod netns;
 mod nodes;

@@ -92,6 +92,20 @@ fn checksums_are_computed_at_put_and_checked_at_fetch() {
     });
     let err = n.fetch_mode(&bad, FetchMode::Copy).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch via `posix-shm`"), "{err}");
+    // Counted once per failed attempt, by a single fetch and in a batch.
+    let errors = || n.stats().transports["posix-shm"].errors;
+    assert_eq!(errors(), 1);
+    let r = n.fetch_many(&[bad], FetchMode::Copy).unwrap();
+    assert!(r[0]
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("checksum mismatch"));
+    assert_eq!(
+        errors(),
+        2,
+        "a batch's checksum mismatch is one error, not two"
+    );
 }
 
 fn consumer(fetch_and_cache: &str) -> Node {
@@ -412,4 +426,45 @@ fn a_consumer_only_node_creates_no_segment_and_binds_no_port() {
         "a consumer creates no segment"
     );
     assert!(port_free(consumer_port), "a consumer binds no port");
+}
+
+#[test]
+fn a_handle_naming_another_owners_segment_is_refused_before_any_byte_is_read() {
+    // Two owners on this node, one consumer; no checksums, so before
+    // handles were bound to their owner's segments a forged handle read the
+    // other owner's bytes as good.
+    let plain = || {
+        Node::start(util::parse(&format!(
+            "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\nchecksum = \"none\"\n{}",
+            util::shm_plugin("")
+        )))
+        .unwrap()
+    };
+    let (a, b, c) = (plain(), plain(), plain());
+    let ha = a
+        .put(&[1u8; 4096], &TensorSpec::bytes(4096), Default::default())
+        .unwrap();
+    let hb = b
+        .put(&[2u8; 4096], &TensorSpec::bytes(4096), Default::default())
+        .unwrap();
+    assert_eq!(c.fetch_mode(&ha, FetchMode::Copy).unwrap().data[0], 1);
+    assert_eq!(c.fetch_mode(&hb, FetchMode::View).unwrap().data[0], 2);
+    // A's claim, B's segment.
+    let mut forged = ha.clone();
+    forged.exports = hb.exports.clone();
+    for mode in [FetchMode::Copy, FetchMode::View] {
+        let e = c.fetch_mode(&forged, mode).unwrap_err().to_string();
+        assert!(
+            e.contains("belongs to another owner than the handle names")
+                && e.contains("node epoch"),
+            "{mode}: {e}"
+        );
+    }
+    // Batches too.
+    let r = c
+        .fetch_many(&[forged.clone(), ha.clone()], FetchMode::Copy)
+        .unwrap();
+    assert!(r[0].is_err() && r[1].is_ok());
+    // The owners still serve their real handles.
+    assert_eq!(c.fetch_mode(&hb, FetchMode::Copy).unwrap().data[0], 2);
 }

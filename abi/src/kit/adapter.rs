@@ -61,7 +61,7 @@ use crate::{
     plugin::PluginContext,
     transport::{
         Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem,
-        Region, Stat, Transport, TransportBox, TransportInfo,
+        OwnerClaim, Region, Stat, Transport, TransportBox, TransportInfo,
     },
 };
 
@@ -145,6 +145,18 @@ pub trait PlainTransport: Send + Sync + 'static {
     fn can_import(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<()> {
         let _ = (desc, meta);
         Ok(())
+    }
+
+    /// Planning check knowing the handle's owner claim. Default:
+    /// [`can_import`](Self::can_import).
+    fn can_import_from(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        owner: &OwnerClaim,
+    ) -> PluginResult<()> {
+        let _ = owner;
+        self.can_import(desc, meta)
     }
 
     /// Device-to-device import. Default: `UNSUPPORTED`.
@@ -254,6 +266,17 @@ impl<T: PlainTransport> Transport for Guarded<T> {
         self.0
             .context()
             .guard("can_import", || self.0.can_import(desc.as_slice(), meta))
+    }
+
+    fn can_import_from(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+        owner: &OwnerClaim,
+    ) -> RResult<(), AbiError> {
+        self.0.context().guard("can_import_from", || {
+            self.0.can_import_from(desc.as_slice(), meta, owner)
+        })
     }
 
     fn import_into_device(

@@ -5,7 +5,11 @@
 //! every core, whichever is shortest for each sample (glibc already uses
 //! non-temporal stores above its threshold; hand-written ones would need
 //! `unsafe` in a crate that forbids it), and raw TCP over loopback with our
-//! own socket pair (a round trip carrying a shard, and a stream).
+//! own socket pair: a round trip carrying the shard, and from 1 MiB up the
+//! faster of that and a one-way stream of shards on the same sockets
+//! ([`TcpPair::best`]): a single fetch of a small shard is one round trip
+//! by nature (a stream of them measures pipelining, which one fetch cannot
+//! do), while a large one is bound by the stream's bandwidth.
 //!
 //! A product that beats its limit means the limit is wrong: the report
 //! flags every ratio over [`SUSPECT_RATIO`].
@@ -30,6 +34,14 @@ const COPY_CHUNK: usize = 256 << 10;
 /// every core.
 const PARALLEL_COPY_MIN: usize = 1 << 20;
 
+/// From this size up the TCP limit also tries a one-way stream.
+const STREAM_LIMIT_MIN: usize = 1 << 20;
+
+/// Bytes per stream sample of [`TcpPair::stream`]: enough shards back to
+/// back that one request's latency is spread thin, few enough that a
+/// sample stays short.
+const STREAM_SAMPLE_BYTES: usize = 8 << 20;
+
 /// Each memcpy sample copies at least this many bytes (repeating small
 /// copies), so a 4 KiB copy is not lost in the clock's resolution.
 const MEMCPY_SAMPLE_BYTES: usize = 1 << 20;
@@ -50,8 +62,10 @@ pub struct SizeLimit {
 pub struct Limits {
     /// Single-thread memcpy between two warm buffers, per size.
     pub memcpy: Vec<SizeLimit>,
-    /// Raw TCP loopback round trip: an 8-byte request out, the shard back,
-    /// read into a warm buffer (the floor of any fetch over TCP), per size.
+    /// Raw TCP loopback, per size: a round trip (an 8-byte request out, the
+    /// shard back into a warm buffer), from 1 MiB up the faster of that and
+    /// a one-way stream of shards on the same sockets, per shard: the floor
+    /// of any fetch over TCP.
     pub tcp_round_trip: Vec<SizeLimit>,
     /// Raw TCP loopback stream, one direction, 1 MiB writes, at the largest size.
     pub tcp_stream: Option<SizeLimit>,
@@ -116,14 +130,19 @@ impl TcpPair {
                 let _ = s.set_nodelay(true);
                 let src = vec![7u8; len];
                 let mut req = [0u8; 8];
-                while s.read_exact(&mut req).is_ok() {
-                    if s.write_all(&src).is_err() {
-                        break;
+                // A request is the number of shards to send back to back.
+                'serve: while s.read_exact(&mut req).is_ok() {
+                    for _ in 0..u64::from_le_bytes(req).clamp(1, 1 << 20) {
+                        if s.write_all(&src).is_err() {
+                            break 'serve;
+                        }
                     }
                 }
             })?;
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
+        // A lost or short response is an error, never a hung benchmark.
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut pair = TcpPair {
             stream,
             dst: vec![0u8; len],
@@ -135,11 +154,33 @@ impl TcpPair {
 
     /// One round trip: the request out, all `len` bytes back.
     pub fn round_trip(&mut self) -> std::io::Result<Duration> {
+        self.shards(1)
+    }
+
+    /// A one-way stream on the same sockets: one request, then shards back
+    /// to back; the time per shard.
+    pub fn stream(&mut self) -> std::io::Result<Duration> {
+        self.shards((STREAM_SAMPLE_BYTES / self.dst.len().max(1)).max(1))
+    }
+
+    /// The TCP limit at this size: a round trip, and from
+    /// [`STREAM_LIMIT_MIN`] up the faster of that and a stream.
+    pub fn best(&mut self) -> std::io::Result<Duration> {
+        let rt = self.round_trip()?;
+        if self.dst.len() < STREAM_LIMIT_MIN {
+            return Ok(rt);
+        }
+        Ok(rt.min(self.stream()?))
+    }
+
+    /// `n` shards for one request; the time per shard.
+    fn shards(&mut self, n: usize) -> std::io::Result<Duration> {
         let t = Instant::now();
-        self.stream
-            .write_all(&(self.dst.len() as u64).to_le_bytes())?;
-        self.stream.read_exact(&mut self.dst)?;
-        Ok(t.elapsed())
+        self.stream.write_all(&(n as u64).to_le_bytes())?;
+        for _ in 0..n {
+            self.stream.read_exact(&mut self.dst)?;
+        }
+        Ok(t.elapsed() / n as u32)
     }
 }
 
@@ -152,13 +193,13 @@ impl Drop for TcpPair {
     }
 }
 
-/// Raw TCP loopback round trips carrying `len` bytes back: `warmup` +
-/// `reps` samples on one kept-alive [`TcpPair`].
+/// The raw TCP loopback limit at `len` bytes ([`TcpPair::best`]): `warmup`
+/// + `reps` samples on one kept-alive [`TcpPair`].
 pub fn tcp_round_trip(len: usize, warmup: usize, reps: usize) -> std::io::Result<SizeLimit> {
     let mut pair = TcpPair::new(len)?;
     let mut samples = Vec::with_capacity(reps);
     for i in 0..warmup + reps.max(1) {
-        let d = pair.round_trip()?;
+        let d = pair.best()?;
         if i >= warmup {
             samples.push(d);
         }
@@ -294,5 +335,19 @@ mod tests {
         };
         assert!(l.memcpy_at(4096).is_some() && l.memcpy_at(1).is_none());
         assert!(l.tcp_at(4096).is_some());
+    }
+
+    #[test]
+    fn the_tcp_pair_streams_whole_shards_and_counts_per_shard() {
+        let mut p = TcpPair::new(STREAM_LIMIT_MIN).unwrap();
+        // 8 shards for one request: every byte of each arrives (read_exact
+        // would fail or hang on a short stream), and the next request lines
+        // up with the next response.
+        for _ in 0..3 {
+            p.stream().unwrap();
+            p.round_trip().unwrap();
+            p.best().unwrap();
+        }
+        assert!(p.dst.iter().all(|&b| b == 7));
     }
 }

@@ -13,9 +13,9 @@ use shardport_abi::parse_byte_size;
 use toml::Spanned;
 
 use super::{
-    schema::{RawCache, RawConfig, RawControl, RawFetch, RawNode, RawPlugin, RawPut},
+    schema::{RawCache, RawConfig, RawControl, RawFaults, RawFetch, RawNode, RawPlugin, RawPut},
     span::{locate, ConfigError},
-    ChecksumPolicy, Config, ControlConfig, ControlTls, FetchConfig, FetchMode, NodeConfig,
+    ChecksumPolicy, Config, ControlConfig, ControlTls, Faults, FetchConfig, FetchMode, NodeConfig,
     OnDowngrade, Origin, PluginSpec, PutConfig, SameNodeMatch, Storage, TokenSource, TransportName,
     DEFAULT_CONTROL_BIND, DEFAULT_MAX_BATCH, DEFAULT_MAX_SHARD_SIZE, DEFAULT_SWEEP_INTERVAL,
 };
@@ -480,6 +480,10 @@ impl Ctx<'_> {
             Some(t) => self.transport(&format!("{key}.transport"), t)?,
             None => name.clone(),
         };
+        let faults = match &p.faults {
+            Some(f) => Some(self.faults(&format!("{key}.faults"), f.get_ref())?),
+            None => None,
+        };
         Ok(PluginSpec {
             name,
             transport,
@@ -488,6 +492,45 @@ impl Ctx<'_> {
             sha256,
             required: p.required.unwrap_or(false),
             config_text,
+            faults,
+        })
+    }
+
+    /// `[plugin.faults]` at `fkey`: rates in 0..=1, a delay, a seed.
+    fn faults(&self, fkey: &str, f: &RawFaults) -> Result<Faults, ConfigError> {
+        let rate = |name: &str, v: &Option<Spanned<f64>>| -> Result<u32, ConfigError> {
+            match v {
+                None => Ok(0),
+                Some(v) if (0.0..=1.0).contains(v.get_ref()) => {
+                    Ok((v.get_ref() * 1e6).round() as u32)
+                }
+                Some(v) => Err(self.error(
+                    Some(v.span()),
+                    format!(
+                        "`{fkey}.{name}`: expected a rate in 0..=1, found {}",
+                        v.get_ref()
+                    ),
+                    Some(&format!("example: {name} = 0.05")),
+                )),
+            }
+        };
+        let delay = match &f.delay {
+            Some(d) => self.duration(&format!("{fkey}.delay"), d, "5ms")?,
+            None => std::time::Duration::from_millis(1),
+        };
+        let seed = match &f.seed {
+            Some(s) => self.int_in(&format!("{fkey}.seed"), s, 0, i64::MAX, "7")? as u64,
+            None => 0,
+        };
+        Ok(Faults {
+            seed,
+            delay,
+            delay_ppm: rate("delay-rate", &f.delay_rate)?,
+            reset_ppm: rate("reset", &f.reset)?,
+            short_read_ppm: rate("short-read", &f.short_read)?,
+            corrupt_ppm: rate("corrupt", &f.corrupt)?,
+            enospc_ppm: rate("enospc", &f.enospc)?,
+            garbage_descriptor_ppm: rate("garbage-descriptor", &f.garbage_descriptor)?,
         })
     }
 

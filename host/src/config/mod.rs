@@ -333,6 +333,34 @@ pub struct PluginSpec {
     pub required: bool,
     /// The plugin's own table, as TOML text.
     pub config_text: String,
+    /// Fault injection in front of the plugin (`[plugin.faults]`; testing
+    /// and drills only).
+    pub faults: Option<Faults>,
+}
+
+/// Faults injected in front of a plugin, each at a rate in parts per
+/// million of the calls it applies to (see `crate::faults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Faults {
+    /// Seed of the injector's random sequence (the same seed and call order
+    /// give the same faults).
+    pub seed: u64,
+    /// How long an injected delay lasts.
+    pub delay: std::time::Duration,
+    /// Rate of delays before an import or export.
+    pub delay_ppm: u32,
+    /// Rate of imports that fail mid-body (some bytes written, then an
+    /// error, as a connection reset would).
+    pub reset_ppm: u32,
+    /// Rate of copies that report success with the tail never written (a
+    /// short read the transport did not notice).
+    pub short_read_ppm: u32,
+    /// Rate of copies that report success with one byte flipped.
+    pub corrupt_ppm: u32,
+    /// Rate of allocations (segment creations) that fail with "no space".
+    pub enospc_ppm: u32,
+    /// Rate of exports that return a garbage descriptor.
+    pub garbage_descriptor_ppm: u32,
 }
 
 /// Node identity settings.

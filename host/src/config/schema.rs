@@ -154,4 +154,19 @@ pub(super) struct RawPlugin {
     pub(super) sha256: Option<Spanned<String>>,
     pub(super) required: Option<bool>,
     pub(super) config: Option<toml::Table>,
+    pub(super) faults: Option<Spanned<RawFaults>>,
+}
+
+/// `[plugin.faults]`: fault injection in front of the plugin.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct RawFaults {
+    pub(super) seed: Option<Spanned<i64>>,
+    pub(super) delay: Option<Spanned<String>>,
+    pub(super) delay_rate: Option<Spanned<f64>>,
+    pub(super) reset: Option<Spanned<f64>>,
+    pub(super) short_read: Option<Spanned<f64>>,
+    pub(super) corrupt: Option<Spanned<f64>>,
+    pub(super) enospc: Option<Spanned<f64>>,
+    pub(super) garbage_descriptor: Option<Spanned<f64>>,
 }

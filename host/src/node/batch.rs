@@ -157,16 +157,19 @@ impl Node {
                 ));
                 return false;
             }
+            // `verify` counted the failed attempt already.
             Ok((Err(e), _)) => {
                 let err = AbiError::internal(e.to_string());
                 b.corrupt[i].get_or_insert(e);
                 err
             }
-            Err(e) => e,
+            Err(e) => {
+                self.inner
+                    .metrics
+                    .fetch_error(Some(attempt.transport.as_str()));
+                e
+            }
         };
-        self.inner
-            .metrics
-            .fetch_error(Some(attempt.transport.as_str()));
         tracing::debug!(target: "select", shard = %handles[i].id, transport = %attempt.transport, error = %failed, "batch attempt failed");
         b.failures[i].push((attempt.transport.clone(), failed));
         b.cursor[i] += 1;

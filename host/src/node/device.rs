@@ -23,8 +23,8 @@
 use std::{collections::BTreeMap, fmt, time::Instant};
 
 use shardport_abi::{
-    AbiError, Capabilities, DeviceKind, ExportRequest, LeasedDeviceView, ROption, RSlice, ShardId,
-    ShardMeta, SharedBytes,
+    AbiError, Capabilities, DeviceKind, ExportRequest, LeasedDeviceView, OwnerClaim, ROption,
+    RSlice, ShardId, ShardMeta, SharedBytes,
 };
 
 use super::{
@@ -129,12 +129,13 @@ impl Node {
         let mut out = plan(handle, &local, mode);
         let cuda = handle.meta.device.kind == DeviceKind::CUDA;
         let attempts = std::mem::take(&mut out.attempts);
+        let claim = owner_claim(&handle.owner);
         for mut a in attempts {
             let p = &g.plugins[a.plugin];
             let desc = &handle.exports[a.export].descriptor;
             if let Err(e) = p
                 .transport
-                .can_import(RSlice::from_slice(desc), &handle.meta)
+                .can_import_from(RSlice::from_slice(desc), &handle.meta, &claim)
                 .into_result()
             {
                 tracing::debug!(target: "select", transport = %a.transport, error = %e, "not a candidate");
@@ -347,6 +348,18 @@ impl Node {
                 st.gate(e)
             })
             .collect()
+    }
+}
+
+/// What the handle says about its owner, for transports that bind
+/// descriptors to their owner (`Transport::can_import_from`).
+fn owner_claim(owner: &crate::handle::Owner) -> OwnerClaim {
+    OwnerClaim {
+        addr: owner.addr.as_str().into(),
+        epoch: owner.epoch,
+        boot_id: owner.identity.boot_id.as_str().into(),
+        pid_ns: owner.identity.pid_ns,
+        ipc_ns: owner.identity.ipc_ns,
     }
 }
 

@@ -377,7 +377,8 @@ impl Node {
         for w in &config.warnings {
             tracing::warn!(target: "config", "{w}");
         }
-        let tag = new_node_tag();
+        let epoch = unique_epoch(clock.now_unix_nanos());
+        let tag = new_node_tag(epoch);
         let ctx = NodeContext {
             node_name: config.node.name.clone(),
             node_tag: tag.clone(),
@@ -395,7 +396,6 @@ impl Node {
         let load_failures = optional.iter().map(|(e, _)| e.to_string()).collect();
         let mut rnd = [0u8; 8];
         let _ = getrandom::fill(&mut rnd);
-        let epoch = clock.now_unix_nanos();
         let metrics = Metrics::new(report.loaded.iter().map(|p| p.name.to_string()));
         let plugins: Vec<Arc<LoadedPlugin>> = report.loaded.into_iter().map(Arc::new).collect();
         tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = plugins.len(), "node started");
@@ -569,6 +569,22 @@ fn storage_plugin(storage: &Storage, loaded: &[Arc<LoadedPlugin>]) -> Option<usi
         tracing::warn!(target: "store", transport = %t, "put.pool-transport is not loaded or has no allocator; shards will be stored on the heap");
     }
     found
+}
+
+/// The epoch of a node starting at `now` (Unix ns): `now`, or one more than
+/// the last epoch this process handed out, so two nodes of one process
+/// never share one (handles and segment names carry it), even under a
+/// test clock.
+fn unique_epoch(now: u64) -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let prev = LAST
+        .fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |last| Some(now.max(last + 1)),
+        )
+        .unwrap_or_else(|last| last);
+    now.max(prev + 1)
 }
 
 /// A zero-filled buffer of `len` bytes, or an error instead of an abort when

@@ -39,17 +39,29 @@ impl Node {
         spec: &TensorSpec,
         tags: BTreeMap<String, String>,
     ) -> Result<Handle, HostError> {
-        let meta = spec.meta()?;
-        if meta.byte_len != bytes.len() as u64 {
-            return Err(HostError::InvalidShard(format!(
-                "{} bytes given, dtype {} with shape {:?} needs {}",
-                bytes.len(),
-                spec.dtype,
-                spec.shape,
-                meta.byte_len
-            )));
-        }
-        self.put_with(spec, tags, |dst| dst.copy_from_slice(bytes))
+        check_len(bytes, spec)?;
+        self.put_inner(&self.inner.live(), spec, tags, |dst, policy| {
+            copy_and_checksum(bytes, dst, policy)
+        })
+    }
+
+    /// Puts many shards in one call under one config generation: one
+    /// result per item, in order (a failed item does not stop the others).
+    /// Each item is copied once, its checksum computed in the same pass.
+    pub fn put_many(
+        &self,
+        items: &[(&[u8], TensorSpec, BTreeMap<String, String>)],
+    ) -> Vec<Result<Handle, HostError>> {
+        let g = self.inner.live();
+        items
+            .iter()
+            .map(|(bytes, spec, tags)| {
+                check_len(bytes, spec)?;
+                self.put_inner(&g, spec, tags.clone(), |dst, policy| {
+                    copy_and_checksum(bytes, dst, policy)
+                })
+            })
+            .collect()
     }
 
     /// Puts a shard whose bytes `fill` writes straight into storage (the
@@ -59,6 +71,21 @@ impl Node {
         spec: &TensorSpec,
         tags: BTreeMap<String, String>,
         fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Handle, HostError> {
+        self.put_inner(&self.inner.live(), spec, tags, |dst, policy| {
+            fill(dst);
+            checksum(policy, dst)
+        })
+    }
+
+    /// The put steps; `fill` writes the bytes and returns their checksum
+    /// under the policy it is given.
+    fn put_inner(
+        &self,
+        g: &Generation,
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+        fill: impl FnOnce(&mut [u8], ChecksumPolicy) -> ROption<Checksum>,
     ) -> Result<Handle, HostError> {
         let mut meta = spec.meta()?;
         if meta.device != Device::CPU {
@@ -72,20 +99,20 @@ impl Node {
         let _span =
             tracing::debug_span!(target: "store", "put", shard = %id, bytes = meta.byte_len)
                 .entered();
-        let g = self.inner.live();
-        check_put_size(&g, meta.byte_len)?;
+        check_put_size(g, meta.byte_len)?;
 
-        // 1. Storage: the pool transport's allocator, or the heap.
-        let mut stored = allocate(&g, id, meta.byte_len)?;
-        match &mut stored {
-            Stored::Heap(b) => fill(b),
-            Stored::Pool(g) => fill(g.as_mut_slice()),
-        }
-        meta.checksum = checksum(g.config.put.checksum, stored.bytes());
+        // 1. Storage: the pool transport's allocator, or the heap; the
+        // bytes and their checksum in one pass.
+        let mut stored = allocate(g, id, meta.byte_len)?;
+        let policy = g.config.put.checksum;
+        meta.checksum = match &mut stored {
+            Stored::Heap(b) => fill(b, policy),
+            Stored::Pool(a) => fill(a.as_mut_slice(), policy),
+        };
 
         // 2. Exports: the storage transport first (it exports in place), then
         // every other selected transport lending the stored bytes.
-        let mut done = export_stored(&g, id, &meta, &mut stored);
+        let mut done = export_stored(g, id, &meta, &mut stored);
         if done.exports.is_empty() {
             // Nothing to undo: the storage transport exports first and a
             // failure there stops the loop; the allocation guard frees its space.
@@ -277,6 +304,21 @@ impl Exported {
     }
 }
 
+/// `bytes` has the length `spec`'s dtype and shape imply.
+fn check_len(bytes: &[u8], spec: &TensorSpec) -> Result<(), HostError> {
+    let meta = spec.meta()?;
+    if meta.byte_len != bytes.len() as u64 {
+        return Err(HostError::InvalidShard(format!(
+            "{} bytes given, dtype {} with shape {:?} needs {}",
+            bytes.len(),
+            spec.dtype,
+            spec.shape,
+            meta.byte_len
+        )));
+    }
+    Ok(())
+}
+
 /// Bounds on a put's tags (shared by `put_with` and `put_device`).
 pub(super) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), HostError> {
     if tags.len() > MAX_TAGS
@@ -301,6 +343,39 @@ pub(super) fn compute(algo: ChecksumAlgo, data: &[u8]) -> Option<u64> {
     }
 }
 
+/// Bytes copied per step of [`copy_and_checksum`]: small enough that the
+/// hash reads them back from cache, large enough to amortise the loop.
+const COPY_CHUNK: usize = 64 << 10;
+
+/// Copies `src` into `dst` (same length) and returns the checksum
+/// `policy` asks for, hashing each chunk right after copying it (one pass
+/// over memory, not two).
+fn copy_and_checksum(src: &[u8], dst: &mut [u8], policy: ChecksumPolicy) -> ROption<Checksum> {
+    let (algo, value) = match policy {
+        ChecksumPolicy::None => {
+            dst.copy_from_slice(src);
+            return ROption::RNone;
+        }
+        ChecksumPolicy::Xxh3 => {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            for (s, d) in src.chunks(COPY_CHUNK).zip(dst.chunks_mut(COPY_CHUNK)) {
+                d.copy_from_slice(s);
+                h.update(d);
+            }
+            (ChecksumAlgo::XXH3, h.digest())
+        }
+        ChecksumPolicy::Crc32c => {
+            let mut crc = 0u32;
+            for (s, d) in src.chunks(COPY_CHUNK).zip(dst.chunks_mut(COPY_CHUNK)) {
+                d.copy_from_slice(s);
+                crc = crc32c::crc32c_append(crc, d);
+            }
+            (ChecksumAlgo::CRC32C, u64::from(crc))
+        }
+    };
+    ROption::RSome(Checksum { algo, value })
+}
+
 /// The checksum `put.checksum` asks for.
 fn checksum(policy: ChecksumPolicy, data: &[u8]) -> ROption<Checksum> {
     let algo = match policy {
@@ -311,4 +386,33 @@ fn checksum(policy: ChecksumPolicy, data: &[u8]) -> ROption<Checksum> {
     compute(algo, data).map_or(ROption::RNone, |value| {
         ROption::RSome(Checksum { algo, value })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copying_and_hashing_in_one_pass_gives_the_one_shot_checksum() {
+        for len in [
+            0,
+            1,
+            COPY_CHUNK - 1,
+            COPY_CHUNK,
+            COPY_CHUNK + 1,
+            3 * COPY_CHUNK + 7,
+        ] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 3) as u8).collect();
+            for policy in [
+                ChecksumPolicy::None,
+                ChecksumPolicy::Xxh3,
+                ChecksumPolicy::Crc32c,
+            ] {
+                let mut dst = vec![0u8; len];
+                let got = copy_and_checksum(&src, &mut dst, policy);
+                assert_eq!(dst, src, "{len} bytes, {policy:?}");
+                assert_eq!(got, checksum(policy, &src), "{len} bytes, {policy:?}");
+            }
+        }
+    }
 }

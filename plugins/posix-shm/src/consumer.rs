@@ -45,7 +45,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, Region, ShardMeta};
+use shardport_abi::{AbiError, ErrorKind, ImportInfo, OwnerClaim, PluginResult, Region, ShardMeta};
 
 use crate::{
     board::{AttachError, Board, Holder, LeaseRefused, LeaseRequest, LeaseSlot},
@@ -322,6 +322,23 @@ impl Consumer {
     }
 
     /// Validates `desc` and obtains the right to read its bytes.
+    /// Refuses a descriptor whose segments (data, and board in pool mode)
+    /// belong to another owner than `claim` (see `names::check_owner`).
+    /// A descriptor that does not decode passes: the import reports why
+    /// (a failed attempt, so the fetch is a downgrade), as before binding.
+    pub(crate) fn check_claim(&self, desc: &[u8], claim: &OwnerClaim) -> PluginResult<()> {
+        let Ok(d) = Descriptor::decode(desc, &self.prefix) else {
+            return Ok(());
+        };
+        for (field, name) in [("segment", &d.segment), ("board", &d.board)] {
+            if name.is_empty() {
+                continue;
+            }
+            names::check_owner(name, &self.prefix, claim).map_err(|why| bad(field, why))?;
+        }
+        Ok(())
+    }
+
     fn hold(
         &self,
         st: &mut State,

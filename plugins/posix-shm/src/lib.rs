@@ -210,6 +210,17 @@ impl PlainTransport for ShmTransport {
         self.consumer.import_into(desc, meta, dst, &self.counters)
     }
 
+    /// A handle is bound to its owner's segments: names of another owner
+    /// are refused before anything is opened.
+    fn can_import_from(
+        &self,
+        desc: &[u8],
+        _meta: &ShardMeta,
+        owner: &shardport_abi::OwnerClaim,
+    ) -> PluginResult<()> {
+        self.consumer.check_claim(desc, owner)
+    }
+
     fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
         self.consumer.import_view(desc, meta, &self.counters)
     }

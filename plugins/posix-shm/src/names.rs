@@ -203,6 +203,10 @@ pub(crate) struct OwnedName {
     /// The owner process as the name records it.
     pub owner: ProcessRecord,
     pub kind: Kind,
+    /// The owner node's epoch as the node tag records it (`{epoch hex}g`
+    /// starts the random part of tags the host makes); `None` for a tag of
+    /// another shape (an older host's).
+    pub epoch: Option<u64>,
 }
 
 /// Reads `name` (with or without its leading `/`) as a name this plugin made
@@ -252,7 +256,11 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
         _ => return None,
     };
     decimal(last.as_str(), MAX_COUNTER_DIGITS)?;
+    let epoch = random
+        .split_once('g')
+        .and_then(|(hex, _)| (hex.len() <= 16).then(|| u64::from_str_radix(hex, 16).ok())?);
     Some(OwnedName {
+        epoch,
         owner: ProcessRecord {
             pid,
             start_ticks,
@@ -264,6 +272,51 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
         },
         kind,
     })
+}
+
+/// Why the segment `name` does not belong to the owner a handle claims, or
+/// `Ok` when it does: the identity part (PID namespace, boot id) and the
+/// node epoch in the name must be the claim's. Parts the claim leaves
+/// unknown are not compared; a name from an older host (no epoch in its
+/// tag) is bound by identity only.
+pub(crate) fn check_owner(
+    name: &str,
+    prefix: &str,
+    claim: &shardport_abi::OwnerClaim,
+) -> Result<(), String> {
+    let Some(n) = parse_owned(name, prefix) else {
+        return Err(format!(
+            "segment `{name}` is not named for an owner (prefix `{prefix}`, host node tag)"
+        ));
+    };
+    let mut wrong = Vec::new();
+    if let Some(e) = n.epoch.filter(|&e| e != claim.epoch) {
+        wrong.push(format!(
+            "node epoch {e:x}, the handle's owner has {:x}",
+            claim.epoch
+        ));
+    }
+    if claim.pid_ns != 0 && u64::from(n.owner.ns.pid) != claim.pid_ns {
+        wrong.push(format!(
+            "PID namespace {}, the handle's owner has {}",
+            n.owner.ns.pid, claim.pid_ns
+        ));
+    }
+    let claimed_boot = u128::from_str_radix(&claim.boot_id.as_str().replace('-', ""), 16).ok();
+    if let Some(b) = claimed_boot.filter(|&b| b != n.owner.boot) {
+        wrong.push(format!(
+            "boot id {:032x}, the handle's owner has {b:032x}",
+            n.owner.boot
+        ));
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "segment `{name}` belongs to another owner than the handle names ({}): a handle may only name its owner's segments",
+            wrong.join("; ")
+        ))
+    }
 }
 
 /// The owner pid and start ticks of a node tag of the host's shape,
@@ -343,6 +396,46 @@ mod tests {
     }
 
     #[test]
+    fn a_name_is_bound_to_the_owner_epoch_and_identity_a_handle_claims() {
+        let g = NameGen::new("pfx", "1234-56789-18a2bg3", &ME);
+        let name = g.next(Kind::PoolData);
+        assert_eq!(parse_owned(&name, "pfx").unwrap().epoch, Some(0x18a2b));
+        let claim = |epoch: u64, boot: &str, pid_ns: u64| shardport_abi::OwnerClaim {
+            epoch,
+            boot_id: boot.into(),
+            pid_ns,
+            ..Default::default()
+        };
+        let boot = format!("{:032x}", ME.boot);
+        let dashed = format!(
+            "{}-{}-{}-{}-{}",
+            &boot[..8],
+            &boot[8..12],
+            &boot[12..16],
+            &boot[16..20],
+            &boot[20..]
+        );
+        let me = u64::from(ME.ns.pid);
+        assert_eq!(
+            check_owner(&name, "pfx", &claim(0x18a2b, &dashed, me)),
+            Ok(())
+        );
+        // Unknown parts of the claim are not compared.
+        assert_eq!(check_owner(&name, "pfx", &claim(0x18a2b, "", 0)), Ok(()));
+        let e = check_owner(&name, "pfx", &claim(0x18a2c, &dashed, me)).unwrap_err();
+        assert!(
+            e.contains("node epoch 18a2b, the handle's owner has 18a2c"),
+            "{e}"
+        );
+        let e = check_owner(&name, "pfx", &claim(0x18a2b, &dashed, me + 1)).unwrap_err();
+        assert!(e.contains("PID namespace"), "{e}");
+        let e = check_owner(&name, "pfx", &claim(0x18a2b, &"0".repeat(32), me)).unwrap_err();
+        assert!(e.contains("boot id") && e.contains("another owner"), "{e}");
+        let e = check_owner("/pfx-garbage", "pfx", &claim(1, "", 0)).unwrap_err();
+        assert!(e.contains("not named for an owner"), "{e}");
+    }
+
+    #[test]
     fn owned_names_parse_back_to_their_owner() {
         // A host node tag: `{pid}-{start ticks}-{random}`.
         let g = NameGen::new("job_7-a", "1234-56789-9f3eae460", &ME);
@@ -352,7 +445,14 @@ mod tests {
             (Kind::Shard, g.next(Kind::Shard)),
         ] {
             let parsed = parse_owned(&name, "job_7-a").unwrap();
-            assert_eq!(parsed, OwnedName { owner: ME, kind });
+            assert_eq!(
+                parsed,
+                OwnedName {
+                    owner: ME,
+                    kind,
+                    epoch: None
+                }
+            );
             assert_eq!(parse_owned(&name[1..], "job_7-a"), Some(parsed));
             // Exact parts: never read under a shorter or longer prefix.
             assert_eq!(parse_owned(&name, "job_7"), None);

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
-from . import errors
+from . import env, errors
 from ._core import DEFAULT_CONFIG, Handle, Shard, __version__
 from ._core import Node as _CoreNode
 from .errors import (
@@ -51,6 +51,7 @@ __all__ = [
     "default_config",
     "DEFAULT_CONFIG",
     "errors",
+    "env",
     "ShardportError",
     "ConfigError",
     "InvalidInputError",
@@ -115,6 +116,11 @@ class Node(_CoreNode):
     with the same structure. Relative plugin paths also resolve in
     :func:`plugin_dir`.
 
+    ``addr_from``: where the node takes its address and name from: ``"ray"``,
+    ``"torchrun"``, ``"k8s"``, ``"auto"`` or ``"none"`` (see
+    :mod:`shardport.env`); ``None``: ``$SHARDPORT_ADDR_FROM``, else
+    ``"none"`` (the config as written, loopback by default).
+
     Use as a context manager or call :meth:`close`: closing removes every
     shard this node owns (shards other processes already fetched as views
     stay readable until released).
@@ -125,13 +131,26 @@ class Node(_CoreNode):
     ``drain(handles=None)``, ``stats()``, ``metrics()``, ``close()``.
     """
 
-    def __new__(cls, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> Node:
+    def __new__(
+        cls,
+        config: Any = None,
+        *,
+        plugin_dir: Optional[os.PathLike] = None,
+        addr_from: Optional[str] = None,
+    ) -> Node:
         d = Path(plugin_dir) if plugin_dir is not None else _default_plugin_dir()
+        config = env.apply(config, addr_from)
         self = super().__new__(cls, config, str(d))
         self._device_refs = {}
         return self
 
-    def __init__(self, config: Any = None, *, plugin_dir: Optional[os.PathLike] = None) -> None:
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        plugin_dir: Optional[os.PathLike] = None,
+        addr_from: Optional[str] = None,
+    ) -> None:
         """Starts the node (see the class docstring); ``plugin_dir`` overrides
         :func:`plugin_dir` for this node."""
 
@@ -164,6 +183,62 @@ class Node(_CoreNode):
                 ) from e
             return self._put_numpy(arr, tags)
         return self._put_buffer(x, None, tags)
+
+    def put_many(
+        self, xs: Iterable[Any], tags: Optional[Mapping[str, str]] = None
+    ) -> list[Handle]:
+        """Puts every object of ``xs`` (as :meth:`put` takes them), with the
+        same ``tags``; returns their handles in order.
+
+        NumPy arrays, CPU tensors and buffers go to the node in one call
+        with the GIL released once, which is what makes many small shards
+        (token ids, masks, rewards) cheap; CUDA tensors are put one by one.
+        The first failure raises; the shards put before it stay and are
+        named in the error.
+        """
+        tags = dict(tags) if tags is not None else None
+        items = list(xs)
+        out: list[Optional[Handle]] = [None] * len(items)
+        batch: list[tuple[int, Any, Optional[str]]] = []
+        for i, x in enumerate(items):
+            buf = self._as_buffer(x)
+            if buf is None:
+                out[i] = self.put(x, tags)
+            else:
+                batch.append((i, buf[0], buf[1]))
+        if batch:
+            handles = self._put_buffers([b[1] for b in batch], [b[2] for b in batch], tags)
+            for (i, _, _), h in zip(batch, handles):
+                out[i] = h
+        return [h for h in out if h is not None]
+
+    def _as_buffer(self, x: Any) -> Optional[tuple[Any, Optional[str]]]:
+        """``(buffer object, dtype override)`` for what :meth:`put` copies
+        from a buffer; ``None`` for what it puts otherwise (CUDA tensors,
+        refused objects: :meth:`put` raises the error)."""
+        tensor_type = _torch_tensor_type()
+        if tensor_type is not None and isinstance(x, tensor_type):
+            t = x.detach()
+            if t.device.type != "cpu":
+                return None
+            t = t.resolve_conj().resolve_neg()
+            name = str(t.dtype).removeprefix("torch.")
+            if name in _ML_DTYPES:
+                import torch
+
+                bits = {1: torch.uint8, 2: torch.int16}[t.element_size()]
+                return t.view(bits).numpy(), name
+            return t.numpy(), name
+        if isinstance(x, (np.ndarray, np.generic)):
+            a = np.asarray(x)
+            if a.dtype.name in _ML_DTYPES:
+                return a.view(_UINT_OF_SIZE[a.dtype.itemsize]), a.dtype.name
+            if a.dtype.kind in "biufc":
+                return a, None
+            return None
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            return x, None
+        return None
 
     def _put_numpy(self, a: np.ndarray, tags: Optional[dict]) -> Handle:
         name = a.dtype.name
