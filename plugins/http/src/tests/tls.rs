@@ -82,6 +82,21 @@ impl Files {
     }
 }
 
+/// Waits until counter `name` reaches `at_least` (the owner counts a failed
+/// handshake just after it closed the socket, so a client can see the close
+/// first); fails after [`GENEROUS`].
+fn wait_for_stat(t: &shardport_abi::SharedTransport, name: &str, at_least: u64) {
+    let start = std::time::Instant::now();
+    while stat(t, name) < at_least {
+        assert!(
+            start.elapsed() < GENEROUS,
+            "{name} stayed at {} (< {at_least})",
+            stat(t, name)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn p(path: &Path) -> String {
     path.display().to_string()
 }
@@ -208,7 +223,7 @@ fn mutual_tls_admits_certificates_of_the_client_ca_only() {
         assert!(e.message.contains(&owner.addr.to_string()), "{who}: {e}");
         assert!(e.message.contains("tls-client-ca"), "{who}: {e}");
     }
-    assert!(stat(&owner.t, "tls_handshake_failures") >= 2);
+    wait_for_stat(&owner.t, "tls_handshake_failures", 2);
     // The owner still serves the good consumer afterwards.
     assert_eq!(
         fetch(&consumer(Some(&good)).t, &desc, data.len()).unwrap(),
@@ -317,8 +332,9 @@ fn handshakes_are_bounded_on_both_sides() {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         r => panic!("the stalled handshake was not closed: {r:?}"),
     }
+    wait_for_stat(&owner.t, "tls_handshake_failures", 1);
+    wait_for_stat(&owner.t, "connections_timed_out", 1);
     assert_eq!(stat(&owner.t, "tls_handshake_failures"), 1);
-    assert_eq!(stat(&owner.t, "connections_timed_out"), 1);
 
     // Consumer side: an owner that accepts and never answers costs at most
     // connect-timeout.
