@@ -20,3 +20,4 @@ mod nodes;
 mod out_of_tree;
 mod reload;
 mod serve;
+mod tls;

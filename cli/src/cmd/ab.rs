@@ -131,6 +131,7 @@ fn reset(args: ResetArgs) -> Outcome {
         &args.nodes,
         "/v1/experiments/reset",
         args.token.as_deref(),
+        None,
         &body,
         "reset",
         |r| {

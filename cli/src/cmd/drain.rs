@@ -12,6 +12,10 @@ pub struct Args {
     /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
     #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Speak HTTPS, trusting the CA certificates (PEM) in this file (or
+    /// $SHARDPORT_CA).
+    #[arg(long, env = "SHARDPORT_CA", value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
     /// Shard ids (32 hex digits), comma separated.
     #[arg(
         long,
@@ -36,6 +40,7 @@ pub fn run(args: Args) -> Outcome {
         &args.nodes,
         "/v1/drain",
         args.token.as_deref(),
+        args.ca.as_deref(),
         &body.to_string(),
         "drain",
         |r| format!("drained {}", r["drained"]),

@@ -16,19 +16,23 @@ pub struct Args {
 /// `GET /v1/metrics.json` or `GET /metrics`.
 pub fn run(args: Args) -> Outcome {
     let token = args.target.token.as_deref();
+    let ca = args.target.ca.as_deref();
     if args.json {
         let r = control_call(
             &args.target.node,
             "GET",
             "/v1/metrics.json",
             token,
+            ca,
             &[],
             CONTROL_CALL_TIMEOUT,
         )?;
         print_json(&r);
     } else {
-        let text = shardport_cli::control::client::get_text(
+        let trust = super::trust(ca)?;
+        let text = shardport_cli::control::client::get_text_with(
             &args.target.node,
+            trust.as_ref(),
             "/metrics",
             token,
             CONTROL_CALL_TIMEOUT,

@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use shardport_cli::control::client::Trust;
 use shardport_host::{
     config::{self, Config},
     HostError, Node,
@@ -70,6 +71,11 @@ pub struct NodeArgs {
     /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
     #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Speak HTTPS to the control endpoint, trusting the CA certificates
+    /// (PEM) in this file (or $SHARDPORT_CA); for nodes with
+    /// `control.tls-cert` set.
+    #[arg(long, env = "SHARDPORT_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 /// An error with the exit status it maps to.
@@ -171,6 +177,7 @@ pub fn post_each(
     nodes: &[String],
     path: &str,
     token: Option<&str>,
+    ca: Option<&Path>,
     body: &str,
     what: &str,
     describe: impl Fn(&serde_json::Value) -> String,
@@ -182,6 +189,7 @@ pub fn post_each(
             "POST",
             path,
             token,
+            ca,
             body.as_bytes(),
             CONTROL_CALL_TIMEOUT,
         ) {
@@ -203,15 +211,34 @@ pub fn post_each(
     }
 }
 
-/// One call to a node's control endpoint; a failure is exit 1.
+/// What `--ca FILE` trusts, read now: a bad file is a usage error (exit 2)
+/// naming the flag and the file.
+pub fn trust(ca: Option<&Path>) -> Result<Option<Trust>, Failure> {
+    ca.map(Trust::from_ca_file)
+        .transpose()
+        .map_err(|e| Failure::from((EXIT_CONFIG, e)))
+}
+
+/// One call to a node's control endpoint (over TLS with `ca`); a failure
+/// is exit 1.
 pub fn control_call(
     node: &str,
     method: &str,
     path: &str,
     token: Option<&str>,
+    ca: Option<&Path>,
     body: &[u8],
     timeout: Duration,
 ) -> Result<serde_json::Value, Failure> {
-    shardport_cli::control::client::call(node, method, path, token, body, timeout)
-        .map_err(|e| Failure::from((EXIT_FAILURE, e)))
+    let trust = trust(ca)?;
+    shardport_cli::control::client::call_with(
+        node,
+        trust.as_ref(),
+        method,
+        path,
+        token,
+        body,
+        timeout,
+    )
+    .map_err(|e| Failure::from((EXIT_FAILURE, e)))
 }

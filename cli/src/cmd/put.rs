@@ -60,6 +60,7 @@ pub fn run(args: Args) -> Outcome {
         "POST",
         &path,
         args.target.token.as_deref(),
+        args.target.ca.as_deref(),
         &body,
         PUT_TIMEOUT,
     )?;

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use shardport_cli::control::{ControlServer, IO_TIMEOUT};
+use shardport_cli::control::{tls, ControlServer, Limits, IO_TIMEOUT};
 use shardport_host::Node;
 
 use super::{load_config, start_node, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE};
@@ -47,6 +47,14 @@ pub fn run(args: Args) -> Outcome {
         .token
         .resolve()
         .map_err(|e| Failure::from((EXIT_CONFIG, e)))?;
+    // Read and checked before the node starts: a bad file is a config error
+    // naming the key and the file.
+    let control_tls = match &cfg.control.tls {
+        None => None,
+        Some(t) => {
+            Some(tls::server_config(&t.cert, &t.key).map_err(|e| Failure::from((EXIT_CONFIG, e)))?)
+        }
+    };
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -57,8 +65,8 @@ pub fn run(args: Args) -> Outcome {
     // A reloaded file gets the same adjustment, so reloading an unchanged
     // file keeps every plugin instance.
     node.set_reload_hook(std::sync::Arc::new(make_eager));
-    let server =
-        ControlServer::start(&node, &bind, token).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    let server = ControlServer::start_tls(&node, &bind, token, Limits::default(), control_tls)
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
     let sweeper = spawn_sweeper(&node);
     println!("control: {}", server.addr());
     println!(

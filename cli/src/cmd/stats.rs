@@ -16,6 +16,7 @@ pub fn run(args: Args) -> Outcome {
         "GET",
         "/v1/stats",
         args.target.token.as_deref(),
+        args.target.ca.as_deref(),
         &[],
         CONTROL_CALL_TIMEOUT,
     )?;

@@ -2,6 +2,10 @@
 //! answers with the same strict framing rules as the server ([`super::head`])
 //! and a bounded body, so a hostile or broken endpoint gets a clear error,
 //! never an unbounded allocation or a body read two ways.
+//!
+//! With a [`Trust`] (the CLI's `--ca`) it speaks HTTPS: the handshake is
+//! bounded by the call's timeout, and a failure says whether the
+//! certificate was not trusted or the endpoint serves plain HTTP.
 
 use std::{
     io::{BufReader, Read, Write},
@@ -9,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustls::{ClientConnection, StreamOwned};
+
 use super::head::{self, DeadlineStream, HeadError};
+pub use super::tls::Trust;
 
 /// Largest response head accepted.
 pub const MAX_RESPONSE_HEAD: usize = 16 * 1024;
@@ -38,6 +45,15 @@ pub enum ClientError {
         /// The error message from the body.
         message: String,
     },
+    /// The TLS handshake or session failed (untrusted certificate, a
+    /// plain-HTTP endpoint, a name the certificate does not carry).
+    #[error("control endpoint {addr}: TLS failed: {message}")]
+    Tls {
+        /// Address.
+        addr: String,
+        /// What went wrong, with a hint.
+        message: String,
+    },
     /// Unparseable answer.
     #[error("control endpoint {addr} sent an invalid response: {what}")]
     Invalid {
@@ -57,9 +73,67 @@ pub fn request(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(u16, Vec<u8>), ClientError> {
+    request_with(addr, None, method, path, token, body, timeout)
+}
+
+/// A connection to the endpoint: plain, or TLS with the handshake done.
+enum Stream {
+    Plain(DeadlineStream),
+    Tls(Box<StreamOwned<ClientConnection, DeadlineStream>>),
+}
+
+impl Stream {
+    fn set_deadline(&mut self, deadline: Instant) {
+        match self {
+            Stream::Plain(s) => s.set_deadline(deadline),
+            Stream::Tls(s) => s.sock.set_deadline(deadline),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// [`request`] over TLS when `trust` is given (the endpoint's certificate
+/// checked against it and the host of `addr`).
+pub fn request_with(
+    addr: &str,
+    trust: Option<&Trust>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), ClientError> {
     let io = |source| ClientError::Io {
         addr: addr.to_owned(),
         source,
+    };
+    let tls_failed = |message: String| ClientError::Tls {
+        addr: addr.to_owned(),
+        message,
     };
     let sock = addr.to_socket_addrs().map_err(io)?.next().ok_or_else(|| {
         io(std::io::Error::new(
@@ -67,9 +141,38 @@ pub fn request(
             "address resolves to nothing",
         ))
     })?;
-    let mut s = TcpStream::connect_timeout(&sock, timeout).map_err(io)?;
-    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    let s = TcpStream::connect_timeout(&sock, timeout).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
+    let plain = DeadlineStream::new(s, Instant::now() + timeout);
+    let mut s = match trust {
+        None => Stream::Plain(plain),
+        Some(trust) => {
+            let name = super::tls::server_name(addr).map_err(tls_failed)?;
+            let conn = ClientConnection::new(trust.config(), name)
+                .map_err(|e| tls_failed(e.to_string()))?;
+            let mut tls = StreamOwned::new(conn, plain);
+            while tls.conn.is_handshaking() {
+                match tls.conn.complete_io(&mut tls.sock) {
+                    Ok((0, 0)) => {
+                        return Err(tls_failed(
+                            "the endpoint closed the connection during the handshake".into(),
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(match super::tls::explain(&e) {
+                            Some(m) => tls_failed(m),
+                            None if e.kind() == std::io::ErrorKind::TimedOut => tls_failed(
+                                format!("the handshake did not finish within {timeout:?}"),
+                            ),
+                            None => io(e),
+                        })
+                    }
+                }
+            }
+            Stream::Tls(Box::new(tls))
+        }
+    };
     let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n",
@@ -77,7 +180,9 @@ pub fn request(
     );
     let sent = s
         .write_all(head.as_bytes())
-        .and_then(|()| s.write_all(body));
+        .and_then(|()| s.write_all(body))
+        .and_then(|()| s.flush());
+    s.set_deadline(Instant::now() + timeout);
     match sent {
         // A server may answer before it has read the whole request (401,
         // 413) and close: its answer says more than the broken pipe.
@@ -87,26 +192,25 @@ pub fn request(
                 std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
             ) =>
         {
-            read_response(addr, s, Instant::now() + timeout).map_err(|_| io(e))
+            read_response(addr, s).map_err(|_| io(e))
         }
-        Err(e) => Err(io(e)),
-        Ok(()) => read_response(addr, s, Instant::now() + timeout),
+        Err(e) => Err(match super::tls::explain(&e) {
+            Some(m) => tls_failed(m),
+            None => io(e),
+        }),
+        Ok(()) => read_response(addr, s),
     }
 }
 
 /// Reads a whole response: status line, fields (strict framing), and a body
 /// of exactly `Content-Length` bytes (or up to the end of the stream when
 /// there is none), bounded by [`MAX_RESPONSE_BODY`].
-fn read_response(
-    addr: &str,
-    stream: TcpStream,
-    deadline: Instant,
-) -> Result<(u16, Vec<u8>), ClientError> {
+fn read_response(addr: &str, stream: Stream) -> Result<(u16, Vec<u8>), ClientError> {
     let invalid = |what: String| ClientError::Invalid {
         addr: addr.to_owned(),
         what,
     };
-    let mut reader = BufReader::new(DeadlineStream::new(stream, deadline));
+    let mut reader = BufReader::new(stream);
     let mut status = None;
     let mut fields = Vec::new();
     head::read_lines(&mut reader, MAX_RESPONSE_HEAD, |line| {
@@ -130,9 +234,15 @@ fn read_response(
     reader
         .take(declared.unwrap_or(MAX_RESPONSE_BODY) + 1)
         .read_to_end(&mut body)
-        .map_err(|source| ClientError::Io {
-            addr: addr.to_owned(),
-            source,
+        .map_err(|source| match super::tls::explain(&source) {
+            Some(message) => ClientError::Tls {
+                addr: addr.to_owned(),
+                message,
+            },
+            None => ClientError::Io {
+                addr: addr.to_owned(),
+                source,
+            },
         })?;
     match declared {
         Some(n) if body.len() as u64 != n => Err(invalid(format!(
@@ -184,7 +294,20 @@ pub fn call(
     body: &[u8],
     timeout: Duration,
 ) -> Result<serde_json::Value, ClientError> {
-    let (status, resp) = request(addr, method, path, token, body, timeout)?;
+    call_with(addr, None, method, path, token, body, timeout)
+}
+
+/// [`call`] over TLS when `trust` is given.
+pub fn call_with(
+    addr: &str,
+    trust: Option<&Trust>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
+    let (status, resp) = request_with(addr, trust, method, path, token, body, timeout)?;
     if status != 200 {
         return Err(refusal(addr, status, &resp));
     }
@@ -201,7 +324,18 @@ pub fn get_text(
     token: Option<&str>,
     timeout: Duration,
 ) -> Result<String, ClientError> {
-    let (status, resp) = request(addr, "GET", path, token, &[], timeout)?;
+    get_text_with(addr, None, path, token, timeout)
+}
+
+/// [`get_text`] over TLS when `trust` is given.
+pub fn get_text_with(
+    addr: &str,
+    trust: Option<&Trust>,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<String, ClientError> {
+    let (status, resp) = request_with(addr, trust, "GET", path, token, &[], timeout)?;
     if status != 200 {
         return Err(refusal(addr, status, &resp));
     }

@@ -11,7 +11,7 @@
 //! Lines end in CRLF; a lone LF is accepted as a line end (RFC 9112 2.2).
 
 use std::{
-    io::{self, BufRead, Read},
+    io::{self, BufRead, Read, Write},
     net::TcpStream,
     time::{Duration, Instant},
 };
@@ -154,6 +154,23 @@ impl DeadlineStream {
     /// Moves the deadline (e.g. from the head's to the body's).
     pub fn set_deadline(&mut self, deadline: Instant) {
         self.deadline = deadline;
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+/// Writes go straight to the socket, bounded by its write timeout (the
+/// deadline bounds reads; TLS writes its handshake through this too).
+impl Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
     }
 }
 

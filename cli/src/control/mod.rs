@@ -33,6 +33,14 @@
 //! repeated `Content-Length`, `Transfer-Encoding`, obs-fold and bare CR are
 //! refused with 400.
 //!
+//! # TLS
+//! With `[control] tls-cert` and `tls-key` the endpoint speaks HTTPS only
+//! ([`tls`]); the handshake runs while the connection is still pending, so
+//! it counts against the pending budget and the head deadline
+//! ([`HEAD_DEADLINE`] covers handshake and head together). A plain-HTTP
+//! client of a TLS endpoint, or a TLS client of a plain one, is answered
+//! at once with a plain 400 (`tls_required` / `tls_not_served`).
+//!
 //! # Authentication
 //! With a token configured, every endpoint needs `Authorization: Bearer
 //! <token>`, compared in constant time as soon as that header line arrives
@@ -50,6 +58,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustls::{ServerConfig, ServerConnection, StreamOwned};
 use serde_json::json;
 use shardport_abi::{DType, Device, ShardId};
 use shardport_host::{node::Node, node::TensorSpec};
@@ -59,6 +68,7 @@ use crate::worker::parse_id;
 pub mod admission;
 pub mod client;
 pub mod head;
+pub mod tls;
 
 use admission::{Admission, Ticket};
 use head::{DeadlineStream, HeadError};
@@ -141,6 +151,8 @@ struct Shared {
     node: shardport_host::node::WeakNode,
     token: Option<Arc<str>>,
     limits: Limits,
+    /// Serve HTTPS with this, or plain HTTP.
+    tls: Option<Arc<ServerConfig>>,
     active: AtomicUsize,
 }
 
@@ -158,6 +170,18 @@ impl ControlServer {
         token: Option<String>,
         limits: Limits,
     ) -> std::io::Result<ControlServer> {
+        Self::start_tls(node, bind, token, limits, None)
+    }
+
+    /// [`start_with`](Self::start_with), serving HTTPS only when `tls` is
+    /// given (see [`tls::server_config`]).
+    pub fn start_tls(
+        node: &Node,
+        bind: &str,
+        token: Option<String>,
+        limits: Limits,
+        tls: Option<Arc<ServerConfig>>,
+    ) -> std::io::Result<ControlServer> {
         let listener = TcpListener::bind(bind).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -171,13 +195,15 @@ impl ControlServer {
             node: node.downgrade(),
             token: token.map(Arc::<str>::from),
             limits,
+            tls,
             active: AtomicUsize::new(0),
         });
+        let shared_tls = shared.tls.is_some();
         let (stop2, admission2) = (Arc::clone(&stop), Arc::clone(&admission));
         let accept = thread::Builder::new()
             .name("shardport-control".into())
             .spawn(move || accept_loop(&listener, &stop2, &admission2, &shared))?;
-        tracing::info!(target: "control", %addr, "control endpoint listening");
+        tracing::info!(target: "control", %addr, tls = shared_tls, "control endpoint listening");
         Ok(ControlServer {
             addr,
             stop,
@@ -274,7 +300,7 @@ const JSON: &str = "application/json";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 fn respond(
-    stream: &mut TcpStream,
+    stream: &mut impl Write,
     status: u16,
     content_type: &str,
     body: &[u8],
@@ -290,6 +316,7 @@ fn respond(
         411 => "Length Required",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
+        421 => "Misdirected Request",
         503 => "Service Unavailable",
         _ => "Internal Server Error",
     };
@@ -346,10 +373,7 @@ fn head_refusal(e: HeadError) -> Refusal {
 
 /// Reads the request head, bounded in size and time, checking the token as
 /// soon as the `Authorization` line arrives.
-fn read_request(
-    reader: &mut BufReader<DeadlineStream>,
-    token: Option<&str>,
-) -> Result<Request, Refusal> {
+fn read_request(reader: &mut BufReader<Conn>, token: Option<&str>) -> Result<Request, Refusal> {
     let mut line_no = 0usize;
     let mut start = None;
     let mut headers = Vec::new();
@@ -423,13 +447,129 @@ fn body_deadline(len: u64) -> Instant {
     Instant::now() + BODY_GRACE + Duration::from_secs(len / MIN_BODY_RATE)
 }
 
+/// A control connection: plain, or TLS over the same deadline-bounded
+/// socket.
+pub enum Conn {
+    /// Plain HTTP.
+    Plain(DeadlineStream),
+    /// HTTPS (the handshake is complete).
+    Tls(Box<StreamOwned<ServerConnection, DeadlineStream>>),
+}
+
+impl Conn {
+    fn deadline_stream(&mut self) -> &mut DeadlineStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &mut s.sock,
+        }
+    }
+
+    /// Moves the read deadline (see [`DeadlineStream::set_deadline`]).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline_stream().set_deadline(deadline);
+    }
+
+    /// Ends a TLS session cleanly (close_notify) before the socket closes.
+    fn close_notify(&mut self) {
+        if let Conn::Tls(s) = self {
+            s.conn.send_close_notify();
+            let _ = s.flush();
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// Waits (until `deadline`) for the first byte and says whether it starts
+/// a TLS handshake; `None` when nothing arrived.
+fn first_byte_is_tls(stream: &TcpStream, deadline: Instant) -> Option<bool> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+        return None;
+    }
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first) {
+        Ok(1) => Some(first[0] == tls::TLS_HANDSHAKE_RECORD),
+        _ => None,
+    }
+}
+
+/// Answers a client that speaks the other protocol (plain vs TLS) in plain
+/// HTTP, so it gets a reason instead of a hang or a reset.
+fn refuse_mismatch(stream: &mut TcpStream, tls_served: bool) {
+    let (code, message) = if tls_served {
+        (
+            "tls_required",
+            "this control endpoint serves HTTPS only (control.tls-cert is set): connect with \
+             TLS, e.g. `--ca <the CA's PEM file>`",
+        )
+    } else {
+        (
+            "tls_not_served",
+            "this control endpoint serves plain HTTP (control.tls-cert is not set): connect \
+             without TLS (drop --ca)",
+        )
+    };
+    if respond(stream, 400, JSON, &err_body(code, message)).is_ok() {
+        linger(stream);
+    }
+}
+
 fn serve_conn(shared: &Shared, stream: TcpStream, ticket: Ticket<TcpStream>) {
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
+    // The handshake (with TLS) and the head share the head deadline, and
+    // the connection stays pending (evictable) until its head is read.
     let deadline = Instant::now() + shared.limits.head_deadline;
-    let mut reader = BufReader::new(DeadlineStream::new(stream, deadline));
+    let Some(starts_tls) = first_byte_is_tls(&stream, deadline) else {
+        let refusal = head_refusal(HeadError::Io(
+            "no request arrived within the head deadline".into(),
+        ));
+        let _ = respond(&mut out, refusal.0, JSON, &err_body(refusal.1, &refusal.2));
+        return;
+    };
+    if starts_tls != shared.tls.is_some() {
+        drop(ticket);
+        refuse_mismatch(&mut out, shared.tls.is_some());
+        return;
+    }
+    let plain = DeadlineStream::new(stream, deadline);
+    let conn = match &shared.tls {
+        None => Conn::Plain(plain),
+        Some(config) => match handshake(config, plain) {
+            Ok(c) => Conn::Tls(Box::new(c)),
+            Err(e) => {
+                tracing::debug!(target: "control", error = %e, "tls handshake failed");
+                return;
+            }
+        },
+    };
+    let mut reader = BufReader::new(conn);
     let result = match read_request(&mut reader, shared.token.as_deref()) {
         Err(r) => {
             drop(ticket);
@@ -447,9 +587,28 @@ fn serve_conn(shared: &Shared, stream: TcpStream, ticket: Ticket<TcpStream>) {
             (status, JSON, err_body(code, &message))
         }
     };
-    if respond(&mut out, status, content_type, &body).is_ok() {
+    let conn = reader.get_mut();
+    if respond(conn, status, content_type, &body).is_ok() {
+        conn.close_notify();
         linger(&mut out);
     }
+}
+
+/// The server side of a TLS handshake, bounded by the stream's deadline.
+fn handshake(
+    config: &Arc<ServerConfig>,
+    mut sock: DeadlineStream,
+) -> std::io::Result<StreamOwned<ServerConnection, DeadlineStream>> {
+    let mut conn = ServerConnection::new(Arc::clone(config)).map_err(std::io::Error::other)?;
+    while conn.is_handshaking() {
+        if let (0, 0) = conn.complete_io(&mut sock)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the client closed the connection during the handshake",
+            ));
+        }
+    }
+    Ok(StreamOwned::new(conn, sock))
 }
 
 /// After an answer: stop sending, and read (and drop) what the client still
@@ -478,7 +637,7 @@ fn linger(stream: &mut TcpStream) {
 fn serve_request(
     shared: &Shared,
     req: Request,
-    reader: &mut BufReader<DeadlineStream>,
+    reader: &mut BufReader<Conn>,
 ) -> Result<(&'static str, Vec<u8>), Refusal> {
     let Some(node) = shared.node.upgrade() else {
         return Err((503, "shutting_down", "the node is shutting down".into()));
@@ -500,7 +659,7 @@ type Refusal = (u16, &'static str, String);
 fn handle(
     node: &Node,
     req: &Request,
-    reader: &mut BufReader<DeadlineStream>,
+    reader: &mut BufReader<Conn>,
 ) -> Result<(&'static str, Vec<u8>), Refusal> {
     fn to_json<T: serde::Serialize>(v: &T) -> Result<(&'static str, Vec<u8>), Refusal> {
         serde_json::to_vec(v)
@@ -667,10 +826,7 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
 }
 
 /// The request body, bounded by [`MAX_JSON_BODY`].
-fn read_json_body(
-    req: &Request,
-    reader: &mut BufReader<DeadlineStream>,
-) -> Result<Vec<u8>, Refusal> {
+fn read_json_body(req: &Request, reader: &mut BufReader<Conn>) -> Result<Vec<u8>, Refusal> {
     let len = content_length(req, MAX_JSON_BODY as u64)?;
     let mut body = vec![0u8; len as usize];
     reader
@@ -680,10 +836,7 @@ fn read_json_body(
 }
 
 /// A `{"ids": [...]}` body (`Some`) or `{"all": true}` (`None`).
-fn read_ids(
-    req: &Request,
-    reader: &mut BufReader<DeadlineStream>,
-) -> Result<Option<Vec<ShardId>>, Refusal> {
+fn read_ids(req: &Request, reader: &mut BufReader<Conn>) -> Result<Option<Vec<ShardId>>, Refusal> {
     let body = read_json_body(req, reader)?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]

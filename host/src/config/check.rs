@@ -15,8 +15,8 @@ use toml::Spanned;
 use super::{
     schema::{RawCache, RawConfig, RawControl, RawFaults, RawFetch, RawNode, RawPlugin, RawPut},
     span::{locate, ConfigError},
-    ChecksumPolicy, Config, ControlConfig, Faults, FetchConfig, FetchMode, NodeConfig, OnDowngrade,
-    Origin, PluginSpec, PutConfig, SameNodeMatch, Storage, TokenSource, TransportName,
+    ChecksumPolicy, Config, ControlConfig, ControlTls, Faults, FetchConfig, FetchMode, NodeConfig,
+    OnDowngrade, Origin, PluginSpec, PutConfig, SameNodeMatch, Storage, TokenSource, TransportName,
     DEFAULT_CONTROL_BIND, DEFAULT_MAX_BATCH, DEFAULT_MAX_SHARD_SIZE, DEFAULT_SWEEP_INTERVAL,
 };
 use crate::vocab::{CachePolicy, MAX_ADDR};
@@ -627,7 +627,43 @@ impl Ctx<'_> {
             (None, Some(e)) => TokenSource::Env(e.into_inner()),
             (None, None) => TokenSource::None,
         };
-        Ok(ControlConfig { bind, token })
+        let tls = match (raw.tls_cert, raw.tls_key) {
+            (Some(c), Some(k)) => {
+                for (key, v) in [("tls-cert", &c), ("tls-key", &k)] {
+                    if v.get_ref().is_empty() {
+                        return Err(self.error(
+                            Some(v.span()),
+                            format!("`control.{key}`: expected the path of a PEM file, found \"\""),
+                            None,
+                        ));
+                    }
+                }
+                Some(ControlTls {
+                    cert: self.origin.resolve(Path::new(c.get_ref())),
+                    key: self.origin.resolve(Path::new(k.get_ref())),
+                })
+            }
+            (Some(c), None) => {
+                return Err(self.error(
+                    Some(c.span()),
+                    "`control.tls-cert` needs `control.tls-key` (the private key of that \
+                     certificate, PEM)"
+                        .to_owned(),
+                    Some("example: tls-key = \"/etc/shardport/control.key\""),
+                ))
+            }
+            (None, Some(k)) => {
+                return Err(self.error(
+                    Some(k.span()),
+                    "`control.tls-key` needs `control.tls-cert` (the certificate chain of \
+                     that key, PEM)"
+                        .to_owned(),
+                    Some("example: tls-cert = \"/etc/shardport/control.crt\""),
+                ))
+            }
+            (None, None) => None,
+        };
+        Ok(ControlConfig { bind, token, tls })
     }
 }
 

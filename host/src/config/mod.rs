@@ -97,6 +97,18 @@ impl Origin {
         }
     }
 
+    /// `path` as written in this config: absolute as is, relative against
+    /// the config file's directory (or the text's base directory).
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            return path.to_path_buf();
+        }
+        match self {
+            Origin::File(p) => p.parent().unwrap_or(Path::new(".")).join(path),
+            Origin::Text { base_dir, .. } => base_dir.join(path),
+        }
+    }
+
     fn candidates(&self, rel: &Path) -> Vec<PathBuf> {
         match self {
             Origin::File(p) => {
@@ -435,6 +447,19 @@ pub struct ControlConfig {
     pub bind: String,
     /// Bearer token for every endpoint.
     pub token: TokenSource,
+    /// Serve HTTPS with this certificate and key (`tls-cert`, `tls-key`);
+    /// `None`: plain HTTP. The files are read when the endpoint starts.
+    pub tls: Option<ControlTls>,
+}
+
+/// `[control] tls-cert` and `tls-key`: PEM files, relative paths resolved
+/// against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlTls {
+    /// The certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
 }
 
 /// A validated config.

@@ -135,6 +135,8 @@ pub(super) struct RawControl {
     pub(super) bind: Option<Spanned<String>>,
     pub(super) auth_token: Option<Spanned<String>>,
     pub(super) auth_token_env: Option<Spanned<String>>,
+    pub(super) tls_cert: Option<Spanned<String>>,
+    pub(super) tls_key: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -24,8 +24,16 @@
 //! batches per owner) on scoped threads (the calling thread is one of them;
 //! a single batch runs on it alone), and fails only the items that failed.
 //!
+//! # TLS
+//! An owner whose descriptor says HTTPS is reached over TLS (rustls, the
+//! owner's certificate checked against `tls-ca` and the descriptor's host);
+//! its connections are pooled apart from plain ones to the same address.
+//! Without `tls-ca` such an owner is refused at once with an error saying
+//! so. The handshake runs when a connection opens, within what is left of
+//! `connect-timeout`.
+//!
 //! # Timeouts
-//! Resolving and connecting: `connect-timeout`. Waiting for a pool slot,
+//! Resolving, connecting and the TLS handshake: `connect-timeout`. Waiting for a pool slot,
 //! for a response head, and between two reads of a body: `request-timeout`
 //! (the socket's read and write timeouts). A dead owner therefore costs at
 //! most one of these, never a hang.
@@ -40,6 +48,7 @@ use std::{
 };
 
 use hyper::StatusCode;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
 use tracing::debug;
 
@@ -48,7 +57,7 @@ use crate::{
     descriptor::Descriptor,
     head::{self, ResponseHead},
     stats::{Held, Stats},
-    wire,
+    tls, wire,
 };
 
 /// Largest error body read from an owner (JSON, a few hundred bytes in
@@ -80,9 +89,68 @@ pub(crate) struct Job<'a> {
     pub dst: &'a mut [u8],
 }
 
+/// An owner as a consumer reaches it: its address and whether it serves
+/// HTTPS (from the descriptor). Plain and TLS connections to one address
+/// are pooled apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Owner {
+    pub addr: String,
+    pub tls: bool,
+}
+
+impl Owner {
+    pub(crate) fn of(d: &Descriptor) -> Owner {
+        Owner {
+            addr: d.addr.clone(),
+            tls: d.tls,
+        }
+    }
+}
+
+/// A connection's byte stream: plain TCP, or TLS over TCP.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    /// The socket underneath (for peeks and timeouts).
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// One open connection to an owner.
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes received but not consumed yet are `buf[pos..end]`.
     buf: Box<[u8]>,
     pos: usize,
@@ -133,8 +201,12 @@ impl Conn {
             return false;
         }
         let mut probe = [0u8; 1];
+        // With TLS, an owner closing the connection sends close_notify
+        // first: bytes to peek at, so the same test holds. (A close_notify
+        // that rustls read together with the last response bytes shows up
+        // as an end of stream on the next request, which is retried.)
         match rustix::net::recv(
-            &self.stream,
+            self.stream.tcp(),
             &mut probe[..],
             rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
         ) {
@@ -145,7 +217,7 @@ impl Conn {
     }
 }
 
-fn read_retrying(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+fn read_retrying(s: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         match s.read(buf) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -173,6 +245,8 @@ struct PoolState {
 /// Connections to one owner.
 struct OwnerPool {
     addr: String,
+    /// Connect with TLS.
+    tls: bool,
     state: Mutex<PoolState>,
     /// Signalled when a slot is given back.
     freed: Condvar,
@@ -409,7 +483,9 @@ enum SendError {
 
 /// The consumer side of one transport instance.
 pub(crate) struct Client {
-    pools: Mutex<HashMap<String, Arc<OwnerPool>>>,
+    pools: Mutex<HashMap<Owner, Arc<OwnerPool>>>,
+    /// Reaches HTTPS owners (`tls-ca`); `None`: they are refused.
+    tls: Option<Arc<ClientConfig>>,
     /// `Bearer <token>`, sent as `authorization`.
     auth: Option<String>,
     connect_timeout: Duration,
@@ -439,9 +515,14 @@ fn auth_value(token: &Token) -> PluginResult<String> {
 }
 
 impl Client {
-    pub(crate) fn new(cfg: &Config, stats: Arc<Stats>) -> PluginResult<Client> {
+    pub(crate) fn new(
+        cfg: &Config,
+        tls: Option<Arc<ClientConfig>>,
+        stats: Arc<Stats>,
+    ) -> PluginResult<Client> {
         Ok(Client {
             pools: Mutex::default(),
+            tls,
             auth: cfg.auth_token.as_ref().map(auth_value).transpose()?,
             connect_timeout: cfg.connect_timeout,
             request_timeout: cfg.request_timeout,
@@ -452,9 +533,9 @@ impl Client {
         })
     }
 
-    fn pool(&self, addr: &str) -> Arc<OwnerPool> {
+    fn pool(&self, owner: &Owner) -> Arc<OwnerPool> {
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(p) = pools.get(addr) {
+        if let Some(p) = pools.get(owner) {
             return Arc::clone(p);
         }
         if pools.len() >= MAX_IDLE_POOLS {
@@ -477,18 +558,19 @@ impl Client {
             drop(closing);
         }
         let p = Arc::new(OwnerPool {
-            addr: addr.to_owned(),
+            addr: owner.addr.clone(),
+            tls: owner.tls,
             state: Mutex::default(),
             freed: Condvar::new(),
         });
-        pools.insert(addr.to_owned(), Arc::clone(&p));
+        pools.insert(owner.clone(), Arc::clone(&p));
         p
     }
 
     /// Fetches one shard into `dst` (`dst.len() == desc.len`, checked by
     /// the caller).
     pub(crate) fn fetch_one(&self, desc: &Descriptor, dst: &mut [u8]) -> PluginResult<ImportInfo> {
-        let pool = self.pool(&desc.addr);
+        let pool = self.pool(&Owner::of(desc));
         let path = wire::shard_path(desc.id);
         let req = Request {
             method: "GET",
@@ -521,12 +603,12 @@ impl Client {
     /// `max-batch` jobs, up to `max-connections-per-owner` batches of one
     /// owner at once, owners in parallel. Returns one result per job (by
     /// its `index`).
-    pub(crate) fn fetch_many<'a>(&self, owners: Vec<(String, Vec<Job<'a>>)>) -> ItemResults {
+    pub(crate) fn fetch_many<'a>(&self, owners: Vec<(Owner, Vec<Job<'a>>)>) -> ItemResults {
         // Per owner: its batches spread round-robin over its lanes; a lane
         // runs its batches one after another on one connection.
         let mut per_owner: Vec<VecDeque<Lane<'a>>> = Vec::with_capacity(owners.len());
-        for (addr, jobs) in owners {
-            let pool = self.pool(&addr);
+        for (owner, jobs) in owners {
+            let pool = self.pool(&owner);
             let mut chunks: Vec<Vec<Job<'a>>> = Vec::new();
             for job in jobs {
                 match chunks.last_mut() {
@@ -748,13 +830,16 @@ impl Client {
                 Err(e) => e,
             };
             match e {
+                SendError::NoResponse(e) | SendError::Broken(e, _) if tls::is_tls_error(&e) => {
+                    return Err(tls::explain(&pool.addr, &e))
+                }
                 SendError::NoResponse(e) if co.reused && !is_timeout(&e) => {
                     // The owner closed an idle connection as we picked it up
                     // (its idle-timeout), or it restarted: try a fresh one.
                     debug!(target: "http", owner = %pool.addr, error = %e, "pooled connection failed, retrying on a new one");
                     self.stats.retries.inc();
                     co.conn = None;
-                    co.conn = Some(self.connect(&pool.addr)?);
+                    co.conn = Some(self.connect(pool)?);
                     co.reused = false;
                 }
                 SendError::NoResponse(e) => {
@@ -817,7 +902,12 @@ impl Client {
             self.auth.as_deref(),
             req.body,
         );
-        let written = conn.stream.write_all(&out);
+        // One write of head and body together (a TLS stream encrypts and
+        // sends it in records of up to 16 KiB as it goes).
+        let written = conn
+            .stream
+            .write_all(&out)
+            .and_then(|()| conn.stream.flush());
         conn.req = out;
         written.map_err(SendError::NoResponse)?;
         conn.pos = 0;
@@ -901,12 +991,28 @@ impl Client {
             }
             debug!(target: "http", owner = %pool.addr, "dropping a pooled connection the owner closed");
         }
-        co.conn = Some(self.connect(&pool.addr)?);
+        co.conn = Some(self.connect(pool)?);
         Ok(co)
     }
 
-    /// Opens a new connection to `addr` within `connect-timeout`.
-    fn connect(&self, addr: &str) -> PluginResult<Conn> {
+    /// Opens a new connection to `pool`'s owner (and completes the TLS
+    /// handshake when it serves HTTPS) within `connect-timeout`.
+    fn connect(&self, pool: &OwnerPool) -> PluginResult<Conn> {
+        let addr = pool.addr.as_str();
+        let tls = match (pool.tls, &self.tls) {
+            (false, _) => None,
+            (true, Some(c)) => Some(Arc::clone(c)),
+            (true, None) => {
+                return Err(AbiError::new(
+                    ErrorKind::PERMISSION_DENIED,
+                    format!(
+                        "owner {addr} serves HTTPS (its descriptor says so), but this \
+                         consumer has no `tls-ca` to check its certificate against: set \
+                         `tls-ca` in this http transport's config"
+                    ),
+                ))
+            }
+        };
         let deadline = Instant::now() + self.connect_timeout;
         let timed_out = || {
             AbiError::new(
@@ -952,8 +1058,12 @@ impl Client {
                 &e,
             ));
         }
+        let stream = match tls {
+            None => Stream::Plain(stream),
+            Some(config) => Stream::Tls(Box::new(self.handshake(addr, config, stream, deadline)?)),
+        };
         self.stats.client_connections_opened.inc();
-        debug!(target: "http", owner = %addr, "connected");
+        debug!(target: "http", owner = %addr, tls = pool.tls, "connected");
         Ok(Conn {
             stream,
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
@@ -963,6 +1073,72 @@ impl Client {
             idle_since: Instant::now(),
             _open: Held::new(&self.stats, |s| &s.client_connections_open),
         })
+    }
+
+    /// Runs the client side of a TLS handshake on `tcp` until `deadline`
+    /// (what is left of `connect-timeout`).
+    fn handshake(
+        &self,
+        addr: &str,
+        config: Arc<ClientConfig>,
+        mut tcp: TcpStream,
+        deadline: Instant,
+    ) -> PluginResult<StreamOwned<ClientConnection, TcpStream>> {
+        let name = tls::server_name(addr).map_err(|why| {
+            AbiError::invalid_descriptor(format!("owner address {addr} for TLS: {why}"))
+        })?;
+        let mut conn = ClientConnection::new(config, name)
+            .map_err(|e| AbiError::internal(format!("cannot start TLS with owner {addr}: {e}")))?;
+        let timed_out = || {
+            AbiError::new(
+                ErrorKind::TIMEOUT,
+                format!(
+                    "TLS handshake with owner {addr} not complete within connect-timeout ({})",
+                    format_duration(self.connect_timeout)
+                ),
+            )
+        };
+        while conn.is_handshaking() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            let bounded = tcp
+                .set_read_timeout(Some(left))
+                .and_then(|()| tcp.set_write_timeout(Some(left)));
+            if let Err(e) = bounded {
+                return Err(AbiError::io(
+                    format!("cannot configure the connection to owner {addr}"),
+                    &e,
+                ));
+            }
+            match conn.complete_io(&mut tcp) {
+                Ok((0, 0)) if conn.is_handshaking() => {
+                    return Err(AbiError::unavailable(format!(
+                        "owner {addr} closed the connection during the TLS handshake (does it \
+                         serve plain HTTP? its descriptor says HTTPS)"
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => return Err(timed_out()),
+                Err(e) if tls::is_tls_error(&e) => return Err(tls::explain(addr, &e)),
+                Err(e) => {
+                    return Err(AbiError::unavailable(format!(
+                        "TLS handshake with owner {addr} failed: {e}"
+                    )))
+                }
+            }
+        }
+        let restored = tcp
+            .set_read_timeout(Some(self.request_timeout))
+            .and_then(|()| tcp.set_write_timeout(Some(self.request_timeout)));
+        if let Err(e) = restored {
+            return Err(AbiError::io(
+                format!("cannot configure the connection to owner {addr}"),
+                &e,
+            ));
+        }
+        Ok(StreamOwned::new(conn, tcp))
     }
 
     /// Turns a non-200 response into an error, reading its JSON body (small,
@@ -1097,6 +1273,13 @@ mod tests {
 
     use super::*;
 
+    fn plain(addr: &str) -> Owner {
+        Owner {
+            addr: addr.to_owned(),
+            tls: false,
+        }
+    }
+
     #[test]
     fn a_request_waits_for_a_slot_at_most_request_timeout() {
         let cfg = Config::parse(
@@ -1104,9 +1287,9 @@ mod tests {
             "max-connections-per-owner = 1\nrequest-timeout = \"200ms\"",
         )
         .unwrap();
-        let client = Client::new(&cfg, Arc::default()).unwrap();
+        let client = Client::new(&cfg, None, Arc::default()).unwrap();
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let pool = client.pool(&l.local_addr().unwrap().to_string());
+        let pool = client.pool(&plain(&l.local_addr().unwrap().to_string()));
         let held = client.checkout(&pool).unwrap();
         let start = Instant::now();
         let e = client.checkout(&pool).err().expect("no slot is free");
@@ -1135,18 +1318,18 @@ mod tests {
     #[test]
     fn unused_pools_are_forgotten_with_their_expired_connections() {
         let cfg = Config::parse("http", "idle-timeout = \"50ms\"").unwrap();
-        let client = Client::new(&cfg, Arc::default()).unwrap();
+        let client = Client::new(&cfg, None, Arc::default()).unwrap();
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let pool = client.pool(&addr);
+        let pool = client.pool(&plain(&addr));
         let mut co = client.checkout(&pool).unwrap();
         co.reusable = true;
         drop((co, pool));
         assert_eq!(client.stats.client_connections_open.get(), 1);
-        let known = |a: &str| client.pools.lock().unwrap().contains_key(a);
+        let known = |a: &str| client.pools.lock().unwrap().contains_key(&plain(a));
         let fill = |tag: u32| {
             for i in 0..MAX_IDLE_POOLS as u32 {
-                client.pool(&format!("10.{tag}.{}.{}:1", i >> 8, i & 255));
+                client.pool(&plain(&format!("10.{tag}.{}.{}:1", i >> 8, i & 255)));
             }
         };
         // Pools without a request or an idle connection are forgotten; the

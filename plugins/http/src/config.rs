@@ -19,6 +19,7 @@
 use std::{
     fmt,
     net::{SocketAddr, ToSocketAddrs},
+    path::PathBuf,
     time::Duration,
 };
 
@@ -100,6 +101,39 @@ pub(crate) const MAX_TOKEN_LEN: usize = 4096;
 /// threads; a bind failure goes to that export, naming the address.
 pub(crate) const DEFAULT_LISTEN: &str = "lazy";
 
+/// Default TLS handshake timeout: 10 s, like `header-timeout`: a handshake
+/// is two round trips and a few KiB, so a peer still handshaking after 10 s
+/// is stalled or hostile, and it holds one of `max-connections` meanwhile.
+pub(crate) const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the owner asks consumers for a certificate (mutual TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientAuth {
+    /// Any consumer that trusts the owner's certificate may connect.
+    None,
+    /// A consumer must present a certificate issued by `tls-client-ca`.
+    Required,
+}
+
+/// The TLS part of the config: files by path, loaded and checked by
+/// [`crate::tls::setup`] when the transport is constructed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// `tls-cert` / `tls-key`: the owner serves HTTPS with this chain and key.
+    pub cert: Option<(PathBuf, PathBuf)>,
+    /// `tls-ca`: the CAs this consumer trusts for HTTPS owners.
+    pub ca: Option<PathBuf>,
+    /// `tls-client-auth`.
+    pub client_auth: ClientAuth,
+    /// `tls-client-ca`: the CAs whose client certificates the owner accepts.
+    pub client_ca: Option<PathBuf>,
+    /// `tls-client-cert` / `tls-client-key`: what this consumer presents when
+    /// an owner asks (default: `tls-cert` / `tls-key`).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// `tls-handshake-timeout`: the owner's deadline for a handshake.
+    pub handshake_timeout: Duration,
+}
+
 /// When the owner's server binds and starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Listen {
@@ -158,6 +192,7 @@ pub(crate) struct Config {
     pub max_connections: usize,
     pub threads: usize,
     pub listen: Listen,
+    pub tls: TlsFiles,
 }
 
 impl Config {
@@ -274,6 +309,7 @@ impl Config {
             &[("lazy", Listen::Lazy), ("eager", Listen::Eager)],
             DEFAULT_LISTEN,
         )?;
+        let tls = parse_tls(&t, &duration)?;
         t.finish()?;
 
         // Every bound above is far below usize::MAX on the 64-bit targets we build for.
@@ -294,6 +330,7 @@ impl Config {
             max_connections: max_connections as usize,
             threads: threads as usize,
             listen,
+            tls,
         })
     }
 
@@ -348,6 +385,80 @@ fn parse_advertise(text: &str) -> Result<Advertise, String> {
     }
 }
 
+/// The `tls-*` keys: which go together, and which need which. The files
+/// themselves are read by [`crate::tls::setup`].
+fn parse_tls(
+    t: &Options,
+    duration: &dyn Fn(&str, Duration) -> PluginResult<Duration>,
+) -> PluginResult<TlsFiles> {
+    let path = |k: &str| -> PluginResult<Option<PathBuf>> {
+        match t.opt_string(k)? {
+            Some(p) if p.is_empty() => {
+                Err(t.fail(k, "expected the path of a PEM file, found \"\""))
+            }
+            p => Ok(p.map(PathBuf::from)),
+        }
+    };
+    let pair = |cert: &str, key: &str| -> PluginResult<Option<(PathBuf, PathBuf)>> {
+        match (path(cert)?, path(key)?) {
+            (Some(c), Some(k)) => Ok(Some((c, k))),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(t.fail(
+                key,
+                format!("required with `{cert}`: the private key of that certificate (PEM)"),
+            )),
+            (None, Some(_)) => Err(t.fail(
+                cert,
+                format!("required with `{key}`: the certificate chain of that key (PEM)"),
+            )),
+        }
+    };
+    let cert = pair("tls-cert", "tls-key")?;
+    let ca = path("tls-ca")?;
+    let client_auth = t.choose(
+        "tls-client-auth",
+        &[
+            ("none", ClientAuth::None),
+            ("required", ClientAuth::Required),
+        ],
+        "none",
+    )?;
+    let client_ca = path("tls-client-ca")?;
+    let client_cert = pair("tls-client-cert", "tls-client-key")?;
+    let handshake_timeout = duration("tls-handshake-timeout", DEFAULT_TLS_HANDSHAKE_TIMEOUT)?;
+    match (client_auth, &client_ca) {
+        (ClientAuth::Required, None) => {
+            return Err(t.fail(
+                "tls-client-ca",
+                "required with `tls-client-auth = \"required\"`: the CA certificates (PEM) \
+                 that issue the consumers' certificates",
+            ))
+        }
+        (ClientAuth::None, Some(_)) => {
+            return Err(t.fail(
+                "tls-client-ca",
+                "only used with `tls-client-auth = \"required\"` (set it, or remove \
+                 `tls-client-ca`)",
+            ))
+        }
+        _ => {}
+    }
+    if client_auth == ClientAuth::Required && cert.is_none() {
+        return Err(t.fail(
+            "tls-client-auth",
+            "mutual TLS needs the owner to serve TLS: set `tls-cert` and `tls-key`",
+        ));
+    }
+    Ok(TlsFiles {
+        cert,
+        ca,
+        client_auth,
+        client_ca,
+        client_cert,
+        handshake_timeout,
+    })
+}
+
 fn check_token(tok: String) -> Result<Token, String> {
     if tok.is_empty() {
         return Err("is empty".to_owned());
@@ -391,6 +502,10 @@ mod tests {
         assert_eq!(c.max_connections, 512);
         assert_eq!(c.threads, 2);
         assert_eq!(c.listen, Listen::Lazy);
+        assert_eq!(c.tls.cert, None);
+        assert_eq!(c.tls.ca, None);
+        assert_eq!(c.tls.client_auth, ClientAuth::None);
+        assert_eq!(c.tls.handshake_timeout, Duration::from_secs(10));
         assert_eq!(
             c.advertised("127.0.0.1:4567".parse().unwrap()),
             "127.0.0.1:4567"
@@ -517,6 +632,42 @@ mod tests {
             (
                 "listen = \"now\"",
                 "`plugin.http.config.listen`: expected \"lazy\" or \"eager\", found \"now\"",
+            ),
+            (
+                "tls-cert = \"/c.pem\"",
+                "`plugin.http.config.tls-key`: required with `tls-cert`",
+            ),
+            (
+                "tls-key = \"/k.pem\"",
+                "`plugin.http.config.tls-cert`: required with `tls-key`",
+            ),
+            (
+                "tls-client-key = \"/k.pem\"",
+                "`plugin.http.config.tls-client-cert`: required with `tls-client-key`",
+            ),
+            (
+                "tls-ca = \"\"",
+                "`plugin.http.config.tls-ca`: expected the path of a PEM file",
+            ),
+            (
+                "tls-client-auth = \"yes\"",
+                "`plugin.http.config.tls-client-auth`: expected \"none\" or \"required\"",
+            ),
+            (
+                "tls-cert = \"/c\"\ntls-key = \"/k\"\ntls-client-auth = \"required\"",
+                "`plugin.http.config.tls-client-ca`: required with `tls-client-auth = \"required\"`",
+            ),
+            (
+                "tls-client-ca = \"/ca\"",
+                "`plugin.http.config.tls-client-ca`: only used with",
+            ),
+            (
+                "tls-client-auth = \"required\"\ntls-client-ca = \"/ca\"",
+                "`plugin.http.config.tls-client-auth`: mutual TLS needs the owner to serve TLS",
+            ),
+            (
+                "tls-handshake-timeout = \"0ms\"",
+                "`plugin.http.config.tls-handshake-timeout`: 0s is out of range",
             ),
         ];
         for (text, want) in cases {

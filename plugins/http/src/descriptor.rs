@@ -4,13 +4,29 @@
 //! ```text
 //! offset  size field
 //!      0     4 magic "SPHT"
-//!      4     1 version (1)
+//!      4     1 version (1: plain HTTP)
 //!      5     1 address length N (1..=255)
 //!      6     N owner address, "host:port" (UTF-8: IPv4, [IPv6] or a DNS name)
 //!    6+N    16 shard id (u128, little-endian)
 //!   22+N     8 len, the shard's byte length
 //!   30+N     4 CRC-32C of bytes 0..30+N
 //! ```
+//!
+//! An owner that serves HTTPS writes version 2, which has one more byte,
+//! `flags`, right after the version (bit 0: the owner serves TLS; every
+//! other bit must be zero), so every later field moves by one:
+//!
+//! ```text
+//!      0     4 magic "SPHT"
+//!      4     1 version (2)
+//!      5     1 flags (1 = TLS)
+//!      6     1 address length N
+//!      7     N owner address ... (as above, one byte later)
+//! ```
+//!
+//! A plain-HTTP owner still writes version 1 byte for byte, so consumers
+//! built before TLS keep reading its descriptors; they refuse version 2
+//! (an unknown version), which is right: they could not speak TLS anyway.
 //!
 //! Nothing may follow. The checksum is there because a descriptor tells the
 //! consumer which machine to connect to: a handle damaged on its way through
@@ -27,8 +43,12 @@ use shardport_abi::{
 
 /// Identifies an http descriptor.
 pub(crate) const MAGIC: [u8; 4] = *b"SPHT";
-/// Format version this plugin writes and reads.
+/// Format version of a plain-HTTP owner's descriptors.
 pub(crate) const VERSION: u8 = 1;
+/// Format version of an HTTPS owner's descriptors (adds `flags`).
+pub(crate) const VERSION_FLAGS: u8 = 2;
+/// `flags` bit: the owner serves TLS.
+pub(crate) const FLAG_TLS: u8 = 1;
 /// Longest owner address in a descriptor (the host's handle bounds owner
 /// addresses the same way).
 pub(crate) const MAX_ADDR_LEN: usize = 255;
@@ -46,6 +66,8 @@ pub(crate) struct Descriptor {
     pub addr: String,
     pub id: ShardId,
     pub len: u64,
+    /// The owner serves HTTPS (version 2 with [`FLAG_TLS`]).
+    pub tls: bool,
 }
 
 /// What errors call this format.
@@ -62,10 +84,14 @@ impl Descriptor {
             !self.addr.is_empty() && self.addr.len() <= MAX_ADDR_LEN,
             "advertised address length is checked at construction"
         );
-        let mut w = Writer::with_capacity(FIXED_LEN + self.addr.len());
-        w.bytes(&MAGIC)
-            .u8(VERSION)
-            .short_str(&self.addr)
+        let mut w = Writer::with_capacity(FIXED_LEN + 1 + self.addr.len());
+        w.bytes(&MAGIC);
+        if self.tls {
+            w.u8(VERSION_FLAGS).u8(FLAG_TLS);
+        } else {
+            w.u8(VERSION);
+        }
+        w.short_str(&self.addr)
             .u128(self.id.as_u128())
             .u64(self.len);
         let crc = crc32c::crc32c(w.as_slice());
@@ -78,7 +104,30 @@ impl Descriptor {
     pub(crate) fn decode(bytes: &[u8]) -> PluginResult<Descriptor> {
         let mut r = Reader::new(WHAT, bytes);
         r.magic("magic", &MAGIC)?;
-        r.version("version", VERSION)?;
+        let tls = match r.u8("version")? {
+            VERSION => false,
+            VERSION_FLAGS => match r.u8("flags")? {
+                FLAG_TLS => true,
+                f => {
+                    return Err(bad(
+                        "flags",
+                        format!(
+                        "{f:#04x} is not a flag set this plugin knows (expected {FLAG_TLS:#04x}, \
+                             TLS; a plain owner writes version {VERSION})"
+                    ),
+                    ))
+                }
+            },
+            v => {
+                return Err(bad(
+                    "version",
+                    format!(
+                        "version {v} is not one this plugin reads ({VERSION} or {VERSION_FLAGS}): \
+                         the owner runs another build of the http transport"
+                    ),
+                ))
+            }
+        };
         let addr = r.short_bytes("address")?;
         let id = r.u128("shard id")?;
         let len = r.u64("len")?;
@@ -108,6 +157,7 @@ impl Descriptor {
             addr: addr.to_owned(),
             id: ShardId::from_u128(id),
             len,
+            tls,
         })
     }
 }
@@ -183,6 +233,7 @@ mod tests {
             addr: "127.0.0.1:7071".into(),
             id: ShardId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
             len: 4096,
+            tls: false,
         }
     }
 
@@ -241,6 +292,36 @@ mod tests {
         assert_eq!(Descriptor::decode(&want).unwrap(), d);
     }
 
+    /// An HTTPS owner's descriptor: version 2, flags, then the v1 fields.
+    #[test]
+    fn tls_descriptors_carry_a_flag_and_plain_ones_stay_version_1() {
+        let d = Descriptor {
+            tls: true,
+            ..sample()
+        };
+        let b = d.encode();
+        assert_eq!(&b[..7], b"SPHT\x02\x01\x0e");
+        assert_eq!(b.len(), FIXED_LEN + 1 + d.addr.len());
+        assert_eq!(Descriptor::decode(&b).unwrap(), d);
+        assert_eq!(sample().encode()[4], VERSION);
+        // Unknown flags (and version 2 without the TLS flag, which a plain
+        // owner would have written as version 1) are refused by name.
+        for flags in [0u8, 2, 3, 0x80] {
+            let mut b = b.clone();
+            b[5] = flags;
+            let m = err(&reseal(b));
+            assert!(m.contains("`flags`"), "{flags}: {m}");
+        }
+        for n in 0..b.len() {
+            assert!(Descriptor::decode(&b[..n]).is_err());
+        }
+        for bit in 0..b.len() * 8 {
+            let mut c = b.clone();
+            c[bit / 8] ^= 1 << (bit % 8);
+            assert!(Descriptor::decode(&c).is_err(), "bit {bit}");
+        }
+    }
+
     #[test]
     fn every_truncation_and_extension_fails() {
         let bytes = sample().encode();
@@ -269,7 +350,7 @@ mod tests {
         b[0] = b'X';
         assert!(err(&b).contains("`magic`"));
         let mut b = sample().encode();
-        b[4] = 2;
+        b[4] = 3;
         assert!(err(&b).contains("`version`"));
         let mut b = sample().encode();
         b[10] ^= 1;

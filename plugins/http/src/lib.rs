@@ -49,6 +49,7 @@ mod server;
 mod stats;
 #[allow(unsafe_code)]
 mod sys;
+mod tls;
 mod wire;
 
 #[cfg(test)]
@@ -68,7 +69,7 @@ use shardport_abi::{
 };
 
 use crate::{
-    client::{Client, Job},
+    client::{Client, Job, Owner},
     config::{Config, Listen},
     descriptor::Descriptor,
     server::{Server, SHUTDOWN_GRACE},
@@ -103,6 +104,8 @@ struct HttpTransport {
     serving: OnceLock<Serving>,
     /// Serialises starting; holds why the last start failed (for `health`).
     start_error: Mutex<Option<AbiError>>,
+    /// TLS configs built from the `tls-*` files at construction.
+    tls: tls::Tls,
     client: Client,
     stats: Arc<Stats>,
 }
@@ -133,7 +136,7 @@ pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
 }
 
 /// Starts the runtime and binds the server (a bind failure names the address).
-fn start(cfg: &Config, stats: &Arc<Stats>) -> PluginResult<Serving> {
+fn start(cfg: &Config, tls: &tls::Tls, stats: &Arc<Stats>) -> PluginResult<Serving> {
     // Called inside the context's guard, whose dispatcher forwards events to
     // the host: hand it to every runtime thread.
     let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -152,12 +155,14 @@ fn start(cfg: &Config, stats: &Arc<Stats>) -> PluginResult<Serving> {
         })
         .build()
         .map_err(|e| AbiError::io("cannot start the http transport's runtime", &e))?;
-    let server = Server::start(cfg, rt.handle(), Arc::clone(stats))?;
+    let server = Server::start(cfg, tls.server.clone(), rt.handle(), Arc::clone(stats))?;
     tracing::info!(
         target: "http",
         bound = %server.bound(),
         advertised = server.advertised(),
         auth = cfg.auth_token.is_some(),
+        tls = server.tls(),
+        mutual_tls = server.tls() && cfg.tls.client_auth == config::ClientAuth::Required,
         "http transport serving"
     );
     Ok(Serving {
@@ -170,12 +175,14 @@ impl HttpTransport {
     fn new(ctx: PluginContext) -> PluginResult<HttpTransport> {
         let cfg = Config::parse(ctx.instance(), ctx.config())?;
         let stats = Arc::new(Stats::default());
-        let client = Client::new(&cfg, Arc::clone(&stats))?;
+        let tls = tls::setup(&cfg)?;
+        let client = Client::new(&cfg, tls.client.clone(), Arc::clone(&stats))?;
         let t = HttpTransport {
             ctx,
             cfg,
             serving: OnceLock::new(),
             start_error: Mutex::new(None),
+            tls,
             client,
             stats,
         };
@@ -195,7 +202,7 @@ impl HttpTransport {
         if let Some(s) = self.serving.get() {
             return Ok(s);
         }
-        match start(&self.cfg, &self.stats) {
+        match start(&self.cfg, &self.tls, &self.stats) {
             Ok(s) => {
                 *last = None;
                 Ok(self.serving.get_or_init(|| s))
@@ -235,15 +242,16 @@ impl HttpTransport {
             items.iter().map(|_| None).collect();
         let lens: Vec<u64> = items.iter().map(|i| i.meta.byte_len).collect();
         // Group the valid items by owner, keeping request order within each.
-        let mut owners: Vec<(String, Vec<Job<'_>>)> = Vec::new();
-        let mut by_addr: HashMap<String, usize> = HashMap::new();
+        let mut owners: Vec<(Owner, Vec<Job<'_>>)> = Vec::new();
+        let mut by_addr: HashMap<Owner, usize> = HashMap::new();
         for (index, item) in items.iter_mut().enumerate() {
             let dst = item.dst.as_mut_slice();
             match check_item(item.desc.as_slice(), item.meta, dst.len()) {
                 Err(e) => results[index] = Some(Err(e)),
                 Ok(d) => {
-                    let slot = *by_addr.entry(d.addr.clone()).or_insert_with(|| {
-                        owners.push((d.addr.clone(), Vec::new()));
+                    let owner = Owner::of(&d);
+                    let slot = *by_addr.entry(owner.clone()).or_insert_with(|| {
+                        owners.push((owner, Vec::new()));
                         owners.len() - 1
                     });
                     owners[slot].1.push(Job {
@@ -293,9 +301,10 @@ impl HttpTransport {
         match server.unhealthy() {
             Some(why) => kit::guard::failing(format!("not serving on {}: {why}", server.bound())),
             None => kit::guard::ok(format!(
-                "serving on {} (advertised as {})",
+                "serving on {} (advertised as {}){}",
                 server.bound(),
-                server.advertised()
+                server.advertised(),
+                if server.tls() { " over TLS" } else { "" }
             )),
         }
     }

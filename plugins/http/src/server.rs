@@ -17,7 +17,11 @@
 //! - a connection with no I/O progress for `idle-timeout` is closed, whether
 //!   it is idle between requests or a peer stopped reading its response;
 //! - at most `max-connections` are served at once; more wait in the kernel's
-//!   accept backlog.
+//!   accept backlog;
+//! - with TLS (`tls-cert`), the handshake runs inside the connection's
+//!   `max-connections` slot and must finish within `tls-handshake-timeout`
+//!   of accept; a peer that speaks plain HTTP to it gets a plain `400`
+//!   saying so (`tls_required`) and the connection is closed.
 //!
 //! # Locking
 //! The registry is one `RwLock` (readers: request handlers, which only clone
@@ -56,6 +60,7 @@ use tokio::{
     net::{TcpListener, TcpStream},
     sync::{watch, Semaphore},
 };
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 use crate::{
@@ -86,7 +91,10 @@ const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 const MAX_QUOTED_PATH: usize = 96;
 /// The request handler over an in-memory connection, for the fuzz targets.
 pub(crate) mod in_memory;
-
+/// How long the answer to a plain-HTTP client of a TLS owner lingers,
+/// reading what the client still sends, and the most it reads.
+const PLAINTEXT_LINGER: Duration = Duration::from_millis(500);
+const PLAINTEXT_LINGER_BYTES: usize = 64 << 10;
 /// Marker for "no request head in progress".
 const NONE: u64 = u64::MAX;
 
@@ -128,7 +136,6 @@ impl Registry {
 }
 
 /// Limits and identity every connection task needs.
-#[derive(Debug)]
 struct Shared {
     registry: Arc<Registry>,
     stats: Arc<Stats>,
@@ -141,12 +148,25 @@ struct Shared {
     request_timeout: Duration,
     idle_timeout: Duration,
     header_timeout: Duration,
+    /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
+    tls: Option<TlsAcceptor>,
+    tls_handshake_timeout: Duration,
     /// Origin of the millisecond clocks in [`Activity`].
     epoch: Instant,
     /// Why the accept loop stopped, when it did.
     stopped: Mutex<Option<String>>,
     /// The last `accept` failure and when it happened.
     accept_error: Mutex<Option<(Instant, String)>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("bound", &self.bound)
+            .field("advertised", &self.advertised)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The owner side of one transport instance.
@@ -159,9 +179,10 @@ pub(crate) struct Server {
 
 impl Server {
     /// Binds `cfg.bind` (a failure names the address) and starts serving on
-    /// `rt`.
+    /// `rt`, over TLS with `tls`.
     pub(crate) fn start(
         cfg: &Config,
+        tls: Option<Arc<rustls::ServerConfig>>,
         rt: &tokio::runtime::Handle,
         stats: Arc<Stats>,
     ) -> PluginResult<Server> {
@@ -225,6 +246,8 @@ impl Server {
             request_timeout: cfg.request_timeout,
             idle_timeout: cfg.idle_timeout,
             header_timeout: cfg.header_timeout,
+            tls: tls.map(TlsAcceptor::from),
+            tls_handshake_timeout: cfg.tls.handshake_timeout,
             epoch: Instant::now(),
             stopped: Mutex::new(None),
             accept_error: Mutex::new(None),
@@ -254,6 +277,11 @@ impl Server {
     /// The address put into descriptors.
     pub(crate) fn advertised(&self) -> &str {
         &self.shared.advertised
+    }
+
+    /// Whether the server speaks TLS.
+    pub(crate) fn tls(&self) -> bool {
+        self.shared.tls.is_some()
     }
 
     pub(crate) fn registry(&self) -> &Registry {
@@ -307,6 +335,7 @@ impl Server {
             addr: self.shared.advertised.clone(),
             id,
             len: req.meta.byte_len,
+            tls: self.shared.tls.is_some(),
         }
         .encode();
         let registry = &self.shared.registry;
@@ -520,13 +549,14 @@ fn expired_at(
     idle.then_some("idle for idle-timeout")
 }
 
-/// A `TcpStream` that records progress in its connection's [`Activity`].
-struct Tracked {
-    inner: TcpStream,
+/// A connection (TCP, or TLS over TCP) that records progress in its
+/// [`Activity`].
+struct Tracked<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Tracked {
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -541,7 +571,7 @@ impl AsyncRead for Tracked {
     }
 }
 
-impl AsyncWrite for Tracked {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -589,10 +619,104 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     _permit: tokio::sync::OwnedSemaphorePermit,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
+    let Some(acceptor) = shared.tls.clone() else {
+        return serve_http(shared, stream, peer, shutdown).await;
+    };
+    // The handshake holds this connection's `max-connections` slot, so it
+    // has its own deadline, counted from accept.
+    let handshake = async {
+        if !starts_like_tls(&stream).await? {
+            refuse_plaintext(&stream).await;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "plain HTTP sent to a TLS endpoint",
+            ));
+        }
+        acceptor.accept(stream).await
+    };
+    match tokio::time::timeout(shared.tls_handshake_timeout, handshake).await {
+        Ok(Ok(tls)) => serve_http(shared, tls, peer, shutdown).await,
+        Ok(Err(e)) => {
+            shared.stats.tls_handshake_failures.inc();
+            debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
+        }
+        Err(_) => {
+            shared.stats.tls_handshake_failures.inc();
+            shared.stats.connections_timed_out.inc();
+            debug!(target: "http", peer = %peer, "tls handshake not complete within tls-handshake-timeout");
+        }
+    }
+}
+
+/// TLS starts with a handshake record (content type 22); an HTTP request
+/// starts with a method's letters. Waits for the first byte (the caller
+/// bounds the wait); `Ok(false)` for anything but a handshake record.
+async fn starts_like_tls(stream: &TcpStream) -> io::Result<bool> {
+    let mut first = [0u8; 1];
+    let n = stream.peek(&mut first).await?;
+    Ok(n == 1 && first[0] == 0x16)
+}
+
+/// Tells a plain-HTTP client, in plain HTTP, that this owner speaks TLS
+/// only (best effort, bounded by the caller's deadline), so it gets an
+/// answer instead of a reset.
+async fn refuse_plaintext(stream: &TcpStream) {
+    let body = wire::error_body(
+        "tls_required",
+        "this shardport owner serves HTTPS only (tls-cert is set): connect with TLS",
+    );
+    let msg = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut rest = msg.as_bytes();
+    while !rest.is_empty() {
+        if stream.writable().await.is_err() {
+            return;
+        }
+        match stream.try_write(rest) {
+            Ok(0) => return,
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+    // Read (and drop) what the client still sends for a moment, so closing
+    // with unread input does not reset the connection before the client
+    // read the answer.
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut drained = 0usize;
+        while drained < PLAINTEXT_LINGER_BYTES {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut sink) {
+                Ok(0) => return,
+                Ok(n) => drained += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(PLAINTEXT_LINGER, drain).await;
+}
+
+/// Runs hyper's HTTP/1.1 state machine on one connection (plain or TLS)
+/// with the watchdog.
+async fn serve_http<S>(
+    shared: Arc<Shared>,
+    stream: S,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new(shared.epoch));
     let io = TokioIo::new(Tracked {
         inner: stream,

@@ -32,6 +32,9 @@ pub(crate) struct Stats {
     pub connections_timed_out: Counter,
     /// Inbound connections open now.
     pub connections_open: Gauge,
+    /// Inbound TLS handshakes that failed or timed out (plain HTTP sent to a
+    /// TLS owner, untrusted or missing client certificates, stalled peers).
+    pub tls_handshake_failures: Counter,
     /// Responses whose body is still being written.
     pub responses_in_flight: Gauge,
     /// `unexport` calls that gave up waiting for in-flight responses.
@@ -72,6 +75,7 @@ impl Stats {
             .counter("connections_accepted", &self.connections_accepted)
             .counter("connections_timed_out", &self.connections_timed_out)
             .gauge("connections_open", &self.connections_open)
+            .counter("tls_handshake_failures", &self.tls_handshake_failures)
             .gauge("responses_in_flight", &self.responses_in_flight)
             .counter("unexport_timeouts", &self.unexport_timeouts)
             .counter("fetches", &self.fetches)

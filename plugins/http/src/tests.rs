@@ -21,6 +21,8 @@ use shardport_abi::{
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
 
+mod tls;
+
 /// Deadline for anything a test waits on; far above what any step needs.
 const GENEROUS: Duration = Duration::from_secs(60);
 
@@ -984,6 +986,7 @@ fn a_closed_port_fails_unavailable_quickly() {
         addr: addr.clone(),
         id: ShardId::from_u128(1),
         len: 10,
+        tls: false,
     }
     .encode();
     let consumer = node("connect-timeout = \"30s\"\nrequest-timeout = \"30s\"");
@@ -1008,6 +1011,7 @@ fn a_silent_owner_times_out_instead_of_hanging() {
         addr: addr.clone(),
         id: ShardId::from_u128(1),
         len: 10,
+        tls: false,
     }
     .encode();
     let e = assert_kind(fetch(&consumer.t, &desc, 10), ErrorKind::TIMEOUT, &addr);
@@ -1124,6 +1128,7 @@ fn import_many_batches_per_owner_and_fails_only_bad_items() {
         addr: closed,
         id: ShardId::from_u128(1),
         len: 8,
+        tls: false,
     }
     .encode();
     items.push((
@@ -1264,6 +1269,7 @@ fn desc_for(addr: &str, id: u128, len: u64) -> Vec<u8> {
         addr: addr.to_owned(),
         id: ShardId::from_u128(id),
         len,
+        tls: false,
     }
     .encode()
 }
