@@ -48,6 +48,7 @@
 //! `unsafe` in the kit lives in [`sys`] only.
 
 pub mod adapter;
+pub mod admission;
 pub mod check;
 pub mod codec;
 pub mod error;

@@ -65,7 +65,9 @@ use shardport_host::{node::Node, node::TensorSpec};
 
 use crate::worker::parse_id;
 
-pub mod admission;
+/// The pending-connection budget (in the plugin kit: the http data endpoint
+/// uses the same one).
+pub use shardport_abi::kit::admission;
 pub mod client;
 pub mod head;
 pub mod tls;

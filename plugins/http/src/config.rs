@@ -88,6 +88,13 @@ pub(crate) const MAX_MAX_CONNECTIONS_PER_OWNER: u64 = 1024;
 pub(crate) const DEFAULT_MAX_CONNECTIONS: u64 = 512;
 /// Largest `max-connections`.
 pub(crate) const MAX_MAX_CONNECTIONS: u64 = 65536;
+/// Default budget of *pending* inbound connections (accepted, no
+/// authenticated request yet): a new one beyond it evicts the oldest, so
+/// clients that trickle their heads (or never send a valid token) cannot
+/// hold `max-connections` against real consumers.
+pub(crate) const DEFAULT_MAX_PENDING: u64 = 64;
+/// Default pending connections from one address (its oldest goes first).
+pub(crate) const DEFAULT_MAX_PENDING_PER_PEER: u64 = 16;
 /// Default runtime worker threads: 2. The plugin's runtime only moves bytes
 /// between sockets and memory; two workers keep a 100 Gb/s NIC busy without
 /// competing with the training process for cores.
@@ -190,6 +197,8 @@ pub(crate) struct Config {
     pub header_timeout: Duration,
     pub max_connections_per_owner: usize,
     pub max_connections: usize,
+    pub max_pending: usize,
+    pub max_pending_per_peer: usize,
     pub threads: usize,
     pub listen: Listen,
     pub tls: TlsFiles,
@@ -303,6 +312,12 @@ impl Config {
             1..=MAX_MAX_CONNECTIONS,
             DEFAULT_MAX_CONNECTIONS,
         )?;
+        let max_pending = t.u64_in("max-pending", 1..=MAX_MAX_CONNECTIONS, DEFAULT_MAX_PENDING)?;
+        let max_pending_per_peer = t.u64_in(
+            "max-pending-per-peer",
+            1..=MAX_MAX_CONNECTIONS,
+            DEFAULT_MAX_PENDING_PER_PEER,
+        )?;
         let threads = t.u64_in("threads", 1..=MAX_THREADS, DEFAULT_THREADS)?;
         let listen = t.choose(
             "listen",
@@ -328,6 +343,8 @@ impl Config {
             header_timeout,
             max_connections_per_owner: max_connections_per_owner as usize,
             max_connections: max_connections as usize,
+            max_pending: max_pending as usize,
+            max_pending_per_peer: max_pending_per_peer as usize,
             threads: threads as usize,
             listen,
             tls,

@@ -53,7 +53,9 @@ use hyper::{
 };
 use hyper_util::rt::TokioIo;
 use shardport_abi::{
-    format_byte_size, AbiError, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId,
+    format_byte_size,
+    kit::admission::{Admission, Close, Ticket},
+    AbiError, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -151,6 +153,9 @@ struct Shared {
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
     tls_handshake_timeout: Duration,
+    /// Connections accepted whose first authenticated request has not
+    /// arrived: their own budget, oldest evicted first.
+    admission: Arc<Admission<Evict>>,
     /// Origin of the millisecond clocks in [`Activity`].
     epoch: Instant,
     /// Why the accept loop stopped, when it did.
@@ -248,6 +253,7 @@ impl Server {
             header_timeout: cfg.header_timeout,
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
+            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),
             epoch: Instant::now(),
             stopped: Mutex::new(None),
             accept_error: Mutex::new(None),
@@ -429,11 +435,18 @@ async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                let evict = Evict::default();
+                let ticket = shared.admission.enter(peer.ip(), evict.clone());
+                let pending = Pending {
+                    evict,
+                    ticket: Arc::new(Mutex::new(Some(ticket))),
+                };
                 tokio::spawn(serve_connection(
                     Arc::clone(&shared),
                     stream,
                     peer,
                     permit,
+                    pending,
                     shutdown.clone(),
                 ));
             }
@@ -460,6 +473,53 @@ async fn accept_loop(
         .unwrap_or_else(PoisonError::into_inner) = Some("the server was shut down".to_owned());
     accepting.store(false, Ordering::Release);
     debug!(target: "http", addr = %shared.bound, "accept loop stopped");
+}
+
+/// How a pending connection is closed when the admission budget evicts it:
+/// a notification its task waits on (beside the connection itself).
+#[derive(Clone, Default)]
+struct Evict(Arc<tokio::sync::Notify>);
+
+impl Close for Evict {
+    fn close(&self) {
+        // `notify_one` keeps a permit, so a task not yet waiting still sees it.
+        self.0.notify_one();
+    }
+}
+
+/// A connection's place in the pending budget until its first
+/// authenticated request ([`Pending::admit`]).
+#[derive(Clone)]
+struct Pending {
+    evict: Evict,
+    ticket: Arc<Mutex<Option<Ticket<Evict>>>>,
+}
+
+impl Pending {
+    /// A connection outside any budget (the fuzz target's in-memory one).
+    fn alone() -> Pending {
+        Pending {
+            evict: Evict::default(),
+            ticket: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The connection authenticated: it stops counting as pending.
+    fn admit(&self) {
+        if let Some(t) = self
+            .ticket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            t.admit();
+        }
+    }
+
+    /// Waits until the budget evicts this connection.
+    async fn evicted(&self) {
+        self.evict.0.notified().await;
+    }
 }
 
 /// Per-connection clocks the watchdog reads (milliseconds since
@@ -619,12 +679,13 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    pending: Pending,
     shutdown: watch::Receiver<bool>,
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
     let Some(acceptor) = shared.tls.clone() else {
-        return serve_http(shared, stream, peer, shutdown).await;
+        return serve_http(shared, stream, peer, pending, shutdown).await;
     };
     // The handshake holds this connection's `max-connections` slot, so it
     // has its own deadline, counted from accept.
@@ -638,8 +699,24 @@ async fn serve_connection(
         }
         acceptor.accept(stream).await
     };
-    match tokio::time::timeout(shared.tls_handshake_timeout, handshake).await {
-        Ok(Ok(tls)) => serve_http(shared, tls, peer, shutdown).await,
+    // A connection still handshaking is pending: the budget may evict it.
+    let handshake = async {
+        tokio::select! {
+            r = handshake => Some(r),
+            () = pending.evicted() => None,
+        }
+    };
+    let outcome = match tokio::time::timeout(shared.tls_handshake_timeout, handshake).await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => {
+            shared.stats.connections_evicted.inc();
+            debug!(target: "http", peer = %peer, "pending connection evicted during its tls handshake");
+            return;
+        }
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown).await,
         Ok(Err(e)) => {
             shared.stats.tls_handshake_failures.inc();
             debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
@@ -713,6 +790,7 @@ async fn serve_http<S>(
     shared: Arc<Shared>,
     stream: S,
     peer: SocketAddr,
+    pending: Pending,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -723,8 +801,16 @@ async fn serve_http<S>(
         activity: Arc::clone(&activity),
     });
     let svc = {
-        let (shared, activity) = (Arc::clone(&shared), Arc::clone(&activity));
-        service_fn(move |req| handle(Arc::clone(&shared), Arc::clone(&activity), req))
+        let (shared, activity, pending) =
+            (Arc::clone(&shared), Arc::clone(&activity), pending.clone());
+        service_fn(move |req| {
+            handle(
+                Arc::clone(&shared),
+                Arc::clone(&activity),
+                pending.clone(),
+                req,
+            )
+        })
     };
     let conn = http1::Builder::new()
         .keep_alive(true)
@@ -744,6 +830,11 @@ async fn serve_http<S>(
                 if let Err(e) = r {
                     debug!(target: "http", peer = %peer, error = %e, "connection ended with an error");
                 }
+                break;
+            }
+            () = pending.evicted() => {
+                shared.stats.connections_evicted.inc();
+                debug!(target: "http", peer = %peer, "pending connection evicted to make room");
                 break;
             }
             _ = tokio::time::sleep(period) => {
@@ -879,10 +970,11 @@ impl Body for Frames {
 async fn handle(
     shared: Arc<Shared>,
     activity: Arc<Activity>,
+    pending: Pending,
     req: Request<Incoming>,
 ) -> Result<Response<Frames>, Infallible> {
     let in_flight = InFlight::new(activity, &shared.stats);
-    let mut resp = route(&shared, req).await;
+    let mut resp = route(&shared, &pending, req).await;
     if resp.status() == StatusCode::OK {
         shared.stats.requests_served.inc();
     } else {
@@ -892,7 +984,10 @@ async fn handle(
     Ok(resp)
 }
 
-async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
+/// Answers one request. A request that gets past framing and the token
+/// check admits its connection (it stops counting as pending); a refused
+/// one leaves it pending, and evictable.
+async fn route(shared: &Shared, pending: &Pending, req: Request<Incoming>) -> Response<Frames> {
     if let Err(why) = check_framing(req.headers()) {
         let mut r = error(StatusCode::BAD_REQUEST, "bad_request", &why);
         // The body's extent is ambiguous: never read another request from
@@ -921,6 +1016,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
             return r;
         }
     }
+    pending.admit();
     let path = req.uri().path();
     if path == wire::HEALTH_PATH {
         if req.method() != Method::GET {

@@ -30,6 +30,9 @@ pub(crate) struct Stats {
     pub connections_accepted: Counter,
     /// Inbound connections closed by a timeout (idle, slow head, stalled peer).
     pub connections_timed_out: Counter,
+    /// Pending inbound connections (no authenticated request yet) closed
+    /// to make room for newer ones (`max-pending`, `max-pending-per-peer`).
+    pub connections_evicted: Counter,
     /// Inbound connections open now.
     pub connections_open: Gauge,
     /// Inbound TLS handshakes that failed or timed out (plain HTTP sent to a
@@ -74,6 +77,7 @@ impl Stats {
             .counter("auth_failures", &self.auth_failures)
             .counter("connections_accepted", &self.connections_accepted)
             .counter("connections_timed_out", &self.connections_timed_out)
+            .counter("connections_evicted", &self.connections_evicted)
             .gauge("connections_open", &self.connections_open)
             .counter("tls_handshake_failures", &self.tls_handshake_failures)
             .gauge("responses_in_flight", &self.responses_in_flight)

@@ -1598,3 +1598,46 @@ fn a_pooled_connection_that_fails_before_answering_is_retried_once() {
     h.join().unwrap();
     assert_eq!(stat(&consumer.t, "retries"), 2);
 }
+
+#[test]
+fn slow_heads_cannot_hold_the_owner_and_a_real_consumer_gets_through() {
+    // Eight connection slots, four of them at most for connections that
+    // have not authenticated; heads may take a minute. Sixteen clients
+    // trickle half a head each: without the pending budget they would hold
+    // all eight slots for a minute and the consumer would wait in the
+    // backlog past its request timeout.
+    let owner = node(
+        "auth-token = \"tok-tok-tok-tok\"\nmax-connections = 8\nmax-pending = 4\nmax-pending-per-peer = 4\nheader-timeout = \"60s\"",
+    );
+    let data = pattern(4096, 3);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let mut slow: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = connect(owner.addr);
+            s.write_all(b"GET /v1/health HTTP/1.1\r\nhost: o\r\nx-slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    let consumer = node(
+        "auth-token = \"tok-tok-tok-tok\"\nrequest-timeout = \"10s\"\nconnect-timeout = \"10s\"",
+    );
+    assert_eq!(fetch(&consumer.t, &desc, 4096).unwrap(), data);
+    // The oldest slow clients were cut off to make room; the consumer's
+    // connection authenticated and is no longer evictable.
+    assert!(stat(&owner.t, "connections_evicted") >= 12);
+    // The twelve oldest were evicted by the four newest (the others may
+    // still wait, so only those are read).
+    for (i, s) in slow.iter_mut().take(12).enumerate() {
+        assert!(closed_by_peer(s), "slow client {i} was not closed");
+    }
+    for _ in 0..8 {
+        let _ = connect(owner.addr).write_all(b"GET /v1/health HTTP/1.1\r\nx: ");
+    }
+    assert_eq!(
+        fetch(&consumer.t, &desc, 4096).unwrap(),
+        data,
+        "kept-alive consumer"
+    );
+    owner.t.unexport(ShardId::from_u128(1)).unwrap();
+}

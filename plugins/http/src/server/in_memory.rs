@@ -16,7 +16,7 @@ use hyper::{server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{handle, Activity, Registry, Shared, HYPER_DEFAULT_MAX_BUF};
+use super::{handle, Activity, Pending, Registry, Shared, HYPER_DEFAULT_MAX_BUF};
 use crate::{config::Config, stats::Stats};
 
 /// The bearer token the in-memory server requires.
@@ -91,6 +91,10 @@ fn shared() -> Arc<Shared> {
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,
+        admission: shardport_abi::kit::admission::Admission::new(
+            cfg.max_pending,
+            cfg.max_pending_per_peer,
+        ),
         epoch: Instant::now(),
         stopped: Mutex::new(None),
         accept_error: Mutex::new(None),
@@ -110,7 +114,15 @@ pub(crate) fn serve(input: &[u8]) -> (Vec<u8>, bool) {
     let activity = Arc::new(Activity::new(shared.epoch));
     let svc = {
         let shared = Arc::clone(&shared);
-        service_fn(move |req| handle(Arc::clone(&shared), Arc::clone(&activity), req))
+        let pending = Pending::alone();
+        service_fn(move |req| {
+            handle(
+                Arc::clone(&shared),
+                Arc::clone(&activity),
+                pending.clone(),
+                req,
+            )
+        })
     };
     let conn = http1::Builder::new()
         .keep_alive(true)

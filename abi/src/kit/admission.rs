@@ -7,8 +7,11 @@
 //! its share, else of anyone) is closed to make room: a client that trickles
 //! its head (slow loris) grows old and loses its place, while an operator
 //! whose head arrives at once is through before anyone can evict it.
-//! Authenticated requests are counted apart (see `MAX_CONNECTIONS`), so
-//! pending connections never take an operator's slot.
+//! Authenticated requests are counted apart (the control endpoint's
+//! `MAX_CONNECTIONS`, the http transport's `max-connections`), so pending
+//! connections never take an authenticated client's slot. Used by the
+//! control endpoint (threads, `TcpStream`) and the http data endpoint
+//! (tasks, closed through a notification).
 
 use std::{
     collections::VecDeque,
@@ -96,7 +99,7 @@ impl<C: Close> Admission<C> {
             drop(s);
             entry.conn.close();
             self.evicted.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(target: "control", peer = %entry.peer, "oldest pending connection evicted");
+            tracing::debug!(target: "admission", peer = %entry.peer, "oldest pending connection evicted");
         }
         Ticket {
             admission: Arc::clone(self),
