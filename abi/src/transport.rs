@@ -32,7 +32,7 @@
 
 use abi_stable::{
     sabi_trait,
-    std_types::{RBox, RResult, RSlice, RSliceMut, RString, RVec},
+    std_types::{RBox, RResult, RSlice, RSliceMut, RStr, RString, RVec},
     StableAbi,
 };
 
@@ -270,13 +270,13 @@ pub struct ImportItem<'a> {
 /// another owner's resource. Unknown parts are empty or 0.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, Default, PartialEq, Eq)]
-pub struct OwnerClaim {
+pub struct OwnerClaim<'a> {
     /// The owner's advertised address.
-    pub addr: RString,
+    pub addr: RStr<'a>,
     /// The owner node's epoch (Unix ns at its start; unique per node run).
     pub epoch: u64,
     /// The owner's kernel boot id (as in `/proc/sys/kernel/random/boot_id`).
-    pub boot_id: RString,
+    pub boot_id: RStr<'a>,
     /// The owner's PID namespace inode.
     pub pid_ns: u64,
     /// The owner's IPC namespace inode.
@@ -477,7 +477,7 @@ pub trait Transport: Send + Sync {
         &self,
         desc: RSlice<'_, u8>,
         meta: &ShardMeta,
-        owner: &OwnerClaim,
+        owner: &OwnerClaim<'_>,
     ) -> RResult<(), AbiError> {
         let _ = owner;
         self.can_import(desc, meta)

@@ -262,7 +262,7 @@ impl Transport for Injector {
         &self,
         desc: RSlice<'_, u8>,
         meta: &ShardMeta,
-        owner: &OwnerClaim,
+        owner: &OwnerClaim<'_>,
     ) -> RResult<(), AbiError> {
         self.inner.can_import_from(desc, meta, owner)
     }

@@ -153,7 +153,7 @@ pub trait PlainTransport: Send + Sync + 'static {
         &self,
         desc: &[u8],
         meta: &ShardMeta,
-        owner: &OwnerClaim,
+        owner: &OwnerClaim<'_>,
     ) -> PluginResult<()> {
         let _ = owner;
         self.can_import(desc, meta)
@@ -272,7 +272,7 @@ impl<T: PlainTransport> Transport for Guarded<T> {
         &self,
         desc: RSlice<'_, u8>,
         meta: &ShardMeta,
-        owner: &OwnerClaim,
+        owner: &OwnerClaim<'_>,
     ) -> RResult<(), AbiError> {
         self.0.context().guard("can_import_from", || {
             self.0.can_import_from(desc.as_slice(), meta, owner)

@@ -353,7 +353,7 @@ impl Node {
 
 /// What the handle says about its owner, for transports that bind
 /// descriptors to their owner (`Transport::can_import_from`).
-fn owner_claim(owner: &crate::handle::Owner) -> OwnerClaim {
+fn owner_claim(owner: &crate::handle::Owner) -> OwnerClaim<'_> {
     OwnerClaim {
         addr: owner.addr.as_str().into(),
         epoch: owner.epoch,

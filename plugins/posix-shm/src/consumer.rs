@@ -160,7 +160,14 @@ pub(crate) struct Consumer {
     /// `owner-check-interval`.
     check_interval: Duration,
     state: Mutex<State>,
+    /// Owner marks of segment names already parsed (a consumer meets the
+    /// same few pool segments and boards again and again), most recent
+    /// last; a short list, searched linearly (cheaper than hashing names).
+    marks: Mutex<Vec<(String, names::OwnerMark)>>,
 }
+
+/// Most segment names whose owner marks are kept.
+const MAX_MARKS: usize = 64;
 
 fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
     AbiError::invalid_descriptor(format!("posix-shm descriptor field `{field}`: {why}"))
@@ -174,6 +181,7 @@ impl Consumer {
             prefix: prefix.to_owned(),
             here,
             check_interval,
+            marks: Mutex::default(),
             state: Mutex::new(State {
                 next_token: 1,
                 owners: Watcher::new(check_interval),
@@ -326,17 +334,32 @@ impl Consumer {
     /// belong to another owner than `claim` (see `names::check_owner`).
     /// A descriptor that does not decode passes: the import reports why
     /// (a failed attempt, so the fetch is a downgrade), as before binding.
-    pub(crate) fn check_claim(&self, desc: &[u8], claim: &OwnerClaim) -> PluginResult<()> {
-        let Ok(d) = Descriptor::decode(desc, &self.prefix) else {
+    pub(crate) fn check_claim(&self, desc: &[u8], claim: &OwnerClaim<'_>) -> PluginResult<()> {
+        let Some((segment, board)) = Descriptor::names(desc) else {
             return Ok(());
         };
-        for (field, name) in [("segment", &d.segment), ("board", &d.board)] {
+        for (field, name) in [("segment", segment), ("board", board)] {
             if name.is_empty() {
                 continue;
             }
-            names::check_owner(name, &self.prefix, claim).map_err(|why| bad(field, why))?;
+            let mark = self.mark(name).map_err(|why| bad(field, why))?;
+            names::check_owner(name, &mark, claim).map_err(|why| bad(field, why))?;
         }
         Ok(())
+    }
+
+    /// The owner mark of segment `name`, parsed once and kept.
+    fn mark(&self, name: &str) -> Result<names::OwnerMark, String> {
+        if let Some((_, m)) = lock(&self.marks).iter().rev().find(|(n, _)| n == name) {
+            return Ok(*m);
+        }
+        let m = names::owner_mark(name, &self.prefix)?;
+        let mut marks = lock(&self.marks);
+        if marks.len() >= MAX_MARKS {
+            marks.remove(0);
+        }
+        marks.push((name.to_owned(), m));
+        Ok(m)
     }
 
     fn hold(

@@ -83,6 +83,25 @@ impl Descriptor {
             .finish()
     }
 
+    /// The segment and board names of a descriptor, read without checking
+    /// or allocating (the owner-binding check runs on every plan; the
+    /// import decodes and checks the whole descriptor); `None` when it does
+    /// not even have that shape.
+    pub(crate) fn names(bytes: &[u8]) -> Option<(&str, &str)> {
+        let mut r = Reader::new(WHAT, bytes);
+        r.magic("magic", &MAGIC).ok()?;
+        r.version("version", VERSION).ok()?;
+        r.u8("mode").ok()?;
+        r.zeros(2, "reserved").ok()?;
+        r.u64("offset").ok()?;
+        r.u64("len").ok()?;
+        r.u32("slot").ok()?;
+        r.u64("generation").ok()?;
+        let segment = r.short_str("segment").ok()?;
+        let board = r.short_str("board").ok()?;
+        Some((segment, board))
+    }
+
     /// Parses and checks a descriptor from another process. Names must carry
     /// `prefix`, the consumer's own configured segment prefix.
     pub(crate) fn decode(bytes: &[u8], prefix: &str) -> PluginResult<Descriptor> {

@@ -219,7 +219,7 @@ impl PlainTransport for ShmTransport {
         &self,
         desc: &[u8],
         _meta: &ShardMeta,
-        owner: &shardport_abi::OwnerClaim,
+        owner: &shardport_abi::OwnerClaim<'_>,
     ) -> PluginResult<()> {
         self.consumer.check_claim(desc, owner)
     }

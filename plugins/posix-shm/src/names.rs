@@ -274,49 +274,84 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
     })
 }
 
-/// Why the segment `name` does not belong to the owner a handle claims, or
-/// `Ok` when it does: the identity part (PID namespace, boot id) and the
-/// node epoch in the name must be the claim's. Parts the claim leaves
-/// unknown are not compared; a name from an older host (no epoch in its
-/// tag) is bound by identity only.
+/// What a segment name says about its owner, as far as a handle's claim
+/// is compared with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnerMark {
+    /// The owner node's epoch (`None` for an older host's tag).
+    pub epoch: Option<u64>,
+    /// PID namespace inode.
+    pub pid_ns: u32,
+    /// Boot id.
+    pub boot: u128,
+}
+
+/// The owner mark of `name`, or why it has none.
+pub(crate) fn owner_mark(name: &str, prefix: &str) -> Result<OwnerMark, String> {
+    let n = parse_owned(name, prefix).ok_or_else(|| {
+        format!("segment `{name}` is not named for an owner (prefix `{prefix}`, host node tag)")
+    })?;
+    Ok(OwnerMark {
+        epoch: n.epoch,
+        pid_ns: n.owner.ns.pid,
+        boot: n.owner.boot,
+    })
+}
+
+/// A boot id as `/proc` writes it (hex digits and dashes), without
+/// allocating; `None` when empty or malformed.
+fn parse_boot_id(s: &str) -> Option<u128> {
+    let mut v: u128 = 0;
+    let mut digits = 0;
+    for c in s.chars().filter(|&c| c != '-') {
+        v = (v << 4) | u128::from(c.to_digit(16)?);
+        digits += 1;
+    }
+    (digits == 32).then_some(v)
+}
+
+/// Why the segment `name` (whose mark is `m`) does not belong to the owner
+/// a handle claims, or `Ok` when it does: the identity part (PID
+/// namespace, boot id) and the node epoch in the name must be the claim's.
+/// Parts the claim leaves unknown are not compared; a name from an older
+/// host (no epoch in its tag) is bound by identity only. No allocation
+/// unless it fails.
 pub(crate) fn check_owner(
     name: &str,
-    prefix: &str,
-    claim: &shardport_abi::OwnerClaim,
+    m: &OwnerMark,
+    claim: &shardport_abi::OwnerClaim<'_>,
 ) -> Result<(), String> {
-    let Some(n) = parse_owned(name, prefix) else {
-        return Err(format!(
-            "segment `{name}` is not named for an owner (prefix `{prefix}`, host node tag)"
-        ));
-    };
+    let epoch_ok = m.epoch.is_none_or(|e| e == claim.epoch);
+    let pid_ok = claim.pid_ns == 0 || u64::from(m.pid_ns) == claim.pid_ns;
+    let claimed_boot = parse_boot_id(claim.boot_id.as_str());
+    let boot_ok = claimed_boot.is_none_or(|b| b == m.boot);
+    if epoch_ok && pid_ok && boot_ok {
+        return Ok(());
+    }
     let mut wrong = Vec::new();
-    if let Some(e) = n.epoch.filter(|&e| e != claim.epoch) {
+    if !epoch_ok {
         wrong.push(format!(
-            "node epoch {e:x}, the handle's owner has {:x}",
+            "node epoch {:x}, the handle's owner has {:x}",
+            m.epoch.unwrap_or_default(),
             claim.epoch
         ));
     }
-    if claim.pid_ns != 0 && u64::from(n.owner.ns.pid) != claim.pid_ns {
+    if !pid_ok {
         wrong.push(format!(
             "PID namespace {}, the handle's owner has {}",
-            n.owner.ns.pid, claim.pid_ns
+            m.pid_ns, claim.pid_ns
         ));
     }
-    let claimed_boot = u128::from_str_radix(&claim.boot_id.as_str().replace('-', ""), 16).ok();
-    if let Some(b) = claimed_boot.filter(|&b| b != n.owner.boot) {
+    if let (false, Some(b)) = (boot_ok, claimed_boot) {
         wrong.push(format!(
             "boot id {:032x}, the handle's owner has {b:032x}",
-            n.owner.boot
+            m.boot
         ));
     }
-    if wrong.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "segment `{name}` belongs to another owner than the handle names ({}): a handle may only name its owner's segments",
-            wrong.join("; ")
-        ))
-    }
+    Err(format!(
+        "segment `{name}` belongs to another owner than the handle names ({}): a handle may only name its owner's segments",
+        wrong.join("; ")
+    ))
 }
 
 /// The owner pid and start ticks of a node tag of the host's shape,
@@ -400,12 +435,14 @@ mod tests {
         let g = NameGen::new("pfx", "1234-56789-18a2bg3", &ME);
         let name = g.next(Kind::PoolData);
         assert_eq!(parse_owned(&name, "pfx").unwrap().epoch, Some(0x18a2b));
-        let claim = |epoch: u64, boot: &str, pid_ns: u64| shardport_abi::OwnerClaim {
-            epoch,
-            boot_id: boot.into(),
-            pid_ns,
-            ..Default::default()
-        };
+        fn claim(epoch: u64, boot: &str, pid_ns: u64) -> shardport_abi::OwnerClaim<'_> {
+            shardport_abi::OwnerClaim {
+                epoch,
+                boot_id: boot.into(),
+                pid_ns,
+                ..Default::default()
+            }
+        }
         let boot = format!("{:032x}", ME.boot);
         let dashed = format!(
             "{}-{}-{}-{}-{}",
@@ -416,22 +453,25 @@ mod tests {
             &boot[20..]
         );
         let me = u64::from(ME.ns.pid);
+        let m = owner_mark(&name, "pfx").unwrap();
+        assert_eq!(check_owner(&name, &m, &claim(0x18a2b, &dashed, me)), Ok(()));
         assert_eq!(
-            check_owner(&name, "pfx", &claim(0x18a2b, &dashed, me)),
-            Ok(())
+            check_owner(&name, &m, &claim(0x18a2b, &boot, me)),
+            Ok(()),
+            "no dashes"
         );
         // Unknown parts of the claim are not compared.
-        assert_eq!(check_owner(&name, "pfx", &claim(0x18a2b, "", 0)), Ok(()));
-        let e = check_owner(&name, "pfx", &claim(0x18a2c, &dashed, me)).unwrap_err();
+        assert_eq!(check_owner(&name, &m, &claim(0x18a2b, "", 0)), Ok(()));
+        let e = check_owner(&name, &m, &claim(0x18a2c, &dashed, me)).unwrap_err();
         assert!(
             e.contains("node epoch 18a2b, the handle's owner has 18a2c"),
             "{e}"
         );
-        let e = check_owner(&name, "pfx", &claim(0x18a2b, &dashed, me + 1)).unwrap_err();
+        let e = check_owner(&name, &m, &claim(0x18a2b, &dashed, me + 1)).unwrap_err();
         assert!(e.contains("PID namespace"), "{e}");
-        let e = check_owner(&name, "pfx", &claim(0x18a2b, &"0".repeat(32), me)).unwrap_err();
+        let e = check_owner(&name, &m, &claim(0x18a2b, &"0".repeat(32), me)).unwrap_err();
         assert!(e.contains("boot id") && e.contains("another owner"), "{e}");
-        let e = check_owner("/pfx-garbage", "pfx", &claim(1, "", 0)).unwrap_err();
+        let e = owner_mark("/pfx-garbage", "pfx").unwrap_err();
         assert!(e.contains("not named for an owner"), "{e}");
     }
 
