@@ -475,6 +475,41 @@ async fn accept_loop(
     debug!(target: "http", addr = %shared.bound, "accept loop stopped");
 }
 
+/// The hyper settings of every connection (and of the fuzz target's
+/// in-memory one): keep-alive, vectored writes, the head limit; no hyper
+/// head timeout (the watchdog enforces header-timeout from the head's first
+/// byte, and idle-timeout between requests, separately).
+fn http1_builder(shared: &Shared) -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.keep_alive(true)
+        .writev(true)
+        .max_header_size(shared.max_header_bytes)
+        .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
+        .header_read_timeout(None);
+    b
+}
+
+/// The request handler of one connection, as a hyper service.
+fn service(
+    shared: Arc<Shared>,
+    activity: Arc<Activity>,
+    pending: Pending,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Frames>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<Frames>, Infallible>>,
+> {
+    service_fn(move |req| {
+        handle(
+            Arc::clone(&shared),
+            Arc::clone(&activity),
+            pending.clone(),
+            req,
+        )
+    })
+}
+
 /// How a pending connection is closed when the admission budget evicts it:
 /// a notification its task waits on (beside the connection itself).
 #[derive(Clone, Default)]
@@ -800,27 +835,10 @@ async fn serve_http<S>(
         inner: stream,
         activity: Arc::clone(&activity),
     });
-    let svc = {
-        let (shared, activity, pending) =
-            (Arc::clone(&shared), Arc::clone(&activity), pending.clone());
-        service_fn(move |req| {
-            handle(
-                Arc::clone(&shared),
-                Arc::clone(&activity),
-                pending.clone(),
-                req,
-            )
-        })
-    };
-    let conn = http1::Builder::new()
-        .keep_alive(true)
-        .writev(true)
-        .max_header_size(shared.max_header_bytes)
-        .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
-        // Our watchdog enforces header-timeout (from the first byte of a
-        // head) and idle-timeout (between requests) separately.
-        .header_read_timeout(None)
-        .serve_connection(io, svc);
+    let conn = http1_builder(&shared).serve_connection(
+        io,
+        service(Arc::clone(&shared), Arc::clone(&activity), pending.clone()),
+    );
     tokio::pin!(conn);
     let period = watchdog_period(&shared);
     let mut drain_until: Option<Instant> = None;

@@ -12,11 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hyper::{server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{handle, Activity, Pending, Registry, Shared, HYPER_DEFAULT_MAX_BUF};
+use super::{http1_builder, service, Activity, Pending, Registry, Shared};
 use crate::{config::Config, stats::Stats};
 
 /// The bearer token the in-memory server requires.
@@ -112,28 +111,15 @@ pub(crate) fn serve(input: &[u8]) -> (Vec<u8>, bool) {
     };
     let shared = shared();
     let activity = Arc::new(Activity::new(shared.epoch));
-    let svc = {
-        let shared = Arc::clone(&shared);
-        let pending = Pending::alone();
-        service_fn(move |req| {
-            handle(
-                Arc::clone(&shared),
-                Arc::clone(&activity),
-                pending.clone(),
-                req,
-            )
-        })
-    };
-    let conn = http1::Builder::new()
-        .keep_alive(true)
-        .writev(true)
-        .max_header_size(shared.max_header_bytes)
-        .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
-        .header_read_timeout(None)
+    let mut builder = http1_builder(&shared);
+    let conn = builder
         // The peer's end of input comes with its last byte: answer what
         // was asked before closing, as a real peer would wait for.
         .half_close(true)
-        .serve_connection(TokioIo::new(io), svc);
+        .serve_connection(
+            TokioIo::new(io),
+            service(Arc::clone(&shared), activity, Pending::alone()),
+        );
     let ended = RUNTIME.with(|rt| {
         let mut rt = rt.borrow_mut();
         let rt = rt.get_or_insert_with(|| {
