@@ -676,8 +676,12 @@ fn experiment(
         .events
         .iter()
         .filter(|x| {
+            // Reload events name no single experiment; their change lines
+            // start `experiment NAME:` or `experiment NAME added/removed`.
+            let line = |sep: &str| format!("experiment {}{sep}", e.name);
             x.experiment.as_deref() == Some(e.name.as_str())
-                || (x.experiment.is_none() && x.text.contains(&e.name))
+                || (x.experiment.is_none()
+                    && (x.text.contains(&line(":")) || x.text.contains(&line(" "))))
         })
         .cloned()
         .collect();

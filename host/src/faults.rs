@@ -134,19 +134,13 @@ impl Dice {
     }
 }
 
-impl Injector {
-    fn maybe_delay(&self) {
-        self.dice.maybe_delay();
-    }
-}
-
 impl Transport for Injector {
     fn describe(&self) -> TransportInfo {
         self.inner.describe()
     }
 
     fn export(&self, req: ExportRequest) -> RResult<RVec<u8>, AbiError> {
-        self.maybe_delay();
+        self.dice.maybe_delay();
         let r = self.inner.export(req);
         if let RResult::ROk(desc) = &r {
             if self.dice.roll(5, self.dice.faults.garbage_descriptor_ppm) {
@@ -171,7 +165,7 @@ impl Transport for Injector {
         meta: &ShardMeta,
         mut dst: RSliceMut<'_, u8>,
     ) -> RResult<ImportInfo, AbiError> {
-        self.maybe_delay();
+        self.dice.maybe_delay();
         let r = self
             .inner
             .import_into(desc, meta, RSliceMut::from_mut_slice(dst.as_mut_slice()));
@@ -182,7 +176,7 @@ impl Transport for Injector {
     }
 
     fn import_view(&self, desc: RSlice<'_, u8>, meta: &ShardMeta) -> RResult<Region, AbiError> {
-        self.maybe_delay();
+        self.dice.maybe_delay();
         if self.dice.roll(1, self.dice.faults.reset_ppm) {
             return RResult::RErr(AbiError::unavailable(
                 "injected fault: connection reset before the view was granted",
@@ -236,7 +230,7 @@ impl Transport for Injector {
         &self,
         mut items: RSliceMut<'_, ImportItem<'_>>,
     ) -> RVec<RResult<ImportInfo, AbiError>> {
-        self.maybe_delay();
+        self.dice.maybe_delay();
         let results = self
             .inner
             .import_many(RSliceMut::from_mut_slice(items.as_mut_slice()));
@@ -274,7 +268,7 @@ impl Transport for Injector {
         dst_addr: u64,
         dst_len: u64,
     ) -> RResult<ImportInfo, AbiError> {
-        self.maybe_delay();
+        self.dice.maybe_delay();
         if self.dice.roll(1, self.dice.faults.reset_ppm) {
             return RResult::RErr(AbiError::unavailable(
                 "injected fault: connection reset during the device copy",

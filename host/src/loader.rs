@@ -33,13 +33,9 @@ use crate::{
 pub struct LoadedPlugin {
     /// Instance name (the config's `name`).
     pub name: TransportName,
-    /// The transport the library implements (config and library agree on it).
-    pub kind: TransportName,
     /// The spec it was loaded from (a reload keeps the instance when the
-    /// spec is unchanged).
+    /// spec is unchanged); `spec.transport` is what the library implements.
     pub spec: PluginSpec,
-    /// The node tag this instance was given (unique per instance).
-    pub node_tag: String,
     /// The file that was loaded.
     pub path: PathBuf,
     /// `shardport-abi` version the plugin was built against.
@@ -235,9 +231,7 @@ fn load_one(spec: &PluginSpec, node: &NodeContext) -> Result<LoadedPlugin, LoadE
     }
     Ok(LoadedPlugin {
         name: plugin,
-        kind: spec.transport.clone(),
         spec: spec.clone(),
-        node_tag: node.node_tag.clone(),
         path,
         abi_version: module.abi_version().to_string(),
         plugin_version: module.plugin_version().to_string(),

@@ -468,3 +468,35 @@ fn a_handle_naming_another_owners_segment_is_refused_before_any_byte_is_read() {
     // The owners still serve their real handles.
     assert_eq!(c.fetch_mode(&hb, FetchMode::Copy).unwrap().data[0], 2);
 }
+
+#[test]
+fn put_many_keeps_order_and_a_bad_item_does_not_stop_the_others() {
+    let n = node("");
+    let a = [1u8; 4096];
+    let b = [2u8; 100];
+    let c = vec![3u8; 64 << 10];
+    let items = [
+        (&a[..], TensorSpec::bytes(4096), Default::default()),
+        // Wrong length for its spec: refused, naming both.
+        (&b[..], TensorSpec::bytes(4096), Default::default()),
+        (&c[..], TensorSpec::bytes(64 << 10), Default::default()),
+    ];
+    let r = n.put_many(&items);
+    assert_eq!(r.len(), 3);
+    let e = r[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("100 bytes given") && e.contains("needs 4096"),
+        "{e}"
+    );
+    for (i, want) in [(0, 1u8), (2, 3u8)] {
+        let h = r[i].as_ref().unwrap();
+        let f = n.fetch_mode(h, FetchMode::Copy).unwrap();
+        assert!(f.data.iter().all(|&x| x == want), "item {i}");
+        // The checksum was computed while copying, and matches.
+        assert_eq!(
+            h.meta.checksum.into_option().unwrap().value,
+            xxhash_rust::xxh3::xxh3_64(&f.data)
+        );
+    }
+    assert_eq!(n.stats().shards_owned, 2);
+}

@@ -33,13 +33,11 @@ impl Node {
             }
         }
         let mut out = Vec::new();
-        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
         for (e, st) in exps.iter().zip(&g.experiments) {
             if name.is_none_or(|n| n == e.name) {
                 for a in st.reset(e) {
                     tracing::info!(target: "experiment", experiment = %e.name, arm = %e.arms[a].name, "arm re-enabled");
-                    self.inner.metrics.event(
-                        now_ms,
+                    self.inner.event(
                         "reset",
                         Some(&e.name),
                         format!("arm {} re-enabled by an operator", e.arms[a].name),
@@ -336,9 +334,6 @@ impl Node {
         } else {
             tracing::info!(target: "experiment", experiment = %exp.name, "{text}");
         }
-        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
-        self.inner
-            .metrics
-            .event(now_ms, kind, Some(&exp.name), text);
+        self.inner.event(kind, Some(&exp.name), text);
     }
 }

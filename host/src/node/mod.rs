@@ -59,7 +59,7 @@ mod reload;
 
 pub use batch::MAX_FETCH_THREADS;
 pub use device::{DevicePtr, DeviceView};
-pub use reload::{ConfigHook, ReloadError, ReloadReport};
+pub use reload::{ConfigHook, ReloadReport};
 
 /// Shape, dtype and device of a shard being put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -518,6 +518,12 @@ impl Node {
 }
 
 impl Inner {
+    /// Appends to the metrics' event log, stamped with the node's clock.
+    fn event(&self, kind: &str, experiment: Option<&str>, text: String) {
+        let now_ms = self.clock.now_unix_nanos() / 1_000_000;
+        self.metrics.event(now_ms, kind, experiment, text);
+    }
+
     /// The generation in force (a fetch keeps it from start to end).
     fn live(&self) -> Arc<Generation> {
         Arc::clone(&self.live.read().unwrap_or_else(|p| p.into_inner()))

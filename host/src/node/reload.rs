@@ -49,10 +49,6 @@ pub struct ReloadReport {
     pub warnings: Vec<String>,
 }
 
-/// A reload's refusal (the running config stays): the same as
-/// [`HostError::ReloadRefused`], kept for callers that match on it.
-pub type ReloadError = HostError;
-
 /// A step every reloaded config goes through before it is checked (the
 /// embedding program's own adjustments, such as `shardport serve` making
 /// its transports start eagerly); an error refuses the reload.
@@ -100,35 +96,26 @@ impl Node {
     /// refuses it with the reason and leaves the running config in force.
     /// Logged and counted either way.
     pub fn reload(&self, next: Config) -> Result<ReloadReport, HostError> {
-        let result = self.try_reload(next);
-        let m = &self.inner.metrics;
-        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
-        match &result {
-            Ok(r) => {
-                m.reload(true);
-                tracing::info!(target: "reload", generation = r.generation, changes = r.changes.len(), evicted = r.evicted, "config reloaded");
-                let summary = if r.changes.is_empty() {
-                    "no change".to_owned()
-                } else {
-                    r.changes.join("; ")
-                };
-                m.event(
-                    now_ms,
-                    "reload",
-                    None,
-                    format!("generation {}: {summary}", r.generation),
-                );
-                for c in &r.changes {
-                    tracing::info!(target: "reload", "{c}");
-                }
-            }
-            Err(e) => {
-                m.reload(false);
-                tracing::error!(target: "reload", error = %e, "config reload refused");
-                m.event(now_ms, "reload-refused", None, e.to_string());
-            }
+        let r = match self.try_reload(next) {
+            Ok(r) => r,
+            Err(e) => return self.count_refusal(e),
+        };
+        self.inner.metrics.reload(true);
+        tracing::info!(target: "reload", generation = r.generation, changes = r.changes.len(), evicted = r.evicted, "config reloaded");
+        let summary = if r.changes.is_empty() {
+            "no change".to_owned()
+        } else {
+            r.changes.join("; ")
+        };
+        self.inner.event(
+            "reload",
+            None,
+            format!("generation {}: {summary}", r.generation),
+        );
+        for c in &r.changes {
+            tracing::info!(target: "reload", "{c}");
         }
-        result
+        Ok(r)
     }
 
     /// Reads, parses and applies a config file: `path`, or the file the
@@ -161,13 +148,11 @@ impl Node {
         }
     }
 
+    /// Counts, logs and records a refused reload (the running config stays).
     fn count_refusal(&self, e: HostError) -> Result<ReloadReport, HostError> {
         self.inner.metrics.reload(false);
         tracing::error!(target: "reload", error = %e, "config reload refused");
-        let now_ms = self.inner.clock.now_unix_nanos() / 1_000_000;
-        self.inner
-            .metrics
-            .event(now_ms, "reload-refused", None, e.to_string());
+        self.inner.event("reload-refused", None, e.to_string());
         Err(e)
     }
 
