@@ -6,9 +6,13 @@
 //! `SKIP <reason>` and exits 0.
 //!
 //! ```text
-//! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset | REALLOC len seed | REMOVE hex-id | EXIT
-//! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters | EXIT
+//! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset | REALLOC len seed | REMOVE handle-hex
+//!                                 #        | LEASES | SWEEP | STATS | EXIT
+//! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters
+//!                                 #        | HOLD handle-hex | DROP | STATS | EXIT
 //! ```
+//! `HOLD` keeps a zero-copy view (and so a lease on the owner's board) until
+//! `DROP`, so a test can kill a consumer that holds one.
 //! Replies are one line each: `OK ...`, `ERR ...`, `HANDLE <hex>`.
 
 #![allow(clippy::print_stdout)] // a line protocol on stdout is this program's interface
@@ -138,6 +142,11 @@ fn owner(node: &Node) -> Result<(), String> {
                 ));
             }
             Some("LEASES") => reply(format!("OK leases_held={}", node.device_leases_held())),
+            Some("SWEEP") => {
+                node.sweep();
+                reply(format!("OK leases_held={}", node.device_leases_held()));
+            }
+            Some("STATS") => reply(cuda_stats(node)),
             Some("EXIT") | None => break,
             Some(other) => reply(format!("ERR unknown command {other}")),
         }
@@ -147,6 +156,7 @@ fn owner(node: &Node) -> Result<(), String> {
 }
 
 fn consumer(node: &Node) -> Result<(), String> {
+    let mut held = Vec::new();
     for line in std::io::stdin().lock().lines() {
         let line = line.map_err(|e| e.to_string())?;
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -177,19 +187,37 @@ fn consumer(node: &Node) -> Result<(), String> {
                     Err(e) => format!("ERR {e}"),
                 });
             }
-            Some("STATS") => {
-                let stats = node.stats();
-                let cuda = stats.plugins.iter().find(|p| p.name == "cuda-ipc");
-                reply(format!(
-                    "OK {}",
-                    serde_json::to_string(&cuda.map(|p| &p.stats)).unwrap_or_default()
-                ));
+            Some("HOLD") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                reply(match node.fetch_device(&h) {
+                    Ok(v) => {
+                        held.push(v);
+                        format!("OK held={}", held.len())
+                    }
+                    Err(e) => format!("ERR {e}"),
+                });
             }
+            Some("DROP") => {
+                held.clear();
+                reply("OK held=0".into());
+            }
+            Some("STATS") => reply(cuda_stats(node)),
             Some("EXIT") | None => break,
             Some(other) => reply(format!("ERR unknown command {other}")),
         }
     }
     Ok(())
+}
+
+/// The cuda-ipc plugin's stats as one JSON line.
+fn cuda_stats(node: &Node) -> String {
+    let stats = node.stats();
+    let cuda = stats.plugins.iter().find(|p| p.name == "cuda-ipc");
+    format!(
+        "OK {}",
+        serde_json::to_string(&cuda.map(|p| &p.stats)).unwrap_or_default()
+    )
 }
 
 /// Zero-copy view (read back through a device-to-device copy), a
@@ -224,8 +252,13 @@ fn verify(node: &Node, h: &Handle, seed: u64) -> Result<String, String> {
 
 /// First-open and cached view latency, device-to-device fetch bandwidth and
 /// a local cuMemcpyDtoD baseline of the same size, all in this process.
+/// The scratch buffers are allocated first, so the process's CUDA context
+/// exists before anything is timed (as in scripts/bench_torch_ipc.py): the
+/// first open measures the IPC open, not the context's creation.
 fn bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
     let len = h.meta.byte_len;
+    let dst = DeviceScratch::new(0, len.max(1))?;
+    let src = DeviceScratch::new(0, len.max(1))?;
     let t = Instant::now();
     let first = node.fetch_device(h).map_err(|e| e.to_string())?;
     let first_us = t.elapsed().as_secs_f64() * 1e6;
@@ -238,8 +271,6 @@ fn bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
         drop(v);
     }
     cached.sort_by(f64::total_cmp);
-    let dst = DeviceScratch::new(0, len.max(1))?;
-    let src = DeviceScratch::new(0, len.max(1))?;
     let t = Instant::now();
     for _ in 0..iters {
         node.fetch_device_into(h, DevicePtr(dst.addr()), len)

@@ -47,6 +47,27 @@ for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so
 done
 strip "$out"/shardport "$out"/examples/* "$out"/deps/*-gpu "$out"/*.so "$out"/deps/*.so
 cp scripts/bench_torch_ipc.py scripts/bench_cuda_ipc.sh .device-carry/
+# The Python package (release wheel, unpacked; release plugins inside) and
+# its tests, with pytest's pure-Python packages from the venv that
+# scripts/setup.sh made, for the CUDA tests in python/tests/test_cuda.py.
+if [ -x .venv/bin/maturin ]; then
+    wheels=$(mktemp -d)
+    (cd python && ../.venv/bin/maturin build --quiet --release -o "$wheels" >/dev/null 2>&1) ||
+        { echo "gpu-carry: maturin build failed" >&2; exit 1; }
+    mkdir -p .device-carry/py
+    .venv/bin/python -m zipfile -e "$wheels"/shardport-*.whl .device-carry/py
+    rm -rf "$wheels" .device-carry/py/shardport-*.dist-info
+    rm -f .device-carry/py/shardport/_plugins/*.so
+    cp target/release/libshardport_{posix_shm,http,cuda_ipc}.so .device-carry/py/shardport/_plugins/
+    strip .device-carry/py/shardport/*.so .device-carry/py/shardport/_plugins/*.so
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    for pkg in _pytest pytest pluggy iniconfig packaging py.py; do
+        cp -r "$site/$pkg" .device-carry/py/
+    done
+    cp -r python/tests .device-carry/py-tests
+else
+    echo "gpu-carry: no .venv (run scripts/setup.sh): the Python CUDA tests are not packed" >&2
+fi
 cat > .device-carry/run-gpu-checks.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: the GPU-gated tests
@@ -61,6 +82,11 @@ rc=0
 "$here"/release/deps/e2e-gpu conformance::cuda_ipc --nocapture --test-threads 1 || rc=1
 SHARDPORT_BIN_DIR="$here/release" bash "$here"/bench_cuda_ipc.sh || rc=1
 python3 "$here"/bench_torch_ipc.py || rc=1
+if [ -d "$here/py" ]; then
+    # numpy and torch come from the machine; pytest from the carry.
+    (cd "$here/py-tests" && PYTHONPATH="$here/py:$here/py-tests" \
+        python3 -m pytest -q -rs -p no:cacheprovider test_cuda.py test_torch.py) || rc=1
+fi
 exit $rc
 RUN
 chmod +x .device-carry/run-gpu-checks.sh

@@ -377,6 +377,46 @@ fn gpu_stale_handles_are_detected_after_free_and_realloc() {
     );
 }
 
+/// A consumer killed (SIGKILL) while it holds a zero-copy view: the owner
+/// takes its lease back once the death is proved (the process is reaped),
+/// so the caller's memory may be freed; a live consumer's lease is never
+/// taken back.
+#[test]
+fn gpu_a_killed_consumer_s_lease_is_reclaimed_and_a_live_one_is_not() {
+    if !gpu_or_skip("gpu_a_killed_consumer_s_lease_is_reclaimed_and_a_live_one_is_not") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-kill");
+    let mut owner = Peer::start("owner", dir.path());
+    let mut doomed = Peer::start("consumer", dir.path());
+    let mut alive = Peer::start("consumer", dir.path());
+    let a = handle_of(&owner.call("PUT 65536 31 0"));
+    let b = handle_of(&owner.call("PUT 65536 32 0"));
+    assert_eq!(doomed.call(&format!("HOLD {a}")), "OK held=1");
+    assert_eq!(alive.call(&format!("HOLD {b}")), "OK held=1");
+    assert_eq!(owner.call("LEASES"), "OK leases_held=2");
+    doomed.child.kill().expect("SIGKILL the consumer");
+    doomed.child.wait().expect("reap it");
+    // Removing the dead consumer's shard reclaims its lease at once.
+    assert_eq!(
+        owner.call(&format!("REMOVE {a}")),
+        "OK removed=true leases_held=1"
+    );
+    // The live consumer keeps its lease through removal and sweeps.
+    assert_eq!(
+        owner.call(&format!("REMOVE {b}")),
+        "OK removed=true leases_held=1"
+    );
+    assert_eq!(owner.call("SWEEP"), "OK leases_held=1");
+    let stats = owner.call("STATS");
+    assert!(
+        stats.contains("\"leases_reclaimed_total\":1"),
+        "owner stats: {stats}"
+    );
+    assert_eq!(alive.call("DROP"), "OK held=0");
+    assert_eq!(owner.call("LEASES"), "OK leases_held=0");
+}
+
 /// The planner's `can_import` pre-check, shown with the `faulty` fixture
 /// (runs without a GPU): an export its transport refuses is "not a
 /// candidate" with the transport's reason, and the next candidate serves.

@@ -7,8 +7,8 @@
 //! three operations; a path is skipped (with the reason in the table and the
 //! JSON) when its plugin is not loaded, is unhealthy, lacks a capability it
 //! needs, or needs something the host cannot do yet ([`PathSpec::blocker`]).
-//! `cuda-ipc` is listed already: once its plugin loads and reports healthy,
-//! and the host can put device memory, its cells run with no other change.
+//! `cuda-ipc` is listed but blocked: this CLI links no CUDA library to
+//! allocate device memory with; `scripts/bench_cuda_ipc.sh` measures it.
 
 use std::{fmt, str::FromStr};
 
@@ -151,7 +151,7 @@ impl PathSpec {
     /// Why the host cannot drive this path yet, whatever the plugin says.
     pub fn blocker(&self) -> Option<&'static str> {
         (self.device != DeviceKind::CPU)
-            .then_some("the host's put takes CPU bytes only; device puts are not supported yet")
+            .then_some("this bench allocates CPU memory only; GPU shards are measured by scripts/bench_cuda_ipc.sh (put_device, fetch_device, beside cuMemcpyDtoD and torch IPC)")
     }
 }
 

@@ -12,7 +12,7 @@ use super::{config_args, current_exe, load_config, write_file, Failure, Outcome,
 pub struct Args {
     #[command(flatten)]
     config: super::ConfigArg,
-    /// Shard sizes, comma separated [default: 4KiB,1MiB,64MiB,256MiB].
+    /// Shard sizes, comma separated [default: 4KiB,64KiB,1MiB,4MiB,64MiB,256MiB].
     #[arg(long, value_delimiter = ',', value_parser = bench::spec::parse_size)]
     sizes: Vec<u64>,
     /// Paths, comma separated: shm-view, shm-copy, http, cuda-ipc

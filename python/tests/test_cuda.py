@@ -1,0 +1,112 @@
+"""CUDA torch tensors through the cuda-ipc transport, across processes.
+
+Skipped with the reason printed where torch or a CUDA GPU is missing (CI
+machines here have neither); run on a GPU machine by
+`.device-carry/run-gpu-checks.sh` (scripts/gpu-carry.sh packs these tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import shardport
+
+from helpers import config, digest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (optional dependency; too heavy for CI)")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
+
+DTYPES = ["float32", "bfloat16", "float16", "int64", "uint8", "bool"]
+
+
+def make(dtype: str, n: int = 4099) -> "torch.Tensor":
+    """A CUDA tensor with distinct bytes (odd length: not a multiple of any
+    page or vector width)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 2**31 - 1, (n,), generator=g, dtype=torch.int64)
+    td = getattr(torch, dtype)
+    if dtype == "bool":
+        t = (x % 2).to(torch.bool)
+    elif td.is_floating_point:
+        t = (x.to(torch.float64) / 7.0).to(td)
+    else:
+        t = (x % 251).to(td)
+    return t.reshape(-1, 1).cuda()
+
+
+def host_digest(t: "torch.Tensor") -> str:
+    c = t.detach().cpu().contiguous()
+    if c.dtype in (torch.bfloat16, torch.float16):
+        c = c.view(torch.int16)
+    return digest(c.numpy())
+
+
+def child_fetch_cuda(prefix: str, handle_bytes: list[bytes], out) -> None:
+    """Child process (spawned): fetch each GPU shard to the host and report
+    (digest, shape, transport) or the exception."""
+    try:
+        with shardport.Node(config(prefix)) as node:
+            res = []
+            for b in handle_bytes:
+                s = node.fetch(shardport.Handle.from_bytes(b), mode="copy")
+                a = np.asarray(s).view(np.uint8)
+                res.append((digest(a), tuple(s.shape), s.transport))
+                del a, s
+            out.put(("ok", res))
+    except BaseException as e:  # reported to the parent
+        out.put(("err", f"{type(e).__name__}: {e}"))
+
+
+def child_put_disabled(prefix: str, out) -> None:
+    """Child process: cuda-ipc disabled by its environment variable; a CUDA
+    put must fail naming why."""
+    os.environ["SHARDPORT_CUDA_IPC_DISABLE"] = "disabled by test_cuda"
+    try:
+        import torch as t
+
+        with shardport.Node(config(prefix)) as node:
+            node.put(t.ones(16, device="cuda"))
+        out.put(("ok", "put succeeded"))
+    except shardport.TransportUnavailableError as e:
+        out.put(("unavailable", str(e)))
+    except BaseException as e:
+        out.put(("err", f"{type(e).__name__}: {e}"))
+
+
+def test_cuda_tensors_cross_processes_through_cuda_ipc(node, prefix, spawn):
+    ts = [make(d) for d in DTYPES]
+    hs = [node.put(t) for t in ts]
+    for h, d in zip(hs, DTYPES):
+        assert h.dtype == d and h.device == "cuda:0", h
+    q = spawn.Queue()
+    p = spawn.Process(target=child_fetch_cuda, args=(prefix, [h.to_bytes() for h in hs], q))
+    p.start()
+    status, res = q.get(timeout=120)
+    p.join(60)
+    assert status == "ok", res
+    for t, (dig, shape, transport) in zip(ts, res):
+        assert transport == "cuda-ipc"
+        assert shape == tuple(t.shape)
+        assert dig == host_digest(t)
+    assert node.remove(hs) == len(hs)
+
+
+def test_a_process_cannot_fetch_its_own_cuda_shard_and_is_told_why(node):
+    h = node.put(make("float32"))
+    with pytest.raises(shardport.ShardportError, match="own"):
+        node.fetch(h)
+    node.remove(h)
+
+
+def test_cuda_put_without_the_transport_names_the_reason(prefix, spawn):
+    q = spawn.Queue()
+    p = spawn.Process(target=child_put_disabled, args=(prefix, q))
+    p.start()
+    status, msg = q.get(timeout=120)
+    p.join(60)
+    assert status == "unavailable", msg
+    assert "disabled by test_cuda" in msg
