@@ -165,9 +165,9 @@ mod tests {
         assert_eq!(
             e.message.as_str(),
             "lease board /shardport-x-b1 has layout version 1 but this posix-shm plugin uses \
-             version 2: the owner runs an older posix-shm plugin; run the same plugin version \
+             version 3: the owner runs an older posix-shm plugin; run the same plugin version \
              on both sides (another transport can serve this shard meanwhile)"
         );
-        assert!(board_version("/b", 3).message.contains("a newer"));
+        assert!(board_version("/b", 4).message.contains("a newer"));
     }
 }

@@ -164,7 +164,12 @@ pub(crate) fn check_name(name: &str, prefix: &str, kind: Kind) -> Result<(), Str
     let Some(rest) = name.strip_prefix('/') else {
         return Err(format!("{name:?} does not start with `/`"));
     };
-    if let Some(c) = rest.chars().find(|&c| !name_char(c)) {
+    // Bytes first (every import checks two names); chars only to report.
+    if !rest
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        let c = rest.chars().find(|&c| !name_char(c)).unwrap_or('?');
         return Err(format!(
             "{name:?} contains {c:?}; only letters, digits, `_` and `-` may follow the `/`"
         ));

@@ -560,16 +560,17 @@ fn a_board_of_another_layout_version_is_refused() {
         assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{e}");
         assert!(
             e.message.contains(&format!(
-                "lease board {} has layout version 1 but this posix-shm plugin uses version 2",
+                "lease board {} has layout version 1 but this posix-shm plugin uses version 3",
                 d.board
             )),
             "{}",
             e.message
         );
     }
-    board
-        .atomic_u64(1)
-        .store(2, std::sync::atomic::Ordering::SeqCst);
+    board.atomic_u64(1).store(
+        crate::board::LAYOUT_VERSION,
+        std::sync::atomic::Ordering::SeqCst,
+    );
     assert_eq!(p.consumer.copy(&d.encode(), 64).unwrap(), [1; 64]);
     drop(board);
     p.owner.unexport(1).unwrap();
