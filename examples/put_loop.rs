@@ -8,8 +8,8 @@
 //! cargo run --release --example put_loop -- [SIZE_BYTES] [ROUNDS] [TRANSPORT,...]
 //! perf record --call-graph dwarf ./target/release/examples/put_loop 4096 200000
 //! ```
-//! Prints p50/p90/p99 of the put and of the remove, in microseconds, then
-//! the rate of `fetch_many` (copy mode, batches of `fetch.max-batch`) of
+//! Prints p50/p90/p99 of the put and of the remove, in microseconds, the
+//! rate of `put_many` + `remove` of 10,000 shards, then the rate of `fetch_many` (copy mode, batches of `fetch.max-batch`) of
 //! 10,000 shards of that size this node owns (the consumer's path without
 //! the second process: selection, the transport's lease and copy).
 
@@ -55,6 +55,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             q(0.99)
         );
     }
+    // The bench's "10,000 x 4 KiB put_many then remove" row, in process.
+    let items: Vec<_> = (0..10_000)
+        .map(|_| (src.as_slice(), spec.clone(), BTreeMap::new()))
+        .collect();
+    let mut rates = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let ids = node
+            .put_many(&items)
+            .into_iter()
+            .map(|h| h.map(|h| h.id))
+            .collect::<Result<Vec<_>, _>>()?;
+        node.remove(&ids);
+        rates.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    rates.sort_by(f64::total_cmp);
+    println!(
+        "put_many then remove {} x {size} B: median {:.0} shards/s",
+        items.len(),
+        rates[rates.len() / 2]
+    );
     let many: Vec<_> = (0..10_000)
         .map(|_| node.put(&src, &spec, BTreeMap::new()))
         .collect::<Result<_, _>>()?;

@@ -80,6 +80,9 @@
 //!   decrease, health ok.
 //! - [`concurrent_imports`]: 4 threads export, then 4 threads import
 //!   (and view, with `ZERO_COPY`) the same shards, all correct.
+//! - [`batch_import`]: one `import_many` of good shards mixed with a
+//!   garbage descriptor, a short destination and an unexported shard: one
+//!   result per item in order, good items exact, bad ones failing alone.
 //!
 //! # Memory contracts the suite itself keeps
 //! Bytes lent to `export` stay alive and unmodified until `unexport` returns,
@@ -107,8 +110,8 @@ use crate::{
     error::{AbiError, ErrorKind},
     meta::{DType, Device, ShardId, ShardMeta},
     transport::{
-        Capabilities, ExportRequest, IdentityParts, SharedBytes, SharedTransport, StatKind,
-        TransportBox, TransportInfo,
+        Capabilities, ExportRequest, IdentityParts, ImportInfo, ImportItem, SharedBytes,
+        SharedTransport, StatKind, TransportBox, TransportInfo,
     },
     view::{AllocationGuard, LeasedView},
 };
@@ -151,6 +154,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("view_survives_unexport", view_survives_unexport),
     ("stats_and_health", stats_and_health),
     ("concurrent_imports", concurrent_imports),
+    ("batch_import", batch_import),
 ];
 
 /// Runs every case in [`CASES`] in order; the first failure panics.
@@ -198,6 +202,7 @@ macro_rules! conformance_suite {
             view_survives_unexport
             stats_and_health
             concurrent_imports
+            batch_import
         );
     };
     ($make:expr $(,)?) => {
@@ -223,6 +228,10 @@ const OVERWRITE_SHARDS: usize = 8;
 
 /// Threads in [`concurrent_imports`].
 const THREADS: usize = 4;
+
+/// Shards exported for [`batch_import`]: more than a transport that takes
+/// its batches in slices (posix-shm: 64) puts in one.
+const BATCH_SHARDS: usize = 70;
 
 /// Capability bits this version of the interface defines.
 const KNOWN_CAPABILITIES: u64 = Capabilities::CPU.0
@@ -924,6 +933,99 @@ pub fn concurrent_imports(make: &dyn Fn() -> Pair) {
     });
     for shard in shards {
         shard.unexport(&c);
+    }
+}
+
+/// `import_many` of one batch: [`BATCH_SHARDS`] - 1 good shards of three
+/// sizes, with a garbage descriptor first, a destination one byte short in
+/// the middle and a shard unexported just before the call last. One result
+/// per item, in order; every good item has exactly its bytes and every bad
+/// one fails with its own kind, without failing the others.
+pub fn batch_import(make: &dyn Fn() -> Pair) {
+    let pair = make();
+    let c = Check::start("batch_import", &pair);
+    if !c.moves_cpu() {
+        return;
+    }
+    let mut rng = Rng::new(0xBA_7C4);
+    let lens = [4096usize, 1, 63 << 10];
+    let mut shards: Vec<Exported> = (0..BATCH_SHARDS)
+        .map(|i| export_heap(&c, &pair.owner, &mut rng, lens[i % lens.len()]))
+        .collect();
+    let gone = shards.pop().expect("BATCH_SHARDS > 0");
+    let (gone_desc, gone_meta) = (gone.desc.clone(), gone.meta.clone());
+    let mut gone_dst = vec![0u8; gone.expected.len()];
+    gone.unexport(&c);
+    let garbage = rng.bytes(40);
+    let garbage_meta = meta_for(16);
+    let mut garbage_dst = vec![0u8; 16];
+    let mut short_dst = vec![0u8; shards[0].expected.len() - 1];
+    let mut dsts: Vec<Vec<u8>> = shards
+        .iter()
+        .map(|s| vec![0x5A; s.expected.len()])
+        .collect();
+    let half = shards.len() / 2;
+    fn item<'a>(desc: &'a [u8], meta: &'a ShardMeta, dst: &'a mut [u8]) -> ImportItem<'a> {
+        ImportItem {
+            desc: RSlice::from_slice(desc),
+            meta,
+            dst: RSliceMut::from_mut_slice(dst),
+        }
+    }
+    let mut items = vec![item(&garbage, &garbage_meta, &mut garbage_dst)];
+    let mut good = dsts.iter_mut().zip(&shards);
+    for (dst, s) in good.by_ref().take(half) {
+        items.push(item(&s.desc, &s.meta, dst));
+    }
+    items.push(item(&shards[0].desc, &shards[0].meta, &mut short_dst));
+    for (dst, s) in good {
+        items.push(item(&s.desc, &s.meta, dst));
+    }
+    items.push(item(&gone_desc, &gone_meta, &mut gone_dst));
+    let n = items.len();
+    let results: Vec<Result<ImportInfo, AbiError>> = pair
+        .consumer
+        .import_many(RSliceMut::from_mut_slice(&mut items))
+        .into_iter()
+        .map(RResult::into_result)
+        .collect();
+    drop(items);
+    if results.len() != n {
+        c.fail(format_args!(
+            "import_many returned {} results for {n} items",
+            results.len()
+        ));
+    }
+    c.err(
+        results[0].clone(),
+        BAD_DESCRIPTOR_KINDS,
+        "import_many item 0 (a garbage descriptor)",
+    );
+    c.err(
+        results[half + 1].clone(),
+        &[ErrorKind::INVALID_ARGUMENT],
+        format_args!(
+            "import_many item {} (a destination one byte short)",
+            half + 1
+        ),
+    );
+    c.err(
+        results[n - 1].clone(),
+        GONE_KINDS,
+        format_args!("import_many item {} (an unexported shard)", n - 1),
+    );
+    for (k, (s, dst)) in shards.iter().zip(&dsts).enumerate() {
+        let pos = if k < half { 1 + k } else { 2 + k };
+        let what = format!(
+            "import_many item {pos} (shard {}, {} bytes)",
+            s.id,
+            dst.len()
+        );
+        c.ok(results[pos].clone(), &what);
+        c.same_bytes(dst, &s.expected, &what);
+    }
+    for s in shards {
+        s.unexport(&c);
     }
 }
 

@@ -231,7 +231,7 @@ pub fn many_small(
         Err(e) => Extra::failed(key, &name, "shards/s", &e),
     };
     let mut out = Vec::new();
-    let put_name = label("put, posix-shm pool");
+    let put_name = label("put_many then remove, posix-shm pool");
     match &shm_ok {
         Ok(()) => out.push(summary(
             "many_small_put_per_s",
@@ -271,8 +271,9 @@ pub fn many_small(
     out
 }
 
-/// Puts of `shards` 4 KiB shards into the in-process posix-shm node,
-/// removed after each round.
+/// Puts of `shards` 4 KiB shards into the in-process posix-shm node with
+/// `put_many` (the batch API: one call, one config generation), removed
+/// after each round (the removal is timed too).
 fn many_puts(
     runner: &mut Runner<'_>,
     shards: usize,
@@ -281,10 +282,13 @@ fn many_puts(
     let node = runner.put_node("posix-shm")?;
     let src = vec![7u8; BATCH_SHARD_BYTES as usize];
     let spec = TensorSpec::bytes(BATCH_SHARD_BYTES);
+    let items: Vec<_> = (0..shards)
+        .map(|_| (src.as_slice(), spec.clone(), BTreeMap::new()))
+        .collect();
     let mut ids = Vec::with_capacity(shards);
     rate(shards, reps, || {
-        for _ in 0..shards {
-            ids.push(node.put(&src, &spec, BTreeMap::new())?.id);
+        for h in node.put_many(&items) {
+            ids.push(h?.id);
         }
         node.remove(&ids);
         ids.clear();

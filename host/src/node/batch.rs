@@ -206,11 +206,13 @@ impl Node {
         start: Instant,
     ) -> Result<Fetched, HostError> {
         let len = handle.meta.byte_len;
-        self.record_arm(g, plan, Some(&attempt.transport), len, start.elapsed());
+        // One clock read per shard (a batch's shards settle together).
+        let elapsed = start.elapsed();
+        self.record_arm(g, plan, Some(&attempt.transport), len, elapsed);
         let selection = self.report(g, handle, attempt, failures)?;
         self.inner
             .metrics
-            .fetch_ok(attempt.transport.as_str(), len, start.elapsed());
+            .fetch_ok(attempt.transport.as_str(), len, elapsed);
         let data = Arc::new(ShardBytes::Owned(buf));
         self.remember(handle, &data);
         Ok(Fetched {
@@ -218,7 +220,7 @@ impl Node {
             meta: handle.meta.clone(),
             data,
             selection,
-            elapsed: start.elapsed(),
+            elapsed,
         })
     }
 

@@ -342,9 +342,13 @@ impl Node {
         mode: FetchMode,
         start: Instant,
     ) -> Option<Fetched> {
+        let mut cache = lock(&self.inner.cache);
+        if !cache.policy().enabled {
+            return None;
+        }
         let now = self.inner.clock.monotonic_nanos();
-        let data =
-            lock(&self.inner.cache).get(handle.id, &handle.meta, mode == FetchMode::View, now)?;
+        let data = cache.get(handle.id, &handle.meta, mode == FetchMode::View, now)?;
+        drop(cache);
         Some(Fetched {
             id: handle.id,
             meta: handle.meta.clone(),
@@ -363,8 +367,14 @@ impl Node {
     /// Keeps a fetched shard when the cache policy says so, and applies the
     /// policy's eviction.
     pub(super) fn remember(&self, handle: &Handle, data: &Arc<ShardBytes>) {
+        let mut cache = lock(&self.inner.cache);
+        if !cache.policy().enabled {
+            // Nothing kept: no clock read, no metadata copy.
+            return;
+        }
         let now = self.inner.clock.monotonic_nanos();
-        let removed = lock(&self.inner.cache).insert(handle.id, handle.meta.clone(), data, now);
+        let removed = cache.insert(handle.id, handle.meta.clone(), data, now);
+        drop(cache);
         // Evicted leases end here, outside the lock (release is a plugin call).
         if !removed.is_empty() {
             tracing::debug!(target: "cache", evicted = removed.len(), "cache eviction");

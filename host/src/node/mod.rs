@@ -598,14 +598,19 @@ fn unique_epoch(now: u64) -> u64 {
 fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
     let n = usize::try_from(len)
         .map_err(|_| HostError::InvalidShard(format!("{len} bytes do not fit in memory here")))?;
-    // Probe that the memory can be had (an error, not an abort, for a size
-    // the allocator refuses), then take it zeroed from the allocator:
-    // `vec![0; n]` is a calloc, whose large blocks are fresh zero pages, so
-    // the bytes are written once (by the copy into them), not twice.
-    let mut probe = Vec::<u8>::new();
-    probe
-        .try_reserve_exact(n)
-        .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
-    drop(probe);
+    // Probe that large memory can be had (an error, not an abort, for a
+    // size the allocator refuses; below `PROBE_FROM` a refusal is the
+    // allocator's abort, as for any small allocation, and the probe would
+    // double the cost of a small fetch), then take it zeroed from the
+    // allocator: `vec![0; n]` is a calloc, whose large blocks are fresh
+    // zero pages, so the bytes are written once (by the copy into them).
+    const PROBE_FROM: usize = 1 << 20;
+    if n >= PROBE_FROM {
+        let mut probe = Vec::<u8>::new();
+        probe
+            .try_reserve_exact(n)
+            .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
+        drop(probe);
+    }
     Ok(vec![0u8; n])
 }

@@ -63,7 +63,8 @@ mod tests;
 use shardport_abi::{
     kit::{self, IoContext, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
-    PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
+    ImportItem, PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox,
+    TransportInfo,
 };
 
 use crate::{
@@ -222,6 +223,10 @@ impl PlainTransport for ShmTransport {
         owner: &shardport_abi::OwnerClaim<'_>,
     ) -> PluginResult<()> {
         self.consumer.check_claim(desc, owner)
+    }
+
+    fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
+        self.consumer.import_many(items, &self.counters)
     }
 
     fn import_view(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
