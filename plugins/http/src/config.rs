@@ -74,6 +74,16 @@ pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// request head; slow-header (slowloris) clients are dropped well before
 /// they can tie up `max-connections`.
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `spin`: 50 us. How long a consumer polls its connection for a
+/// response before it sleeps in the kernel. On this project's VMs a
+/// sleeping thread takes 30-40 us to wake (the guest halts its idle vCPUs:
+/// `guest_halt_poll_ns` = 0): a 4 KiB fetch took ~70 us with a sleeping
+/// consumer and 11-14 us with a polling one (BENCHMARKS.md, 2026-11-26).
+/// Owners never poll: a polling server thread held responses back and
+/// competed with the consumers for the cores.
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Longest accepted `spin`: 1 ms (beyond that, polling only burns CPU).
+pub(crate) const MAX_SPIN: Duration = Duration::from_millis(1);
 /// Longest accepted duration for any timeout: one day (a typo guard).
 pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Default pooled connections per owner: 4 parallel streams saturate a
@@ -195,6 +205,8 @@ pub(crate) struct Config {
     pub idle_timeout: Duration,
     pub request_timeout: Duration,
     pub header_timeout: Duration,
+    /// Consumer: polling for a response before sleeping (0: never poll).
+    pub spin: Duration,
     pub max_connections_per_owner: usize,
     pub max_connections: usize,
     pub max_pending: usize,
@@ -301,6 +313,7 @@ impl Config {
         let idle_timeout = duration("idle-timeout", DEFAULT_IDLE_TIMEOUT)?;
         let request_timeout = duration("request-timeout", DEFAULT_REQUEST_TIMEOUT)?;
         let header_timeout = duration("header-timeout", DEFAULT_HEADER_TIMEOUT)?;
+        let spin = t.duration_in("spin", Duration::ZERO..=MAX_SPIN, DEFAULT_SPIN)?;
 
         let max_connections_per_owner = t.u64_in(
             "max-connections-per-owner",
@@ -341,6 +354,7 @@ impl Config {
             idle_timeout,
             request_timeout,
             header_timeout,
+            spin,
             max_connections_per_owner: max_connections_per_owner as usize,
             max_connections: max_connections as usize,
             max_pending: max_pending as usize,
@@ -515,6 +529,7 @@ mod tests {
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
         assert_eq!(c.request_timeout, Duration::from_secs(120));
         assert_eq!(c.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.spin, Duration::from_micros(50));
         assert_eq!(c.max_connections_per_owner, 4);
         assert_eq!(c.max_connections, 512);
         assert_eq!(c.threads, 2);
@@ -542,6 +557,7 @@ mod tests {
                idle-timeout = "2m"
                request-timeout = "1h"
                header-timeout = "3s"
+               spin = "0us"
                max-connections-per-owner = 2
                max-connections = 8
                threads = 3
@@ -559,6 +575,7 @@ mod tests {
         assert_eq!(c.idle_timeout, Duration::from_secs(120));
         assert_eq!(c.request_timeout, Duration::from_secs(3600));
         assert_eq!(c.header_timeout, Duration::from_secs(3));
+        assert_eq!(c.spin, Duration::ZERO);
         assert_eq!(
             (c.max_connections_per_owner, c.max_connections, c.threads),
             (2, 8, 3)
@@ -645,6 +662,10 @@ mod tests {
             (
                 "threads = 0",
                 "`plugin.http.config.threads`: 0 is out of range",
+            ),
+            (
+                "spin = \"2ms\"",
+                "`plugin.http.config.spin`: 2ms is out of range 0s..=1ms",
             ),
             (
                 "listen = \"now\"",
