@@ -173,6 +173,23 @@ mod tests {
     }
 
     #[test]
+    fn large_copies_out_are_split_and_exact() {
+        use crate::kit::copy::{threads_for, PARALLEL_MIN, PIECE_MIN};
+        let len = PARALLEL_MIN + 3 * PIECE_MIN + 13;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let (f, path) = file(&bytes);
+        // SAFETY: the test's own file, not modified while mapped.
+        let map = unsafe { ReadOnlyMap::map_file(&f) }.unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // From an odd offset, so no piece starts aligned.
+        let mut dst = vec![0u8; len - 7];
+        assert!(threads_for(dst.len()) >= 1);
+        assert!(map.copy_out(7, &mut dst));
+        assert!(dst == bytes[7..], "a split copy out differs");
+        assert!(!map.copy_out(8, &mut dst), "one byte past the end");
+    }
+
+    #[test]
     fn empty_files_map_to_nothing() {
         let (f, path) = file(b"");
         // SAFETY: the test's own file, not modified while mapped.

@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`stats`] | relaxed [`Counter`]s and [`Gauge`]s, a [`GaugeHold`] that gives a unit back on drop, and [`StatList`] to report them |
 //! | [`codec`] | descriptor [`Writer`] / [`Reader`]: bounds-checked, little-endian, errors name the field and the byte offset, never a panic on hostile input |
+//! | [`copy`] | a shard's bytes copied at the machine's speed: large copies split across cores |
 //! | [`check`] | the argument checks every transport makes (destination and lent lengths, a descriptor's length against the metadata), worded the same everywhere |
 //! | [`error`] | `io::Error` and own errors to [`AbiError`](crate::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
@@ -51,6 +52,7 @@ pub mod adapter;
 pub mod admission;
 pub mod check;
 pub mod codec;
+pub mod copy;
 pub mod error;
 pub mod guard;
 pub mod lent;

@@ -43,6 +43,15 @@ unsafe impl Send for ReadOnlyMap {}
 // SAFETY: shared access only reads.
 unsafe impl Sync for ReadOnlyMap {}
 
+/// The start of one piece of a [`ReadOnlyMap::copy_out`], handed to the
+/// thread that copies it.
+#[derive(Clone, Copy)]
+struct MappedPiece(*const u8);
+
+// SAFETY: the pointer is only read, inside a mapping that `copy_out`'s
+// `&self` keeps mapped until its scope has joined every thread.
+unsafe impl Send for MappedPiece {}
+
 impl ReadOnlyMap {
     /// Maps the first `len` bytes of `fd` read-only (`PROT_READ`,
     /// `MAP_SHARED`). `len == 0` maps nothing (`mmap` refuses it) and
@@ -165,12 +174,32 @@ impl ReadOnlyMap {
         let Some(src) = self.at(offset, dst.len() as u64) else {
             return false;
         };
-        if !dst.is_empty() {
-            // SAFETY: `src` is `dst.len()` readable bytes inside the mapping;
-            // `dst` is an exclusive Rust buffer, not part of a read-only
-            // mapping, so the ranges do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
+        if dst.is_empty() {
+            return true;
         }
+        // Large copies in pieces across cores, as `kit::copy::copy` does.
+        let piece = dst.len().div_ceil(super::copy::threads_for(dst.len()));
+        let copy_piece = |from: MappedPiece, d: &mut [u8]| {
+            // SAFETY: `from` is `d.len()` readable bytes inside the mapping
+            // (see `MappedPiece`); `dst` is an exclusive Rust buffer, not
+            // part of a read-only mapping, so the ranges do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(from.0, d.as_mut_ptr(), d.len()) };
+        };
+        if piece >= dst.len() {
+            copy_piece(MappedPiece(src.as_ptr()), dst);
+            return true;
+        }
+        let (first, rest) = dst.split_at_mut(piece);
+        std::thread::scope(|s| {
+            for (k, d) in rest.chunks_mut(piece).enumerate() {
+                // SAFETY: `at` proved `dst.len()` bytes from `src` lie inside
+                // the mapping; this piece starts `(k + 1) * piece <
+                // dst.len()` bytes in.
+                let from = MappedPiece(unsafe { src.as_ptr().add((k + 1) * piece) });
+                s.spawn(move || copy_piece(from, d));
+            }
+            copy_piece(MappedPiece(src.as_ptr()), first);
+        });
         true
     }
 
