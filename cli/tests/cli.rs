@@ -183,7 +183,7 @@ fn bench_quick_writes_every_cell_json_and_svg() {
         );
     }
     let targets = report["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 10);
+    assert_eq!(targets.len(), 12);
     assert!(targets
         .iter()
         .all(|t| t["met"].is_boolean() || t["met"].is_null()));

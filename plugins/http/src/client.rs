@@ -159,6 +159,8 @@ struct Conn {
     req: Vec<u8>,
     /// When it was last returned to its pool.
     idle_since: Instant,
+    /// How long a read that would wait polls first (`spin`).
+    spin: Duration,
     /// Holds one unit of `client_connections_open`.
     _open: Held,
 }
@@ -192,6 +194,16 @@ impl Conn {
         let n = read_retrying(&mut self.stream, &mut self.buf[..want])?;
         self.end = n;
         Ok(n)
+    }
+
+    /// Polls before a body read that would wait, like before the head:
+    /// the body of a large response arrives in pieces, and a consumer that
+    /// sleeps between them wakes late for each. Plain TCP only: a TLS
+    /// stream may hold decrypted bytes the socket no longer shows.
+    fn await_body_bytes(&self) {
+        if matches!(self.stream, Stream::Plain(_)) {
+            await_bytes(self.stream.tcp(), self.spin);
+        }
     }
 
     /// Whether a pooled connection can carry a request: the owner has not
@@ -434,6 +446,7 @@ impl<'c> Body<'c> {
         self.count(filled);
         while filled < dst.len() {
             let rest = dst.len() - filled;
+            self.conn.await_body_bytes();
             let r = if rest >= self.conn.buf.len() {
                 read_retrying(&mut self.conn.stream, &mut dst[filled..])
             } else {
@@ -1105,6 +1118,7 @@ impl Client {
             end: 0,
             req: Vec::new(),
             idle_since: Instant::now(),
+            spin: self.spin,
             _open: Held::new(&self.stats, |s| &s.client_connections_open),
         })
     }
