@@ -1785,6 +1785,13 @@ mod tests {
             Bug::WrongBytes,
             "first difference",
         );
+        assert_fails(
+            batch_import,
+            "batch_import",
+            Capabilities::CPU,
+            Bug::WrongBytes,
+            "first difference",
+        );
     }
 
     #[test]
@@ -1892,7 +1899,7 @@ mod tests {
     fn case_names_are_unique() {
         let names: HashSet<&str> = CASES.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), CASES.len());
-        assert_eq!(CASES.len(), 12);
+        assert_eq!(CASES.len(), 13);
     }
 
     #[test]

@@ -44,13 +44,39 @@ pub fn copy(src: &[u8], dst: &mut [u8]) {
         return;
     }
     let piece = src.len().div_ceil(threads);
-    let mut pieces = src.chunks(piece).zip(dst.chunks_mut(piece));
-    let (first_src, first_dst) = pieces.next().expect("a non-empty copy has a piece");
-    std::thread::scope(|s| {
-        for (sp, dp) in pieces {
-            s.spawn(move || dp.copy_from_slice(sp));
+    let pieces: Vec<(&[u8], &mut [u8])> = src.chunks(piece).zip(dst.chunks_mut(piece)).collect();
+    in_parallel(pieces, |(s, d)| d.copy_from_slice(s));
+}
+
+/// Runs `work` on every piece: the calling thread and up to one scoped
+/// thread per other piece take pieces from a shared queue until none is
+/// left. A thread that cannot be started (the system's limit) is not an
+/// error: the others, the caller at least, take its pieces.
+pub(crate) fn in_parallel<T: Send>(pieces: Vec<T>, work: impl Fn(T) + Sync) {
+    let helpers = pieces.len().saturating_sub(1);
+    let queue = std::sync::Mutex::new(pieces.into_iter());
+    let next = || {
+        queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .next()
+    };
+    let drain = || {
+        while let Some(p) = next() {
+            work(p);
         }
-        first_dst.copy_from_slice(first_src);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..helpers {
+            if std::thread::Builder::new()
+                .name("shardport-copy".into())
+                .spawn_scoped(s, drain)
+                .is_err()
+            {
+                break;
+            }
+        }
+        drain();
     });
 }
 

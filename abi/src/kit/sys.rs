@@ -49,7 +49,7 @@ unsafe impl Sync for ReadOnlyMap {}
 struct MappedPiece(*const u8);
 
 // SAFETY: the pointer is only read, inside a mapping that `copy_out`'s
-// `&self` keeps mapped until its scope has joined every thread.
+// `&self` keeps mapped until `in_parallel` has joined every thread.
 unsafe impl Send for MappedPiece {}
 
 impl ReadOnlyMap {
@@ -189,17 +189,17 @@ impl ReadOnlyMap {
             copy_piece(MappedPiece(src.as_ptr()), dst);
             return true;
         }
-        let (first, rest) = dst.split_at_mut(piece);
-        std::thread::scope(|s| {
-            for (k, d) in rest.chunks_mut(piece).enumerate() {
-                // SAFETY: `at` proved `dst.len()` bytes from `src` lie inside
-                // the mapping; this piece starts `(k + 1) * piece <
+        let pieces: Vec<(MappedPiece, &mut [u8])> = dst
+            .chunks_mut(piece)
+            .enumerate()
+            .map(|(k, d)| {
+                // SAFETY: `at` proved `dst.len()` bytes from `src` lie
+                // inside the mapping; piece `k` starts `k * piece <
                 // dst.len()` bytes in.
-                let from = MappedPiece(unsafe { src.as_ptr().add((k + 1) * piece) });
-                s.spawn(move || copy_piece(from, d));
-            }
-            copy_piece(MappedPiece(src.as_ptr()), first);
-        });
+                (MappedPiece(unsafe { src.as_ptr().add(k * piece) }), d)
+            })
+            .collect();
+        super::copy::in_parallel(pieces, |(from, d)| copy_piece(from, d));
         true
     }
 

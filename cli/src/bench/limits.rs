@@ -82,6 +82,9 @@ fn read_polling(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
 /// core in between) instead of sleeping while the socket's buffer is full:
 /// the owner's runtime thread does not sleep through those waits either.
 fn write_polling(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+    // As long as a blocked read may wait (a reader that stopped reading
+    // must not keep this thread spinning).
+    let deadline = Instant::now() + Duration::from_secs(30);
     s.set_nonblocking(true)?;
     let mut sent = 0;
     let r = loop {
@@ -91,7 +94,12 @@ fn write_polling(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
         match s.write(&buf[sent..]) {
             Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => sent += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    break Err(std::io::ErrorKind::TimedOut.into());
+                }
+                std::thread::yield_now();
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => break Err(e),
         }

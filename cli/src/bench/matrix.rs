@@ -325,7 +325,8 @@ impl LimitSampler {
                 LimitPart::Memcpy => {
                     let anon = memcpy_once(&self.source[..n], &mut self.dst[..n]);
                     match &self.shm {
-                        Some(shm) => anon.min(shm.copy_in(&self.source[..n])?),
+                        // A failed put into the pool leaves the anonymous copy.
+                        Some(shm) => shm.copy_in(&self.source[..n]).map_or(anon, |d| anon.min(d)),
                         None => anon,
                     }
                 }

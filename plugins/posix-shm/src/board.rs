@@ -292,6 +292,9 @@ pub(crate) enum LeaseRefused {
     TableFull,
     /// The shard entry is no longer live with that generation/offset/len.
     Removed,
+    /// The owner reclaimed the slot while it was being claimed: it judged
+    /// this process dead (an identity recorded wrongly).
+    Reclaimed,
 }
 
 /// A mapped lease board, on either side.
@@ -538,7 +541,21 @@ impl Board {
         w(L_GENERATION, req.generation);
         w(L_OFFSET, req.offset);
         w(L_LEN, req.len);
-        w(L_STATE, claim_word(slot.seq, LEASE_HELD));
+        // A CAS, not a store: the owner may have reclaimed the claiming
+        // slot (and taken this lease off the in-flight count) meanwhile;
+        // a store would revive it and the release would count it off twice.
+        if self
+            .word(l.lease(slot.index, L_STATE))
+            .compare_exchange(
+                claim_word(slot.seq, LEASE_CLAIMING),
+                claim_word(slot.seq, LEASE_HELD),
+                SeqCst,
+                SeqCst,
+            )
+            .is_err()
+        {
+            return Err(LeaseRefused::Reclaimed);
+        }
         if self.entry_is_live(req.shard_slot, req.generation, req.offset, req.len) {
             Ok(slot)
         } else {

@@ -113,7 +113,8 @@ enum Held {
 
 /// Leases one `import_many` holds at most at once (of the owner's
 /// `max-leases`, 4096 by default): enough to take the lock once per many
-/// small shards, few enough that batching consumers leave slots for others.
+/// small shards, few enough that batching consumers leave slots for others
+/// (a group also ends early when the table is full).
 const BATCH_LEASES: usize = 64;
 
 /// Copies the bytes `held` keeps stable into `dst` (its length checked
@@ -484,6 +485,11 @@ impl Consumer {
                         "shard at slot {} (generation {}) of pool {} was removed by its owner",
                         d.slot, d.generation, d.segment
                     ))),
+                    Err(LeaseRefused::Reclaimed) => Err(AbiError::unavailable(format!(
+                        "pool {} reclaimed this lease while it was being taken: its owner \
+                         judged this process dead (pid {} as recorded in the lease)",
+                        d.segment, self.here.process.pid
+                    ))),
                     Err(LeaseRefused::TableFull) => Err(AbiError::new(
                         ErrorKind::RESOURCE_EXHAUSTED,
                         format!(
@@ -525,11 +531,14 @@ impl Consumer {
         Ok(ImportInfo { note: note.into() })
     }
 
-    /// `Transport::import_many`: the items in groups of [`BATCH_LEASES`];
-    /// each group's leases are taken under one lock (one identity check,
-    /// one pool lookup per owner's cached mapping), its bytes copied outside
-    /// it. A failed item fails alone. The notes are empty: the host reads
-    /// a batch's notes nowhere, and formatting them cost more than a 4 KiB
+    /// `Transport::import_many`: the items in groups of at most
+    /// [`BATCH_LEASES`]; each group's leases are taken under one lock, its
+    /// bytes copied outside it and its leases given back before the next
+    /// group. A group ends early when the owner's lease table is full, so
+    /// a small `max-leases` (or other consumers holding most of it) costs
+    /// more groups, never a refused item that one at a time would get. A
+    /// failed item fails alone. The notes are empty: the host reads a
+    /// batch's notes nowhere, and formatting them cost more than a 4 KiB
     /// copy.
     pub(crate) fn import_many(
         &self,
@@ -537,20 +546,31 @@ impl Consumer {
         counters: &Counters,
     ) -> Vec<PluginResult<ImportInfo>> {
         let mut out = Vec::with_capacity(items.len());
-        for group in items.chunks_mut(BATCH_LEASES) {
-            let held: Vec<PluginResult<Held>> = {
+        let mut next = 0;
+        while next < items.len() {
+            let mut held: Vec<PluginResult<Held>> = Vec::new();
+            {
                 let mut st = lock(&self.state);
-                group
-                    .iter()
-                    .map(|item| {
-                        shardport_abi::kit::check::destination(item.dst.len(), item.meta)?;
-                        self.hold(&mut st, item.desc.as_slice(), item.meta, counters)
-                    })
-                    .collect()
-            };
-            for (item, held) in group.iter_mut().zip(held) {
-                out.push(held.and_then(|held| {
-                    copy_held(&held, item.dst.as_mut_slice())?;
+                while next < items.len() && held.len() < BATCH_LEASES {
+                    let item = &items[next];
+                    let h = shardport_abi::kit::check::destination(item.dst.len(), item.meta)
+                        .and_then(|()| {
+                            self.hold(&mut st, item.desc.as_slice(), item.meta, counters)
+                        });
+                    let table_full =
+                        matches!(&h, Err(e) if e.kind == ErrorKind::RESOURCE_EXHAUSTED);
+                    if table_full && held.iter().any(Result::is_ok) {
+                        // Copy and give back what this group holds first.
+                        break;
+                    }
+                    held.push(h);
+                    next += 1;
+                }
+            }
+            let first = next - held.len();
+            for (item, h) in items[first..next].iter_mut().zip(held) {
+                out.push(h.and_then(|h| {
+                    copy_held(&h, item.dst.as_mut_slice())?;
                     counters.imports_copy.inc();
                     Ok(ImportInfo::default())
                 }));

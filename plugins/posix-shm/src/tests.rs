@@ -458,6 +458,43 @@ fn lease_table_full_names_max_leases() {
 }
 
 #[test]
+fn a_batch_larger_than_the_lease_table_is_taken_in_smaller_groups() {
+    use shardport_abi::{ImportItem, RSlice, RSliceMut};
+    // 2 lease slots, one held by a view: each group gets one slot at most,
+    // and every shard of a 10-shard batch still arrives.
+    let p = Pair::new("pool-size = 65536\nmax-leases = 2");
+    let descs: Vec<Vec<u8>> = (0..10u8)
+        .map(|k| p.owner.put(u128::from(k) + 1, &pattern(100, k)).unwrap())
+        .collect();
+    let _view = p.consumer.view(&descs[0], 100).unwrap();
+    let metas: Vec<_> = descs.iter().map(|_| ShardMeta::bytes(100)).collect();
+    let mut dsts = vec![vec![0u8; 100]; descs.len()];
+    let mut items: Vec<ImportItem<'_>> = descs
+        .iter()
+        .zip(&metas)
+        .zip(dsts.iter_mut())
+        .map(|((d, m), dst)| ImportItem {
+            desc: RSlice::from_slice(d),
+            meta: m,
+            dst: RSliceMut::from_mut_slice(dst),
+        })
+        .collect();
+    let results = p
+        .consumer
+        .t()
+        .import_many(RSliceMut::from_mut_slice(&mut items));
+    drop(items);
+    for (k, r) in results.into_iter().enumerate() {
+        r.into_result().unwrap_or_else(|e| panic!("shard {k}: {e}"));
+        assert_eq!(dsts[k], pattern(100, k as u8), "shard {k}");
+    }
+    drop(_view);
+    for k in 0..10u128 {
+        p.owner.unexport(k + 1).unwrap();
+    }
+}
+
+#[test]
 fn max_shards_is_enforced() {
     for config in [
         "pool-size = 4096\nmax-shards = 2",
