@@ -12,7 +12,7 @@ use std::{
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use shardport_abi::{ErrorKind, ImportItem, RSlice, RSliceMut, ShardMeta};
 
-use super::{assert_kind, export, fetch, node, pattern, stat, try_node, GENEROUS};
+use super::{assert_kind, export, fetch, node, pattern, stat, try_node, wait_for_stat, GENEROUS};
 use crate::descriptor::Descriptor;
 
 /// A certificate authority made for one test.
@@ -79,21 +79,6 @@ impl Files {
 
     fn ca(&self, ca: &Ca, name: &str) -> PathBuf {
         self.write(&format!("{name}.pem"), &ca.pem())
-    }
-}
-
-/// Waits until counter `name` reaches `at_least` (the owner counts a failed
-/// handshake just after it closed the socket, so a client can see the close
-/// first); fails after [`GENEROUS`].
-fn wait_for_stat(t: &shardport_abi::SharedTransport, name: &str, at_least: u64) {
-    let start = std::time::Instant::now();
-    while stat(t, name) < at_least {
-        assert!(
-            start.elapsed() < GENEROUS,
-            "{name} stayed at {} (< {at_least})",
-            stat(t, name)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
