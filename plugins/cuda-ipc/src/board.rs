@@ -268,6 +268,9 @@ pub enum LeaseError {
     Full,
     /// The slot is outside the board.
     NoSuchSlot,
+    /// The owner reclaimed the record while it was being claimed: it judged
+    /// this process dead (an identity recorded wrongly).
+    Reclaimed,
 }
 
 /// A lease this consumer holds: its record and the claim's sequence.
@@ -525,7 +528,20 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
         w(R_NS, holder.ns.to_word());
         w(R_PID, pid_word(holder.pid, ticket.seq));
         w(R_TARGET, target_word(slot, generation));
-        w(R_CLAIM, claim_word(ticket.seq, CLAIM_HELD));
+        // A CAS, not a store: a record the owner reclaimed meanwhile stays
+        // its own (a store would revive a lease the owner no longer counts).
+        if self
+            .word(l.record(ticket.index, R_CLAIM))
+            .compare_exchange(
+                claim_word(ticket.seq, CLAIM_CLAIMING),
+                claim_word(ticket.seq, CLAIM_HELD),
+                SeqCst,
+                SeqCst,
+            )
+            .is_err()
+        {
+            return Err(LeaseError::Reclaimed);
+        }
         let now = self.slot(slot);
         if now.state == SlotState::Live && now.generation == generation {
             Ok(ticket)

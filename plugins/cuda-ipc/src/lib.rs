@@ -570,6 +570,11 @@ impl CudaIpc {
                         d.board
                     ),
                 ),
+                LeaseError::Reclaimed => AbiError::unavailable(format!(
+                    "cuda-ipc: the owner's board {} reclaimed this lease while it was being \
+                     taken: the owner judged this process dead",
+                    d.board
+                )),
                 LeaseError::NoSuchSlot => AbiError::invalid_descriptor(format!(
                     "cuda-ipc descriptor field `lease slot`: {} is outside the board {}",
                     d.slot, d.board
