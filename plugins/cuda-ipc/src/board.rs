@@ -474,15 +474,12 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
     /// holder, so a live one, could have done).
     pub fn reclaim(&self, rec: &Scanned) -> bool {
         rec.holder.is_some()
-            && self
-                .word(self.layout.record(rec.index, R_CLAIM))
-                .compare_exchange(
-                    rec.word,
-                    claim_word(claim_seq(rec.word), CLAIM_FREE),
-                    SeqCst,
-                    SeqCst,
-                )
-                .is_ok()
+            && self.move_claim(
+                rec.index,
+                claim_seq(rec.word),
+                claim_state(rec.word),
+                CLAIM_FREE,
+            )
     }
 
     // ---- consumer side ----
@@ -530,16 +527,7 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
         w(R_TARGET, target_word(slot, generation));
         // A CAS, not a store: a record the owner reclaimed meanwhile stays
         // its own (a store would revive a lease the owner no longer counts).
-        if self
-            .word(l.record(ticket.index, R_CLAIM))
-            .compare_exchange(
-                claim_word(ticket.seq, CLAIM_CLAIMING),
-                claim_word(ticket.seq, CLAIM_HELD),
-                SeqCst,
-                SeqCst,
-            )
-            .is_err()
-        {
+        if !self.move_claim(ticket.index, ticket.seq, CLAIM_CLAIMING, CLAIM_HELD) {
             return Err(LeaseError::Reclaimed);
         }
         let now = self.slot(slot);
@@ -558,13 +546,15 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
         if ticket.index >= self.layout.records {
             return false;
         }
-        self.word(self.layout.record(ticket.index, R_CLAIM))
-            .compare_exchange(
-                claim_word(ticket.seq, CLAIM_HELD),
-                claim_word(ticket.seq, CLAIM_FREE),
-                SeqCst,
-                SeqCst,
-            )
+        self.move_claim(ticket.index, ticket.seq, CLAIM_HELD, CLAIM_FREE)
+    }
+
+    /// Moves record `index` from state `from` to `to` of claim `seq`, by one
+    /// CAS of exactly that claim word: `false`, having changed nothing, when
+    /// the record holds anything else (another claim, another state).
+    fn move_claim(&self, index: u32, seq: u64, from: u64, to: u64) -> bool {
+        self.word(self.layout.record(index, R_CLAIM))
+            .compare_exchange(claim_word(seq, from), claim_word(seq, to), SeqCst, SeqCst)
             .is_ok()
     }
 }

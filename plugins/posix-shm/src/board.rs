@@ -464,15 +464,12 @@ impl Board {
     /// so a live one, could have done).
     pub(crate) fn reclaim(&self, lease: &ScannedLease) -> bool {
         let freed = lease.holder.is_some()
-            && self
-                .word(self.layout.lease(lease.index, L_STATE))
-                .compare_exchange(
-                    lease.word,
-                    claim_word(claim_seq(lease.word), LEASE_FREE),
-                    SeqCst,
-                    SeqCst,
-                )
-                .is_ok();
+            && self.move_claim(
+                lease.index,
+                claim_seq(lease.word),
+                claim_state(lease.word),
+                LEASE_FREE,
+            );
         if let (true, Some(h)) = (freed, lease.holder) {
             // The dead holder's decrement, which it will never make.
             self.word(in_flight_word(h.pid)).fetch_sub(1, SeqCst);
@@ -544,16 +541,7 @@ impl Board {
         // A CAS, not a store: the owner may have reclaimed the claiming
         // slot (and taken this lease off the in-flight count) meanwhile;
         // a store would revive it and the release would count it off twice.
-        if self
-            .word(l.lease(slot.index, L_STATE))
-            .compare_exchange(
-                claim_word(slot.seq, LEASE_CLAIMING),
-                claim_word(slot.seq, LEASE_HELD),
-                SeqCst,
-                SeqCst,
-            )
-            .is_err()
-        {
+        if !self.move_claim(slot.index, slot.seq, LEASE_CLAIMING, LEASE_HELD) {
             return Err(LeaseRefused::Reclaimed);
         }
         if self.entry_is_live(req.shard_slot, req.generation, req.offset, req.len) {
@@ -580,21 +568,22 @@ impl Board {
     /// nothing, when the owner had reclaimed the slot (it judged this process
     /// dead: an identity recorded wrongly, e.g. by a forked child).
     pub(crate) fn release(&self, slot: LeaseSlot) -> bool {
-        let freed = self
-            .word(self.layout.lease(slot.index, L_STATE))
-            .compare_exchange(
-                claim_word(slot.seq, LEASE_HELD),
-                claim_word(slot.seq, LEASE_FREE),
-                SeqCst,
-                SeqCst,
-            )
-            .is_ok();
+        let freed = self.move_claim(slot.index, slot.seq, LEASE_HELD, LEASE_FREE);
         if freed {
             // Uncounted only after the slot is free; a reclaimed slot was
             // uncounted by the owner.
             self.word(in_flight_word(slot.pid)).fetch_sub(1, SeqCst);
         }
         freed
+    }
+
+    /// Moves lease slot `index` from state `from` to `to` of claim `seq`, by
+    /// one CAS of exactly that claim word: `false`, having changed nothing,
+    /// when the slot holds anything else (another claim, another state).
+    fn move_claim(&self, index: u32, seq: u64, from: u64, to: u64) -> bool {
+        self.word(self.layout.lease(index, L_STATE))
+            .compare_exchange(claim_word(seq, from), claim_word(seq, to), SeqCst, SeqCst)
+            .is_ok()
     }
 }
 
