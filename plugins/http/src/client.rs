@@ -212,20 +212,26 @@ impl Conn {
         if self.buffered() != 0 {
             return false;
         }
-        let mut probe = [0u8; 1];
-        // With TLS, an owner closing the connection sends close_notify
-        // first: bytes to peek at, so the same test holds. (A close_notify
-        // that rustls read together with the last response bytes shows up
-        // as an end of stream on the next request, which is retried.)
-        match rustix::net::recv(
-            self.stream.tcp(),
-            &mut probe[..],
-            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-        ) {
-            Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
-            // Closed (0), or bytes nobody asked for.
-            Ok(_) => false,
-        }
+        // Closed, or bytes nobody asked for, read as "something". With TLS,
+        // an owner closing the connection sends close_notify first: bytes
+        // to peek at, so the same test holds. (A close_notify that rustls
+        // read together with the last response bytes shows up as an end of
+        // stream on the next request, which is retried.)
+        nothing_to_read(self.stream.tcp())
+    }
+}
+
+/// True when `tcp` has nothing to read right now: no bytes, no end of
+/// stream, no error (one non-blocking peek, consuming nothing).
+fn nothing_to_read(tcp: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    match rustix::net::recv(
+        tcp,
+        &mut probe[..],
+        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+    ) {
+        Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
+        Ok(_) => false,
     }
 }
 
@@ -241,20 +247,8 @@ fn await_bytes(tcp: &TcpStream, spin: Duration) {
         return;
     }
     let until = Instant::now() + spin;
-    let mut probe = [0u8; 1];
-    loop {
-        match rustix::net::recv(
-            tcp,
-            &mut probe[..],
-            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-        ) {
-            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {}
-            // Bytes, the end of the stream or an error: the read sees it.
-            _ => return,
-        }
-        if Instant::now() >= until {
-            return;
-        }
+    // Bytes, the end of the stream or an error end the poll: the read sees it.
+    while nothing_to_read(tcp) && Instant::now() < until {
         std::thread::yield_now();
     }
 }
