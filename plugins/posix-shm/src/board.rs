@@ -107,7 +107,9 @@ pub(crate) const LAYOUT_VERSION: u64 = 3;
 /// Leases-in-flight counters, each alone on a 64-byte line.
 const IN_FLIGHT_COUNTERS: usize = 16;
 const WORDS_PER_LINE: usize = 8;
-const HEADER_WORDS: usize = 8 + IN_FLIGHT_COUNTERS * WORDS_PER_LINE;
+/// The first in-flight counter's word, after the 8 fixed header words.
+const H_IN_FLIGHT: usize = 8;
+const HEADER_WORDS: usize = H_IN_FLIGHT + IN_FLIGHT_COUNTERS * WORDS_PER_LINE;
 const ENTRY_WORDS: usize = 4;
 const LEASE_WORDS: usize = 8;
 
@@ -120,7 +122,7 @@ const H_STATE: usize = 5;
 
 /// The word of the leases-in-flight counter of the consumer with `pid`.
 fn in_flight_word(pid: u32) -> usize {
-    8 + (pid as usize % IN_FLIGHT_COUNTERS) * WORDS_PER_LINE
+    H_IN_FLIGHT + (pid as usize % IN_FLIGHT_COUNTERS) * WORDS_PER_LINE
 }
 
 const POOL_OPEN: u64 = 1;
