@@ -5,8 +5,9 @@
 //! split across both cores at 15-21 GB/s (a C loop, 2026-11-26). So from
 //! [`PARALLEL_MIN`] bytes up, [`copy`] splits the copy into contiguous
 //! pieces of at least [`PIECE_MIN`] bytes, one per core (at most
-//! [`MAX_THREADS`]), copied on scoped threads while the calling thread
-//! copies the first piece: the way Ray's object store copies large objects.
+//! [`MAX_THREADS`]), copied by scoped threads and by the calling thread
+//! itself, each taking pieces until none is left: the way Ray's object
+//! store copies large objects.
 //! Below that a thread's start (tens of microseconds) costs more than it
 //! saves, and the copy is one `copy_from_slice`.
 //!
