@@ -465,6 +465,15 @@ fn a_handle_naming_another_owners_segment_is_refused_before_any_byte_is_read() {
         .fetch_many(&[forged.clone(), ha.clone()], FetchMode::Copy)
         .unwrap();
     assert!(r[0].is_err() && r[1].is_ok());
+    // The consumer remembers the last names that passed for a claim: B's
+    // real handle passing first must not let the forged one (B's names,
+    // A's claim) through right after it.
+    let r = c
+        .fetch_many(&[hb.clone(), forged.clone(), hb.clone()], FetchMode::Copy)
+        .unwrap();
+    assert!(r[0].is_ok() && r[2].is_ok(), "{r:?}");
+    let e = r[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("belongs to another owner"), "{e}");
     // The owners still serve their real handles.
     assert_eq!(c.fetch_mode(&hb, FetchMode::Copy).unwrap().data[0], 2);
 }

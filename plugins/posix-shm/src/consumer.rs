@@ -146,13 +146,17 @@ impl Held {
 
 #[derive(Debug)]
 struct Cached {
+    /// The data segment's name.
+    name: String,
     pool: Arc<PeerPool>,
     last_used: u64,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    pools: HashMap<String, Cached>,
+    /// Mapped pools (at most [`MAX_CACHED_POOLS`]: searched linearly,
+    /// cheaper than hashing a name per import).
+    pools: Vec<Cached>,
     tick: u64,
     next_token: u64,
     views: HashMap<u64, Held>,
@@ -183,6 +187,46 @@ pub(crate) struct Consumer {
     /// same few pool segments and boards again and again), most recent
     /// last; a short list, searched linearly (cheaper than hashing names).
     marks: Mutex<Vec<(String, names::OwnerMark)>>,
+    /// The last names and claim [`check_claim`](Self::check_claim) passed:
+    /// a batch checks the same pool's names against the same owner once
+    /// per shard, and this makes each check after the first a comparison.
+    passed: Mutex<Passed>,
+}
+
+/// Segment and board names that passed the owner-binding check for a
+/// claim with this epoch, PID namespace and boot id (empty: none yet).
+#[derive(Debug, Default)]
+struct Passed {
+    segment: String,
+    board: String,
+    epoch: u64,
+    pid_ns: u64,
+    boot_id: String,
+}
+
+impl Passed {
+    fn matches(&self, segment: &str, board: &str, claim: &OwnerClaim<'_>) -> bool {
+        !self.segment.is_empty()
+            && self.segment == segment
+            && self.board == board
+            && self.epoch == claim.epoch
+            && self.pid_ns == claim.pid_ns
+            && self.boot_id == claim.boot_id.as_str()
+    }
+
+    /// Remembers a check that passed (reusing the strings' space).
+    fn set(&mut self, segment: &str, board: &str, claim: &OwnerClaim<'_>) {
+        for (to, from) in [
+            (&mut self.segment, segment),
+            (&mut self.board, board),
+            (&mut self.boot_id, claim.boot_id.as_str()),
+        ] {
+            to.clear();
+            to.push_str(from);
+        }
+        self.epoch = claim.epoch;
+        self.pid_ns = claim.pid_ns;
+    }
 }
 
 /// Most segment names whose owner marks are kept.
@@ -201,6 +245,7 @@ impl Consumer {
             here,
             check_interval,
             marks: Mutex::default(),
+            passed: Mutex::default(),
             state: Mutex::new(State {
                 next_token: 1,
                 owners: Watcher::new(check_interval),
@@ -238,7 +283,7 @@ impl Consumer {
         match st.owners.verdict(&owner, &self.here, now) {
             Verdict::Dead(death) => {
                 let base = names::owner_base(segment);
-                st.pools.retain(|pool, _| names::owner_base(pool) != base);
+                st.pools.retain(|c| names::owner_base(&c.name) != base);
                 tracing::debug!(target: "posix_shm", segment, pid = owner.pid, %death, "owner is dead");
                 Err(errors::owner_dead(owner.pid, death, segment))
             }
@@ -258,7 +303,8 @@ impl Consumer {
     fn forget_gone_pools(&self, st: &mut State) {
         let now = Instant::now();
         let State { pools, owners, .. } = st;
-        pools.retain(|name, c| {
+        pools.retain(|c| {
+            let name = &c.name;
             let dead = c
                 .pool
                 .owner
@@ -273,12 +319,17 @@ impl Consumer {
 
     /// The mapped pool named by `d`, from the cache or freshly opened, after
     /// checking that its owner is not dead.
-    fn pool(&self, st: &mut State, d: &Descriptor, now: Instant) -> PluginResult<Arc<PeerPool>> {
+    fn pool(
+        &self,
+        st: &mut State,
+        d: &Descriptor<'_>,
+        now: Instant,
+    ) -> PluginResult<Arc<PeerPool>> {
         // Forget pools whose owner has closed them (leases keep theirs alive).
-        st.pools.retain(|_, c| !c.pool.board.is_closed());
+        st.pools.retain(|c| !c.pool.board.is_closed());
         st.tick += 1;
         let tick = st.tick;
-        if let Some(c) = st.pools.get_mut(&d.segment) {
+        if let Some(c) = st.pools.iter_mut().find(|c| c.name == d.segment) {
             if c.pool.board.name() != d.board {
                 return Err(bad(
                     "board",
@@ -321,14 +372,9 @@ impl Consumer {
             )));
         }
         if st.pools.len() >= MAX_CACHED_POOLS {
-            if let Some(oldest) = st
-                .pools
-                .iter()
-                .min_by_key(|(_, c)| c.last_used)
-                .map(|(k, _)| k.clone())
-            {
-                tracing::debug!(target: "posix_shm", pool = %oldest, "evicting cached pool mapping");
-                st.pools.remove(&oldest);
+            if let Some(oldest) = (0..st.pools.len()).min_by_key(|&i| st.pools[i].last_used) {
+                let gone = st.pools.swap_remove(oldest);
+                tracing::debug!(target: "posix_shm", pool = %gone.name, "evicting cached pool mapping");
             }
         }
         tracing::debug!(target: "posix_shm", pool = %d.segment, size = data.size(), "mapped peer pool");
@@ -338,13 +384,11 @@ impl Consumer {
             hint: AtomicU32::new(0),
             owner,
         });
-        st.pools.insert(
-            d.segment.clone(),
-            Cached {
-                pool: Arc::clone(&pool),
-                last_used: tick,
-            },
-        );
+        st.pools.push(Cached {
+            name: d.segment.clone().into_owned(),
+            pool: Arc::clone(&pool),
+            last_used: tick,
+        });
         Ok(pool)
     }
 
@@ -360,6 +404,9 @@ impl Consumer {
         let Some((segment, board)) = Descriptor::names(desc) else {
             return Ok(());
         };
+        if lock(&self.passed).matches(segment, board, claim) {
+            return Ok(());
+        }
         for (field, name) in [("segment", segment), ("board", board)] {
             if name.is_empty() {
                 continue;
@@ -369,6 +416,7 @@ impl Consumer {
             };
             names::check_owner(name, &mark, claim).map_err(|why| bad(field, why))?;
         }
+        lock(&self.passed).set(segment, board, claim);
         Ok(())
     }
 
@@ -395,7 +443,17 @@ impl Consumer {
     ) -> PluginResult<Held> {
         let now = Instant::now();
         self.check_identity(st, now)?;
-        let d = Descriptor::decode(desc, &self.prefix)?;
+        let d = Descriptor::parse(desc)?;
+        // The names of a pool this consumer has mapped were checked when it
+        // mapped it (the same bytes): most imports skip the check.
+        let known = d.mode == Mode::Pool
+            && st
+                .pools
+                .iter()
+                .any(|c| c.name == d.segment && c.pool.board.name() == d.board);
+        if !known {
+            d.check_names(&self.prefix)?;
+        }
         if d.len != meta.byte_len {
             return Err(bad(
                 "len",
@@ -628,7 +686,7 @@ impl Consumer {
         let mut st = lock(&self.state);
         self.forget_gone_pools(&mut st);
         let mut pools: HashSet<*const PeerPool> =
-            st.pools.values().map(|c| Arc::as_ptr(&c.pool)).collect();
+            st.pools.iter().map(|c| Arc::as_ptr(&c.pool)).collect();
         let mut per_shard = 0;
         for h in st.views.values() {
             match h {

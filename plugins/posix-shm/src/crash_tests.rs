@@ -239,8 +239,10 @@ fn child_process() {
     }
 }
 
-fn decode_with(desc: &[u8], prefix: &str) -> crate::descriptor::Descriptor {
-    crate::descriptor::Descriptor::decode(desc, prefix).unwrap()
+fn decode_with(desc: &[u8], prefix: &str) -> crate::descriptor::Descriptor<'static> {
+    crate::descriptor::Descriptor::decode(desc, prefix)
+        .unwrap()
+        .into_owned()
 }
 
 #[test]

@@ -20,6 +20,8 @@
 //! against the shard's metadata and `offset + len` against the segment's real
 //! size. Every failure is `INVALID_DESCRIPTOR` with a message naming the field.
 
+use std::borrow::Cow;
+
 use shardport_abi::{
     kit::codec::{self, Reader, Writer},
     AbiError, PluginResult,
@@ -42,13 +44,14 @@ pub(crate) enum Mode {
     Segment,
 }
 
-/// A decoded descriptor.
+/// A decoded descriptor. The names borrow the descriptor's bytes when
+/// decoded (no allocation per import) and the owner's names when encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Descriptor {
+pub(crate) struct Descriptor<'a> {
     pub mode: Mode,
-    pub segment: String,
+    pub segment: Cow<'a, str>,
     /// Empty in segment mode.
-    pub board: String,
+    pub board: Cow<'a, str>,
     pub offset: u64,
     pub len: u64,
     pub slot: u32,
@@ -62,7 +65,7 @@ fn bad(field: &str, why: impl std::fmt::Display) -> AbiError {
     codec::invalid(WHAT, field, why)
 }
 
-impl Descriptor {
+impl<'a> Descriptor<'a> {
     /// Serialises the descriptor.
     pub(crate) fn encode(&self) -> Vec<u8> {
         assert!(self.segment.len() <= MAX_NAME_LEN && self.board.len() <= MAX_NAME_LEN);
@@ -104,7 +107,41 @@ impl Descriptor {
 
     /// Parses and checks a descriptor from another process. Names must carry
     /// `prefix`, the consumer's own configured segment prefix.
-    pub(crate) fn decode(bytes: &[u8], prefix: &str) -> PluginResult<Descriptor> {
+    pub(crate) fn decode(bytes: &'a [u8], prefix: &str) -> PluginResult<Descriptor<'a>> {
+        // Names before the segment-mode rules: a pool name in a segment
+        // descriptor is reported as the wrong name.
+        let d = Descriptor::fields(bytes)?;
+        d.check_names(prefix)?;
+        d.check_mode()?;
+        Ok(d)
+    }
+
+    /// Checks both names against `prefix` (see [`names::check_name`]). A
+    /// consumer may skip this for names it checked before (those of a pool
+    /// it has mapped): [`decode`](Self::decode) is `parse` + `check_names`.
+    pub(crate) fn check_names(&self, prefix: &str) -> PluginResult<()> {
+        match self.mode {
+            Mode::Pool => {
+                names::check_name(&self.segment, prefix, Kind::PoolData)
+                    .map_err(|why| bad("segment", why))?;
+                names::check_name(&self.board, prefix, Kind::Board).map_err(|why| bad("board", why))
+            }
+            Mode::Segment => names::check_name(&self.segment, prefix, Kind::Shard)
+                .map_err(|why| bad("segment", why)),
+        }
+    }
+
+    /// Parses a descriptor and checks everything but the names' shapes
+    /// (see [`check_names`](Self::check_names)).
+    pub(crate) fn parse(bytes: &'a [u8]) -> PluginResult<Descriptor<'a>> {
+        let d = Descriptor::fields(bytes)?;
+        d.check_mode()?;
+        Ok(d)
+    }
+
+    /// Reads every field; checks the syntax and that `offset + len` does
+    /// not overflow.
+    fn fields(bytes: &'a [u8]) -> PluginResult<Descriptor<'a>> {
         let mut r = Reader::new(WHAT, bytes);
         r.magic("magic", &MAGIC)?;
         r.version("version", VERSION)?;
@@ -131,38 +168,45 @@ impl Descriptor {
         if offset.checked_add(len).is_none() {
             return Err(bad("len", format!("offset {offset} + len {len} overflows")));
         }
-        match mode {
-            Mode::Pool => {
-                names::check_name(segment, prefix, Kind::PoolData)
-                    .map_err(|why| bad("segment", why))?;
-                names::check_name(board, prefix, Kind::Board).map_err(|why| bad("board", why))?;
-            }
-            Mode::Segment => {
-                names::check_name(segment, prefix, Kind::Shard)
-                    .map_err(|why| bad("segment", why))?;
-                if !board.is_empty() {
-                    return Err(bad("board", "must be empty in segment mode"));
-                }
-                if offset != 0 {
-                    return Err(bad(
-                        "offset",
-                        format!("must be 0 in segment mode, found {offset}"),
-                    ));
-                }
-                if slot != 0 || generation != 0 {
-                    return Err(bad("slot", "slot and generation must be 0 in segment mode"));
-                }
-            }
-        }
         Ok(Descriptor {
             mode,
-            segment: segment.to_owned(),
-            board: board.to_owned(),
+            segment: Cow::Borrowed(segment),
+            board: Cow::Borrowed(board),
             offset,
             len,
             slot,
             generation,
         })
+    }
+
+    /// The same descriptor owning its names (tests keep decoded descriptors
+    /// beyond the bytes they came from).
+    #[cfg(test)]
+    pub(crate) fn into_owned(self) -> Descriptor<'static> {
+        Descriptor {
+            segment: Cow::Owned(self.segment.into_owned()),
+            board: Cow::Owned(self.board.into_owned()),
+            ..self
+        }
+    }
+
+    /// Segment mode: no board, offset, slot or generation.
+    fn check_mode(&self) -> PluginResult<()> {
+        if self.mode == Mode::Segment {
+            if !self.board.is_empty() {
+                return Err(bad("board", "must be empty in segment mode"));
+            }
+            if self.offset != 0 {
+                return Err(bad(
+                    "offset",
+                    format!("must be 0 in segment mode, found {}", self.offset),
+                ));
+            }
+            if self.slot != 0 || self.generation != 0 {
+                return Err(bad("slot", "slot and generation must be 0 in segment mode"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -171,7 +215,7 @@ mod tests {
     use super::*;
     use shardport_abi::ErrorKind;
 
-    fn pool() -> Descriptor {
+    fn pool() -> Descriptor<'static> {
         Descriptor {
             mode: Mode::Pool,
             segment: "/shardport-t1-2-ab-p0".into(),
@@ -196,7 +240,7 @@ mod tests {
         let s = Descriptor {
             mode: Mode::Segment,
             segment: "/shardport-t1-s5".into(),
-            board: String::new(),
+            board: "".into(),
             offset: 0,
             len: 0,
             slot: 0,

@@ -775,8 +775,8 @@ impl Owner {
                 pool.board.set_entry_state(*slot, EntryState::Live);
                 Descriptor {
                     mode: Mode::Pool,
-                    segment: pool.data.name().to_owned(),
-                    board: pool.board.name().to_owned(),
+                    segment: pool.data.name().into(),
+                    board: pool.board.name().into(),
                     offset: *offset,
                     len: *len,
                     slot: *slot,
@@ -785,8 +785,8 @@ impl Owner {
             }
             Place::Segment(seg) => Descriptor {
                 mode: Mode::Segment,
-                segment: seg.name().to_owned(),
-                board: String::new(),
+                segment: seg.name().into(),
+                board: "".into(),
                 offset: 0,
                 len,
                 slot: 0,
@@ -794,9 +794,10 @@ impl Owner {
             },
         };
         tracing::debug!(target: "posix_shm", shard = %req.id, segment = %desc.segment, offset = desc.offset, len, "exported");
+        let bytes = desc.encode();
         b.live.insert(r.id, r);
         counters.bytes_exported.add(len);
-        Ok(desc.encode())
+        Ok(bytes)
     }
 
     /// `Transport::unexport`.

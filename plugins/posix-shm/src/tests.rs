@@ -172,8 +172,8 @@ pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-pub(crate) fn decode(desc: &[u8]) -> Descriptor {
-    Descriptor::decode(desc, "shardport").unwrap()
+pub(crate) fn decode(desc: &[u8]) -> Descriptor<'static> {
+    Descriptor::decode(desc, "shardport").unwrap().into_owned()
 }
 
 const SMALL_POOL: &str = "pool-size = \"64KiB\"";
@@ -572,8 +572,8 @@ fn cached_pools_of_a_vanished_owner_are_dropped() {
     assert_eq!(consumer.copy(&d.encode(), 64).unwrap(), [1; 64]);
     assert_eq!(consumer.stat("segments_mapped"), 2);
     // As if the owner had been killed: its names vanish, its board stays open.
-    rustix::shm::unlink(d.segment.as_str()).unwrap();
-    rustix::shm::unlink(d.board.as_str()).unwrap();
+    rustix::shm::unlink(&*d.segment).unwrap();
+    rustix::shm::unlink(&*d.board).unwrap();
     assert_eq!(consumer.stat("segments_mapped"), 0);
     let e = consumer.copy(&d.encode(), 64).unwrap_err();
     assert_eq!(e.kind, ErrorKind::NOT_FOUND);
@@ -744,7 +744,7 @@ fn hostile_descriptors_are_invalid() {
     // A board-shaped segment with a garbage header.
     let fake_board = OwnedSegment::create(&format!("{base}b999"), 4096).unwrap();
 
-    let cases: Vec<(&str, Descriptor, u64)> = vec![
+    let cases: Vec<(&str, Descriptor<'_>, u64)> = vec![
         (
             "segment",
             Descriptor {
@@ -756,7 +756,7 @@ fn hostile_descriptors_are_invalid() {
         (
             "segment",
             Descriptor {
-                segment: format!("{base}p0/../p0"),
+                segment: format!("{base}p0/../p0").into(),
                 ..d.clone()
             },
             100,
@@ -788,7 +788,7 @@ fn hostile_descriptors_are_invalid() {
         (
             "board",
             Descriptor {
-                board: format!("{base}b999"),
+                board: format!("{base}b999").into(),
                 ..d.clone()
             },
             100,
