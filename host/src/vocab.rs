@@ -18,8 +18,9 @@ use shardport_abi::LeasedView;
 // Names
 
 /// A transport's name: `[a-z0-9-]`, 1..=64 chars, starting with a letter.
+/// Shared, not copied, when cloned (every handle and export carries one).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TransportName(String);
+pub struct TransportName(std::sync::Arc<str>);
 
 /// Longest transport name accepted anywhere (configs, handles, plugins).
 pub const MAX_TRANSPORT_NAME: usize = 64;
@@ -37,7 +38,7 @@ impl TransportName {
                  starting with a letter, at most {MAX_TRANSPORT_NAME} characters)"
             ))
         } else {
-            Ok(TransportName(name.to_owned()))
+            Ok(TransportName(name.into()))
         }
     }
 

@@ -39,8 +39,8 @@ impl Node {
         spec: &TensorSpec,
         tags: BTreeMap<String, String>,
     ) -> Result<Handle, HostError> {
-        check_len(bytes, spec)?;
-        self.put_inner(&self.inner.live(), spec, tags, |dst, policy| {
+        let meta = meta_of(bytes, spec)?;
+        self.put_inner(&self.inner.live(), meta, tags, |dst, policy| {
             copy_and_checksum(bytes, dst, policy)
         })
     }
@@ -56,8 +56,8 @@ impl Node {
         items
             .iter()
             .map(|(bytes, spec, tags)| {
-                check_len(bytes, spec)?;
-                self.put_inner(&g, spec, tags.clone(), |dst, policy| {
+                let meta = meta_of(bytes, spec)?;
+                self.put_inner(&g, meta, tags.clone(), |dst, policy| {
                     copy_and_checksum(bytes, dst, policy)
                 })
             })
@@ -72,22 +72,22 @@ impl Node {
         tags: BTreeMap<String, String>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Handle, HostError> {
-        self.put_inner(&self.inner.live(), spec, tags, |dst, policy| {
+        self.put_inner(&self.inner.live(), spec.meta()?, tags, |dst, policy| {
             fill(dst);
             checksum(policy, dst)
         })
     }
 
-    /// The put steps; `fill` writes the bytes and returns their checksum
-    /// under the policy it is given.
+    /// The put steps for a shard described by `meta` (from its spec);
+    /// `fill` writes the bytes and returns their checksum under the policy
+    /// it is given.
     fn put_inner(
         &self,
         g: &Generation,
-        spec: &TensorSpec,
+        mut meta: ShardMeta,
         tags: BTreeMap<String, String>,
         fill: impl FnOnce(&mut [u8], ChecksumPolicy) -> ROption<Checksum>,
     ) -> Result<Handle, HostError> {
-        let mut meta = spec.meta()?;
         if meta.device != Device::CPU {
             return Err(HostError::InvalidShard(format!(
                 "put of {} memory is not supported by this host; put CPU bytes",
@@ -223,21 +223,19 @@ fn allocate(g: &Generation, id: ShardId, len: u64) -> Result<Stored, HostError> 
 /// storage transport stops there (nothing else may lend its memory).
 fn export_stored(g: &Generation, id: ShardId, meta: &ShardMeta, stored: &mut Stored) -> Exported {
     let storage_plugin = g.storage_plugin;
-    let mut order: Vec<usize> = Vec::new();
-    order.extend(storage_plugin);
-    for (pi, p) in g.plugins.iter().enumerate() {
-        // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
-        let selected = exports_to(g, p) && p.capabilities().contains(Capabilities::CPU);
-        if selected && Some(pi) != storage_plugin {
-            order.push(pi);
-        }
-    }
+    // CPU bytes go only to transports that move CPU shards (not cuda-ipc).
+    let others = (0..g.plugins.len()).filter(|&pi| {
+        let p = &g.plugins[pi];
+        Some(pi) != storage_plugin
+            && exports_to(g, p)
+            && p.capabilities().contains(Capabilities::CPU)
+    });
     let mut done = Exported {
-        exports: Vec::new(),
-        exported_by: Vec::new(),
+        exports: Vec::with_capacity(g.plugins.len()),
+        exported_by: Vec::with_capacity(g.plugins.len()),
         failures: Vec::new(),
     };
-    for pi in order {
+    for pi in storage_plugin.into_iter().chain(others) {
         let allocation = match (&mut *stored, Some(pi) == storage_plugin) {
             (Stored::Pool(g), true) => g.token(),
             _ => 0,
@@ -304,8 +302,9 @@ impl Exported {
     }
 }
 
-/// `bytes` has the length `spec`'s dtype and shape imply.
-fn check_len(bytes: &[u8], spec: &TensorSpec) -> Result<(), HostError> {
+/// The metadata `spec` describes, once `bytes` is found to have the length
+/// its dtype and shape imply.
+fn meta_of(bytes: &[u8], spec: &TensorSpec) -> Result<ShardMeta, HostError> {
     let meta = spec.meta()?;
     if meta.byte_len != bytes.len() as u64 {
         return Err(HostError::InvalidShard(format!(
@@ -316,7 +315,7 @@ fn check_len(bytes: &[u8], spec: &TensorSpec) -> Result<(), HostError> {
             meta.byte_len
         )));
     }
-    Ok(())
+    Ok(meta)
 }
 
 /// Bounds on a put's tags (shared by `put_with` and `put_device`).
