@@ -15,6 +15,7 @@
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
 //! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
 //! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](crate::SharedBytes) |
+//! | [`hash`] | [`IdHashMap`](hash::IdHashMap): a fast hash for keys the process makes itself (shard ids, tokens), not for keys a peer picks |
 //! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](crate::PluginContext::guard) |
 //! | [`adapter`] | [`PlainTransport`]: a transport in plain Rust types (slices, `PluginResult`), with defaults for what it lacks; [`Guarded`] makes it the ABI's trait object, every method under the guard |
 //!
@@ -55,6 +56,7 @@ pub mod codec;
 pub mod copy;
 pub mod error;
 pub mod guard;
+pub mod hash;
 pub mod lent;
 pub mod map;
 pub mod options;

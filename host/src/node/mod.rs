@@ -25,7 +25,7 @@
 //! fetch reports the downgrade.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     fmt,
     sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard, RwLock},
     time::{Duration, Instant},
@@ -33,7 +33,8 @@ use std::{
 
 use serde::Serialize;
 use shardport_abi::{
-    AllocationGuard, Capabilities, DType, Device, ErrorKind, ROption, RVec, ShardId, ShardMeta,
+    kit::hash::IdHashMap, AllocationGuard, Capabilities, DType, Device, ErrorKind, ROption, RVec,
+    ShardId, ShardMeta,
 };
 
 use crate::{
@@ -295,7 +296,8 @@ struct Inner {
     load_ctx: NodeContext,
     id_prefix: u64,
     next_id: AtomicU64,
-    shards: Mutex<HashMap<ShardId, OwnedShard>>,
+    /// Keyed by ids this node made (a fast hash; see `kit::hash`).
+    shards: Mutex<IdHashMap<ShardId, OwnedShard>>,
     cache: Mutex<Cache>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,

@@ -44,8 +44,8 @@ use std::{
 
 use rustix::io::Errno;
 use shardport_abi::{
-    format_byte_size, AbiError, Allocation, DeviceKind, ErrorKind, ExportRequest, PluginResult,
-    ShardId,
+    format_byte_size, kit::hash::IdHashMap, AbiError, Allocation, DeviceKind, ErrorKind,
+    ExportRequest, PluginResult, ShardId,
 };
 
 use crate::{
@@ -109,13 +109,13 @@ struct Books {
     next_generation: u64,
     next_token: u64,
     /// Allocations not exported yet, by token.
-    pending: HashMap<u64, Reservation>,
+    pending: IdHashMap<u64, Reservation>,
     /// Ids of `pending` (token 0: its segment is being created), to refuse a
     /// second allocation for the same shard.
-    pending_ids: HashMap<ShardId, u64>,
+    pending_ids: IdHashMap<ShardId, u64>,
     /// Shard segments being created outside the lock (count toward `max-shards`).
     creating: usize,
-    live: HashMap<ShardId, Reservation>,
+    live: IdHashMap<ShardId, Reservation>,
     /// Retired pool ranges `(offset, len)` still overlapped by a lease.
     retired: Vec<(u64, u64)>,
     /// Liveness of the consumers holding leases on our board.
@@ -268,10 +268,10 @@ impl Owner {
                 free_slots,
                 next_generation: 1,
                 next_token: 1,
-                pending: HashMap::new(),
-                pending_ids: HashMap::new(),
+                pending: IdHashMap::default(),
+                pending_ids: IdHashMap::default(),
                 creating: 0,
-                live: HashMap::new(),
+                live: IdHashMap::default(),
                 retired: Vec::new(),
                 holders: Watcher::default(),
             }),
