@@ -2,7 +2,8 @@
 //! fastest way this machine copies the bytes between warm, pre-faulted
 //! buffers: glibc memcpy on one thread in one call, in 256 KiB calls (below
 //! glibc's non-temporal threshold, so through the cache), or split across
-//! every core, whichever is shortest for each sample (glibc already uses
+//! every core ([`CopyWay`]), whichever is shortest (per sample in the
+//! table of limits; per way, one way per sample, in the matrix's cells) (glibc already uses
 //! non-temporal stores above its threshold; hand-written ones would need
 //! `unsafe` in a crate that forbids it), and raw TCP over loopback with our
 //! own socket pair: a round trip carrying the shard, and from 1 MiB up the
@@ -290,17 +291,46 @@ pub fn tcp_round_trip(len: usize, warmup: usize, reps: usize) -> std::io::Result
     Ok(size_limit(len as u64, &samples).expect("at least one sample"))
 }
 
-/// The fastest copy of `src` into `dst` (same length) this machine does:
-/// single-threaded, and for large copies also split across every core; the
-/// shorter of the two, per copy.
-pub fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
-    let single = single_copy(src, dst);
-    if src.len() < PARALLEL_COPY_MIN {
-        return single;
+/// A way this machine copies bytes; the memcpy limit is the fastest of
+/// [`copy_ways`] for the size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyWay {
+    /// One memcpy on one thread ([`single_copy`]).
+    Single,
+    /// A run of 256 KiB memcpys ([`chunked_copy`]).
+    Chunked,
+    /// Split across every core ([`parallel_copy`]).
+    Parallel,
+}
+
+/// The ways worth trying for a copy of `len` bytes: one memcpy, and from
+/// 1 MiB up also chunked and split across cores.
+pub fn copy_ways(len: usize) -> &'static [CopyWay] {
+    if len < PARALLEL_COPY_MIN {
+        &[CopyWay::Single]
+    } else {
+        &[CopyWay::Single, CopyWay::Chunked, CopyWay::Parallel]
     }
-    single
-        .min(chunked_copy(src, dst))
-        .min(parallel_copy(src, dst))
+}
+
+/// One copy of `src` into `dst` (same length) done `way`, timed.
+pub fn copy_by(way: CopyWay, src: &[u8], dst: &mut [u8]) -> Duration {
+    match way {
+        CopyWay::Single => single_copy(src, dst),
+        CopyWay::Chunked => chunked_copy(src, dst),
+        CopyWay::Parallel => parallel_copy(src, dst),
+    }
+}
+
+/// The fastest of [`copy_ways`] for one copy of `src` into `dst`, tried
+/// back to back (the later ones find the bytes in the cache: the matrix's
+/// cells take one way per sample instead, see `matrix::LimitSampler`).
+pub fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
+    copy_ways(src.len())
+        .iter()
+        .map(|&way| copy_by(way, src, dst))
+        .min()
+        .expect("at least one way")
 }
 
 /// One copy as a run of [`COPY_CHUNK`]-byte memcpys: below glibc's
