@@ -2,10 +2,11 @@
 //! fastest way this machine copies the bytes between warm, pre-faulted
 //! buffers: glibc memcpy on one thread in one call, in 256 KiB calls (below
 //! glibc's non-temporal threshold, so through the cache), or split across
-//! every core ([`CopyWay`]), whichever is shortest (per sample in the
-//! table of limits; per way, one way per sample, in the matrix's cells) (glibc already uses
+//! every core ([`CopyWay`]), whichever is shortest. The table of limits
+//! tries every way in each sample; the matrix's cells below 4 MiB take one
+//! way per sample (see `matrix::Runner::rotation`). glibc already uses
 //! non-temporal stores above its threshold; hand-written ones would need
-//! `unsafe` in a crate that forbids it), and raw TCP over loopback with our
+//! `unsafe` in a crate that forbids it. And raw TCP over loopback with our
 //! own socket pair: a round trip carrying the shard, and from 1 MiB up the
 //! faster of that and a one-way stream of shards on the same sockets
 //! ([`TcpPair::best`]): a single fetch of a small shard is one round trip

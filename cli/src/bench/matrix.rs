@@ -367,7 +367,12 @@ impl LimitSampler {
         };
         Ok(match place {
             Place::Anon => copy_by(way, &self.source[..n], &mut self.dst[..n]),
-            Place::IntoShm => shm()?.copy_in(&self.source[..n], |s, d| copy_by(way, s, d))?,
+            // A failed put into the pool leaves the anonymous copy (as in
+            // `sample`).
+            Place::IntoShm => match shm()?.copy_in(&self.source[..n], |s, d| copy_by(way, s, d)) {
+                Ok(d) => d,
+                Err(_) => copy_by(way, &self.source[..n], &mut self.dst[..n]),
+            },
             Place::OutOfShm => {
                 let data = &shm()?.view.data[..n];
                 copy_by(way, data, &mut self.dst[..n])
@@ -430,24 +435,21 @@ pub struct Timings {
 /// that way, `kit::copy` included; not understood, so not used).
 const ROTATE_BELOW: u64 = 4 << 20;
 
-/// The samples of the way with the lowest median, when sample `i` was
-/// taken the `i % ways`-th way; the first `warmup` samples are dropped.
-/// With fewer samples than ways, the ways never sampled do not compete.
+/// The samples of the way with the lowest median (as the report computes
+/// it), when the `i`-th sample after the `warmup` first was taken the
+/// `i % ways`-th way; warm-up samples are dropped. With fewer timed
+/// samples than ways, the ways never sampled do not compete.
 fn fastest_way(samples: Vec<Duration>, ways: usize, warmup: usize) -> Vec<Duration> {
     let ways = ways.max(1);
     let mut by_way = vec![Vec::new(); ways];
-    for (i, d) in samples.into_iter().enumerate().skip(warmup) {
+    for (i, d) in samples.into_iter().skip(warmup).enumerate() {
         by_way[i % ways].push(d);
     }
-    let median = |v: &Vec<Duration>| {
-        let mut v = v.clone();
-        v.sort();
-        v[v.len() / 2]
-    };
+    let median = |v: &Vec<Duration>| Summary::of(v).map_or(f64::INFINITY, |s| s.median_us);
     by_way
         .into_iter()
         .filter(|v| !v.is_empty())
-        .min_by_key(median)
+        .min_by(|a, b| median(a).total_cmp(&median(b)))
         .unwrap_or_default()
 }
 
@@ -622,8 +624,12 @@ impl<'a> Runner<'a> {
         }
         let sample = match self.rotation(parts, size) {
             Some(ways) => {
-                let way = ways[t.limit.len() % ways.len()];
-                self.sampler.copy_one(way, size as usize)?
+                // Warm-up samples take the ways in turn too; the timed ones
+                // start again at the first (see `fastest_way`).
+                let i = t.limit.len();
+                let turn = i.checked_sub(self.opts.warmup).unwrap_or(i);
+                self.sampler
+                    .copy_one(ways[turn % ways.len()], size as usize)?
             }
             None => self.sampler.sample(parts, size)?,
         };
@@ -639,8 +645,9 @@ impl<'a> Runner<'a> {
     /// 2 MiB L2: at 1 MiB the limit was 29-31 us while each way, taken
     /// alone after a put, needs 41-50 us (and the put 44-47 us). The
     /// cell's limit is the way with the lowest median ([`fastest_way`]).
-    /// `None` for other limits (a TCP round trip, a sum of parts) and from
-    /// [`ROTATE_BELOW`] up, sampled whole (all ways back to back) each time.
+    /// `None` for other limits (a TCP round trip, a sum of parts), from
+    /// [`ROTATE_BELOW`] up, and when there are fewer repetitions than ways:
+    /// those are sampled whole (all ways back to back) each time.
     fn rotation(&self, parts: &[LimitPart], size: u64) -> Option<Vec<(Place, CopyWay)>> {
         match parts {
             [p @ (LimitPart::Memcpy | LimitPart::MemcpyFromShm)] if size < ROTATE_BELOW => {
@@ -648,7 +655,8 @@ impl<'a> Runner<'a> {
             }
             _ => None,
         }
-        .filter(|ways| !ways.is_empty())
+        // Every way needs a timed sample; with fewer, sample whole.
+        .filter(|ways| !ways.is_empty() && ways.len() <= self.opts.reps)
     }
 
     fn put(
@@ -833,19 +841,24 @@ mod tests {
     #[test]
     fn a_rotated_limit_keeps_the_way_with_the_lowest_median() {
         let us = Duration::from_micros;
-        // Ways 0, 1, 2 in turn; the first two samples are warm-up (and
-        // would make way 1 look fastest if they counted).
-        let samples = [50, 1, 40, 30, 20, 41, 31, 21, 39, 29, 900, 42]
+        // Two warm-up samples (dropped: they would make way 1 look
+        // fastest), then ways 0, 1, 2 in turn.
+        let samples = [50, 1, 30, 20, 40, 31, 21, 41, 29, 900, 39, 32]
             .map(us)
             .to_vec();
-        // Way 0: 30, 31, 29 (median 30); way 1: 20, 21, 900 (21); way 2:
-        // 40, 41, 39, 42 (41).
+        // Way 0: 30, 31, 29, 32 (median 30.5); way 1: 20, 21, 900 (21);
+        // way 2: 40, 41, 39 (40).
         assert_eq!(fastest_way(samples.clone(), 3, 2), [20, 21, 900].map(us));
         // One way: every sample after the warm-up.
-        assert_eq!(fastest_way(samples.clone(), 1, 10), [900, 42].map(us));
+        assert_eq!(fastest_way(samples.clone(), 1, 10), [39, 32].map(us));
         // More ways than samples: the unsampled ones do not compete.
         assert_eq!(fastest_way(samples[..3].to_vec(), 6, 1), [1].map(us));
         assert!(fastest_way(Vec::new(), 3, 0).is_empty());
+        // Ranked by the report's median, the mean of the middle two of an
+        // even count: way 0 has 10, 10, 40, 40 (25), way 1 30 x 4 (30); by
+        // the upper middle sample (40 against 30) way 1 would win.
+        let even = [10, 30, 10, 30, 40, 30, 40, 30].map(us).to_vec();
+        assert_eq!(fastest_way(even, 2, 0), [10, 10, 40, 40].map(us));
     }
 
     fn limit(size: u64, us: f64) -> SizeLimit {

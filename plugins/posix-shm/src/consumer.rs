@@ -443,17 +443,15 @@ impl Consumer {
     ) -> PluginResult<Held> {
         let now = Instant::now();
         self.check_identity(st, now)?;
-        let d = Descriptor::parse(desc)?;
         // The names of a pool this consumer has mapped were checked when it
         // mapped it (the same bytes): most imports skip the check.
-        let known = d.mode == Mode::Pool
-            && st
-                .pools
-                .iter()
-                .any(|c| c.name == d.segment && c.pool.board.name() == d.board);
-        if !known {
-            d.check_names(&self.prefix)?;
-        }
+        let d = Descriptor::decode_unless_known(desc, &self.prefix, |d| {
+            d.mode == Mode::Pool
+                && st
+                    .pools
+                    .iter()
+                    .any(|c| c.name == d.segment && c.pool.board.name() == d.board)
+        })?;
         if d.len != meta.byte_len {
             return Err(bad(
                 "len",

@@ -108,17 +108,27 @@ impl<'a> Descriptor<'a> {
     /// Parses and checks a descriptor from another process. Names must carry
     /// `prefix`, the consumer's own configured segment prefix.
     pub(crate) fn decode(bytes: &'a [u8], prefix: &str) -> PluginResult<Descriptor<'a>> {
+        Descriptor::decode_unless_known(bytes, prefix, |_| false)
+    }
+
+    /// [`decode`](Self::decode), skipping the names' checks when `known`
+    /// says they passed before (a consumer's mapped pool: the same bytes).
+    pub(crate) fn decode_unless_known(
+        bytes: &'a [u8],
+        prefix: &str,
+        known: impl FnOnce(&Descriptor<'_>) -> bool,
+    ) -> PluginResult<Descriptor<'a>> {
         // Names before the segment-mode rules: a pool name in a segment
         // descriptor is reported as the wrong name.
         let d = Descriptor::fields(bytes)?;
-        d.check_names(prefix)?;
+        if !known(&d) {
+            d.check_names(prefix)?;
+        }
         d.check_mode()?;
         Ok(d)
     }
 
-    /// Checks both names against `prefix` (see [`names::check_name`]). A
-    /// consumer may skip this for names it checked before (those of a pool
-    /// it has mapped): [`decode`](Self::decode) is `parse` + `check_names`.
+    /// Checks both names against `prefix` (see [`names::check_name`]).
     pub(crate) fn check_names(&self, prefix: &str) -> PluginResult<()> {
         match self.mode {
             Mode::Pool => {
@@ -129,14 +139,6 @@ impl<'a> Descriptor<'a> {
             Mode::Segment => names::check_name(&self.segment, prefix, Kind::Shard)
                 .map_err(|why| bad("segment", why)),
         }
-    }
-
-    /// Parses a descriptor and checks everything but the names' shapes
-    /// (see [`check_names`](Self::check_names)).
-    pub(crate) fn parse(bytes: &'a [u8]) -> PluginResult<Descriptor<'a>> {
-        let d = Descriptor::fields(bytes)?;
-        d.check_mode()?;
-        Ok(d)
     }
 
     /// Reads every field; checks the syntax and that `offset + len` does

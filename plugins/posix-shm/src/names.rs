@@ -320,7 +320,9 @@ fn parse_boot_id(s: &str) -> Option<u128> {
 /// namespace, boot id) and the node epoch in the name must be the claim's.
 /// Parts the claim leaves unknown are not compared; a name from an older
 /// host (no epoch in its tag) is bound by identity only. No allocation
-/// unless it fails.
+/// unless it fails. Reads the claim's epoch, PID namespace and boot id
+/// only: the consumer's memo of the last check that passed
+/// (`consumer::Passed`) compares exactly those, and must follow any change.
 pub(crate) fn check_owner(
     name: &str,
     m: &OwnerMark,

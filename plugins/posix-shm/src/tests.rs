@@ -745,6 +745,17 @@ fn hostile_descriptors_are_invalid() {
     let fake_board = OwnedSegment::create(&format!("{base}b999"), 4096).unwrap();
 
     let cases: Vec<(&str, Descriptor<'_>, u64)> = vec![
+        // A pool descriptor relabelled as a segment: the name is reported
+        // (a pool's name, not a shard segment's) before the segment-mode
+        // rules on board, offset and slot.
+        (
+            "segment",
+            Descriptor {
+                mode: Mode::Segment,
+                ..d.clone()
+            },
+            100,
+        ),
         (
             "segment",
             Descriptor {
