@@ -3,8 +3,9 @@
 //! `std`'s default (SipHash) resists keys chosen to collide, which costs
 //! ~20 ns per lookup of a 16-byte key; an owner looks up its own shard ids
 //! several times per put and remove. [`IdHasher`] is one rotate, xor and
-//! widening multiply per word, the product's halves folded together. Use it only where no peer picks the keys (ids from a
-//! remote handle are a peer's choice: keep SipHash there).
+//! widening multiply per word, the product's halves folded together. Use
+//! it only where no peer picks the keys (ids from a remote handle are a
+//! peer's choice: keep SipHash there).
 //!
 //! ```
 //! use shardport_abi::{kit::hash::IdHashMap, ShardId};
