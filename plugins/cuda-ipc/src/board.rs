@@ -525,6 +525,12 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
         w(R_NS, holder.ns.to_word());
         w(R_PID, pid_word(holder.pid, ticket.seq));
         w(R_TARGET, target_word(slot, generation));
+        #[cfg(test)]
+        tests::BEFORE_HELD.with(|hook| {
+            if let Some(f) = hook.borrow_mut().as_mut() {
+                f();
+            }
+        });
         // A CAS, not a store: a record the owner reclaimed meanwhile stays
         // its own (a store would revive a lease the owner no longer counts).
         if !self.move_claim(ticket.index, ticket.seq, CLAIM_CLAIMING, CLAIM_HELD) {
@@ -661,6 +667,44 @@ mod tests {
             SeqCst,
         );
         assert_eq!(b.publish(0), Some(1));
+    }
+
+    thread_local! {
+        /// Runs inside `lease` once the claim's identity is written and
+        /// before the claim becomes held: the window in which an owner
+        /// that judged the consumer dead can reclaim the record.
+        pub(super) static BEFORE_HELD: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    #[test]
+    fn a_claim_reclaimed_while_it_is_being_taken_is_refused_not_revived() {
+        let b = std::sync::Arc::new(board());
+        let g = b.publish(1).unwrap();
+        let racer = std::sync::Arc::clone(&b);
+        let reclaimed = std::rc::Rc::new(std::cell::Cell::new(0));
+        let count = std::rc::Rc::clone(&reclaimed);
+        BEFORE_HELD.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                for rec in racer.scan() {
+                    assert_eq!(rec.holder, Some(HOLDER), "the identity is complete");
+                    if racer.reclaim(&rec) {
+                        count.set(count.get() + 1);
+                    }
+                }
+            }));
+        });
+        let refused = b.lease(1, g, &HOLDER, 0);
+        BEFORE_HELD.with(|h| h.borrow_mut().take());
+        assert_eq!(reclaimed.get(), 1);
+        assert_eq!(refused, Err(LeaseError::Reclaimed));
+        // Not revived: the record stays free, so the owner, which counts
+        // only records it can see, does not wait on a lease nobody holds.
+        assert_eq!(b.leases_on(1, g), 0);
+        assert!(b.scan().is_empty());
+        let t = b.lease(1, g, &HOLDER, 0).unwrap();
+        assert_eq!(b.leases_on(1, g), 1);
+        assert!(b.release(t));
     }
 
     #[test]

@@ -540,6 +540,12 @@ impl Board {
         w(L_GENERATION, req.generation);
         w(L_OFFSET, req.offset);
         w(L_LEN, req.len);
+        #[cfg(test)]
+        tests::BEFORE_HELD.with(|hook| {
+            if let Some(f) = hook.borrow_mut().as_mut() {
+                f();
+            }
+        });
         // A CAS, not a store: the owner may have reclaimed the claiming
         // slot (and taken this lease off the in-flight count) meanwhile;
         // a store would revive it and the release would count it off twice.
@@ -672,6 +678,51 @@ mod tests {
         assert!(owner.no_leases_in_flight());
         assert!(!consumer.release(b));
         assert!(owner.no_leases_in_flight(), "no double decrement");
+    }
+
+    thread_local! {
+        /// Runs inside `lease` once the claim's identity is written and
+        /// before the claim becomes held: the window in which an owner
+        /// that judged the consumer dead can reclaim the slot.
+        pub(super) static BEFORE_HELD: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    #[test]
+    fn a_claim_reclaimed_while_it_is_being_taken_is_refused_not_revived() {
+        let (owner, name) = board("r", LAYOUT);
+        let consumer = attach(&name);
+        owner.reserve_entry(0, 1, 64, 100);
+        owner.set_entry_state(0, EntryState::Live);
+        // The owner (its own mapping) reclaims the claiming slot, as if it
+        // had judged the consumer dead, in the middle of the consumer's lease.
+        let racer = attach(&name);
+        let reclaimed = std::rc::Rc::new(std::cell::Cell::new(0));
+        let count = std::rc::Rc::clone(&reclaimed);
+        BEFORE_HELD.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                for lease in racer.scan_leases() {
+                    assert_eq!(lease.holder, Some(HOLDER), "the identity is complete");
+                    if racer.reclaim(&lease) {
+                        count.set(count.get() + 1);
+                    }
+                }
+            }));
+        });
+        let refused = consumer.lease(&req(0, 1), 0);
+        BEFORE_HELD.with(|h| h.borrow_mut().take());
+        assert_eq!(reclaimed.get(), 1);
+        assert_eq!(refused, Err(LeaseRefused::Reclaimed));
+        // Nothing revived, nothing counted twice: the slot is free and the
+        // count of leases in flight is exactly zero (one decrement, the
+        // owner's), so the owner may skip its lease scans again.
+        assert_eq!(owner.leases_held(), 0);
+        assert!(owner.no_leases_in_flight());
+        // The table works as before.
+        let a = consumer.lease(&req(0, 1), 0).unwrap();
+        assert!(!owner.no_leases_in_flight());
+        assert!(consumer.release(a));
+        assert!(owner.no_leases_in_flight());
     }
 
     #[test]
