@@ -258,31 +258,10 @@ impl tracing::field::Visit for FieldText {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use abi_stable::{sabi_trait::TD_Opaque, std_types::RString};
 
     use super::*;
-    use crate::host::HostServices;
-
-    /// Host services that keep every record's message.
-    #[derive(Default, Clone)]
-    struct Sink(Arc<Mutex<Vec<String>>>);
-
-    impl HostServices for Sink {
-        fn log_enabled(&self, _level: LogLevel, _target: RStr<'_>) -> bool {
-            true
-        }
-        fn log(&self, r: LogRecord<'_>) {
-            self.0.lock().unwrap().push(r.message.to_string());
-        }
-        fn now_unix_nanos(&self) -> u64 {
-            0
-        }
-        fn monotonic_nanos(&self) -> u64 {
-            0
-        }
-    }
+    use crate::testing::CaptureServices as Sink;
 
     fn context(instance: &str, sink: &Sink) -> PluginContext {
         PluginContext::new(HostContext {
@@ -295,7 +274,7 @@ mod tests {
     }
 
     fn said(sink: &Sink) -> Vec<String> {
-        sink.0.lock().unwrap().clone()
+        sink.messages()
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! the shardport host (used by the conformance suite and plugin unit tests).
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -50,6 +53,50 @@ impl HostServices for TestServices {
 
     fn monotonic_nanos(&self) -> u64 {
         self.origin.elapsed().as_nanos() as u64
+    }
+}
+
+/// One record [`CaptureServices`] kept: level, target, message, fields.
+pub type CapturedRecord = (LogLevel, String, String, String);
+
+/// Host services that keep every log record, at every level (to show a
+/// plugin's events reach its host); both clocks read 0. Clones share the
+/// records.
+#[derive(Debug, Clone, Default)]
+pub struct CaptureServices(Arc<Mutex<Vec<CapturedRecord>>>);
+
+impl CaptureServices {
+    /// Every record so far, oldest first.
+    pub fn records(&self) -> Vec<CapturedRecord> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The messages of every record so far, oldest first.
+    pub fn messages(&self) -> Vec<String> {
+        self.records().into_iter().map(|(_, _, m, _)| m).collect()
+    }
+}
+
+impl HostServices for CaptureServices {
+    fn log_enabled(&self, _level: LogLevel, _target: RStr<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, r: LogRecord<'_>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((
+            r.level,
+            r.target.to_string(),
+            r.message.to_string(),
+            r.fields.to_string(),
+        ));
+    }
+
+    fn now_unix_nanos(&self) -> u64 {
+        0
+    }
+
+    fn monotonic_nanos(&self) -> u64 {
+        0
     }
 }
 

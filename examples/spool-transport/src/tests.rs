@@ -2,14 +2,11 @@
 //! behaviour is checked by the conformance suite (`tests/conformance.rs`);
 //! these cover what is specific to spool files and config.
 
-use std::{
-    os::unix::fs::PermissionsExt,
-    sync::{Arc, Mutex},
-};
+use std::{os::unix::fs::PermissionsExt, sync::Arc};
 
 use shardport_abi::{
-    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, HostContext, HostServices,
-    HostServicesBox, LeasedView, RSlice, RSliceMut, RString, SharedBytes, TD_Opaque, Transport,
+    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, HostContext, HostServicesBox,
+    LeasedView, RSlice, RSliceMut, RString, SharedBytes, TD_Opaque, Transport,
 };
 use tempfile::TempDir;
 
@@ -379,40 +376,10 @@ fn health_reports_a_vanished_directory() {
     );
 }
 
-/// One forwarded record: level, target, message, fields.
-type Record = (LogLevel, String, String, String);
-
-/// Host services that keep every record, to show logs reach the host.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Record>>>);
-
-impl HostServices for Capture {
-    fn log_enabled(&self, _level: LogLevel, _target: RStr<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, r: LogRecord<'_>) {
-        self.0.lock().unwrap().push((
-            r.level,
-            r.target.to_string(),
-            r.message.to_string(),
-            r.fields.to_string(),
-        ));
-    }
-
-    fn now_unix_nanos(&self) -> u64 {
-        0
-    }
-
-    fn monotonic_nanos(&self) -> u64 {
-        0
-    }
-}
-
 #[test]
 fn logs_reach_the_host() {
     let tmp = TempDir::new().unwrap();
-    let capture = Capture::default();
+    let capture = testing::CaptureServices::default();
     let ctx = HostContext {
         instance: RString::from("spool"),
         config: RString::from(config_for(tmp.path())),
@@ -422,7 +389,7 @@ fn logs_reach_the_host() {
     };
     let t = Guarded(SpoolTransport::new(PluginContext::new(ctx)).unwrap());
     t.export(request(0x11, b"x")).unwrap();
-    let records = capture.0.lock().unwrap().clone();
+    let records = capture.records();
     let exported = records
         .iter()
         .find(|(_, _, m, _)| m == "exported")

@@ -626,6 +626,16 @@ mod tests {
         }
     }
 
+    /// An owner's board with entry 0 live (generation 1, bytes 64..164),
+    /// a consumer's mapping of it, and its name.
+    fn live_entry(tag: &str) -> (Board, Board, String) {
+        let (owner, name) = board(tag, LAYOUT);
+        let consumer = attach(&name);
+        owner.reserve_entry(0, 1, 64, 100);
+        owner.set_entry_state(0, EntryState::Live);
+        (owner, consumer, name)
+    }
+
     fn attach(name: &str) -> Board {
         Board::attach(OwnedSegment::open(name).unwrap(), 4096, 1 << 22, 1 << 20).unwrap()
     }
@@ -690,10 +700,7 @@ mod tests {
 
     #[test]
     fn a_claim_reclaimed_while_it_is_being_taken_is_refused_not_revived() {
-        let (owner, name) = board("r", LAYOUT);
-        let consumer = attach(&name);
-        owner.reserve_entry(0, 1, 64, 100);
-        owner.set_entry_state(0, EntryState::Live);
+        let (owner, consumer, name) = live_entry("r");
         // The owner (its own mapping) reclaims the claiming slot, as if it
         // had judged the consumer dead, in the middle of the consumer's lease.
         let racer = attach(&name);
@@ -727,10 +734,7 @@ mod tests {
 
     #[test]
     fn scans_see_whole_holders_and_reclaim_only_that_claim() {
-        let (owner, name) = board("c", LAYOUT);
-        let consumer = attach(&name);
-        owner.reserve_entry(0, 1, 64, 100);
-        owner.set_entry_state(0, EntryState::Live);
+        let (owner, consumer, _name) = live_entry("c");
         let a = consumer.lease(&req(0, 1), 0).unwrap();
         let scan = owner.scan_leases();
         assert_eq!(scan.len(), 1);
