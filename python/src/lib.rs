@@ -26,6 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::PyNode>()?;
     m.add_class::<handle::PyHandle>()?;
     m.add_class::<mem::Shard>()?;
+    m.add_class::<mem::CudaShard>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_CONFIG", shardport_host::config::DEFAULT_CONFIG)?;
     Ok(())

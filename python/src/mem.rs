@@ -27,8 +27,8 @@ use pyo3::{
     prelude::*,
     types::{PyBytes, PyDict, PyTuple},
 };
-use shardport_abi::{DType, ShardId};
-use shardport_host::{FetchMode, Fetched, Selection, ShardBytes};
+use shardport_abi::{DType, DeviceKind, ShardId};
+use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
 
 use crate::convert::{buffer_format, dlpack_dtype, dtype_name, itemsize};
 
@@ -550,51 +550,287 @@ impl Shard {
             (Arc::clone(&self.keep), self.ptr, self.writable)
         };
         let item = self.item() as i64;
-        let mut holder = Box::new(Holder {
-            legacy: DLManagedTensor {
-                dl_tensor: empty_tensor(),
-                manager_ctx: ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            versioned: DLManagedTensorVersioned {
-                version: DLPackVersion {
-                    major: 1,
-                    minor: minor.min(1),
+        let strides: Vec<i64> = self.buf_strides.iter().map(|&s| s as i64 / item).collect();
+        capsule(
+            py,
+            Export {
+                keep,
+                ptr,
+                device: DLDevice {
+                    device_type: 1,
+                    device_id: 0,
                 },
-                manager_ctx: ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: (if writable { 0 } else { DLPACK_FLAG_READ_ONLY })
-                    | (if copy { DLPACK_FLAG_IS_COPIED } else { 0 }),
-                dl_tensor: empty_tensor(),
+                dtype: DLDataType {
+                    code,
+                    bits,
+                    lanes: 1,
+                },
+                shape: &self.shape,
+                strides,
+                writable,
+                copied: copy,
             },
-            _keep: keep,
-            shape: self.shape.iter().map(|&d| d as i64).collect(),
-            strides: self.buf_strides.iter().map(|&s| s as i64 / item).collect(),
-        });
-        let t = DLTensor {
-            data: ptr as *mut c_void,
-            device: DLDevice {
-                device_type: 1,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: DLDataType {
-                code,
-                bits,
-                lanes: 1,
-            },
-            shape: holder.shape.as_mut_ptr(),
-            strides: holder.strides.as_mut_ptr(),
-            byte_offset: 0,
+            versioned.then_some(minor),
+        )
+    }
+}
+
+/// A CUDA shard viewed in place (`Node.fetch_cuda`): the owner's GPU
+/// memory mapped into this process by cuda-ipc, no byte copied. DLPack
+/// only (`torch.from_dlpack`, CuPy, JAX): there is no host access. The
+/// memory is the owner's: read it, do not write it (the capsule is marked
+/// read-only). The lease lasts as long as the last object reaching it.
+#[pyclass(module = "shardport._core", name = "CudaShard", frozen)]
+pub struct CudaShard {
+    keep: Keep,
+    ptr: usize,
+    nbytes: u64,
+    device_id: i32,
+    id: ShardId,
+    dtype: DType,
+    shape: Vec<u64>,
+    selection: Selection,
+}
+
+impl CudaShard {
+    /// Wraps a device view (its lease moves into `keep`).
+    pub(crate) fn new(view: DeviceView) -> PyResult<CudaShard> {
+        let meta = view.meta().clone();
+        if meta.device.kind != DeviceKind::CUDA {
+            return Err(PyTypeError::new_err(format!(
+                "a device view of {} memory; fetch_cuda gives CUDA memory",
+                meta.device
+            )));
+        }
+        Ok(CudaShard {
+            ptr: view.addr().0 as usize,
+            nbytes: view.len(),
+            device_id: meta.device.index as i32,
+            id: view.id(),
+            dtype: meta.dtype,
+            shape: meta.shape.iter().copied().collect(),
+            selection: view.selection().clone(),
+            keep: Arc::new(view),
+        })
+    }
+}
+
+#[pymethods]
+impl CudaShard {
+    /// DLPack export of the device memory, zero-copy. `stream` is accepted
+    /// and needs nothing: the import already waited for the event the
+    /// owner recorded when it put the tensor, so the bytes are ready for
+    /// any stream. `dl_device` must be this GPU;
+    /// `copy=True` is refused (clone the tensor you get instead). Needs a
+    /// consumer of DLPack >= 1.0 (`max_version`): a read-only export.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        let here = (KDL_CUDA, self.device_id);
+        if let Some(dev) = dl_device {
+            if dev != here {
+                return Err(PyBufferError::new_err(format!(
+                    "the shard is on CUDA device {} {here:?}; device {dev:?} was asked for",
+                    self.device_id
+                )));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "a CUDA shard is exported without copying; copy the tensor you get (e.g. .clone())",
+            ));
+        }
+        let minor = match max_version {
+            Some((major, minor)) if major >= 1 => if major > 1 { 1 } else { minor },
+            _ => {
+                return Err(PyBufferError::new_err(
+                    "the shard is the owner's memory, read-only, and DLPack before 1.0 cannot \
+                     say so: the consumer must pass max_version=(1, 0) or later (torch >= 2.5 does)",
+                ))
+            }
         };
-        holder.legacy.dl_tensor = t;
-        holder.versioned.dl_tensor = t;
-        let holder = Box::into_raw(holder);
-        // SAFETY: `holder` is a fresh, leaked Box; the capsule owns it until
-        // a consumer takes it (and calls the deleter) or the capsule dies
-        // unconsumed (and its destructor calls the deleter).
-        unsafe {
-            let (p, name, dtor): (*mut c_void, &CStr, ffi::PyCapsule_Destructor) = if versioned {
+        let Some((code, bits)) = dlpack_dtype(self.dtype) else {
+            return Err(PyBufferError::new_err(format!(
+                "{} has no DLPack type",
+                dtype_name(self.dtype)
+            )));
+        };
+        if (7..=14).contains(&code) && minor < 1 {
+            return Err(PyBufferError::new_err(format!(
+                "{} needs DLPack >= 1.1 (the consumer asked for less)",
+                dtype_name(self.dtype)
+            )));
+        }
+        capsule(
+            py,
+            Export {
+                keep: Arc::clone(&self.keep),
+                ptr: self.ptr,
+                device: DLDevice {
+                    device_type: KDL_CUDA,
+                    device_id: self.device_id,
+                },
+                dtype: DLDataType {
+                    code,
+                    bits,
+                    lanes: 1,
+                },
+                shape: &self.shape,
+                strides: c_order_strides(&self.shape),
+                writable: false,
+                copied: false,
+            },
+            Some(minor),
+        )
+    }
+
+    /// `(kDLCUDA, device index)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (KDL_CUDA, self.device_id)
+    }
+
+    /// A torch CUDA tensor over the shard's memory (needs torch):
+    /// `torch.from_dlpack(self)`. Do not write to it.
+    fn torch<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("torch")?.call_method1("from_dlpack", (slf,))
+    }
+
+    /// Shard id (32 hex digits).
+    #[getter]
+    fn id(&self) -> String {
+        self.id.to_string()
+    }
+
+    /// Element type, NumPy's name.
+    #[getter]
+    fn dtype(&self) -> String {
+        dtype_name(self.dtype)
+    }
+
+    /// Shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.shape.iter().copied())
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// The CUDA device index the memory is on.
+    #[getter]
+    fn device(&self) -> i32 {
+        self.device_id
+    }
+
+    /// The transport that served it (`cuda-ipc`).
+    #[getter]
+    fn transport(&self) -> &str {
+        &self.selection.transport
+    }
+
+    /// Why that transport was chosen.
+    #[getter]
+    fn reason(&self) -> &str {
+        &self.selection.reason
+    }
+
+    fn __repr__(&self) -> String {
+        let shape: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        format!(
+            "CudaShard(id={}, dtype={}, shape=({}{}), device=cuda:{}, transport={})",
+            self.id,
+            dtype_name(self.dtype),
+            shape.join(", "),
+            if shape.len() == 1 { "," } else { "" },
+            self.device_id,
+            self.selection.transport,
+        )
+    }
+}
+
+/// DLPack's device type of CUDA memory.
+const KDL_CUDA: i32 = 2;
+
+/// Element strides of a C-contiguous array of `shape`.
+fn c_order_strides(shape: &[u64]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1) as i64;
+    }
+    strides
+}
+
+/// What a DLPack capsule lends: `ptr` (host or device memory, per
+/// `device`), kept alive by `keep` until the consumer's deleter runs.
+struct Export<'a> {
+    keep: Keep,
+    ptr: usize,
+    device: DLDevice,
+    dtype: DLDataType,
+    shape: &'a [u64],
+    /// In elements.
+    strides: Vec<i64>,
+    writable: bool,
+    copied: bool,
+}
+
+/// A DLPack capsule lending `e`: `dltensor_versioned` when `versioned` is
+/// the consumer's minor version (of major 1), else a legacy `dltensor`.
+fn capsule<'py>(
+    py: Python<'py>,
+    e: Export<'_>,
+    versioned: Option<u32>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut holder = Box::new(Holder {
+        legacy: DLManagedTensor {
+            dl_tensor: empty_tensor(),
+            manager_ctx: ptr::null_mut(),
+            deleter: Some(delete_legacy),
+        },
+        versioned: DLManagedTensorVersioned {
+            version: DLPackVersion {
+                major: 1,
+                minor: versioned.unwrap_or(0).min(1),
+            },
+            manager_ctx: ptr::null_mut(),
+            deleter: Some(delete_versioned),
+            flags: (if e.writable { 0 } else { DLPACK_FLAG_READ_ONLY })
+                | (if e.copied { DLPACK_FLAG_IS_COPIED } else { 0 }),
+            dl_tensor: empty_tensor(),
+        },
+        _keep: e.keep,
+        shape: e.shape.iter().map(|&d| d as i64).collect(),
+        strides: e.strides,
+    });
+    let t = DLTensor {
+        data: e.ptr as *mut c_void,
+        device: e.device,
+        ndim: e.shape.len() as i32,
+        dtype: e.dtype,
+        shape: holder.shape.as_mut_ptr(),
+        strides: holder.strides.as_mut_ptr(),
+        byte_offset: 0,
+    };
+    holder.legacy.dl_tensor = t;
+    holder.versioned.dl_tensor = t;
+    let holder = Box::into_raw(holder);
+    // SAFETY: `holder` is a fresh, leaked Box; the capsule owns it until
+    // a consumer takes it (and calls the deleter) or the capsule dies
+    // unconsumed (and its destructor calls the deleter).
+    unsafe {
+        let (p, name, dtor): (*mut c_void, &CStr, ffi::PyCapsule_Destructor) =
+            if versioned.is_some() {
                 (*holder).versioned.manager_ctx = holder.cast();
                 (
                     ptr::addr_of_mut!((*holder).versioned).cast(),
@@ -609,13 +845,12 @@ impl Shard {
                     capsule_legacy,
                 )
             };
-            let cap = ffi::PyCapsule_New(p, name.as_ptr(), Some(dtor));
-            if cap.is_null() {
-                drop(Box::from_raw(holder));
-                return Err(PyErr::fetch(py));
-            }
-            Ok(Bound::from_owned_ptr(py, cap))
+        let cap = ffi::PyCapsule_New(p, name.as_ptr(), Some(dtor));
+        if cap.is_null() {
+            drop(Box::from_raw(holder));
+            return Err(PyErr::fetch(py));
         }
+        Ok(Bound::from_owned_ptr(py, cap))
     }
 }
 

@@ -24,7 +24,7 @@ use crate::{
     convert::{dict_to_toml, dtype_of_format, itemsize, json_to_py, parse_dtype},
     errors::{host_err, py_err, Kind},
     handle::PyHandle,
-    mem::{InBuffer, OutBuffer, PrivateBuf, Shard},
+    mem::{CudaShard, InBuffer, OutBuffer, PrivateBuf, Shard},
 };
 
 /// How long `close()` waits for calls in flight on other threads.
@@ -122,6 +122,26 @@ impl PyNode {
             .clone()
             .ok_or_else(|| py_err(Kind::Closed, format!("node `{}` is closed", self.name)))
     }
+}
+
+/// `handle` as a Handle, or an error naming `what` took it.
+fn one_handle<'a, 'py>(
+    handle: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<&'a Bound<'py, PyHandle>> {
+    handle.downcast::<PyHandle>().map_err(|_| {
+        py_err(
+            Kind::InvalidInput,
+            format!(
+                "{what} takes a Handle, not {}",
+                handle
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ),
+        )
+    })
 }
 
 /// Handles from one handle or an iterable of them.
@@ -363,19 +383,7 @@ impl PyNode {
     ) -> PyResult<Shard> {
         let node = self.node()?;
         let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
-        let h = handle.downcast::<PyHandle>().map_err(|_| {
-            py_err(
-                Kind::InvalidInput,
-                format!(
-                    "fetch takes a Handle, not {}",
-                    handle
-                        .get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_default()
-                ),
-            )
-        })?;
+        let h = one_handle(handle, "fetch")?;
         let h = &h.get().inner;
         if mode == FetchMode::Copy && !node.config().cache.enabled {
             // Nothing to cache: copy into fresh, untouched zero pages (one
@@ -405,6 +413,22 @@ impl PyNode {
             .map_err(host_err)
     }
 
+    /// Views a CUDA shard in place (cuda-ipc maps the owner's GPU memory
+    /// into this process; no byte is copied): a `CudaShard` to hand to
+    /// `torch.from_dlpack` (or call `.torch()`). The memory is the
+    /// owner's: read it, do not write it. Fails naming why when the shard
+    /// is not on a GPU or no transport here can map it (no CUDA driver,
+    /// cuda-ipc not loaded, another node); `fetch` copies a CUDA shard to
+    /// the host instead.
+    fn fetch_cuda(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<CudaShard> {
+        let node = self.node()?;
+        let h = &one_handle(handle, "fetch_cuda")?.get().inner;
+        let view = py
+            .allow_threads(|| node.fetch_device(h))
+            .map_err(host_err)?;
+        CudaShard::new(view)
+    }
+
     /// Fetches a shard by copying it into `out`, a writable C-contiguous
     /// buffer of exactly the shard's size (a NumPy array you reuse): the
     /// fastest copy, no allocation and no page faulted in per fetch. Returns
@@ -416,19 +440,7 @@ impl PyNode {
         out: &Bound<'_, PyAny>,
     ) -> PyResult<String> {
         let node = self.node()?;
-        let h = handle.downcast::<PyHandle>().map_err(|_| {
-            py_err(
-                Kind::InvalidInput,
-                format!(
-                    "fetch_into takes a Handle, not {}",
-                    handle
-                        .get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_default()
-                ),
-            )
-        })?;
+        let h = one_handle(handle, "fetch_into")?;
         let mut buf = OutBuffer::get(out).map_err(|e| {
             py_err(
                 Kind::InvalidInput,

@@ -61,6 +61,29 @@ def child_fetch_cuda(prefix: str, handle_bytes: list[bytes], out) -> None:
         out.put(("err", f"{type(e).__name__}: {e}"))
 
 
+def child_view_cuda(prefix: str, handle_bytes: list[bytes], out) -> None:
+    """Child process (spawned): view each GPU shard in place with
+    fetch_cuda, take it as a torch tensor, and report (digest, shape,
+    transport, device, dlpack device); the tensor must outlive the
+    CudaShard (the capsule holds the lease)."""
+    try:
+        import torch as t
+
+        with shardport.Node(config(prefix)) as node:
+            res = []
+            for b in handle_bytes:
+                s = node.fetch_cuda(shardport.Handle.from_bytes(b))
+                info = (s.transport, s.device, s.__dlpack_device__(), s.nbytes, s.dtype)
+                x = t.from_dlpack(s) if len(res) % 2 == 0 else s.torch()
+                del s  # the tensor keeps the lease
+                t.cuda.synchronize()
+                res.append((host_digest(x), tuple(x.shape), str(x.device)) + info)
+                del x
+            out.put(("ok", res))
+    except BaseException as e:  # reported to the parent
+        out.put(("err", f"{type(e).__name__}: {e}"))
+
+
 def child_put_disabled(prefix: str, out) -> None:
     """Child process: cuda-ipc disabled by its environment variable; a CUDA
     put must fail naming why."""
@@ -95,10 +118,28 @@ def test_cuda_tensors_cross_processes_through_cuda_ipc(node, prefix, spawn):
     assert node.remove(hs) == len(hs)
 
 
+def test_cuda_shards_are_viewed_in_place_in_another_process(node, prefix, spawn):
+    ts = [make(d) for d in DTYPES]
+    hs = [node.put(t) for t in ts]
+    q = spawn.Queue()
+    p = spawn.Process(target=child_view_cuda, args=(prefix, [h.to_bytes() for h in hs], q))
+    p.start()
+    status, res = q.get(timeout=120)
+    p.join(60)
+    assert status == "ok", res
+    for t, d, (dig, shape, device, transport, index, dl_dev, nbytes, dtype) in zip(ts, DTYPES, res):
+        assert (transport, index, dl_dev, device) == ("cuda-ipc", 0, (2, 0), "cuda:0")
+        assert (shape, nbytes, dtype) == (tuple(t.shape), t.numel() * t.element_size(), d)
+        assert dig == host_digest(t)
+    assert node.remove(hs) == len(hs)
+
+
 def test_a_process_cannot_fetch_its_own_cuda_shard_and_is_told_why(node):
     h = node.put(make("float32"))
     with pytest.raises(shardport.ShardportError, match="own"):
         node.fetch(h)
+    with pytest.raises(shardport.ShardportError, match="own"):
+        node.fetch_cuda(h)
     node.remove(h)
 
 

@@ -86,6 +86,11 @@ def test_bad_arguments(node):
         node.put(np.arange(3), tags={"a": 1})
     with pytest.raises(shardport.InvalidInputError, match="item 1 is a int"):
         node.fetch_many([h, 3])
+    with pytest.raises(shardport.InvalidInputError, match="fetch_cuda takes a Handle"):
+        node.fetch_cuda(h.to_bytes())
+    # A CPU shard has no GPU memory to view; the error says what to use.
+    with pytest.raises(shardport.InvalidInputError, match="is on cpu; fetch it with fetch/fetch_into"):
+        node.fetch_cuda(h)
 
 
 def test_config_errors(tmp_path):

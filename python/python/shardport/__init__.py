@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 
 from . import env, errors
-from ._core import DEFAULT_CONFIG, Handle, Shard, __version__
+from ._core import DEFAULT_CONFIG, CudaShard, Handle, Shard, __version__
 from ._core import Node as _CoreNode
 from .errors import (
     BadHandleError,
@@ -47,6 +47,7 @@ __all__ = [
     "Node",
     "Handle",
     "Shard",
+    "CudaShard",
     "plugin_dir",
     "default_config",
     "DEFAULT_CONFIG",
@@ -127,6 +128,7 @@ class Node(_CoreNode):
 
     Methods: :meth:`put`, ``fetch(handle, mode=None)``,
     ``fetch_many(handles, mode=None)``, ``fetch_into(handle, out)``,
+    ``fetch_cuda(handle)`` (a CUDA shard in place, for ``torch.from_dlpack``),
     ``remove(handles)``, ``clear()``,
     ``drain(handles=None)``, ``stats()``, ``metrics()``, ``close()``.
     """
