@@ -46,7 +46,7 @@ for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so
     cp "$so" "$out/deps/"
 done
 strip "$out"/shardport "$out"/examples/* "$out"/deps/*-gpu "$out"/*.so "$out"/deps/*.so
-cp scripts/bench_torch_ipc.py scripts/bench_cuda_ipc.sh .device-carry/
+cp scripts/bench_torch_ipc.py scripts/bench_fetch_cuda.py scripts/bench_cuda_ipc.sh .device-carry/
 # The Python package (release wheel, unpacked; release plugins inside) and
 # its tests, with pytest's pure-Python packages from the venv that
 # scripts/setup.sh made, for the CUDA tests in python/tests/test_cuda.py.
@@ -71,7 +71,8 @@ fi
 cat > .device-carry/run-gpu-checks.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: the GPU-gated tests
-# (they print "skipped" without a driver), then both benchmarks.
+# (they print "skipped" without a driver), then the benchmarks (Rust
+# cuda-ipc, torch IPC, shardport's Python fetch_cuda).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi -L || true
@@ -86,6 +87,7 @@ if [ -d "$here/py" ]; then
     # numpy and torch come from the machine; pytest from the carry.
     (cd "$here/py-tests" && PYTHONPATH="$here/py:$here/py-tests" \
         python3 -m pytest -q -rs -p no:cacheprovider test_cuda.py test_torch.py) || rc=1
+    PYTHONPATH="$here/py" python3 "$here"/bench_fetch_cuda.py || rc=1
 fi
 exit $rc
 RUN
