@@ -746,17 +746,22 @@ impl CudaShard {
     }
 
     fn __repr__(&self) -> String {
-        let shape: Vec<String> = self.shape.iter().map(u64::to_string).collect();
         format!(
-            "CudaShard(id={}, dtype={}, shape=({}{}), device=cuda:{}, transport={})",
+            "CudaShard(id={}, dtype={}, shape={}, device=cuda:{}, transport={})",
             self.id,
             dtype_name(self.dtype),
-            shape.join(", "),
-            if shape.len() == 1 { "," } else { "" },
+            shape_text(&self.shape),
             self.device_id,
             self.selection.transport,
         )
     }
+}
+
+/// A shape as Python writes the tuple: `(3, 4)`, `(5,)`, `()`.
+fn shape_text(shape: &[u64]) -> String {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    let comma = if dims.len() == 1 { "," } else { "" };
+    format!("({}{comma})", dims.join(", "))
 }
 
 /// DLPack's device type of CUDA memory.
@@ -1126,13 +1131,11 @@ impl Shard {
     }
 
     fn __repr__(&self) -> String {
-        let shape: Vec<String> = self.shape.iter().map(u64::to_string).collect();
         format!(
-            "Shard(id={}, dtype={}, shape=({}{}), mode={}, transport={}, readonly={})",
+            "Shard(id={}, dtype={}, shape={}, mode={}, transport={}, readonly={})",
             self.id,
             dtype_name(self.dtype),
-            shape.join(", "),
-            if shape.len() == 1 { "," } else { "" },
+            shape_text(&self.shape),
             self.mode(),
             self.selection.transport,
             if self.writable { "False" } else { "True" },
