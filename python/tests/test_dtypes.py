@@ -154,6 +154,10 @@ def test_torch_style_dtype_names_and_handle_properties(node):
     assert "posix-shm" in h.transports
     assert repr(h).startswith("Handle(id=") and "float16" in repr(h) and "(2, 3)" in repr(h)
     assert isinstance(h, shardport.Handle)
+    # Shapes read as Python tuples in a fetched shard's repr too.
+    for shape, text in [((2, 3), "shape=(2, 3)"), ((5,), "shape=(5,)"), ((), "shape=()")]:
+        r = repr(node.fetch(node.put(np.zeros(shape, np.float32))))
+        assert r.startswith("Shard(id=") and text in r, r
 
 
 def test_fetch_into_a_reused_array(node):
