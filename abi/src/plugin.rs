@@ -10,7 +10,13 @@
 //! instance's events. A thread keeps the dispatcher of the instance it last
 //! called until it calls another one (installing it per call, and putting
 //! the previous one back after, cost ~50 ns of a 0.6 us put: two atomic
-//! counters and an `Arc` shared by every thread).
+//! counters and an `Arc` shared by every thread). Consequences: events a
+//! plugin emits on a host thread outside any call (a `Drop` the host runs)
+//! reach the instance that thread called last; a call of one instance
+//! nested in another's on the same thread (nothing does this today) would
+//! leave the inner one's dispatcher installed for the rest of the outer
+//! call; a plugin linked in-process as a Rust library (tests, benches)
+//! keeps its dispatcher installed on the calling thread.
 
 use std::{
     any::Any,

@@ -30,7 +30,10 @@ use pyo3::{
 use shardport_abi::{DType, DeviceKind, ShardId};
 use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
 
-use crate::convert::{buffer_format, dlpack_dtype, dtype_name, itemsize};
+use crate::{
+    convert::{buffer_format, dlpack_dtype, dtype_name, itemsize},
+    errors::{py_err, Kind},
+};
 
 // ---------------------------------------------------------------------------
 // Reading `put` inputs
@@ -464,7 +467,9 @@ impl Shard {
         let mut acc = item as isize;
         for (s, &d) in strides.iter_mut().zip(&shape).rev() {
             *s = acc;
-            acc *= d.max(1) as isize;
+            // Wrapping: a zero dimension allows others whose product
+            // overflows, and then no stride is ever used to address a byte.
+            acc = acc.wrapping_mul(d.max(1) as isize);
         }
         Shard {
             keep,
@@ -593,7 +598,8 @@ pub struct CudaShard {
 }
 
 impl CudaShard {
-    /// Wraps a device view (its lease moves into `keep`).
+    /// Wraps a device view (its lease moves into `keep`), on the GPU the
+    /// driver says its address is on here (see [`crate::cuda`]).
     pub(crate) fn new(view: DeviceView) -> PyResult<CudaShard> {
         let meta = view.meta().clone();
         if meta.device.kind != DeviceKind::CUDA {
@@ -602,10 +608,24 @@ impl CudaShard {
                 meta.device
             )));
         }
+        // The owner's index is not necessarily ours (another
+        // CUDA_VISIBLE_DEVICES): ask where the mapping is. An empty shard
+        // has no address; it stays on the owner's index.
+        let device_id = if view.is_empty() {
+            meta.device.index as i32
+        } else {
+            crate::cuda::device_of(view.addr().0)
+                .map_err(|why| py_err(Kind::TransportUnavailable, why))?
+        };
         Ok(CudaShard {
-            ptr: view.addr().0 as usize,
+            // An empty shard's address may be 0: DLPack wants non-null.
+            ptr: if view.is_empty() {
+                NonNull::<u64>::dangling().as_ptr() as usize
+            } else {
+                view.addr().0 as usize
+            },
             nbytes: view.len(),
-            device_id: meta.device.index as i32,
+            device_id,
             id: view.id(),
             dtype: meta.dtype,
             shape: meta.shape.iter().copied().collect(),
@@ -771,7 +791,9 @@ const KDL_CUDA: i32 = 2;
 fn c_order_strides(shape: &[u64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1) as i64;
+        // Wrapping, as in `Shard::from_fetched`: only an empty shard's
+        // dimensions can overflow, and it has no byte to address.
+        strides[i] = strides[i + 1].wrapping_mul(shape[i + 1].max(1) as i64);
     }
     strides
 }
