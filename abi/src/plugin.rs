@@ -264,23 +264,11 @@ impl tracing::field::Visit for FieldText {
 
 #[cfg(test)]
 mod tests {
-    use abi_stable::{sabi_trait::TD_Opaque, std_types::RString};
-
     use super::*;
-    use crate::testing::CaptureServices as Sink;
+    use crate::testing::{context_with, CaptureServices as Sink};
 
     fn context(instance: &str, sink: &Sink) -> PluginContext {
-        PluginContext::new(HostContext {
-            instance: RString::from(instance),
-            config: RString::new(),
-            node_name: RString::from("test"),
-            node_tag: RString::from("t1"),
-            services: HostServicesBox::from_value(sink.clone(), TD_Opaque),
-        })
-    }
-
-    fn said(sink: &Sink) -> Vec<String> {
-        sink.messages()
+        PluginContext::new(context_with(instance, "", sink.clone()))
     }
 
     #[test]
@@ -309,8 +297,8 @@ mod tests {
             });
         });
         log(&b, "b4");
-        assert_eq!(said(&sa), ["a1", "a2", "a3", "a4"]);
-        assert_eq!(said(&sb), ["b1", "b2", "b3", "b4"]);
+        assert_eq!(sa.messages(), ["a1", "a2", "a3", "a4"]);
+        assert_eq!(sb.messages(), ["b1", "b2", "b3", "b4"]);
     }
 
     #[test]
@@ -324,6 +312,9 @@ mod tests {
             e.message.contains("plugin `p` panicked in export: boom"),
             "{e:?}"
         );
-        assert!(said(&sink).iter().any(|m| m == "plugin method panicked"));
+        assert!(sink
+            .messages()
+            .iter()
+            .any(|m| m == "plugin method panicked"));
     }
 }

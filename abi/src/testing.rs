@@ -113,11 +113,21 @@ pub fn unique_node_tag() -> String {
 
 /// A context for instance `instance` with config text `config` and a fresh node tag.
 pub fn context(instance: &str, config: &str) -> HostContext {
+    context_with(instance, config, TestServices::default())
+}
+
+/// [`context`] with host services of the test's own (e.g. a
+/// [`CaptureServices`] to see what the plugin logs).
+pub fn context_with(
+    instance: &str,
+    config: &str,
+    services: impl HostServices + 'static,
+) -> HostContext {
     HostContext {
         instance: RString::from(instance),
         config: RString::from(config),
         node_name: RString::from("test"),
         node_tag: RString::from(unique_node_tag()),
-        services: HostServicesBox::from_value(TestServices::default(), TD_Opaque),
+        services: HostServicesBox::from_value(services, TD_Opaque),
     }
 }

@@ -5,8 +5,8 @@
 use std::{os::unix::fs::PermissionsExt, sync::Arc};
 
 use shardport_abi::{
-    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, HostContext, HostServicesBox,
-    LeasedView, RSlice, RSliceMut, RString, SharedBytes, TD_Opaque, Transport,
+    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, LeasedView, RSlice, RSliceMut,
+    SharedBytes, TD_Opaque, Transport,
 };
 use tempfile::TempDir;
 
@@ -380,13 +380,7 @@ fn health_reports_a_vanished_directory() {
 fn logs_reach_the_host() {
     let tmp = TempDir::new().unwrap();
     let capture = testing::CaptureServices::default();
-    let ctx = HostContext {
-        instance: RString::from("spool"),
-        config: RString::from(config_for(tmp.path())),
-        node_name: RString::from("test"),
-        node_tag: RString::from(testing::unique_node_tag()),
-        services: HostServicesBox::from_value(capture.clone(), TD_Opaque),
-    };
+    let ctx = testing::context_with("spool", &config_for(tmp.path()), capture.clone());
     let t = Guarded(SpoolTransport::new(PluginContext::new(ctx)).unwrap());
     t.export(request(0x11, b"x")).unwrap();
     let records = capture.records();
