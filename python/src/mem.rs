@@ -27,7 +27,7 @@ use pyo3::{
     prelude::*,
     types::{PyBytes, PyDict, PyTuple},
 };
-use shardport_abi::{DType, DeviceKind, ShardId};
+use shardport_abi::{DType, ShardId};
 use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
 
 use crate::{
@@ -463,14 +463,10 @@ impl Shard {
         let shape: Vec<u64> = meta.shape.iter().copied().collect();
         let item = itemsize(meta.dtype);
         let buf_shape: Box<[isize]> = shape.iter().map(|&d| d as isize).collect();
-        let mut strides = vec![0isize; shape.len()];
-        let mut acc = item as isize;
-        for (s, &d) in strides.iter_mut().zip(&shape).rev() {
-            *s = acc;
-            // Wrapping: a zero dimension allows others whose product
-            // overflows, and then no stride is ever used to address a byte.
-            acc = acc.wrapping_mul(d.max(1) as isize);
-        }
+        let strides: Box<[isize]> = c_order_strides(&shape)
+            .iter()
+            .map(|&s| s.wrapping_mul(item as i64) as isize)
+            .collect();
         Shard {
             keep,
             ptr: if len == 0 {
@@ -483,7 +479,7 @@ impl Shard {
             id,
             dtype: meta.dtype,
             buf_shape,
-            buf_strides: strides.into_boxed_slice(),
+            buf_strides: strides,
             flat: Box::new([len as isize, 1]),
             shape,
             selection,
@@ -527,26 +523,19 @@ impl Shard {
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
+    /// `versioned`: the consumer's DLPack minor version (of major 1), or
+    /// `None` for a legacy capsule.
     fn dlpack<'py>(
         &self,
         py: Python<'py>,
-        versioned: bool,
-        minor: u32,
+        versioned: Option<u32>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let Some((code, bits)) = dlpack_dtype(self.dtype) else {
-            return Err(PyBufferError::new_err(format!(
-                "{} has no DLPack type",
-                dtype_name(self.dtype)
-            )));
-        };
-        // float8 codes exist from DLPack 1.1 on.
-        if (7..=14).contains(&code) && !(versioned && minor >= 1) {
-            return Err(PyBufferError::new_err(format!(
-                "{} needs DLPack >= 1.1 (the consumer asked for less); use shard.numpy() (ml_dtypes) or shard.torch()",
-                dtype_name(self.dtype)
-            )));
-        }
+        let dtype = dl_type(
+            self.dtype,
+            versioned,
+            "; use shard.numpy() (ml_dtypes) or shard.torch()",
+        )?;
         let (keep, ptr, writable): (Keep, usize, bool) = if copy {
             let p = PrivateBuf::new(self.bytes().to_vec());
             let ptr = if p.len == 0 { self.ptr } else { p.ptr as usize };
@@ -554,8 +543,6 @@ impl Shard {
         } else {
             (Arc::clone(&self.keep), self.ptr, self.writable)
         };
-        let item = self.item() as i64;
-        let strides: Vec<i64> = self.buf_strides.iter().map(|&s| s as i64 / item).collect();
         capsule(
             py,
             Export {
@@ -565,17 +552,13 @@ impl Shard {
                     device_type: 1,
                     device_id: 0,
                 },
-                dtype: DLDataType {
-                    code,
-                    bits,
-                    lanes: 1,
-                },
+                dtype,
                 shape: &self.shape,
-                strides,
+                strides: c_order_strides(&self.shape),
                 writable,
                 copied: copy,
             },
-            versioned.then_some(minor),
+            versioned,
         )
     }
 }
@@ -601,29 +584,24 @@ impl CudaShard {
     /// Wraps a device view (its lease moves into `keep`), on the GPU the
     /// driver says its address is on here (see [`crate::cuda`]).
     pub(crate) fn new(view: DeviceView) -> PyResult<CudaShard> {
-        let meta = view.meta().clone();
-        if meta.device.kind != DeviceKind::CUDA {
-            return Err(PyTypeError::new_err(format!(
-                "a device view of {} memory; fetch_cuda gives CUDA memory",
-                meta.device
-            )));
-        }
+        // `Node::fetch_device` gives views of CUDA shards only.
+        let meta = view.meta();
         // The owner's index is not necessarily ours (another
         // CUDA_VISIBLE_DEVICES): ask where the mapping is. An empty shard
-        // has no address; it stays on the owner's index.
-        let device_id = if view.is_empty() {
-            meta.device.index as i32
+        // has no address (maybe 0, and DLPack wants non-null); it stays
+        // on the owner's index.
+        let (ptr, device_id) = if view.is_empty() {
+            (
+                NonNull::<u64>::dangling().as_ptr() as usize,
+                meta.device.index as i32,
+            )
         } else {
-            crate::cuda::device_of(view.addr().0)
-                .map_err(|why| py_err(Kind::TransportUnavailable, why))?
+            let device = crate::cuda::device_of(view.addr().0)
+                .map_err(|why| py_err(Kind::TransportUnavailable, why))?;
+            (view.addr().0 as usize, device)
         };
         Ok(CudaShard {
-            // An empty shard's address may be 0: DLPack wants non-null.
-            ptr: if view.is_empty() {
-                NonNull::<u64>::dangling().as_ptr() as usize
-            } else {
-                view.addr().0 as usize
-            },
+            ptr,
             nbytes: view.len(),
             device_id,
             id: view.id(),
@@ -667,27 +645,13 @@ impl CudaShard {
                 "a CUDA shard is exported without copying; copy the tensor you get (e.g. .clone())",
             ));
         }
-        let minor = match max_version {
-            Some((major, minor)) if major >= 1 => if major > 1 { 1 } else { minor },
-            _ => {
-                return Err(PyBufferError::new_err(
-                    "the shard is the owner's memory, read-only, and DLPack before 1.0 cannot \
-                     say so: the consumer must pass max_version=(1, 0) or later (torch >= 2.5 does)",
-                ))
-            }
+        let Some(minor) = consumer_version(max_version) else {
+            return Err(PyBufferError::new_err(
+                "the shard is the owner's memory, read-only, and DLPack before 1.0 cannot \
+                 say so: the consumer must pass max_version=(1, 0) or later (torch >= 2.5 does)",
+            ));
         };
-        let Some((code, bits)) = dlpack_dtype(self.dtype) else {
-            return Err(PyBufferError::new_err(format!(
-                "{} has no DLPack type",
-                dtype_name(self.dtype)
-            )));
-        };
-        if (7..=14).contains(&code) && minor < 1 {
-            return Err(PyBufferError::new_err(format!(
-                "{} needs DLPack >= 1.1 (the consumer asked for less)",
-                dtype_name(self.dtype)
-            )));
-        }
+        let dtype = dl_type(self.dtype, Some(minor), "")?;
         capsule(
             py,
             Export {
@@ -697,11 +661,7 @@ impl CudaShard {
                     device_type: KDL_CUDA,
                     device_id: self.device_id,
                 },
-                dtype: DLDataType {
-                    code,
-                    bits,
-                    lanes: 1,
-                },
+                dtype,
                 shape: &self.shape,
                 strides: c_order_strides(&self.shape),
                 writable: false,
@@ -784,6 +744,39 @@ fn shape_text(shape: &[u64]) -> String {
     format!("({}{comma})", dims.join(", "))
 }
 
+/// The consumer's DLPack minor version (of major 1; a later major is
+/// served 1.1) from `__dlpack__`'s `max_version`, or `None` for a legacy
+/// consumer (no `max_version`, or major 0).
+fn consumer_version(max_version: Option<(u32, u32)>) -> Option<u32> {
+    match max_version {
+        Some((major, minor)) if major >= 1 => Some(if major > 1 { 1 } else { minor }),
+        _ => None,
+    }
+}
+
+/// The DLPack type of `dtype` for a consumer of version `versioned` (see
+/// [`consumer_version`]): float8 codes exist from DLPack 1.1 on. `hint`
+/// ends the error for a consumer that cannot take it.
+fn dl_type(dtype: DType, versioned: Option<u32>, hint: &str) -> PyResult<DLDataType> {
+    let Some((code, bits)) = dlpack_dtype(dtype) else {
+        return Err(PyBufferError::new_err(format!(
+            "{} has no DLPack type",
+            dtype_name(dtype)
+        )));
+    };
+    if (7..=14).contains(&code) && versioned.is_none_or(|minor| minor < 1) {
+        return Err(PyBufferError::new_err(format!(
+            "{} needs DLPack >= 1.1 (the consumer asked for less){hint}",
+            dtype_name(dtype)
+        )));
+    }
+    Ok(DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    })
+}
+
 /// DLPack's device type of CUDA memory.
 const KDL_CUDA: i32 = 2;
 
@@ -791,8 +784,8 @@ const KDL_CUDA: i32 = 2;
 fn c_order_strides(shape: &[u64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        // Wrapping, as in `Shard::from_fetched`: only an empty shard's
-        // dimensions can overflow, and it has no byte to address.
+        // Wrapping: a zero dimension allows others whose product
+        // overflows, and then no stride is ever used to address a byte.
         strides[i] = strides[i + 1].wrapping_mul(shape[i + 1].max(1) as i64);
     }
     strides
@@ -906,12 +899,9 @@ impl Shard {
                 )));
             }
         }
-        let (versioned, minor) = match max_version {
-            Some((major, minor)) if major >= 1 => (true, if major > 1 { 1 } else { minor }),
-            _ => (false, 0),
-        };
+        let versioned = consumer_version(max_version);
         let copy = copy == Some(true);
-        if !versioned && !self.writable && !copy {
+        if versioned.is_none() && !self.writable && !copy {
             // A legacy capsule cannot say "read-only": the consumer would
             // get a writable tensor over memory mapped read-only (a crash
             // on the first write) or shared with the cache.
@@ -920,7 +910,7 @@ impl Shard {
                  pass max_version=(1, 0), or copy=True, or fetch with mode=\"copy\"",
             ));
         }
-        self.dlpack(py, versioned, minor, copy)
+        self.dlpack(py, versioned, copy)
     }
 
     /// `(kDLCPU, 0)`: fetched shards are host memory.
@@ -1079,7 +1069,7 @@ impl Shard {
         }
         // A legacy capsule, which every torch reads; a read-only shard goes
         // as a private copy (see above).
-        let cap = me.dlpack(py, false, 0, !me.writable)?;
+        let cap = me.dlpack(py, None, !me.writable)?;
         torch.call_method1("from_dlpack", (cap,))
     }
 

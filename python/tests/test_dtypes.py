@@ -198,3 +198,17 @@ def test_buffer_exports_describe_the_memory(node):
     assert not mw.readonly
     mw.cast("B")[0] = 99
     assert np.asarray(w)[0, 0] == 99
+
+
+def test_dlpack_versions_and_float8(node):
+    # float8 codes exist from DLPack 1.1 on: an older consumer is refused
+    # with what to use instead; a 1.1 consumer gets a versioned capsule.
+    f8 = node.fetch(node.put(random_bits(ml_dtypes.float8_e4m3fn, (4,))), mode="copy")
+    for kwargs in ({}, {"max_version": (0, 8)}, {"max_version": (1, 0)}):
+        with pytest.raises(BufferError, match=r"needs DLPack >= 1.1 .*shard.numpy\(\)"):
+            f8.__dlpack__(**kwargs)
+    assert type(f8.__dlpack__(max_version=(1, 1))).__name__ == "PyCapsule"
+    assert type(f8.__dlpack__(max_version=(2, 0))).__name__ == "PyCapsule"
+    # A writable copy of any other dtype goes to a legacy consumer too.
+    f32 = node.fetch(node.put(np.arange(3, dtype=np.float32)), mode="copy")
+    assert type(f32.__dlpack__()).__name__ == "PyCapsule"
