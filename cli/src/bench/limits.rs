@@ -325,7 +325,8 @@ pub fn copy_by(way: CopyWay, src: &[u8], dst: &mut [u8]) -> Duration {
 
 /// The fastest of [`copy_ways`] for one copy of `src` into `dst`, tried
 /// back to back (the later ones find the bytes in the cache: the matrix's
-/// cells take one way per sample instead, see `matrix::LimitSampler`).
+/// cells below 4 MiB take one way per sample instead, see
+/// `matrix::Runner::rotation`).
 pub fn memcpy_once(src: &[u8], dst: &mut [u8]) -> Duration {
     copy_ways(src.len())
         .iter()

@@ -165,10 +165,7 @@ pub(crate) fn check_name(name: &str, prefix: &str, kind: Kind) -> Result<(), Str
         return Err(format!("{name:?} does not start with `/`"));
     };
     // Bytes first (every import checks two names); chars only to report.
-    if !rest
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if !rest.bytes().all(|b| name_char(char::from(b))) {
         let c = rest.chars().find(|&c| !name_char(c)).unwrap_or('?');
         return Err(format!(
             "{name:?} contains {c:?}; only letters, digits, `_` and `-` may follow the `/`"
