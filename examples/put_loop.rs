@@ -9,9 +9,10 @@
 //! perf record --call-graph dwarf ./target/release/examples/put_loop 4096 200000
 //! ```
 //! Prints p50/p90/p99 of the put and of the remove, in microseconds, the
-//! rates of `put_many` and of `remove` of 10,000 shards, then the rate of `fetch_many` (copy mode, batches of `fetch.max-batch`) of
-//! 10,000 shards of that size this node owns (the consumer's path without
-//! the second process: selection, the transport's lease and copy).
+//! rates of `put_many` and of `remove` of 10,000 shards, then the rate of
+//! `fetch_many` (copy mode, batches of `fetch.max-batch`) of 10,000 shards
+//! of that size this node owns (the consumer's path without the second
+//! process: selection, the transport's lease and copy).
 //! PARTS (default `put,many,fetch`) picks which of the three run.
 
 #![allow(clippy::print_stdout)] // the figures on stdout are this program's output
@@ -102,11 +103,10 @@ fn put_many(node: &Node, src: &[u8], spec: &TensorSpec) -> Result<(), Box<dyn st
         puts.push(ids.len() as f64 / (t1 - t).as_secs_f64());
     }
     for (name, v) in [("put_many", &mut puts), ("remove", &mut removes)] {
-        v.sort_by(f64::total_cmp);
         println!(
             "{name} {} x {size} B: median {:.0} shards/s",
             items.len(),
-            v[v.len() / 2]
+            median(v)
         );
     }
     Ok(())
@@ -133,11 +133,16 @@ fn fetch_many(
         }
         rates.push(many.len() as f64 / t.elapsed().as_secs_f64());
     }
-    rates.sort_by(f64::total_cmp);
     println!(
         "fetch_many {} x {size} B (copy, batches of {batch}): median {:.0} shards/s",
         many.len(),
-        rates[rates.len() / 2]
+        median(&mut rates)
     );
     Ok(())
+}
+
+/// The median of the rates of some rounds (sorts them).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
