@@ -14,6 +14,7 @@
 //! | [`error`] | `io::Error` and own errors to [`AbiError`](crate::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
 //! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
+//! | [`poll`] | [`await_bytes`](poll::await_bytes): polls a socket for bytes for a bounded time before the read sleeps (a sleeping reader wakes tens of microseconds late on VMs that halt idle vCPUs) |
 //! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](crate::SharedBytes) |
 //! | [`hash`] | [`IdHashMap`](hash::IdHashMap): a fast hash for keys the process makes itself (shard ids, tokens), not for keys a peer picks |
 //! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](crate::PluginContext::guard) |
@@ -60,6 +61,7 @@ pub mod hash;
 pub mod lent;
 pub mod map;
 pub mod options;
+pub mod poll;
 pub mod stats;
 mod sys;
 

@@ -30,6 +30,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use shardport_abi::kit::poll::await_bytes;
+
 use super::stats::{gbps_us, Summary};
 
 /// A ratio above this means the product beat its limit: the limit is not
@@ -50,26 +52,12 @@ const STREAM_LIMIT_MIN: usize = 1 << 20;
 /// it sleeps in a blocking read.
 const POLL: Duration = Duration::from_micros(200);
 
-/// Polls `s` for up to [`POLL`] until bytes (or its end, or an error) can
-/// be read, so that the blocking read which follows does not sleep.
-fn await_bytes(s: &TcpStream) {
-    use rustix::{io::Errno, net::RecvFlags};
-    let until = Instant::now() + POLL;
-    let mut probe = [0u8; 1];
-    while Instant::now() < until {
-        match rustix::net::recv(s, &mut probe[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-            Err(e) if e == Errno::AGAIN || e == Errno::INTR => std::thread::yield_now(),
-            _ => return,
-        }
-    }
-}
-
 /// Fills `buf` from `s`, polling before every read that would wait (as
 /// the http consumer does between the pieces of a body).
 fn read_polling(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
-        await_bytes(s);
+        await_bytes(s, POLL);
         match s.read(&mut buf[filled..]) {
             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,
@@ -206,7 +194,7 @@ impl TcpPair {
                 let mut req = [0u8; 8];
                 // A request is the number of shards to send back to back.
                 'serve: loop {
-                    await_bytes(&s);
+                    await_bytes(&s, POLL);
                     if s.read_exact(&mut req).is_err() {
                         break;
                     }

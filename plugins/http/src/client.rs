@@ -49,7 +49,10 @@ use std::{
 
 use hyper::StatusCode;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
-use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
+use shardport_abi::{
+    kit::poll::{await_bytes, nothing_to_read},
+    AbiError, ErrorKind, ImportInfo, PluginResult, ShardId,
+};
 use tracing::debug;
 
 use crate::{
@@ -218,38 +221,6 @@ impl Conn {
         // read together with the last response bytes shows up as an end of
         // stream on the next request, which is retried.)
         nothing_to_read(self.stream.tcp())
-    }
-}
-
-/// True when `tcp` has nothing to read right now: no bytes, no end of
-/// stream, no error (one non-blocking peek, consuming nothing).
-fn nothing_to_read(tcp: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    match rustix::net::recv(
-        tcp,
-        &mut probe[..],
-        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-    ) {
-        Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
-        Ok(_) => false,
-    }
-}
-
-/// Polls `tcp` for up to `spin` until bytes (or its end, or an error)
-/// arrive, so that the read which follows finds them instead of sleeping:
-/// a sleeping thread wakes tens of microseconds late on a VM whose idle
-/// vCPUs halt, more than a small request's whole round trip. One
-/// non-blocking peek per turn, yielding the core between turns; nothing is
-/// consumed. With TLS the peek sees the ciphertext, which is what the read
-/// waits for too.
-fn await_bytes(tcp: &TcpStream, spin: Duration) {
-    if spin.is_zero() {
-        return;
-    }
-    let until = Instant::now() + spin;
-    // Bytes, the end of the stream or an error end the poll: the read sees it.
-    while nothing_to_read(tcp) && Instant::now() < until {
-        std::thread::yield_now();
     }
 }
 
@@ -1320,25 +1291,6 @@ mod tests {
             addr: addr.to_owned(),
             tls: false,
         }
-    }
-
-    #[test]
-    fn polling_for_a_response_consumes_nothing_and_gives_up() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut server, _) = listener.accept().unwrap();
-        // Nothing arrives: the poll gives up (the test would hang otherwise).
-        await_bytes(&client, Duration::from_millis(2));
-        // Bytes arrive: the poll returns and they are all still there.
-        server.write_all(b"response").unwrap();
-        await_bytes(&client, Duration::from_secs(3600));
-        let mut got = [0u8; 8];
-        client.read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"response");
-        // The end of the stream ends the poll too, and reads as the end.
-        drop(server);
-        await_bytes(&client, Duration::from_secs(3600));
-        assert_eq!(client.read(&mut got).unwrap(), 0);
     }
 
     #[test]

@@ -1,0 +1,84 @@
+//! Waiting for a socket's bytes without sleeping: a reader that sleeps in
+//! the kernel wakes tens of microseconds late on a VM whose idle vCPUs
+//! halt (`guest_halt_poll_ns` = 0), more than a small request's whole round
+//! trip. [`await_bytes`] polls first, for a bounded time, then lets the
+//! read that follows sleep as usual. Used by the http transport's consumer
+//! and by `shardport bench`'s TCP limit.
+//!
+//! ```
+//! use std::{io::{Read, Write}, net::{TcpListener, TcpStream}, time::Duration};
+//! use shardport_abi::kit::poll::await_bytes;
+//!
+//! let listener = TcpListener::bind("127.0.0.1:0")?;
+//! let mut client = TcpStream::connect(listener.local_addr()?)?;
+//! let (mut server, _) = listener.accept()?;
+//! server.write_all(b"hi")?;
+//! await_bytes(&client, Duration::from_millis(50)); // returns once they are there
+//! let mut got = [0u8; 2];
+//! client.read_exact(&mut got)?;
+//! assert_eq!(&got, b"hi");
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::{
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+/// True when `tcp` has nothing to read right now: no bytes, no end of
+/// stream, no error (one non-blocking peek, consuming nothing).
+pub fn nothing_to_read(tcp: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    match rustix::net::recv(
+        tcp,
+        &mut probe[..],
+        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+    ) {
+        Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
+        Ok(_) => false,
+    }
+}
+
+/// Polls `tcp` for up to `spin` until bytes (or its end, or an error)
+/// arrive, so that the read which follows finds them instead of sleeping.
+/// One non-blocking peek per turn, yielding the core between turns;
+/// nothing is consumed. With TLS the peek sees the ciphertext, which is
+/// what the read waits for too. A zero `spin` returns at once.
+pub fn await_bytes(tcp: &TcpStream, spin: Duration) {
+    if spin.is_zero() {
+        return;
+    }
+    let until = Instant::now() + spin;
+    // Bytes, the end of the stream or an error end the poll: the read sees it.
+    while nothing_to_read(tcp) && Instant::now() < until {
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    #[test]
+    fn polling_consumes_nothing_and_gives_up() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        assert!(nothing_to_read(&client));
+        // Nothing arrives: the poll gives up (the test would hang otherwise).
+        await_bytes(&client, Duration::from_millis(2));
+        // Bytes arrive: the poll returns and they are all still there.
+        server.write_all(b"response").unwrap();
+        await_bytes(&client, Duration::from_secs(3600));
+        assert!(!nothing_to_read(&client));
+        let mut got = [0u8; 8];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"response");
+        // The end of the stream ends the poll too, and reads as the end.
+        drop(server);
+        await_bytes(&client, Duration::from_secs(3600));
+        assert_eq!(client.read(&mut got).unwrap(), 0);
+    }
+}
