@@ -11,6 +11,17 @@ import numpy as np
 import shardport
 
 
+def in_child(spawn, target, *args):
+    """Runs ``target(*args, out)`` in a spawned process and returns what it
+    put on ``out`` (a ``(status, result)`` pair by the children's habit)."""
+    out = spawn.Queue()
+    p = spawn.Process(target=target, args=(*args, out))
+    p.start()
+    reported = out.get(timeout=120)
+    p.join(60)
+    return reported
+
+
 def unique_prefix() -> str:
     """A shared-memory segment prefix no other process uses, so a test can
     check that nothing it created is left in /dev/shm."""

@@ -14,7 +14,7 @@ import pytest
 
 import shardport
 
-from helpers import config, digest
+from helpers import config, digest, in_child
 
 torch = pytest.importorskip("torch", reason="torch is not installed (optional dependency; too heavy for CI)")
 if not torch.cuda.is_available():
@@ -105,11 +105,7 @@ def test_cuda_tensors_cross_processes_through_cuda_ipc(node, prefix, spawn):
     hs = [node.put(t) for t in ts]
     for h, d in zip(hs, DTYPES):
         assert h.dtype == d and h.device == "cuda:0", h
-    q = spawn.Queue()
-    p = spawn.Process(target=child_fetch_cuda, args=(prefix, [h.to_bytes() for h in hs], q))
-    p.start()
-    status, res = q.get(timeout=120)
-    p.join(60)
+    status, res = in_child(spawn, child_fetch_cuda, prefix, [h.to_bytes() for h in hs])
     assert status == "ok", res
     for t, (dig, shape, transport) in zip(ts, res):
         assert transport == "cuda-ipc"
@@ -121,11 +117,7 @@ def test_cuda_tensors_cross_processes_through_cuda_ipc(node, prefix, spawn):
 def test_cuda_shards_are_viewed_in_place_in_another_process(node, prefix, spawn):
     ts = [make(d) for d in DTYPES]
     hs = [node.put(t) for t in ts]
-    q = spawn.Queue()
-    p = spawn.Process(target=child_view_cuda, args=(prefix, [h.to_bytes() for h in hs], q))
-    p.start()
-    status, res = q.get(timeout=120)
-    p.join(60)
+    status, res = in_child(spawn, child_view_cuda, prefix, [h.to_bytes() for h in hs])
     assert status == "ok", res
     for t, d, (dig, shape, device, transport, index, dl_dev, nbytes, dtype) in zip(ts, DTYPES, res):
         assert (transport, index, dl_dev, device) == ("cuda-ipc", 0, (2, 0), "cuda:0")
@@ -144,10 +136,6 @@ def test_a_process_cannot_fetch_its_own_cuda_shard_and_is_told_why(node):
 
 
 def test_cuda_put_without_the_transport_names_the_reason(prefix, spawn):
-    q = spawn.Queue()
-    p = spawn.Process(target=child_put_disabled, args=(prefix, q))
-    p.start()
-    status, msg = q.get(timeout=120)
-    p.join(60)
+    status, msg = in_child(spawn, child_put_disabled, prefix)
     assert status == "unavailable", msg
     assert "disabled by test_cuda" in msg

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import shardport
-from helpers import child_fetch, digest
+from helpers import child_fetch, digest, in_child
 
 RNG = np.random.default_rng(12)
 
@@ -53,11 +53,7 @@ def test_every_dtype_across_two_processes(node, prefix, spawn):
     arrays.append(np.float64(2.5))  # a NumPy scalar
     arrays.append(np.zeros((0, 3), np.int16))  # empty
     handles = [node.put(a) for a in arrays]
-    out = spawn.Queue()
-    p = spawn.Process(target=child_fetch, args=(prefix, [h.to_bytes() for h in handles], "view", out))
-    p.start()
-    status, res = out.get(timeout=120)
-    p.join(60)
+    status, res = in_child(spawn, child_fetch, prefix, [h.to_bytes() for h in handles], "view")
     assert status == "ok", res
     for a, (dt, shape, dig, transport, writeable) in zip(arrays, res):
         assert dt == a.dtype.name and tuple(shape) == np.shape(a)
