@@ -71,7 +71,7 @@ mkdir -p python/python/shardport/_plugins
 for so in libshardport_posix_shm.so libshardport_http.so libshardport_cuda_ipc.so; do
     cp -f "$target_dir/$profile/$so" python/python/shardport/_plugins/
 done
-if ! log=$(cd python && VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" \
+if ! log=$(cd python && SHARDPORT_PLUGINS_PREBUILT=1 VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" \
     maturin develop -q "${release_flag[@]}" 2>&1); then
     echo "$log" >&2
     echo "setup: maturin develop failed" >&2
