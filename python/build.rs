@@ -59,9 +59,8 @@ fn main() {
         // Copy to a temporary name and rename: a process that has the old
         // file mapped keeps its mapping, never sees a half-written library.
         let tmp = dest.join(format!(".{file}.tmp"));
-        std::fs::copy(&from, &tmp).unwrap_or_else(|e| {
-            panic!("cannot copy {} to {}: {e}", from.display(), tmp.display())
-        });
+        std::fs::copy(&from, &tmp)
+            .unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", from.display(), tmp.display()));
         std::fs::rename(&tmp, &to)
             .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), to.display()));
     }

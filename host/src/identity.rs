@@ -121,6 +121,15 @@ pub fn new_node_tag(epoch: u64) -> String {
     format!("{pid}-{start}-{epoch:x}g{n}")
 }
 
+/// A name for a node whose config names none: `node-<pid>-<n>`, unique
+/// among the live processes of this machine (`n` counts this process's
+/// unnamed nodes).
+pub fn unique_node_name() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("node-{}-{n}", std::process::id())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

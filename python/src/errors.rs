@@ -64,7 +64,7 @@ pub(crate) fn host_err(e: HostError) -> PyErr {
         HostError::NotOwned(_) => Kind::NotFound,
         HostError::Storage { .. } => Kind::Storage,
         HostError::ChecksumMismatch { .. } => Kind::Integrity,
-        HostError::ReloadRefused(_) => Kind::Config,
+        HostError::ReloadRefused(_) | HostError::PluginConfig(_) => Kind::Config,
         HostError::RequiredPlugins(_)
         | HostError::NoExport { .. }
         | HostError::NoDeviceTransport { .. }

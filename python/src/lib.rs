@@ -31,6 +31,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<mem::Shard>()?;
     m.add_class::<mem::CudaShard>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("DEFAULT_CONFIG", shardport_host::config::DEFAULT_CONFIG)?;
+    // The Python default is the library config (no fixed name or port), not
+    // the demo's.
+    m.add("DEFAULT_CONFIG", shardport_host::config::LIBRARY_CONFIG)?;
     Ok(())
 }

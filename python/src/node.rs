@@ -53,7 +53,7 @@ fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
     }
 }
 
-/// Builds the config: `None` (embedded default), a path, TOML text or a dict.
+/// Builds the config: `None` (the embedded library config), a path, TOML text or a dict.
 /// Relative plugin paths also resolve in `plugin_dir` (the package's bundled
 /// plugins).
 fn load_config(config: Option<&Bound<'_, PyAny>>, plugin_dir: Option<PathBuf>) -> PyResult<Config> {
@@ -68,13 +68,13 @@ fn load_config(config: Option<&Bound<'_, PyAny>>, plugin_dir: Option<PathBuf>) -
     let cfg_err = |e: &dyn std::fmt::Display| py_err(Kind::Config, e.to_string());
     let mut cfg = match config {
         None => config::parse_str(
-            config::DEFAULT_CONFIG,
-            text_origin(config::DEFAULT_CONFIG_ORIGIN),
+            config::LIBRARY_CONFIG,
+            text_origin(config::LIBRARY_CONFIG_ORIGIN),
         )
         .map_err(|e| cfg_err(&e))?,
         Some(c) if c.is_none() => config::parse_str(
-            config::DEFAULT_CONFIG,
-            text_origin(config::DEFAULT_CONFIG_ORIGIN),
+            config::LIBRARY_CONFIG,
+            text_origin(config::LIBRARY_CONFIG_ORIGIN),
         )
         .map_err(|e| cfg_err(&e))?,
         Some(c) => {

@@ -105,7 +105,7 @@ def test_k8s_ipv6_and_an_unspecified_bind(monkeypatch):
     cfg = shardport.default_config()
     http_config(cfg).update({"bind": "0.0.0.0:7071", "auth-token": "t" * 32})
     out = spenv.apply(cfg, "k8s")
-    assert out["node"]["advertise"] == "[fd00::5]:7070"
+    assert out["node"]["advertise"] == "[fd00::5]:0"  # the config's port kept
     assert http_config(out)["bind"] == "0.0.0.0:7071"  # kept: serves every interface
     assert http_config(out)["advertise"] == "fd00::5"  # reached at the pod IP
 
@@ -148,7 +148,7 @@ def test_torchrun_ranks_and_a_loopback_master(monkeypatch):
     assert e.host in ("127.0.0.1", "::1") and e.name == "rank1"
     cfg = shardport.default_config()
     out = e.overrides(cfg)
-    assert out["node"]["advertise"] in ("127.0.0.1:7070", "[::1]:7070")
+    assert out["node"]["advertise"] in ("127.0.0.1:0", "[::1]:0")
     assert http_config(out)["bind"] == "127.0.0.1:0"  # loopback stays loopback
 
 
@@ -194,7 +194,7 @@ def test_a_node_takes_its_name_and_address_from_the_environment(monkeypatch, pre
     with shardport.Node(config(prefix)) as node:
         assert node.name == "rollout-1"
         h = node.put(np.arange(3, dtype=np.int32))
-        assert h.owner == "127.0.0.1:7070"
+        assert h.owner == "127.0.0.1:0"
         assert np.asarray(node.fetch(h)).tolist() == [0, 1, 2]
 
 

@@ -108,7 +108,7 @@ def test_config_from_file_and_text(tmp_path, prefix):
     import shutil
 
     p = tmp_path / "node.toml"
-    text = shardport.DEFAULT_CONFIG.replace('name = "demo"', 'name = "from-file"').replace(
+    text = shardport.DEFAULT_CONFIG.replace("[node]\n", '[node]\nname = "from-file"\n').replace(
         'pool-size = "768MiB"', f'pool-size = "16MiB"\nsegment-prefix = "{prefix}"'
     )
     p.write_text(text)

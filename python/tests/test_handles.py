@@ -43,3 +43,15 @@ def test_stats_and_metrics(node):
     m = node.metrics()
     assert "shardport_" in m and "posix-shm" in m
     assert isinstance(shardport.__version__, str)
+
+
+def test_a_node_without_config_has_a_unique_name_and_no_fixed_port():
+    # The library default is not the demo's: no shared name, no port 7070.
+    with shardport.Node() as a, shardport.Node() as b:
+        assert a.name != b.name
+        assert a.name.startswith("node-") and b.name.startswith("node-")
+        h = a.put(np.arange(3, dtype=np.int32))
+        assert h.owner == "127.0.0.1:0"
+        assert np.asarray(b.fetch(h)).tolist() == [0, 1, 2]
+    assert "7070" not in shardport.DEFAULT_CONFIG
+    assert "name" not in shardport.default_config()["node"]

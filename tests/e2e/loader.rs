@@ -234,6 +234,60 @@ fn a_required_plugin_failure_stops_the_node_with_every_reason() {
 }
 
 #[test]
+fn a_refused_option_stops_the_node_at_its_line_whether_required_or_not() {
+    // posix-shm is required, http is not: both refusals are fatal, both
+    // point at the key the user wrote.
+    let text = format!(
+        "{}\n{}tls-cert = \"/nonexistent/cert.pem\"\ntls-key = \"/nonexistent/key.pem\"\n",
+        util::shm_plugin("pool-size = true"),
+        util::http_plugin()
+    );
+    let err = shardport_host::Node::start(util::parse(&text)).unwrap_err();
+    let shardport_host::HostError::PluginConfig(errs) = &err else {
+        panic!("expected a config error, got {err}");
+    };
+    assert_eq!(errs.len(), 2, "{err}");
+    assert!(
+        errs[0]
+            .message
+            .contains("`plugin.posix-shm.config.pool-size`: expected a byte size"),
+        "{err}"
+    );
+    assert_eq!(
+        (errs[0].origin.as_str(), errs[0].line, errs[0].col),
+        ("test.toml", 6, 1)
+    );
+    assert_eq!(errs[0].source_line, "pool-size = true");
+    assert!(
+        errs[1].message.contains("`plugin.http.config.tls-cert`"),
+        "{err}"
+    );
+    assert_eq!((errs[1].line, errs[1].col), (13, 1), "{err}");
+    // A reload with the same mistake is refused the same way; the node
+    // keeps its config.
+    let good = format!(
+        "{}\n{}",
+        util::shm_plugin("pool-size = \"16MiB\""),
+        util::http_plugin()
+    );
+    let node = shardport_host::Node::start(util::parse(&good)).unwrap();
+    let bad = good.replace(
+        "bind = \"127.0.0.1:0\"",
+        "bind = \"127.0.0.1:0\"\nmax-connections = \"many\"",
+    );
+    let e = node
+        .reload_text(
+            &bad,
+            shardport_host::config::Origin::File("/etc/next.toml".into()),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("plugin `http` refused its config"), "{e}");
+    assert!(e.contains("/etc/next.toml:"), "{e}");
+    assert_eq!(node.generation(), 0);
+}
+
+#[test]
 fn the_same_file_loaded_twice_gives_independent_instances() {
     // `RootModule::load_from_file` would hand back one cached module for the
     // interface type; the loader opens each file by its header instead, and

@@ -225,6 +225,16 @@ fn a_refused_reload_names_what_is_wrong_and_the_node_keeps_serving() {
     // A node started from text has no file to read again.
     let e = c.reload_file(None).unwrap_err().to_string();
     assert!(e.contains("name a config file"), "{e}");
+    // A config without `node.name`: the node named itself, uniquely, and a
+    // reload of another unnamed config keeps that name (not a rename).
+    let name = c.config().node.name.clone();
+    assert!(
+        name.starts_with(&format!("node-{}-", std::process::id())),
+        "{name}"
+    );
+    assert_ne!(name, o.config().node.name);
+    reload(&c, &base).unwrap();
+    assert_eq!(c.config().node.name, name);
 }
 
 #[test]

@@ -121,10 +121,12 @@ pub fn config_args(path: Option<&Path>) -> Result<Vec<OsString>, Failure> {
     })
 }
 
-/// Starts a node; required plugins that did not load are exit 3.
+/// Starts a node; required plugins that did not load are exit 3, a plugin
+/// that refused its config table exit 2.
 pub fn start_node(config: Config) -> Result<Node, Failure> {
     Node::start(config).map_err(|e| match e {
         HostError::RequiredPlugins(_) => (EXIT_PLUGINS, e).into(),
+        HostError::PluginConfig(_) => (EXIT_CONFIG, e).into(),
         other => (EXIT_FAILURE, other).into(),
     })
 }

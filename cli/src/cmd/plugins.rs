@@ -3,7 +3,7 @@
 
 use shardport_host::{HostError, Node};
 
-use super::{load_config, Failure, Outcome, EXIT_FAILURE, EXIT_PLUGINS};
+use super::{load_config, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE, EXIT_PLUGINS};
 
 /// Arguments of `shardport plugins`.
 #[derive(clap::Args)]
@@ -27,6 +27,7 @@ pub fn run(args: Args) -> Outcome {
             }
             return Err((EXIT_PLUGINS, "required plugins did not load").into());
         }
+        Err(e @ HostError::PluginConfig(_)) => return Err(Failure::from((EXIT_CONFIG, e))),
         Err(e) => return Err(Failure::from((EXIT_FAILURE, e))),
     };
     for spec in &specs {

@@ -15,9 +15,10 @@ use toml::Spanned;
 use super::{
     schema::{RawCache, RawConfig, RawControl, RawFaults, RawFetch, RawNode, RawPlugin, RawPut},
     span::{locate, ConfigError},
-    ChecksumPolicy, Config, ControlConfig, ControlTls, Faults, FetchConfig, FetchMode, NodeConfig,
-    OnDowngrade, Origin, PluginSpec, PutConfig, SameNodeMatch, Storage, TokenSource, TransportName,
-    DEFAULT_CONTROL_BIND, DEFAULT_MAX_BATCH, DEFAULT_MAX_SHARD_SIZE, DEFAULT_SWEEP_INTERVAL,
+    ChecksumPolicy, Config, ControlConfig, ControlTls, Faults, FetchConfig, FetchMode, KeyPlaces,
+    NodeConfig, OnDowngrade, Origin, PluginSpec, PutConfig, SameNodeMatch, Storage, TokenSource,
+    TransportName, DEFAULT_CONTROL_BIND, DEFAULT_MAX_BATCH, DEFAULT_MAX_SHARD_SIZE,
+    DEFAULT_SWEEP_INTERVAL, UNNAMED_NODE,
 };
 use crate::vocab::{CachePolicy, MAX_ADDR};
 
@@ -223,12 +224,29 @@ impl Ctx<'_> {
                 None,
             )
         })?;
-        serde_ignored::deserialize(de, |path| {
-            let path = dotted(&path.to_string());
+        let mut unknown = Vec::new();
+        let raw = serde_ignored::deserialize(de, |path| unknown.push(path.to_string()));
+        // In the order they are written (serde reports them by field).
+        let mut unknown: Vec<_> = unknown
+            .into_iter()
+            .map(|path| (key_span(self.text, &path), path))
+            .collect();
+        unknown.sort_by_key(|(span, _)| span.as_ref().map_or(usize::MAX, |s| s.start));
+        for (span, path) in unknown {
             // Plugin tables are the plugin's to validate; everything else is ours.
-            warnings.push(format!("unknown config key `{path}` (ignored)"));
-        })
-        .map_err(|e: toml::de::Error| {
+            let at = match span {
+                Some(span) => {
+                    let at = locate(self.text, span);
+                    format!(" at {}:{}:{}", self.origin.display(), at.line, at.col)
+                }
+                None => format!(" in {}", self.origin.display()),
+            };
+            warnings.push(format!(
+                "unknown config key `{}` (ignored){at}",
+                dotted(&path)
+            ));
+        }
+        raw.map_err(|e: toml::de::Error| {
             self.error(
                 e.span(),
                 format!("invalid config: {}", e.message().trim_end()),
@@ -240,10 +258,11 @@ impl Ctx<'_> {
     /// `[node]`.
     fn node(&self, raw: RawNode) -> Result<NodeConfig, ConfigError> {
         Ok(NodeConfig {
+            name_given: raw.name.is_some(),
             name: raw
                 .name
                 .map(Spanned::into_inner)
-                .unwrap_or_else(|| "shardport".to_owned()),
+                .unwrap_or_else(|| UNNAMED_NODE.to_owned()),
             advertise: match raw.advertise {
                 Some(a) => self.advertise(a)?,
                 None => "127.0.0.1:0".to_owned(),
@@ -428,7 +447,10 @@ impl Ctx<'_> {
                     None,
                 ));
             }
-            plugins.push(self.plugin(&key, name, p)?);
+            let places = self.plugin_places(i, &p);
+            let mut spec = self.plugin(&key, name, p)?;
+            spec.config_places = places;
+            plugins.push(spec);
         }
         Ok(plugins)
     }
@@ -493,7 +515,38 @@ impl Ctx<'_> {
             required: p.required.unwrap_or(false),
             config_text,
             faults,
+            config_places: KeyPlaces::default(),
         })
+    }
+
+    /// Where the keys of `[[plugin]]` number `i`'s `config` table are.
+    fn plugin_places(&self, i: usize, p: &RawPlugin) -> KeyPlaces {
+        use toml::de::{DeTable, DeValue};
+        let origin = self.origin.display();
+        let name_span = Some(p.name.span());
+        let Ok(doc) = DeTable::parse(self.text) else {
+            return KeyPlaces::new(self.text, origin, name_span, []);
+        };
+        let item = match doc.get_ref().get("plugin").map(|v| v.get_ref()) {
+            Some(DeValue::Array(items)) => items.get(i).map(|v| v.get_ref()),
+            _ => None,
+        };
+        let Some(DeValue::Table(item)) = item else {
+            return KeyPlaces::new(self.text, origin, name_span, []);
+        };
+        match item.get_key_value("config") {
+            Some((key, value)) => {
+                let keys = match value.get_ref() {
+                    DeValue::Table(t) => t
+                        .iter()
+                        .map(|(k, _)| (k.get_ref().to_string(), k.span()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                KeyPlaces::new(self.text, origin, Some(key.span()), keys)
+            }
+            None => KeyPlaces::new(self.text, origin, name_span, []),
+        }
     }
 
     /// `[plugin.faults]` at `fkey`: rates in 0..=1, a delay, a seed.
@@ -679,6 +732,32 @@ fn leaf(key: &str) -> &str {
 
 /// serde_ignored's path (`fetch.?.mod`, `plugin.0.colour`) as a dotted
 /// config path (`fetch.mod`, `plugin[0].colour`).
+/// The span of the key at serde_ignored's `path` (`fetch.mdoe`,
+/// `route.0.tagz`; `?` segments are `Option`s) in `text`, if it is there.
+fn key_span(text: &str, path: &str) -> Option<std::ops::Range<usize>> {
+    use toml::de::{DeTable, DeValue};
+    let doc = DeTable::parse(text).ok()?;
+    let mut table: &DeTable<'_> = doc.get_ref();
+    let mut segs = path.split('.').filter(|s| *s != "?").peekable();
+    while let Some(seg) = segs.next() {
+        let (key, value) = table.get_key_value(seg)?;
+        if segs.peek().is_none() {
+            return Some(key.span());
+        }
+        let mut value = value.get_ref();
+        // Arrays of tables: the next segment is the index.
+        while let DeValue::Array(items) = value {
+            let i: usize = segs.next()?.parse().ok()?;
+            value = items.get(i)?.get_ref();
+        }
+        match value {
+            DeValue::Table(t) => table = t,
+            _ => return None,
+        }
+    }
+    None
+}
+
 fn dotted(path: &str) -> String {
     let mut out = String::new();
     for seg in path.split('.').filter(|s| *s != "?") {

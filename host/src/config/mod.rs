@@ -29,13 +29,26 @@ mod table;
 mod tests;
 
 pub use check::parse_str;
-pub use span::ConfigError;
+pub use span::{ConfigError, KeyPlaces};
 pub use table::routing_table;
 /// The embedded default config `shardport demo` runs on.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
 
 /// Name shown for the embedded default config in messages.
 pub const DEFAULT_CONFIG_ORIGIN: &str = "<embedded default config>";
+
+/// The embedded library config: what a node embedded in a program starts
+/// with when its caller gives no config (Python's `shardport.Node()`). As
+/// [`DEFAULT_CONFIG`] without the demo's fixed name and port: the node names
+/// itself uniquely and advertises port 0 (it listens on no fixed port).
+pub const LIBRARY_CONFIG: &str = include_str!("../../../configs/library.toml");
+
+/// Name shown for the embedded library config in messages.
+pub const LIBRARY_CONFIG_ORIGIN: &str = "<embedded library config>";
+
+/// `node.name` of a checked config that names no node; the node replaces it
+/// with a unique name when it starts ([`NodeConfig::name_given`]).
+pub const UNNAMED_NODE: &str = "shardport";
 
 /// Environment variable that overrides where the embedded config's relative
 /// plugin paths are resolved (default: the `shardport` executable's directory).
@@ -336,6 +349,8 @@ pub struct PluginSpec {
     /// Fault injection in front of the plugin (`[plugin.faults]`; testing
     /// and drills only).
     pub faults: Option<Faults>,
+    /// Where the keys of `config_text` were written (for errors).
+    pub config_places: KeyPlaces,
 }
 
 /// Faults injected in front of a plugin, each at a rate in parts per
@@ -366,8 +381,13 @@ pub struct Faults {
 /// Node identity settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// Name for logs.
+    /// Name for logs and metrics. When the config does not set one
+    /// ([`name_given`](Self::name_given) false), the node names itself
+    /// uniquely at start (`node-<pid>-<n>`) and keeps that name across
+    /// reloads of configs that do not set one either.
     pub name: String,
+    /// Whether the config wrote `node.name`.
+    pub name_given: bool,
     /// Address written into handles (`host:port`).
     pub advertise: String,
     /// Largest shard this node puts or fetches.

@@ -57,6 +57,73 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// Where the keys of one plugin's `[plugin.config]` table were written, so
+/// that the plugin's refusal of a key (its message names
+/// `plugin.<name>.config.<key>`) points at `file:line:col` like the host's
+/// own config errors. Never part of a spec's equality: the same table on
+/// other lines is the same setting (a reload keeps the instance).
+#[derive(Debug, Clone, Default)]
+pub struct KeyPlaces {
+    origin: String,
+    /// The table itself (its header, or the plugin's name without one).
+    table: Option<Location>,
+    /// Each top-level key of the table.
+    keys: Vec<(String, Location)>,
+}
+
+impl PartialEq for KeyPlaces {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for KeyPlaces {}
+
+impl KeyPlaces {
+    /// Records the places of a table in `text` (`table`: the span that
+    /// stands for the table, `keys`: each key's span).
+    pub(super) fn new(
+        text: &str,
+        origin: String,
+        table: Option<Range<usize>>,
+        keys: impl IntoIterator<Item = (String, Range<usize>)>,
+    ) -> KeyPlaces {
+        KeyPlaces {
+            origin,
+            table: table.map(|s| locate(text, s)),
+            keys: keys
+                .into_iter()
+                .map(|(k, s)| (k, locate(text, s)))
+                .collect(),
+        }
+    }
+
+    /// `message` (a plugin's config error) as a [`ConfigError`] at the key
+    /// it names: the first `` `plugin.<instance>.config.<key>` `` in it, or
+    /// the table when it names none that was written.
+    pub fn error(&self, instance: &str, message: String) -> ConfigError {
+        let prefix = format!("`plugin.{instance}.config.");
+        let key = message.find(&prefix).and_then(|i| {
+            let rest = &message[i + prefix.len()..];
+            let end = rest.find(['`', '.']).unwrap_or(rest.len());
+            Some(&rest[..end]).filter(|k| !k.is_empty())
+        });
+        let at = key
+            .and_then(|k| self.keys.iter().find(|(name, _)| name == k))
+            .map(|(_, at)| at)
+            .or(self.table.as_ref());
+        ConfigError {
+            origin: self.origin.clone(),
+            line: at.map_or(0, |a| a.line),
+            col: at.map_or(0, |a| a.col),
+            source_line: at.map_or_else(String::new, |a| a.source_line.clone()),
+            width: at.map_or(0, |a| a.width),
+            message,
+            help: None,
+        }
+    }
+}
+
 /// Where a byte span falls in a text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Location {

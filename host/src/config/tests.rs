@@ -195,20 +195,34 @@ fn wrong_type_has_position() {
 }
 
 #[test]
-fn unknown_keys_are_warned_with_dotted_path() {
+fn unknown_keys_are_warned_with_dotted_path_and_place() {
     let c = parse_str(
-        "[fetch]\nmod = \"view\"\n[[plugin]]\nname = \"x\"\npath = \"a.so\"\ncolour = 1\n[plugin.config]\nanything = 1\n",
+        "[fetch]\nmod = \"view\"\n[[plugin]]\nname = \"x\"\npath = \"a.so\"\n  colour = 1\n[plugin.config]\nanything = 1\n[fecth]\nmode = \"view\"\n",
         text_origin(),
     )
     .unwrap();
     assert_eq!(
         c.warnings,
         vec![
-            "unknown config key `fetch.mod` (ignored)".to_owned(),
-            "unknown config key `plugin[0].colour` (ignored)".to_owned()
+            "unknown config key `fetch.mod` (ignored) at test.toml:2:1".to_owned(),
+            "unknown config key `plugin[0].colour` (ignored) at test.toml:6:3".to_owned(),
+            "unknown config key `fecth` (ignored) at test.toml:9:2".to_owned(),
         ]
     );
     assert_eq!(c.plugins[0].config_text, "anything = 1\n");
+    // A key written as a dotted key, and one inside an inline table.
+    let c = parse_str(
+        "fetch.mdoe = \"view\"\nnode = { nmae = \"a\" }\n",
+        text_origin(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.warnings,
+        vec![
+            "unknown config key `fetch.mdoe` (ignored) at test.toml:1:7".to_owned(),
+            "unknown config key `node.nmae` (ignored) at test.toml:2:10".to_owned(),
+        ]
+    );
 }
 
 #[test]
@@ -369,6 +383,23 @@ fn cache_policies_combine_and_need_their_parameters() {
         Some(std::time::Duration::from_secs(7200))
     );
     assert_eq!(parse_duration("5 parsecs"), None);
+}
+
+#[test]
+fn an_unnamed_node_is_marked_so() {
+    let c = parse_str("[node]\nadvertise = \"127.0.0.1:0\"\n", text_origin()).unwrap();
+    assert!(!c.node.name_given);
+    assert_eq!(c.node.name, UNNAMED_NODE);
+    let c = parse_str("[node]\nname = \"a\"\n", text_origin()).unwrap();
+    assert!(c.node.name_given && c.node.name == "a");
+    // The library config names no node and fixes no port; the demo's does.
+    let lib = parse_str(LIBRARY_CONFIG, text_origin()).unwrap();
+    assert!(!lib.node.name_given);
+    assert!(lib.node.advertise.ends_with(":0"), "{}", lib.node.advertise);
+    assert_eq!(
+        parse_str(DEFAULT_CONFIG, text_origin()).unwrap().node.name,
+        "demo"
+    );
 }
 
 #[test]

@@ -43,7 +43,7 @@ use crate::{
     error::HostError,
     experiment::ExperimentState,
     handle::{Handle, Owner},
-    identity::{new_node_tag, NodeIdentity},
+    identity::{new_node_tag, unique_node_name, NodeIdentity},
     loader::{load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
     metrics::{ArmCounters, Metrics},
@@ -375,12 +375,15 @@ impl Node {
     }
 
     /// Like [`start`](Self::start) with an injected clock.
-    pub fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Node, HostError> {
+    pub fn start_with_clock(mut config: Config, clock: Arc<dyn Clock>) -> Result<Node, HostError> {
         for w in &config.warnings {
             tracing::warn!(target: "config", "{w}");
         }
         let epoch = unique_epoch(clock.now_unix_nanos());
         let tag = new_node_tag(epoch);
+        if !config.node.name_given {
+            config.node.name = unique_node_name();
+        }
         let ctx = NodeContext {
             node_name: config.node.name.clone(),
             node_tag: tag.clone(),
@@ -388,6 +391,17 @@ impl Node {
             tags_used: Arc::default(),
         };
         let report = load_all(&config.plugins, &ctx);
+        let refused: Vec<_> = report
+            .failures
+            .iter()
+            .filter_map(|(e, _)| {
+                let spec = config.plugins.iter().find(|s| e.plugin() == &s.name)?;
+                e.config_refusal(spec)
+            })
+            .collect();
+        if !refused.is_empty() {
+            return Err(HostError::PluginConfig(refused));
+        }
         let (required, optional): (Vec<_>, Vec<_>) =
             report.failures.into_iter().partition(|(_, req)| *req);
         if !required.is_empty() {

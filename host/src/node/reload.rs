@@ -175,6 +175,10 @@ impl Node {
             hook(&mut next).map_err(refused)?;
         }
         let old = self.inner.live();
+        if !next.node.name_given && !old.config.node.name_given {
+            // Both unnamed: the node keeps the name it gave itself.
+            next.node.name.clone_from(&old.config.node.name);
+        }
         let mut warnings = restart_only(&old.config, &next)?;
         warnings.extend(next.warnings.iter().cloned());
         let (plugins, load_failures) = self.reload_plugins(&old, &next, &mut warnings)?;
@@ -258,11 +262,15 @@ impl Node {
             }
             match load_instance(spec, &self.inner.load_ctx) {
                 Ok(p) => plugins.push(Arc::new(p)),
-                Err(e) if !spec.required && old.config.plugins.contains(spec) => {
-                    warnings.push(format!("optional plugin still not loaded: {e}"));
-                    load_failures.push(e.to_string());
-                }
-                Err(e) => failures.push(e.to_string()),
+                // A refused option is the user's mistake: never skipped.
+                Err(e) => match e.config_refusal(spec) {
+                    Some(refusal) => failures.push(refusal.to_string()),
+                    None if !spec.required && old.config.plugins.contains(spec) => {
+                        warnings.push(format!("optional plugin still not loaded: {e}"));
+                        load_failures.push(e.to_string());
+                    }
+                    None => failures.push(e.to_string()),
+                },
             }
         }
         if !failures.is_empty() {
