@@ -17,6 +17,7 @@ mod convert;
 mod cuda;
 mod errors;
 mod handle;
+mod logs;
 #[allow(unsafe_code)]
 mod mem;
 mod node;
@@ -26,6 +27,8 @@ use pyo3::prelude::*;
 /// Native module of the `shardport` package.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install();
+    m.add_function(wrap_pyfunction!(logs::flush_logs, m)?)?;
     m.add_class::<node::PyNode>()?;
     m.add_class::<handle::PyHandle>()?;
     m.add_class::<mem::Shard>()?;

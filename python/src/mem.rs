@@ -516,6 +516,11 @@ impl Shard {
         itemsize(self.dtype)
     }
 
+    /// Which transport served it, why, and how.
+    pub(crate) fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
     /// The bytes as a slice (reading only; a private copy may be written
     /// by Python meanwhile, as with any NumPy array shared between threads).
     fn bytes(&self) -> &[u8] {

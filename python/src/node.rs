@@ -15,15 +15,16 @@ use pyo3::{
 };
 use shardport_abi::{Device, ShardId};
 use shardport_host::{
-    config::{self, Origin},
+    config::{self, OnDowngrade, Origin},
     metrics::prometheus,
-    Config, DevicePtr, FetchMode, Handle, HostError, Node, TensorSpec,
+    Config, DevicePtr, FetchMode, Handle, HostError, Node, Selection, TensorSpec,
 };
 
 use crate::{
     convert::{dict_to_toml, dtype_of_format, itemsize, json_to_py, parse_dtype},
     errors::{host_err, py_err, Kind},
     handle::PyHandle,
+    logs::{self, unlocked, Category},
     mem::{CudaShard, InBuffer, OutBuffer, PrivateBuf, Shard},
 };
 
@@ -195,8 +196,13 @@ impl PyNode {
         plugin_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
         let cfg = load_config(config, plugin_dir.clone())?;
-        let name = cfg.node.name.clone();
-        let node = py.allow_threads(|| Node::start(cfg)).map_err(host_err)?;
+        let warnings = cfg.warnings.clone();
+        logs::sync_level(py);
+        let node = unlocked(py, || Node::start(cfg)).map_err(host_err)?;
+        for w in &warnings {
+            logs::warn(py, Category::Config, w)?;
+        }
+        let name = node.config().node.name.clone();
         Ok(PyNode {
             node: Mutex::new(Some(node)),
             name,
@@ -216,13 +222,16 @@ impl PyNode {
     fn reload(&self, py: Python<'_>, config: Option<&Bound<'_, PyAny>>) -> PyResult<PyObject> {
         let node = self.node()?;
         let report = match config.filter(|c| !c.is_none()) {
-            None => py.allow_threads(|| node.reload_file(None)),
+            None => unlocked(py, || node.reload_file(None)),
             Some(c) => {
                 let cfg = load_config(Some(c), self.plugin_dir.clone())?;
-                py.allow_threads(|| node.reload(cfg))
+                unlocked(py, || node.reload(cfg))
             }
         }
         .map_err(host_err)?;
+        for w in &report.warnings {
+            logs::warn(py, Category::Config, w)?;
+        }
         let v = serde_json::to_value(&report).map_err(|e| py_err(Kind::Base, e.to_string()))?;
         json_to_py(py, &v)
     }
@@ -232,7 +241,7 @@ impl PyNode {
     fn close(&self, py: Python<'_>) {
         let node = self.node.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(node) = node {
-            py.allow_threads(|| node.shutdown(CLOSE_GRACE));
+            unlocked(py, || node.shutdown(CLOSE_GRACE));
         }
     }
 
@@ -271,7 +280,7 @@ impl PyNode {
         let tags = crate::convert::tags(tags)?;
         let (buf, spec) = buffer_spec(obj, dtype)?;
         let src = buf.source();
-        let res = py.allow_threads(|| put_source(&node, &spec, tags, &src));
+        let res = unlocked(py, || put_source(&node, &spec, tags, &src));
         drop(buf);
         res.map(|inner| PyHandle { inner }).map_err(host_err)
     }
@@ -304,7 +313,7 @@ impl PyNode {
             .into_iter()
             .unzip();
         let sources: Vec<_> = bufs.iter().map(InBuffer::source).collect();
-        let res: Vec<Result<Handle, HostError>> = py.allow_threads(|| {
+        let res: Vec<Result<Handle, HostError>> = unlocked(py, || {
             let mut out = Vec::with_capacity(sources.len());
             for (spec, src) in specs.iter().zip(&sources) {
                 let r = put_source(&node, spec, tags.clone(), src);
@@ -364,7 +373,7 @@ impl PyNode {
             shape,
             device: Device::cuda(device_index),
         };
-        py.allow_threads(|| node.put_device(DevicePtr(ptr), nbytes, &spec, tags))
+        unlocked(py, || node.put_device(DevicePtr(ptr), nbytes, &spec, tags))
             .map(|inner| PyHandle { inner })
             .map_err(host_err)
     }
@@ -388,29 +397,34 @@ impl PyNode {
         if mode == FetchMode::Copy && !node.config().cache.enabled {
             // Nothing to cache: copy into fresh, untouched zero pages (one
             // pass over the bytes; the host's copy path zero-fills first).
-            return py
-                .allow_threads(|| {
-                    let len = usize::try_from(h.meta.byte_len).map_err(|_| {
-                        HostError::InvalidShard(format!(
-                            "{} bytes do not fit in memory here",
-                            h.meta.byte_len
-                        ))
-                    })?;
-                    let max = node.config().node.max_shard_size;
-                    if h.meta.byte_len > max {
-                        return Err(HostError::InvalidShard(format!(
-                            "shard {} claims {} bytes, over node.max-shard-size = {max}",
-                            h.id, h.meta.byte_len
-                        )));
-                    }
-                    let mut buf = PrivateBuf::zeroed(len).map_err(HostError::InvalidShard)?;
-                    let sel = node.fetch_into(h, buf.as_mut_slice())?;
-                    Ok(Shard::from_copy(h, sel, buf))
-                })
-                .map_err(host_err);
-        }
-        py.allow_threads(|| node.fetch_mode(h, mode).map(Shard::from_fetched))
+            return unlocked(py, || {
+                let len = usize::try_from(h.meta.byte_len).map_err(|_| {
+                    HostError::InvalidShard(format!(
+                        "{} bytes do not fit in memory here",
+                        h.meta.byte_len
+                    ))
+                })?;
+                let max = node.config().node.max_shard_size;
+                if h.meta.byte_len > max {
+                    return Err(HostError::InvalidShard(format!(
+                        "shard {} claims {} bytes, over node.max-shard-size = {max}",
+                        h.id, h.meta.byte_len
+                    )));
+                }
+                let mut buf = PrivateBuf::zeroed(len).map_err(HostError::InvalidShard)?;
+                let sel = node.fetch_into(h, buf.as_mut_slice())?;
+                Ok(Shard::from_copy(h, sel, buf))
+            })
             .map_err(host_err)
+            .and_then(|shard| {
+                note(py, &node, shard.selection(), mode)?;
+                Ok(shard)
+            });
+        }
+        let shard =
+            unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched)).map_err(host_err)?;
+        note(py, &node, shard.selection(), mode)?;
+        Ok(shard)
     }
 
     /// Views a CUDA shard in place (cuda-ipc maps the owner's GPU memory
@@ -423,9 +437,7 @@ impl PyNode {
     fn fetch_cuda(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<CudaShard> {
         let node = self.node()?;
         let h = &one_handle(handle, "fetch_cuda")?.get().inner;
-        let view = py
-            .allow_threads(|| node.fetch_device(h))
-            .map_err(host_err)?;
+        let view = unlocked(py, || node.fetch_device(h)).map_err(host_err)?;
         CudaShard::new(view)
     }
 
@@ -449,9 +461,11 @@ impl PyNode {
         })?;
         let mut dest = buf.dest();
         let h = &h.get().inner;
-        let res = py.allow_threads(|| node.fetch_into(h, dest.as_mut_slice()));
+        let res = unlocked(py, || node.fetch_into(h, dest.as_mut_slice()));
         drop(buf);
-        res.map(|sel| sel.transport).map_err(host_err)
+        let sel = res.map_err(host_err)?;
+        note(py, &node, &sel, FetchMode::Copy)?;
+        Ok(sel.transport)
     }
 
     /// Benchmark support: `iters` fetches of `handle` through the Rust API
@@ -466,7 +480,7 @@ impl PyNode {
         let node = self.node()?;
         let mode = parse_mode(Some(mode))?.unwrap_or(FetchMode::View);
         let h = &handle.inner;
-        py.allow_threads(|| {
+        unlocked(py, || {
             let mut out = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let t = std::time::Instant::now();
@@ -491,13 +505,14 @@ impl PyNode {
         let node = self.node()?;
         let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
         let hs: Vec<_> = handle_list(handles)?.into_iter().map(|h| h.inner).collect();
-        let results = py
-            .allow_threads(|| node.fetch_many(&hs, mode))
-            .map_err(host_err)?;
+        let results = unlocked(py, || node.fetch_many(&hs, mode)).map_err(host_err)?;
         let mut out = Vec::with_capacity(results.len());
         for (i, r) in results.into_iter().enumerate() {
             match r {
-                Ok(f) => out.push(Shard::from_fetched(f)),
+                Ok(f) => {
+                    note(py, &node, &f.selection, mode)?;
+                    out.push(Shard::from_fetched(f));
+                }
                 Err(e) => {
                     let err = host_err(e);
                     let msg = format!("handle {i}: {}", err.value(py));
@@ -515,14 +530,14 @@ impl PyNode {
         let node = self.node()?;
         let hs = handle_list(handles)?;
         let ids = ids(&hs);
-        let missing = py.allow_threads(|| node.remove(&ids));
+        let missing = unlocked(py, || node.remove(&ids));
         Ok(ids.len() - missing.len())
     }
 
     /// Removes every owned shard and drops every cached fetched shard.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let node = self.node()?;
-        py.allow_threads(|| node.clear());
+        unlocked(py, || node.clear());
         Ok(())
     }
 
@@ -533,10 +548,10 @@ impl PyNode {
     fn drain(&self, py: Python<'_>, handles: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let node = self.node()?;
         match handles {
-            None => Ok(py.allow_threads(|| node.drain_all())),
+            None => Ok(unlocked(py, || node.drain_all())),
             Some(h) => {
                 let ids = ids(&handle_list(h)?);
-                Ok(py.allow_threads(|| node.drain(&ids)))
+                Ok(unlocked(py, || node.drain(&ids)))
             }
         }
     }
@@ -546,7 +561,7 @@ impl PyNode {
     /// `leases_active` sums the zero-copy leases this node holds.
     fn stats(&self, py: Python<'_>) -> PyResult<PyObject> {
         let node = self.node()?;
-        let s = py.allow_threads(|| node.stats());
+        let s = unlocked(py, || node.stats());
         let leases: u64 = s
             .plugins
             .iter()
@@ -569,14 +584,14 @@ impl PyNode {
     /// `{"error": ...}`).
     fn sweep(&self, py: Python<'_>) -> PyResult<PyObject> {
         let node = self.node()?;
-        let v = py.allow_threads(|| node.sweep_json());
+        let v = unlocked(py, || node.sweep_json());
         json_to_py(py, &v)
     }
 
     /// The node's metrics in the Prometheus text format.
     fn metrics(&self, py: Python<'_>) -> PyResult<String> {
         let node = self.node()?;
-        Ok(py.allow_threads(|| prometheus(&node.metrics_snapshot())))
+        Ok(unlocked(py, || prometheus(&node.metrics_snapshot())))
     }
 
     /// Names of the loaded transports.
@@ -627,6 +642,43 @@ impl PyNode {
 
 /// The buffer of `obj` and the tensor it describes (`dtype` overrides the
 /// buffer's element type, same item size).
+/// Warns (`DowngradeWarning`) about a fetch not served the way it was
+/// asked: a faster transport failed first, or a view was asked and a copy
+/// served. Silent under `fetch.on-downgrade = "allow"` (and `"fail"` made
+/// the first case an error already). The text names transports and
+/// reasons, never a shard, so Python's filters show it once per cause and
+/// place, not once per shard.
+fn note(py: Python<'_>, node: &Node, sel: &Selection, asked: FetchMode) -> PyResult<()> {
+    if node.config().fetch.on_downgrade != OnDowngrade::Warn {
+        return Ok(());
+    }
+    if sel.downgraded {
+        let failed: Vec<&str> = sel.failures.iter().map(|(t, _)| t.as_str()).collect();
+        logs::warn(
+            py,
+            Category::Downgrade,
+            &format!(
+                "fetch downgraded: `{}` served it after {} failed (each error is in the \
+                 `shardport.select` log; fetch.on-downgrade = \"allow\" silences this)",
+                sel.transport,
+                failed.join(", ")
+            ),
+        )
+    } else if asked == FetchMode::View && sel.mode == FetchMode::Copy {
+        logs::warn(
+            py,
+            Category::Downgrade,
+            &format!(
+                "a view was asked and `{}` served a copy ({}); ask mode=\"copy\" where a copy \
+                 is what you expect",
+                sel.transport, sel.reason
+            ),
+        )
+    } else {
+        Ok(())
+    }
+}
+
 fn buffer_spec(obj: &Bound<'_, PyAny>, dtype: Option<&str>) -> PyResult<(InBuffer, TensorSpec)> {
     let buf = InBuffer::get(obj).map_err(|e| {
         let ty = obj

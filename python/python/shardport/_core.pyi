@@ -6,6 +6,13 @@ from typing import Any, Iterable, Literal, Mapping, Optional, Union
 __version__: str
 DEFAULT_CONFIG: str
 
+def flush_logs() -> None:
+    """Hands the Rust library's queued log records to ``logging`` now and
+    reads the ``shardport`` logger's level again (records below it are not
+    even formatted). Records are otherwise forwarded when a shardport call
+    returns; call this after changing the logger's level, or to see the
+    records of background threads (the http server) without another call."""
+
 Mode = Literal["view", "copy"]
 HandleLike = Union["Handle", Iterable["Handle"]]
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .errors import ConfigError, InvalidInputError
+from .errors import ConfigError, InvalidInputError, ShardportWarning
 
 __all__ = [
     "ADDR_FROM_ENV",
@@ -87,7 +87,7 @@ DEFAULT_MASTER_PORT = 29500
 MAX_NAME = 253
 
 
-class ExposedWithoutTokenWarning(UserWarning):
+class ExposedWithoutTokenWarning(ShardportWarning):
     """The http transport will serve shard bytes beyond loopback with no auth
     token: anyone who can reach the port can read every shard."""
 

@@ -1,6 +1,15 @@
-"""The exceptions shardport raises. Every one is a :class:`ShardportError`
-carrying the Rust library's message; several also subclass the builtin
-exception a Python user would catch for that kind of mistake."""
+"""The exceptions shardport raises, and the warnings it gives.
+
+Every exception is a :class:`ShardportError` carrying the Rust library's
+message; several also subclass the builtin exception a Python user would
+catch for that kind of mistake. Every warning is a :class:`ShardportWarning`
+(a ``UserWarning``): filter them as usual, e.g. ``-W
+error::shardport.DowngradeWarning`` turns a downgrade into an exception.
+
+Log records of the Rust library and of every transport plugin go to the
+``logging`` logger ``shardport`` (children ``shardport.loader``,
+``shardport.select``, ``shardport.plugin``, ...; a plugin's records carry
+``record.plugin``). See :func:`shardport.flush_logs`."""
 
 from __future__ import annotations
 
@@ -16,6 +25,9 @@ __all__ = [
     "TransportUnavailableError",
     "ClosedError",
     "StorageError",
+    "ShardportWarning",
+    "DowngradeWarning",
+    "ConfigWarning",
 ]
 
 
@@ -71,3 +83,23 @@ class ClosedError(ShardportError):
 class StorageError(ShardportError):
     """The owner's storage refused the shard, e.g. the shared-memory pool is
     full (the message says how full and which setting to raise)."""
+
+
+class ShardportWarning(UserWarning):
+    """Base class of every shardport warning."""
+
+
+class DowngradeWarning(ShardportWarning):
+    """A fetch was not served the way it was asked: a faster transport failed
+    and a slower one served it (each error is in the ``shardport.select``
+    log), or a view was asked and a copy served (the owner is on another
+    machine, or no same-node transport can map it). Silenced by the config's
+    ``fetch.on-downgrade = "allow"``; ``"fail"`` makes the first case a
+    :class:`TransportError`."""
+
+
+class ConfigWarning(ShardportWarning):
+    """The config has something shardport did not use: an unknown key (a
+    typo such as ``fetch.mdoe`` or a ``[fecth]`` table; the message gives its
+    dotted path and ``file:line:col``), or a rule naming a transport no
+    plugin loads."""
