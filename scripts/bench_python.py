@@ -13,6 +13,8 @@ posix-shm transport):
     and fault in fresh pages), and fetch_into a reused array vs np.copyto
     into a reused array;
   * put of a 256 MiB array into a warm pool vs np.copyto of the same bytes;
+  * fetch_many copies vs fetch copies of 64 MiB and 256 MiB shards (a batch
+    must copy at single-fetch speed: both allocate fresh buffers);
   * the Python layer's overhead over the Rust API (the same fetch timed in a
     Rust loop inside this process).
 """
@@ -96,6 +98,13 @@ def main() -> None:
         res["fetch_into_256MiB_ms"], res["np_copyto_256MiB_ms"] = p50(f) / 1000, p50(g) / 1000
         res["ratio_fetch_into_vs_np_copyto"] = res["np_copyto_256MiB_ms"] / res["fetch_into_256MiB_ms"]
         assert np.array_equal(dst, big)
+
+        # -- fetch_many copy vs fetch copy -----------------------------------
+        h64 = node.put(big[: 64 * MIB // 4])
+        for name, h in (("64MiB", h64), ("256MiB", hb)):
+            f, g = paired(lambda: node.fetch(h, mode="copy"), lambda: node.fetch_many([h], mode="copy"), it)
+            res[f"copy_fetch_{name}_ms"], res[f"copy_fetch_many_{name}_ms"] = p50(f) / 1000, p50(g) / 1000
+            res[f"ratio_fetch_many_vs_fetch_copy_{name}"] = p50(f) / p50(g)
 
         # -- put into a warm pool vs np.copyto -------------------------------
         def put_remove():

@@ -28,7 +28,9 @@ use pyo3::{
     types::{PyBytes, PyDict, PyTuple},
 };
 use shardport_abi::{DType, ShardId};
-use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
+use shardport_host::{
+    node::HUGE_PAGES_FROM, DeviceView, FetchMode, Fetched, Selection, ShardBytes,
+};
 
 use crate::{
     convert::{buffer_format, dlpack_dtype, dtype_name, itemsize},
@@ -331,9 +333,6 @@ unsafe impl Sync for PrivateBuf {}
 /// more pass over every byte).
 const COPY_ALIGN: usize = 16;
 
-/// Copies at least this large get transparent huge pages (NumPy's threshold).
-const HUGE_PAGE_MIN: usize = 4 << 20;
-
 impl PrivateBuf {
     fn new(mut v: Vec<u8>) -> PrivateBuf {
         let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
@@ -363,29 +362,16 @@ impl PrivateBuf {
         if ptr.is_null() {
             return Err(format!("cannot allocate {len} bytes for the copy"));
         }
-        if len >= HUGE_PAGE_MIN {
-            // As NumPy does for large arrays: ask for transparent huge pages,
-            // so filling the buffer faults in 2 MiB pages, not 4 KiB ones.
-            // Only advice: an error (THP off) changes nothing.
-            let page = rustix::param::page_size();
-            let start = (ptr as usize).next_multiple_of(page);
-            let end = (ptr as usize + len) / page * page;
-            if end > start {
-                // SAFETY: whole pages inside the allocation just made.
-                let _ = unsafe {
-                    rustix::mm::madvise(
-                        start as *mut c_void,
-                        end - start,
-                        rustix::mm::Advice::LinuxHugepage,
-                    )
-                };
-            }
-        }
-        Ok(PrivateBuf {
+        let mut buf = PrivateBuf {
             ptr,
             len,
             alloc: Alloc::Zeroed(layout),
-        })
+        };
+        if len >= HUGE_PAGES_FROM {
+            // As the host does for its copy buffers (and NumPy for arrays).
+            shardport_abi::kit::advise_huge_pages(buf.as_mut_slice());
+        }
+        Ok(buf)
     }
 
     /// The bytes, to fill before the buffer is lent to Python.

@@ -73,3 +73,4 @@ pub use lent::Lent;
 pub use map::ReadOnlyMap;
 pub use options::{format_duration, parse_duration, Options};
 pub use stats::{Counter, Gauge, GaugeHold, StatList};
+pub use sys::advise_huge_pages;

@@ -628,5 +628,15 @@ fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
             .map_err(|e| HostError::InvalidShard(format!("cannot allocate {len} bytes: {e}")))?;
         drop(probe);
     }
-    Ok(vec![0u8; n])
+    let mut buf = vec![0u8; n];
+    if n >= HUGE_PAGES_FROM {
+        // Before the copy touches a page: 2 MiB faults instead of 4 KiB ones
+        // (a 256 MiB batch copy ran 3x slower than a single fetch without).
+        shardport_abi::kit::advise_huge_pages(&mut buf);
+    }
+    Ok(buf)
 }
+
+/// Fresh copy buffers at least this large get transparent huge pages (the
+/// threshold NumPy uses for its arrays).
+pub const HUGE_PAGES_FROM: usize = 4 << 20;
