@@ -71,6 +71,6 @@ pub use error::{unsupported, IoContext};
 pub use guard::lock;
 pub use lent::Lent;
 pub use map::ReadOnlyMap;
-pub use options::{format_duration, parse_duration, Options};
+pub use options::{format_byte_size, format_duration, parse_byte_size, parse_duration, Options};
 pub use stats::{Counter, Gauge, GaugeHold, StatList};
 pub use sys::advise_huge_pages;

@@ -27,7 +27,9 @@ use shardport_abi::{ErrorKind, ShardId};
 
 use super::{lock, Generation, Node};
 use crate::{
-    config::{self, Config, Experiment, Origin, TransportName},
+    config::{
+        self, ChecksumPolicy, Config, Experiment, OnDowngrade, Origin, Storage, TransportName,
+    },
     error::HostError,
     loader::{load_instance, LoadedPlugin},
 };
@@ -424,30 +426,90 @@ fn describe_changes(
             out.push(format!("experiment {} removed", o.name));
         }
     }
-    let pairs: [(&str, String, String); 4] = [
-        (
-            "cache",
-            format!("{:?}", old.cache),
-            format!("{:?}", next.cache),
-        ),
-        (
-            "fetch",
-            format!("{:?}", old.fetch),
-            format!("{:?}", next.fetch),
-        ),
-        ("put", format!("{:?}", old.put), format!("{:?}", next.put)),
-        (
-            "node.max-shard-size",
-            old.node.max_shard_size.to_string(),
-            next.node.max_shard_size.to_string(),
-        ),
-    ];
-    for (what, a, b) in pairs {
-        if a != b {
-            out.push(format!("{what}: {a} -> {b}"));
+    let (a, b) = (settings(old), settings(next));
+    for ((key, was), (_, now)) in a.iter().zip(&b) {
+        if was != now {
+            out.push(format!("{key}: {was} -> {now}"));
         }
     }
     out
+}
+
+/// The settings a reload applies in place, as `(config key, value as
+/// written in a config)`, in the same order for every config: what the
+/// change lines compare and print (`fetch.mode: view -> copy`).
+fn settings(c: &Config) -> Vec<(&'static str, String)> {
+    use shardport_abi::kit::format_duration;
+    let quoted = |s: &str| format!("\"{s}\"");
+    // As a config writes it (`"64KiB"`), exact: the largest unit that
+    // divides the size.
+    let size = |n: u64| {
+        let (v, unit) = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")]
+            .into_iter()
+            .find(|&(shift, _)| n != 0 && n % (1u64 << shift) == 0)
+            .map_or((n, ""), |(shift, u)| (n >> shift, u));
+        format!("\"{v}{unit}\"")
+    };
+    let names = |v: &[TransportName]| {
+        let v: Vec<String> = v.iter().map(|t| quoted(t.as_str())).collect();
+        format!("[{}]", v.join(", "))
+    };
+    vec![
+        ("fetch.mode", quoted(&c.fetch.mode.to_string())),
+        (
+            "fetch.on-downgrade",
+            quoted(match c.fetch.on_downgrade {
+                OnDowngrade::Allow => "allow",
+                OnDowngrade::Warn => "warn",
+                OnDowngrade::Fail => "fail",
+            }),
+        ),
+        ("fetch.verify-checksum", c.fetch.verify_checksum.to_string()),
+        ("fetch.max-batch", c.fetch.max_batch.to_string()),
+        (
+            "put.storage",
+            match &c.put.storage {
+                Storage::Heap => quoted("heap"),
+                Storage::Pool(t) => format!("\"pool\" (pool-transport = \"{t}\")"),
+            },
+        ),
+        (
+            "put.checksum",
+            quoted(match c.put.checksum {
+                ChecksumPolicy::None => "none",
+                ChecksumPolicy::Crc32c => "crc32c",
+                ChecksumPolicy::Xxh3 => "xxh3",
+            }),
+        ),
+        (
+            "put.export-to",
+            c.put
+                .export_to
+                .as_deref()
+                .map_or_else(|| "every loaded transport".to_owned(), names),
+        ),
+        (
+            "cache.policy",
+            match (c.cache.enabled, c.cache.max_bytes, c.cache.ttl) {
+                (false, _, _) => quoted("none"),
+                (true, None, None) => quoted("explicit"),
+                (true, Some(_), None) => quoted("lru"),
+                (true, None, Some(_)) => quoted("ttl"),
+                (true, Some(_), Some(_)) => "[\"lru\", \"ttl\"]".to_owned(),
+            },
+        ),
+        (
+            "cache.max-bytes",
+            c.cache.max_bytes.map_or_else(|| "none".to_owned(), size),
+        ),
+        (
+            "cache.ttl",
+            c.cache
+                .ttl
+                .map_or_else(|| "none".to_owned(), |t| quoted(&format_duration(t))),
+        ),
+        ("node.max-shard-size", size(c.node.max_shard_size)),
+    ]
 }
 
 /// `experiment e: weights control 90 -> 80, canary 10 -> 20` and what else changed.
