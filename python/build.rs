@@ -44,6 +44,13 @@ fn main() {
     for dir in ["abi", "plugins", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
+    // What is in the destination goes into the wheel: when anything else
+    // wrote there since (scripts/setup.sh copies its debug builds there for
+    // `maturin develop`), copy this build's libraries again.
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest_dir.join("python/shardport/_plugins").display()
+    );
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo"));
     let target_dir = out_dir.join("plugins-target");
     // The outer build's profile: `release` for wheels, `debug` for

@@ -99,11 +99,26 @@ impl Locality {
         c.fetched = Some(now);
     }
 
+    /// Reads the interface addresses and host names now, so that the first
+    /// fetch does not pay for it (a node calls this when it starts).
+    pub fn warm(&self) {
+        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh(&mut c);
+    }
+
     /// True when `addr` (`host:port`) names this machine.
     pub fn is_local_addr(&self, addr: &str) -> bool {
         let Some((host, _)) = split_host_port(addr) else {
             return false;
         };
+        // Loopback and unspecified literals are this machine whatever its
+        // interfaces: no need to read them.
+        if host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+        {
+            return true;
+        }
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         self.refresh(&mut c);
         if let Some(v) = c.verdicts.get(addr) {

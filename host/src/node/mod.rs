@@ -426,11 +426,15 @@ impl Node {
             |_| None,
             started_ns,
         );
+        // Read once now what the first fetch would read (interfaces, host
+        // names): a consumer that fetches once should not pay for it.
+        let locality = Locality::new();
+        locality.warm();
         Ok(Node {
             inner: Arc::new(Inner {
                 tag,
                 identity: NodeIdentity::current(),
-                locality: Locality::new(),
+                locality,
                 epoch,
                 live: RwLock::new(Arc::new(generation)),
                 reload: Mutex::default(),

@@ -358,10 +358,9 @@ impl Watcher {
                 Watch::Unbound => {}
             }
         }
-        let watch = match judge(rec, here, &System) {
-            Verdict::Alive => bind(rec, here),
-            Verdict::Dead(d) => Watch::Dead(d),
-            unknown @ Verdict::Unknown(_) => {
+        let watch = match judge_bound(rec, here) {
+            Ok(watch) => watch,
+            Err(unknown) => {
                 self.entries.remove(rec);
                 return unknown;
             }
@@ -403,19 +402,31 @@ impl Watcher {
 /// checked again afterwards: if it still matches, the recorded process
 /// (alive since before the record was read, so before the open) is the one
 /// the pidfd is bound to.
-fn bind(rec: &ProcessRecord, here: &Here) -> Watch {
-    match PidFd::open(rec.pid) {
-        Ok(fd) => match judge(rec, here, &System) {
-            // A zombie still shows its pid and start time; the pidfd already
-            // knows it exited.
-            Verdict::Alive if fd.has_exited() == Some(true) => Watch::Dead(Death::Exited),
-            Verdict::Alive => Watch::Bound(fd),
-            Verdict::Dead(d) => Watch::Dead(d),
-            Verdict::Unknown(_) => Watch::Unbound,
-        },
-        Err(e) if e.errno == rustix::io::Errno::SRCH => Watch::Dead(Death::Exited),
-        // A thread id, an old kernel or a sandbox: judge at every check.
-        Err(_) => Watch::Unbound,
+/// Judges `rec` once and, when it is alive, binds it to a pidfd.
+///
+/// The pidfd is opened *before* the judgement, so one reading of the start
+/// time suffices (it is the costly part: the kernel computes the whole of
+/// `/proc/<pid>/stat`): the fd refers to the process X that held the pid
+/// when it was opened; the judgement then found the process holding the pid
+/// to be the recorded one R; and if X has not exited afterwards, X held the
+/// pid the whole time (a pid is not reused while its process, even a
+/// zombie, exists), so X is R. A record of another boot or PID namespace
+/// is judged `Unknown` before its pid means anything, and the fd opened
+/// for it is dropped unused. `Err` carries that `Unknown` verdict.
+fn judge_bound(rec: &ProcessRecord, here: &Here) -> Result<Watch, Verdict> {
+    // No fd: gone already (the judgement's kill says so too), a thread id,
+    // an old kernel or a sandbox (then judged again at every check).
+    let fd = PidFd::open(rec.pid).ok();
+    match (judge(rec, here, &System), fd) {
+        // A zombie still shows its pid and start time; the pidfd already
+        // knows it exited.
+        (Verdict::Alive, Some(fd)) if fd.has_exited() == Some(true) => {
+            Ok(Watch::Dead(Death::Exited))
+        }
+        (Verdict::Alive, Some(fd)) => Ok(Watch::Bound(fd)),
+        (Verdict::Alive, None) => Ok(Watch::Unbound),
+        (Verdict::Dead(d), _) => Ok(Watch::Dead(d)),
+        (unknown @ Verdict::Unknown(_), _) => Err(unknown),
     }
 }
 
