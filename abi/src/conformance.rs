@@ -10,7 +10,7 @@
 //! Add the feature in the plugin crate's dev-dependencies:
 //! ```toml
 //! [dev-dependencies]
-//! shardport-abi = { version = "0.2", features = ["conformance"] }
+//! shardport-abi = { version = "0.3", features = ["conformance"] }
 //! ```
 //! then write a factory returning a [`Pair`]: two **separate** instances of
 //! the transport (an owner and a consumer), configured so that the consumer

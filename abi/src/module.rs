@@ -20,7 +20,9 @@
 //! - Enumerations are integer codes ([`DType`](crate::DType),
 //!   [`ErrorKind`](crate::ErrorKind), ...) so new codes never break layout.
 //! - A **patch** bump changes no layout at all.
-//! - History: 0.2.0 appended `Transport::can_import_from` (owner binding).
+//! - History: 0.2.0 appended `Transport::can_import_from` (owner binding);
+//!   0.3.0 appended `Transport::import_view_private` (copy-on-write views a
+//!   consumer may write).
 //! - [`ABI_VERSION`] travels as data in the root module so hosts can report
 //!   which interface a plugin was built against.
 

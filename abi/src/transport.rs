@@ -482,6 +482,28 @@ pub trait Transport: Send + Sync {
         let _ = owner;
         self.can_import(desc, meta)
     }
+
+    /// Consumer side: a zero-copy view the caller may **write**: the
+    /// shard's bytes mapped into this process privately, copy-on-write.
+    /// Reading costs what reading a view costs; a write copies the pages it
+    /// touches into memory private to this one view, so it never reaches
+    /// the owner, other processes, or other views (of this process too).
+    /// Valid, like any region, until `release(token)`; the lease keeps the
+    /// owner from reusing the bytes meanwhile. What a consumer gives to a
+    /// library that ignores read-only flags (torch's DLPack import).
+    /// Transports that cannot (memory that is not a mappable file, device
+    /// memory) return `UNSUPPORTED`, the default. Appended after the last
+    /// prefix method (ABI 0.3.0).
+    fn import_view_private(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+    ) -> RResult<Region, AbiError> {
+        let _ = (desc, meta);
+        RResult::RErr(AbiError::unsupported(
+            "this transport has no private (copy-on-write) views",
+        ))
+    }
 }
 
 /// The trait object a plugin's constructor returns.

@@ -19,9 +19,15 @@ use crate::{
 };
 
 /// A zero-copy view of an imported shard; holds a lease until dropped.
+///
+/// A view from [`import`](Self::import) is read-only memory of the owner's.
+/// One from [`import_private`](Self::import_private) is a private
+/// copy-on-write mapping: whoever it is lent to may write it (writes stay in
+/// this view); this type itself only ever reads it.
 pub struct LeasedView {
     transport: SharedTransport,
     region: Region,
+    private: bool,
 }
 
 // SAFETY: the region is read-only memory the plugin keeps valid until
@@ -43,9 +49,40 @@ impl LeasedView {
         let region = transport
             .import_view(RSlice::from_slice(desc), meta)
             .into_result()?;
+        Self::checked(transport, region, meta, false)
+    }
+
+    /// Imports `desc` as a private, copy-on-write view through `transport`
+    /// ([`Transport::import_view_private`](crate::Transport::import_view_private)):
+    /// memory the holder may write without reaching the owner. Fails as
+    /// [`import`](Self::import) does, or `UNSUPPORTED` from a transport
+    /// without private views.
+    pub fn import_private(
+        transport: &SharedTransport,
+        desc: &[u8],
+        meta: &ShardMeta,
+    ) -> Result<LeasedView, AbiError> {
+        let region = transport
+            .import_view_private(RSlice::from_slice(desc), meta)
+            .into_result()?;
+        Self::checked(transport, region, meta, true)
+    }
+
+    /// Whether this is a private, writable (copy-on-write) view.
+    pub fn is_private(&self) -> bool {
+        self.private
+    }
+
+    fn checked(
+        transport: &SharedTransport,
+        region: Region,
+        meta: &ShardMeta,
+        private: bool,
+    ) -> Result<LeasedView, AbiError> {
         let view = LeasedView {
             transport: Arc::clone(transport),
             region,
+            private,
         };
         if view.region.len as u64 != meta.byte_len
             || (view.region.ptr.is_null() && view.region.len > 0)
@@ -91,6 +128,7 @@ impl fmt::Debug for LeasedView {
         f.debug_struct("LeasedView")
             .field("len", &self.region.len)
             .field("token", &self.region.token)
+            .field("private", &self.private)
             .finish()
     }
 }

@@ -185,6 +185,20 @@ impl Transport for Injector {
         self.inner.import_view(desc, meta)
     }
 
+    fn import_view_private(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+    ) -> RResult<Region, AbiError> {
+        self.dice.maybe_delay();
+        if self.dice.roll(1, self.dice.faults.reset_ppm) {
+            return RResult::RErr(AbiError::unavailable(
+                "injected fault: connection reset before the private view was granted",
+            ));
+        }
+        self.inner.import_view_private(desc, meta)
+    }
+
     fn release(&self, token: u64) -> RResult<(), AbiError> {
         self.inner.release(token)
     }

@@ -396,6 +396,12 @@ impl Drop for PrivateBuf {
 
 type Keep = Arc<dyn Any + Send + Sync>;
 
+/// The node and handle a read-only view came from.
+pub(crate) struct ViewOrigin {
+    pub(crate) node: shardport_host::Node,
+    pub(crate) handle: Py<crate::handle::PyHandle>,
+}
+
 /// A fetched shard: a zero-copy view of the owner's memory (mode "view",
 /// read-only) or a private copy (mode "copy", writable). Implements DLPack
 /// (`np.from_dlpack`, `torch.from_dlpack`) and the buffer protocol
@@ -408,6 +414,9 @@ pub struct Shard {
     ptr: usize,
     len: usize,
     writable: bool,
+    /// For a read-only view: where to fetch a private view of the same
+    /// shard from, for DLPack exports (see `writable_memory`).
+    origin: Option<ViewOrigin>,
     id: ShardId,
     dtype: DType,
     shape: Vec<u64>,
@@ -437,9 +446,12 @@ impl Shard {
                 (Arc::new(p), ptr, len, true)
             }
             Ok(view) => {
+                // A private (copy-on-write) view may be written: its pages
+                // are this process's own once touched.
+                let writable = matches!(&view, ShardBytes::View(v) if v.is_private());
                 let a = Arc::new(view);
                 let (ptr, len) = (a.as_ptr() as usize, a.len());
-                (a, ptr, len, false)
+                (a, ptr, len, writable)
             }
             Err(shared) => {
                 let (ptr, len) = (shared.as_ptr() as usize, shared.len());
@@ -462,6 +474,7 @@ impl Shard {
             },
             len,
             writable,
+            origin: None,
             id,
             dtype: meta.dtype,
             buf_shape,
@@ -514,8 +527,52 @@ impl Shard {
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
+    /// Marks a read-only view with the node and handle it came from, so
+    /// that DLPack exports can fetch a private view of the same shard.
+    pub(crate) fn with_origin(mut self, origin: impl FnOnce() -> ViewOrigin) -> Shard {
+        if !self.writable {
+            self.origin = Some(origin());
+        }
+        self
+    }
+
+    /// A private copy of the bytes: `(keep, address)`.
+    fn private_copy(&self) -> (Keep, usize) {
+        let p = PrivateBuf::new(self.bytes().to_vec());
+        let ptr = if p.len == 0 { self.ptr } else { p.ptr as usize };
+        (Arc::new(p), ptr)
+    }
+
+    /// Memory with these bytes that its borrower may write: the shard's own
+    /// when it is writable (a copy, a private view); for a read-only view, a
+    /// private copy-on-write view of the same shard (`Node::fetch_private`:
+    /// zero-copy until written, its own lease, writes never reach the
+    /// owner or this view), or a private copy where no transport offers one
+    /// or the view has no origin (a copy shared with the consumer cache).
+    /// `(keep, address, copied)`.
+    fn writable_memory(&self, py: Python<'_>) -> PyResult<(Keep, usize, bool)> {
+        if self.writable {
+            return Ok((Arc::clone(&self.keep), self.ptr, false));
+        }
+        let Some(o) = &self.origin else {
+            let (keep, ptr) = self.private_copy();
+            return Ok((keep, ptr, true));
+        };
+        let node = o.node.clone();
+        let handle = o.handle.bind(py).get();
+        let private = crate::logs::unlocked(py, || node.fetch_private(&handle.inner))
+            .map_err(crate::errors::host_err)?;
+        let copied = !matches!(&*private.data, ShardBytes::View(_));
+        let shard = Shard::from_fetched(private);
+        debug_assert!(shard.writable, "a private fetch is writable");
+        Ok((shard.keep, shard.ptr, copied))
+    }
+
     /// `versioned`: the consumer's DLPack minor version (of major 1), or
-    /// `None` for a legacy capsule.
+    /// `None` for a legacy capsule. Every export is memory the consumer may
+    /// write ([`writable_memory`](Self::writable_memory)): torch ignores
+    /// DLPack's read-only flag, and a write into the owner's read-only
+    /// mapping would kill the process.
     fn dlpack<'py>(
         &self,
         py: Python<'py>,
@@ -527,13 +584,13 @@ impl Shard {
             versioned,
             "; use shard.numpy() (ml_dtypes) or shard.torch()",
         )?;
-        let (keep, ptr, writable): (Keep, usize, bool) = if copy {
-            let p = PrivateBuf::new(self.bytes().to_vec());
-            let ptr = if p.len == 0 { self.ptr } else { p.ptr as usize };
-            (Arc::new(p), ptr, true)
+        let (keep, ptr, copied) = if copy {
+            let (keep, ptr) = self.private_copy();
+            (keep, ptr, true)
         } else {
-            (Arc::clone(&self.keep), self.ptr, self.writable)
+            self.writable_memory(py)?
         };
+        let (copy, writable) = (copied, true);
         capsule(
             py,
             Export {
@@ -891,17 +948,7 @@ impl Shard {
             }
         }
         let versioned = consumer_version(max_version);
-        let copy = copy == Some(true);
-        if versioned.is_none() && !self.writable && !copy {
-            // A legacy capsule cannot say "read-only": the consumer would
-            // get a writable tensor over memory mapped read-only (a crash
-            // on the first write) or shared with the cache.
-            return Err(PyBufferError::new_err(
-                "the shard is read-only (a zero-copy view) and DLPack before 1.0 cannot say so: \
-                 pass max_version=(1, 0), or copy=True, or fetch with mode=\"copy\"",
-            ));
-        }
-        self.dlpack(py, versioned, copy)
+        self.dlpack(py, versioned, copy == Some(true))
     }
 
     /// `(kDLCPU, 0)`: fetched shards are host memory.
@@ -1040,10 +1087,11 @@ impl Shard {
     }
 
     /// A torch tensor (needs torch): `torch.from_dlpack`, or a
-    /// reinterpreting view for float8. Zero-copy for a writable shard (a
-    /// copy-mode fetch); torch has no read-only tensors, so a read-only
-    /// view is copied once into a private tensor rather than handed out as
-    /// writable memory that is mapped read-only.
+    /// reinterpreting view for float8. Zero-copy: over the shard's own
+    /// memory when it is writable (a copy), over a private copy-on-write
+    /// view of the owner's bytes for a view (torch has no read-only
+    /// tensors; a write copies the touched pages into this tensor's memory
+    /// alone). The lease lasts as long as the tensor.
     fn torch<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let torch = py.import("torch")?;
@@ -1058,9 +1106,9 @@ impl Shard {
             let t = torch.call_method1("from_numpy", (bytes,))?;
             return t.call_method1("view", (torch.getattr(name.as_str())?,));
         }
-        // A legacy capsule, which every torch reads; a read-only shard goes
-        // as a private copy (see above).
-        let cap = me.dlpack(py, None, !me.writable)?;
+        // A legacy capsule, which every torch reads (private memory either
+        // way, see above).
+        let cap = me.dlpack(py, None, false)?;
         torch.call_method1("from_dlpack", (cap,))
     }
 

@@ -25,7 +25,7 @@ use crate::{
     errors::{host_err, py_err, Kind},
     handle::PyHandle,
     logs::{self, unlocked, Category},
-    mem::{CudaShard, InBuffer, OutBuffer, PrivateBuf, Shard},
+    mem::{CudaShard, InBuffer, OutBuffer, PrivateBuf, Shard, ViewOrigin},
 };
 
 /// How long `close()` waits for calls in flight on other threads.
@@ -392,8 +392,8 @@ impl PyNode {
     ) -> PyResult<Shard> {
         let node = self.node()?;
         let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
-        let h = one_handle(handle, "fetch")?;
-        let h = &h.get().inner;
+        let bound = one_handle(handle, "fetch")?;
+        let h = &bound.get().inner;
         if mode == FetchMode::Copy && !node.config().cache.enabled {
             // Nothing to cache: copy into fresh, untouched zero pages (one
             // pass over the bytes; the host's copy path zero-fills first).
@@ -421,8 +421,12 @@ impl PyNode {
                 Ok(shard)
             });
         }
-        let shard =
-            unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched)).map_err(host_err)?;
+        let shard = unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched))
+            .map_err(host_err)?
+            .with_origin(|| ViewOrigin {
+                node: node.clone(),
+                handle: bound.clone().unbind(),
+            });
         note(py, &node, shard.selection(), mode)?;
         Ok(shard)
     }
@@ -511,7 +515,19 @@ impl PyNode {
             match r {
                 Ok(f) => {
                     note(py, &node, &f.selection, mode)?;
-                    out.push(Shard::from_fetched(f));
+                    let handle = &hs[i];
+                    out.push(Shard::from_fetched(f).with_origin(|| {
+                        ViewOrigin {
+                            node: node.clone(),
+                            handle: Py::new(
+                                py,
+                                PyHandle {
+                                    inner: handle.clone(),
+                                },
+                            )
+                            .expect("a Handle object can be made"),
+                        }
+                    }));
                 }
                 Err(e) => {
                     let err = host_err(e);

@@ -75,3 +75,15 @@ def child_fetch_pickled(prefix: str, q_in, q_out) -> None:
                 q_out.put(("ok", h.id, digest(np.asarray(s)), s.transport, s.reason))
     except BaseException as e:
         q_out.put(("err", f"{type(e).__name__}: {e}"))
+
+
+def mapping_of(addr: int) -> str:
+    """The file (or ``[anon]`` and the like) mapped at ``addr`` in this
+    process, from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[5].strip() if len(parts) > 5 else ""
+    raise AssertionError(f"address {addr:#x} is not mapped")

@@ -118,12 +118,19 @@ def test_dlpack_exporter_is_accepted(node):
 
 
 def test_dlpack_and_buffer_exports_are_zero_copy(node):
+    from helpers import mapping_of
+
     a = np.arange(8, dtype=np.float32)
     s = node.fetch(node.put(a), mode="view")
     x, y, z = np.from_dlpack(s), np.asarray(s), np.asarray(memoryview(s))
-    for v in (x, y, z):
-        assert v.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+    # The buffer exports lend the view itself, read-only.
+    for v in (y, z):
+        assert v.__array_interface__["data"][0] == y.__array_interface__["data"][0]
         assert np.array_equal(v, a) and not v.flags.writeable
+    # DLPack lends a private copy-on-write mapping of the same segment.
+    assert np.array_equal(x, a) and x.flags.writeable
+    xa, ya = x.__array_interface__["data"][0], y.__array_interface__["data"][0]
+    assert xa != ya and mapping_of(xa) == mapping_of(ya)
     assert s.__dlpack_device__() == (1, 0)
 
 

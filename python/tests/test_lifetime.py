@@ -1,6 +1,7 @@
 """The zero-copy lease lives exactly as long as the last Python object that
 reaches the memory."""
 
+import ctypes
 import gc
 
 import numpy as np
@@ -20,10 +21,11 @@ def test_lease_follows_the_last_numpy_array(node):
     assert s.mode == "view" and s.readonly
     assert leases(node) == 1
     a = np.asarray(s)  # buffer protocol
-    b = np.from_dlpack(s)  # DLPack
+    b = np.from_dlpack(s)  # DLPack: a private view of its own, with its own lease
+    assert leases(node) == 2
     c = a[10:20]  # a view of a view
     del s
-    assert leases(node) == 1
+    assert leases(node) == 2
     del a, b
     assert leases(node) == 1, "c still reaches the memory"
     assert c[0] == 10.0
@@ -37,7 +39,7 @@ def test_lease_of_memoryview_and_unconsumed_capsule(node):
     m = memoryview(s)
     cap = s.__dlpack__(max_version=(1, 0))  # never consumed: its destructor releases
     del s
-    assert leases(node) == 1
+    assert leases(node) == 2  # the view's (held by m) and the private view's
     del m
     assert leases(node) == 1
     del cap
@@ -112,25 +114,59 @@ def test_two_nodes_owner_and_consumer_lease_counts(prefix):
         assert leases(consumer) == 0 and owner_leases(owner) == 0
 
 
-def test_a_view_is_never_exported_as_writable_memory(node):
-    h = node.put(np.arange(16, dtype=np.int32))
-    s = node.fetch(h, mode="view")
-    # DLPack before 1.0 cannot mark memory read-only: refused, not handed
-    # out writable over a read-only mapping.
-    try:
-        s.__dlpack__()
-    except BufferError as e:
-        assert "read-only" in str(e)
-    else:
-        raise AssertionError("a read-only view was exported as a legacy capsule")
-    # DLPack 1.0 says read-only; NumPy then gives a read-only array.
-    a = np.from_dlpack(s)
-    assert not a.flags.writeable
-    assert a[3] == 3
-    # A copy may be writable.
-    c = np.from_dlpack(s, copy=True)
-    c[0] = 42
-    assert c.flags.writeable and np.asarray(s)[0] == 0
+def test_a_view_is_never_exported_as_writable_shared_memory(prefix):
+    """The buffer protocol lends a view read-only (NumPy refuses writes);
+    DLPack, which torch imports without honouring read-only flags, lends a
+    private copy-on-write view of the same shard: writable, zero-copy until
+    written, and a write reaches neither the owner nor any other view."""
+    from helpers import config, mapping_of
+
+    with shardport.Node(config(prefix)) as owner, shardport.Node(config(prefix)) as consumer:
+        a0 = np.arange(4096, dtype=np.int32)  # 4 pages
+        h = owner.put(a0)
+        neighbour = owner.put(np.full(16, 7, dtype=np.int32))  # shares a page
+        s = consumer.fetch(h, mode="view")
+        shared = np.asarray(s)
+        assert not shared.flags.writeable
+        try:
+            shared[0] = 1
+        except ValueError as e:
+            assert "read-only" in str(e)
+        else:
+            raise AssertionError("a view's buffer export was writable")
+        class Legacy:  # asks for a pre-1.0 capsule, as torch does
+            def __dlpack__(self, **_):
+                return s.__dlpack__()
+
+            def __dlpack_device__(self):
+                return s.__dlpack_device__()
+
+        # Every DLPack door (versioned, legacy) is private. NumPy marks a
+        # legacy import read-only (it cannot know better); torch would not.
+        for d in (np.from_dlpack(s), np.from_dlpack(Legacy())):
+            assert np.array_equal(d, a0)
+            addr = d.__array_interface__["data"][0]
+            assert addr != shared.__array_interface__["data"][0]
+            # Zero-copy: the memory is a mapping of the owner's segment.
+            seg = mapping_of(addr)
+            assert seg.startswith(f"/dev/shm/{prefix}-") and seg.endswith("-p0"), seg
+            assert seg == mapping_of(shared.__array_interface__["data"][0])
+            # What a torch user's in-place op does, flag or not: a write
+            # through the pointer. Into a read-only mapping it would kill
+            # this process.
+            ctypes.memset(addr, 0xFF, d.nbytes)
+            assert (d == -1).all()
+        assert np.from_dlpack(s).flags.writeable  # a versioned import is writable
+        # Nothing written reached the view, a new fetch, the owner or the
+        # neighbouring shard.
+        assert np.array_equal(shared, a0)
+        assert np.array_equal(np.asarray(consumer.fetch(h, mode="copy")), a0)
+        assert np.array_equal(np.asarray(owner.fetch(h, mode="view")), a0)
+        assert np.asarray(consumer.fetch(neighbour, mode="copy")).tolist() == [7] * 16
+        # An explicit copy stays a copy.
+        c = np.from_dlpack(s, copy=True)
+        c[0] = 42
+        assert c.flags.writeable and shared[0] == 0
 
 
 def _own_and_hang(cfg, q) -> None:

@@ -115,7 +115,7 @@ fn constructor_error_and_panic_are_reported_not_fatal() {
     let prefix = format!("plugin `faulty`: constructor of {} failed: ", lib.display());
     let msg = only_failure(&faulty("ctor-error"));
     assert!(msg.starts_with(&prefix), "{msg}");
-    assert!(msg.ends_with("(config)"), "{msg}");
+    assert!(msg.ends_with("(unavailable)"), "{msg}");
     let msg = only_failure(&faulty("ctor-panic"));
     assert!(
         msg.starts_with(&format!(
@@ -409,7 +409,7 @@ fn read_abi_deps(root: &Path, names: &[&str]) -> String {
 fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     // A minor bump of a 0.x interface crate: abi_stable refuses it even with
     // an identical layout.
-    let minor = build_against_patched_abi("minor-bump", "0.3.0", |_| {});
+    let minor = build_against_patched_abi("minor-bump", "0.4.0", |_| {});
     let msg = only_failure(&format!(
         "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
         minor.display()
@@ -417,14 +417,14 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     assert_eq!(
         msg,
         format!(
-            "plugin `faulty`: {} was built against shardport-abi 0.3.0, this host expects 0.2.x (incompatible ABI; rebuild the plugin)",
+            "plugin `faulty`: {} was built against shardport-abi 0.4.0, this host expects 0.3.x (incompatible ABI; rebuild the plugin)",
             minor.display()
         )
     );
 
     // A patch release that broke the rules: a field inserted into the root
     // module before its last prefix field.
-    let layout = build_against_patched_abi("layout-break", "0.2.0", |abi| {
+    let layout = build_against_patched_abi("layout-break", "0.3.0", |abi| {
         let m = abi.join("src/module.rs");
         let text = std::fs::read_to_string(&m).unwrap();
         let text = text
@@ -451,7 +451,7 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
         "{msg}"
     );
     assert!(
-        msg.ends_with("(rebuild against shardport-abi 0.2.0; details at debug level)"),
+        msg.ends_with("(rebuild against shardport-abi 0.3.0; details at debug level)"),
         "{msg}"
     );
     assert!(!msg.contains('\n'), "not one line: {msg}");
@@ -465,27 +465,32 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     // built before the last appended method is refused (abi_stable wants
     // the plugin's vtable at least as long as the host's: that is why every
     // append is a minor bump)...
-    let older = build_against_patched_abi("before-append", "0.2.0", |abi| {
+    let older = build_against_patched_abi("before-append", "0.3.0", |abi| {
         let t = abi.join("src/transport.rs");
         let text = std::fs::read_to_string(&t).unwrap();
         let start = text
-            .find("    /// Consumer side: [`can_import`](Self::can_import), knowing who")
+            .find("    /// Consumer side: a zero-copy view the caller may **write**")
             .unwrap();
-        let end = start
-            + text[start..]
-                .find("        self.can_import(desc, meta)\n    }\n")
-                .unwrap()
-            + "        self.can_import(desc, meta)\n    }\n".len();
+        let tail = "            \"this transport has no private (copy-on-write) views\",\n        ))\n    }\n";
+        let end = start + text[start..].find(tail).unwrap() + tail.len();
         std::fs::write(&t, format!("{}{}", &text[..start], &text[end..])).unwrap();
         let a = abi.join("src/kit/adapter.rs");
         let text = std::fs::read_to_string(&a).unwrap();
         let start = text
-            .find("    fn can_import_from(\n        &self,\n        desc: RSlice")
+            .find("    fn import_view_private(\n        &self,\n        desc: RSlice")
             .unwrap();
         let end = start
             + text[start..].find("        })\n    }\n").unwrap()
             + "        })\n    }\n".len();
         std::fs::write(&a, format!("{}{}", &text[..start], &text[end..])).unwrap();
+        // The host-side wrapper of the method, so the older crate builds.
+        let v = abi.join("src/view.rs");
+        let text = std::fs::read_to_string(&v).unwrap();
+        assert!(
+            text.contains(".import_view_private("),
+            "patch did not apply"
+        );
+        std::fs::write(v, text.replace(".import_view_private(", ".import_view(")).unwrap();
     });
     let msg = only_failure(&format!(
         "[[plugin]]\nname = \"faulty\"\npath = \"{}\"\n",
@@ -497,10 +502,10 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
     );
     // ...and a plugin built against a newer interface (one more method
     // appended) loads and moves shards.
-    let newer = build_against_patched_abi("after-append", "0.2.0", |abi| {
+    let newer = build_against_patched_abi("after-append", "0.3.0", |abi| {
         let t = abi.join("src/transport.rs");
         let text = std::fs::read_to_string(&t).unwrap();
-        let anchor = "        let _ = owner;\n        self.can_import(desc, meta)\n    }\n";
+        let anchor = "            \"this transport has no private (copy-on-write) views\",\n        ))\n    }\n";
         assert!(text.contains(anchor), "patch did not apply");
         let text = text.replace(
             anchor,

@@ -172,6 +172,15 @@ pub trait PlainTransport: Send + Sync + 'static {
             "this transport has no device-to-device import",
         ))
     }
+
+    /// A private, copy-on-write view the caller may write (see
+    /// [`Transport::import_view_private`]). Default: `UNSUPPORTED`.
+    fn import_view_private(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        let _ = (desc, meta);
+        Err(AbiError::unsupported(
+            "this transport has no private (copy-on-write) views",
+        ))
+    }
 }
 
 /// The [`Transport`] trait object of a [`PlainTransport`]: every method
@@ -289,6 +298,16 @@ impl<T: PlainTransport> Transport for Guarded<T> {
         self.0.context().guard("import_into_device", || {
             self.0
                 .import_into_device(desc.as_slice(), meta, dst_addr, dst_len)
+        })
+    }
+
+    fn import_view_private(
+        &self,
+        desc: RSlice<'_, u8>,
+        meta: &ShardMeta,
+    ) -> RResult<Region, AbiError> {
+        self.0.context().guard("import_view_private", || {
+            self.0.import_view_private(desc.as_slice(), meta)
         })
     }
 }

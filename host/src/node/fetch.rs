@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shardport_abi::{AbiError, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
+use shardport_abi::{AbiError, ErrorKind, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
 use super::{lock, put::compute, zeroed, Fetched, Generation, Node, Selection};
 use crate::{
@@ -44,6 +44,28 @@ impl Node {
             id: handle.id,
             meta: handle.meta.clone(),
             data,
+            selection,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Fetches a shard as memory its caller may **write**: a private,
+    /// copy-on-write view where a same-node transport offers one
+    /// ([`Transport::import_view_private`](shardport_abi::Transport::import_view_private):
+    /// zero-copy until written, and a write never reaches the owner, another
+    /// process or another view), else a private copy. What to lend to a
+    /// library that ignores read-only flags (torch's DLPack import). Planned
+    /// like a view (zero-copy transports first); never cached.
+    pub fn fetch_private(&self, handle: &Handle) -> Result<Fetched, HostError> {
+        let start = Instant::now();
+        let _span =
+            tracing::debug_span!(target: "fetch", "fetch_private", shard = %handle.id).entered();
+        let (data, selection) =
+            self.fetch_inner(handle, FetchMode::View, Target::PrivateView, start)?;
+        Ok(Fetched {
+            id: handle.id,
+            meta: handle.meta.clone(),
+            data: Arc::new(data.expect("private view targets return bytes")),
             selection,
             elapsed: start.elapsed(),
         })
@@ -91,7 +113,20 @@ impl Node {
                         LeasedView::import(&p.transport, desc, &handle.meta)
                             .map(|v| Some(ShardBytes::View(v)))
                     }
-                    Target::View | Target::Alloc => {
+                    Target::PrivateView if attempt.zero_copy => {
+                        match LeasedView::import_private(&p.transport, desc, &handle.meta) {
+                            Ok(v) => Ok(Some(ShardBytes::View(v))),
+                            // No private views in this transport: a private
+                            // copy through it, rather than a slower one.
+                            Err(e) if e.kind == ErrorKind::UNSUPPORTED => {
+                                let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
+                                import_into(p, desc, &handle.meta, &mut buf)
+                                    .map(|()| Some(ShardBytes::Owned(buf)))
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Target::View | Target::PrivateView | Target::Alloc => {
                         let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
                         import_into(p, desc, &handle.meta, &mut buf)
                             .map(|()| Some(ShardBytes::Owned(buf)))
@@ -396,6 +431,8 @@ pub(super) enum Miss {
 /// Where a host fetch puts the bytes.
 enum Target<'a> {
     View,
+    /// A view the caller may write (`fetch_private`).
+    PrivateView,
     Alloc,
     Into(&'a mut [u8]),
 }

@@ -58,7 +58,7 @@ use crate::{
     lock,
     names::{self, Kind},
     stats::Counters,
-    sys::{OwnedSegment, PeerSegment},
+    sys::{OwnedSegment, PeerSegment, PrivateMap},
 };
 
 /// Pools kept mapped at once: a consumer usually reads from a handful of
@@ -144,6 +144,16 @@ impl Held {
     }
 }
 
+/// A lent view: the lease, and for a private view its own mapping.
+/// Fields drop in order: the private mapping goes before the lease.
+#[derive(Debug)]
+struct View {
+    /// Held for its `Drop` (the unmapping) alone.
+    #[allow(dead_code)]
+    private: Option<PrivateMap>,
+    held: Held,
+}
+
 #[derive(Debug)]
 struct Cached {
     /// The data segment's name.
@@ -159,7 +169,7 @@ struct State {
     pools: Vec<Cached>,
     tick: u64,
     next_token: u64,
-    views: HashMap<u64, Held>,
+    views: HashMap<u64, View>,
     /// Liveness of the owners we fetch from.
     owners: Watcher,
     /// When this process last checked it is the one that created the
@@ -651,8 +661,52 @@ impl Consumer {
             .region(offset, len, token)
             .ok_or_else(|| AbiError::internal("validated range is outside its segment"))?;
         st.next_token += 1;
-        st.views.insert(token, held);
+        st.views.insert(
+            token,
+            View {
+                private: None,
+                held,
+            },
+        );
         counters.imports_view.inc();
+        Ok(region)
+    }
+
+    /// `Transport::import_view_private`: the lease as for a view, and the
+    /// range mapped again, privately (copy-on-write), from the segment
+    /// opened anew by its name (the name was checked when the lease was
+    /// taken; the consumer keeps no descriptor open per segment). The
+    /// mapping is made outside the state lock.
+    pub(crate) fn import_view_private(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        counters: &Counters,
+    ) -> PluginResult<Region> {
+        let held = {
+            let mut st = lock(&self.state);
+            self.hold(&mut st, desc, meta, counters)?
+        };
+        let (offset, len) = held.range();
+        // On failure `held` drops here: the lease is given back.
+        let map = PrivateMap::open(held.segment().name(), offset, len).map_err(|e| {
+            AbiError::unavailable(format!(
+                "cannot map {} privately: {e} (the owner may have removed the segment)",
+                held.segment().name()
+            ))
+        })?;
+        let mut st = lock(&self.state);
+        let token = st.next_token;
+        st.next_token += 1;
+        let region = map.region(token);
+        st.views.insert(
+            token,
+            View {
+                private: Some(map),
+                held,
+            },
+        );
+        counters.imports_view_private.inc();
         Ok(region)
     }
 
@@ -665,11 +719,12 @@ impl Consumer {
 
     /// `Transport::release`.
     pub(crate) fn release(&self, token: u64) -> PluginResult<()> {
-        let held = lock(&self.state).views.remove(&token);
-        match held {
-            // Dropping `held` frees the lease slot or unmaps the segment.
-            Some(held) => {
-                drop(held);
+        let view = lock(&self.state).views.remove(&token);
+        match view {
+            // Dropping the view unmaps a private mapping, then frees the
+            // lease slot or unmaps the segment.
+            Some(view) => {
+                drop(view);
                 Ok(())
             }
             None => Err(AbiError::invalid_argument(format!(
@@ -686,8 +741,8 @@ impl Consumer {
         let mut pools: HashSet<*const PeerPool> =
             st.pools.iter().map(|c| Arc::as_ptr(&c.pool)).collect();
         let mut per_shard = 0;
-        for h in st.views.values() {
-            match h {
+        for v in st.views.values() {
+            match &v.held {
                 Held::Pool { lease, .. } => {
                     pools.insert(Arc::as_ptr(&lease.pool));
                 }

@@ -233,6 +233,11 @@ impl PlainTransport for ShmTransport {
         self.consumer.import_view(desc, meta, &self.counters)
     }
 
+    fn import_view_private(&self, desc: &[u8], meta: &ShardMeta) -> PluginResult<Region> {
+        self.consumer
+            .import_view_private(desc, meta, &self.counters)
+    }
+
     fn release(&self, token: u64) -> PluginResult<()> {
         self.consumer.release(token)
     }
@@ -264,6 +269,7 @@ impl PlainTransport for ShmTransport {
             .counter("bytes_exported", &k.bytes_exported)
             .counter("imports_copy", &k.imports_copy)
             .counter("imports_view", &k.imports_view)
+            .counter("imports_view_private", &k.imports_view_private)
             .counter("spills", &k.spills)
             .counter("leases_reclaimed", &k.leases_reclaimed)
             .counter("segments_swept", &k.segments_swept)

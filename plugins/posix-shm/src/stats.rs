@@ -15,6 +15,8 @@ pub(crate) struct Counters {
     pub imports_copy: Counter,
     /// Completed `import_view` calls.
     pub imports_view: Counter,
+    /// Completed `import_view_private` calls (copy-on-write views).
+    pub imports_view_private: Counter,
     /// Lease slots of dead consumers this owner freed.
     pub leases_reclaimed: Counter,
     /// Segments of dead owners this instance unlinked.

@@ -416,6 +416,122 @@ impl PeerSegment {
     }
 }
 
+/// A private, writable, copy-on-write mapping of `len` bytes at `offset` of
+/// a peer's segment (`MAP_PRIVATE`, `PROT_READ | PROT_WRITE`, the whole
+/// pages around the range): what `import_view_private` lends. Until a page
+/// is written it is the segment's own page (no copy); a write copies that
+/// page into memory of this mapping alone, so nothing written here reaches
+/// the owner, another process or another mapping. Unmapped on drop.
+pub(crate) struct PrivateMap {
+    /// Start of the mapping (page-aligned); dangling when `map_len == 0`.
+    base: NonNull<u8>,
+    map_len: usize,
+    /// Where the range starts inside the mapping.
+    skip: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is memory owned by this value; nothing in it is tied
+// to a thread. Writes go through the pointer lent in `region`, whose holder
+// synchronises them as for any private buffer.
+unsafe impl Send for PrivateMap {}
+// SAFETY: as above; this type never reads or writes the bytes itself.
+unsafe impl Sync for PrivateMap {}
+
+impl fmt::Debug for PrivateMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrivateMap")
+            .field("len", &self.len)
+            .field("map_len", &self.map_len)
+            .finish()
+    }
+}
+
+impl PrivateMap {
+    /// Opens `name` read-only again and maps `[offset, offset + len)`
+    /// privately. Fails when the segment is gone (its owner unlinked it) or
+    /// smaller than the range.
+    ///
+    /// The caller holds a lease on the range (or the segment is a per-shard
+    /// segment, never written again): while the mapping's pages are not yet
+    /// copied they show the segment's bytes, which the lease keeps stable.
+    pub(crate) fn open(name: &str, offset: u64, len: u64) -> Result<PrivateMap, SysError> {
+        let (fd, size, _) = open_sized(name, shm::OFlags::RDONLY)?;
+        let too_big = SysError {
+            op: "mmap",
+            errno: Errno::INVAL,
+        };
+        let end = offset.checked_add(len).ok_or(too_big)?;
+        if end > size {
+            return Err(too_big);
+        }
+        let len = usize::try_from(len).map_err(|_| too_big)?;
+        if len == 0 {
+            return Ok(PrivateMap {
+                base: NonNull::dangling(),
+                map_len: 0,
+                skip: 0,
+                len: 0,
+            });
+        }
+        let page = rustix::param::page_size() as u64;
+        let start = offset / page * page;
+        let skip = usize::try_from(offset - start).map_err(|_| too_big)?;
+        let map_len = (skip + len).next_multiple_of(page as usize);
+        // SAFETY: a fresh mapping chosen by the kernel (no address given),
+        // private (`MAP_PRIVATE`: writes never reach the file), of a range
+        // inside the file (checked above against its real size, rounded out
+        // to whole pages, which the segment has: segment sizes are page
+        // multiples, and a tail page past the end reads as zeros).
+        let raw = unsafe {
+            mm::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+                &fd,
+                start,
+            )
+        }
+        .map_err(fail("mmap"))?;
+        let base = NonNull::new(raw.cast::<u8>()).ok_or(SysError {
+            op: "mmap",
+            errno: Errno::NOMEM,
+        })?;
+        Ok(PrivateMap {
+            base,
+            map_len,
+            skip,
+            len,
+        })
+    }
+
+    /// The mapped range as a region under lease `token`.
+    pub(crate) fn region(&self, token: u64) -> Region {
+        Region {
+            ptr: if self.len == 0 {
+                std::ptr::null()
+            } else {
+                // SAFETY: `skip + len <= map_len`: inside the mapping.
+                unsafe { self.base.as_ptr().add(self.skip) }
+            },
+            len: self.len,
+            token,
+        }
+    }
+}
+
+impl Drop for PrivateMap {
+    fn drop(&mut self) {
+        if self.map_len > 0 {
+            // SAFETY: exactly the range `mmap` returned in `open`, unmapped
+            // once, here; the region lent from it is released first (the
+            // consumer drops this value only when its lease token is).
+            let _ = unsafe { mm::munmap(self.base.as_ptr().cast::<c_void>(), self.map_len) };
+        }
+    }
+}
+
 /// Unlinks the shared-memory object `name` (`/...`) that a sweep judged
 /// orphaned. Only the dead-owner sweep calls this; owners unlink their own
 /// names by dropping their [`OwnedSegment`].

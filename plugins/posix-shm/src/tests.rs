@@ -128,6 +128,10 @@ impl Node {
         LeasedView::import(self.t(), desc, &ShardMeta::bytes(len))
     }
 
+    pub(crate) fn private_view(&self, desc: &[u8], len: u64) -> Result<LeasedView, AbiError> {
+        LeasedView::import_private(self.t(), desc, &ShardMeta::bytes(len))
+    }
+
     pub(crate) fn stat(&self, name: &str) -> u64 {
         self.t()
             .stats()
@@ -231,6 +235,64 @@ fn pool_roundtrip_copy_and_view() {
     p.owner.unexport(2).unwrap();
     assert_eq!(p.owner.stat("pool_bytes_used"), 0);
     assert_eq!(p.owner.stat("shards_live"), 0);
+}
+
+/// Writes `byte` over the whole of a private view, as a library that
+/// ignores read-only flags (torch) would.
+#[allow(unsafe_code)]
+fn scribble(v: &LeasedView, byte: u8) {
+    // SAFETY: a private view is a copy-on-write mapping lent for writing
+    // (`Transport::import_view_private`); no reference to its bytes is
+    // alive during the write.
+    unsafe { std::ptr::write_bytes(v.as_ptr().cast_mut(), byte, v.len()) };
+}
+
+#[test]
+fn a_private_view_is_written_in_this_view_alone() {
+    for config in [SMALL_POOL, "allocation = \"segment-per-shard\""] {
+        let p = Pair::new(config);
+        // Two shards in one page of the pool: writes to one must not show
+        // in the other, nor reach the owner.
+        let a = pattern(1000, 5);
+        let b = pattern(3000, 6);
+        let da = p.owner.put(1, &a).unwrap();
+        let db = p.owner.put(2, &b).unwrap();
+        let shared = p.consumer.view(&da, 1000).unwrap();
+        let private = p.consumer.private_view(&da, 1000).unwrap();
+        assert!(private.is_private() && !shared.is_private());
+        assert_eq!(&*private, &a[..], "{config}: reads the owner's bytes");
+        assert_ne!(
+            private.as_ptr(),
+            shared.as_ptr(),
+            "{config}: a mapping of its own"
+        );
+        scribble(&private, 0xEE);
+        assert!(private.iter().all(|&x| x == 0xEE), "{config}");
+        assert_eq!(&*shared, &a[..], "{config}: another view is untouched");
+        assert_eq!(
+            p.consumer.copy(&da, 1000).unwrap(),
+            a,
+            "{config}: a copy is the owner's"
+        );
+        assert_eq!(
+            p.consumer.copy(&db, 3000).unwrap(),
+            b,
+            "{config}: the neighbour too"
+        );
+        let again = p.consumer.private_view(&da, 1000).unwrap();
+        assert_eq!(&*again, &a[..], "{config}: a new private view starts clean");
+        assert_eq!(p.consumer.stat("leases_active"), 3);
+        assert_eq!(p.consumer.stat("imports_view_private"), 2);
+        drop((shared, private, again));
+        assert_eq!(p.consumer.stat("leases_active"), 0);
+        assert_eq!(p.owner.stat("leases_held_on_owner"), 0);
+        // The owner's bytes never changed.
+        let fresh = Node::new("");
+        assert_eq!(fresh.copy(&da, 1000).unwrap(), a, "{config}");
+        // An empty shard has an empty private view.
+        let de = p.owner.put(3, &[]).unwrap();
+        assert_eq!(p.consumer.private_view(&de, 0).unwrap().len(), 0);
+    }
 }
 
 #[test]
@@ -1095,6 +1157,7 @@ fn stats_are_snake_case_and_complete() {
         "bytes_exported",
         "imports_copy",
         "imports_view",
+        "imports_view_private",
         "spills",
         "leases_reclaimed",
         "segments_swept",
