@@ -56,8 +56,10 @@ class ShardportRTensorBackend:
 
     ``node``: share an existing node (default: a new one with ``config``).
     ``mode``: ``"copy"`` (default) returns private, writable tensors like
-    AReaL's HTTP backend; ``"view"`` returns zero-copy, read-only tensors
-    (no copy at all on one machine; do not write to them).
+    AReaL's HTTP backend; ``"view"`` returns zero-copy ones (no copy at all
+    on one machine): torch tensors over private copy-on-write views of the
+    owner's memory (writable; a write copies the touched pages into that
+    tensor alone), NumPy arrays read-only.
     ``max_shards_per_request``: largest batch per fetch call (AReaL's knob).
     """
 
