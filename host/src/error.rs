@@ -15,11 +15,12 @@ pub enum HostError {
     #[error("required plugins did not load:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
     RequiredPlugins(Vec<LoadError>),
     /// Plugins refused a key or value of their own config tables
-    /// (`[plugin.config]`), each error at the key's `file:line:col`. Fatal
-    /// whether the plugin is `required` or not: `required = false` means
-    /// "may be unavailable on this machine", never "drop what I wrote".
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
-    PluginConfig(Vec<crate::config::ConfigError>),
+    /// (`[plugin.config]`): each a config error rendered at the key's
+    /// `file:line:col` (see `loader::config_refusal`). Fatal whether the
+    /// plugin is `required` or not: `required = false` means "may be
+    /// unavailable on this machine", never "drop what I wrote".
+    #[error("{}", .0.join("\n"))]
+    PluginConfig(Vec<String>),
     /// A config reload was refused; the running config stays in force.
     #[error("reload refused, the running config stays: {0}")]
     ReloadRefused(String),
@@ -133,25 +134,6 @@ impl LoadError {
             | LoadError::Layout { plugin, .. }
             | LoadError::WrongTransport { plugin, .. }
             | LoadError::Constructor { plugin, .. } => plugin,
-        }
-    }
-
-    /// The plugin's refusal of its own config table (a `CONFIG` error from
-    /// its constructor), located at the key it names in `spec`'s table.
-    pub fn config_refusal(
-        &self,
-        spec: &crate::config::PluginSpec,
-    ) -> Option<crate::config::ConfigError> {
-        match self {
-            LoadError::Constructor { plugin, error, .. }
-                if error.kind == shardport_abi::ErrorKind::CONFIG =>
-            {
-                Some(spec.config_places.error(
-                    plugin.as_str(),
-                    format!("plugin `{plugin}` refused its config: {}", error.message),
-                ))
-            }
-            _ => None,
         }
     }
 }

@@ -19,8 +19,8 @@ use std::{
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use sha2::{Digest, Sha256};
 use shardport_abi::{
-    Capabilities, HostContext, HostServicesBox, IdentityParts, PluginModuleRef, SharedTransport,
-    TD_Opaque, TransportInfo, ABI_VERSION,
+    Capabilities, ErrorKind, HostContext, HostServicesBox, IdentityParts, PluginModuleRef,
+    SharedTransport, TD_Opaque, TransportInfo, ABI_VERSION,
 };
 
 use crate::{
@@ -72,6 +72,20 @@ impl fmt::Debug for LoadedPlugin {
 }
 
 pub use crate::error::LoadError;
+
+/// The plugin's refusal of its own config table (a `CONFIG` error from its
+/// constructor), located at the key it names in `spec`'s table.
+pub fn config_refusal(e: &LoadError, spec: &PluginSpec) -> Option<crate::config::ConfigError> {
+    match e {
+        LoadError::Constructor { plugin, error, .. } if error.kind == ErrorKind::CONFIG => {
+            Some(spec.config_places.error(
+                plugin.as_str(),
+                format!("plugin `{plugin}` refused its config: {}", error.message),
+            ))
+        }
+        _ => None,
+    }
+}
 
 /// Everything one load pass produced.
 #[derive(Debug, Default)]

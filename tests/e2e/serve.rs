@@ -374,7 +374,7 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
     assert!(out.status.success(), "{out:?}");
     assert!(stdout.contains("generation 3"), "{stdout}");
     assert!(
-        stdout.contains("cache:"),
+        stdout.contains("cache.policy: "),
         "the cache policy went back: {stdout}"
     );
     // The shard put before any reload is still served.

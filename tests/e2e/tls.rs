@@ -415,7 +415,9 @@ fn bad_certificate_paths_are_config_errors_naming_key_and_file() {
             missing.display()
         ),
     );
-    assert_eq!(code, Some(3), "{err}");
+    // A plugin that refuses an option is an invalid config (exit 2), with
+    // the option's file:line:col, like the host's own config errors.
+    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains(&format!(
             "`plugin.http.config.tls-key` = \"{}\": cannot read the file",
@@ -423,6 +425,7 @@ fn bad_certificate_paths_are_config_errors_naming_key_and_file() {
         )),
         "{err}"
     );
+    assert!(err.contains("node.toml:"), "{err}");
 }
 
 /// Clients that open TLS handshakes and stall are pending connections like

@@ -44,7 +44,7 @@ use crate::{
     experiment::ExperimentState,
     handle::{Handle, Owner},
     identity::{new_node_tag, unique_node_name, NodeIdentity},
-    loader::{load_all, LoadError, LoadedPlugin, NodeContext},
+    loader::{config_refusal, load_all, LoadError, LoadedPlugin, NodeContext},
     locality::Locality,
     metrics::{ArmCounters, Metrics},
     select::PluginFacts,
@@ -391,12 +391,12 @@ impl Node {
             tags_used: Arc::default(),
         };
         let report = load_all(&config.plugins, &ctx);
-        let refused: Vec<_> = report
+        let refused: Vec<String> = report
             .failures
             .iter()
             .filter_map(|(e, _)| {
                 let spec = config.plugins.iter().find(|s| e.plugin() == &s.name)?;
-                e.config_refusal(spec)
+                config_refusal(e, spec).map(|c| c.to_string())
             })
             .collect();
         if !refused.is_empty() {

@@ -31,7 +31,7 @@ use crate::{
         self, ChecksumPolicy, Config, Experiment, OnDowngrade, Origin, Storage, TransportName,
     },
     error::HostError,
-    loader::{load_instance, LoadedPlugin},
+    loader::{config_refusal, load_instance, LoadedPlugin},
 };
 
 /// What a reload did.
@@ -265,7 +265,7 @@ impl Node {
             match load_instance(spec, &self.inner.load_ctx) {
                 Ok(p) => plugins.push(Arc::new(p)),
                 // A refused option is the user's mistake: never skipped.
-                Err(e) => match e.config_refusal(spec) {
+                Err(e) => match config_refusal(&e, spec) {
                     Some(refusal) => failures.push(refusal.to_string()),
                     None if !spec.required && old.config.plugins.contains(spec) => {
                         warnings.push(format!("optional plugin still not loaded: {e}"));
