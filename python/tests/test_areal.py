@@ -9,7 +9,7 @@ import pytest
 
 import shardport
 from helpers import config
-from shardport.areal import ShardportRTensorBackend
+from shardport.areal import ShardportRTensorBackend, ShardportRTensorError, is_shardport_id
 
 
 @dataclass
@@ -39,8 +39,11 @@ def test_store_fetch_batch_and_clear(prefix):
         assert be.fetch([ids[0]])[0].tolist() == [1, 2, 3, 4]  # plain ids work too
         asyncio.run(be.delete(be.node.address, ids[:2]))
         assert be.storage_stats()["num_tensors"] == 3
-        with pytest.raises(shardport.NotFoundError):
+        # AReaL's callers catch RuntimeError; the shardport error is the cause.
+        with pytest.raises(RuntimeError, match="Failed to fetch shard") as e:
             be.fetch([ids[0]])
+        assert isinstance(e.value, ShardportRTensorError)
+        assert isinstance(e.value.__cause__, shardport.NotFoundError)
         assert be.remove(ids) == 3 and be.storage_stats()["num_tensors"] == 0
 
 
@@ -50,9 +53,62 @@ def test_view_mode_and_bad_ids(prefix):
         v = be.fetch([sid])[0]
         assert not v.flags.writeable and v.tolist() == [0.0, 1.0, 2.0, 3.0]
         del v
-        with pytest.raises(shardport.BadHandleError):
-            be.fetch(["6f0c-not-ours"])
-        with pytest.raises(shardport.BadHandleError):
-            be.fetch([sid[:-10]])
+        with pytest.raises(ShardportRTensorError) as e:
+            be.fetch([sid[:-10]])  # ours, truncated
+        assert isinstance(e.value.__cause__, shardport.BadHandleError)
     with pytest.raises(ValueError):
         ShardportRTensorBackend(mode="zero")
+
+
+class FakeAReaL:
+    """Stands in for AReaL's HttpRTensorBackend (the delegate) where AReaL
+    is not installed: records what it is asked, serves its own ids."""
+
+    def __init__(self):
+        self.store = {"uuid-1": np.arange(3.0), "uuid-2": np.ones(2)}
+        self.fetched, self.deleted = [], []
+
+    def fetch(self, shards):
+        self.fetched.append([s.shard_id for s in shards])
+        try:
+            return [self.store[s.shard_id] for s in shards]
+        except KeyError as e:
+            raise RuntimeError(f"Failed to fetch shard batch: {e}") from None
+
+    async def delete(self, node_addr, ids):
+        self.deleted.append((node_addr, list(ids)))
+
+
+def test_ids_that_are_not_shardports_go_to_areals_backend(prefix):
+    fake = FakeAReaL()
+    with ShardportRTensorBackend(config=config(prefix), delegate=fake) as be:
+        ours = be.store(np.arange(4, dtype=np.int32))
+        assert is_shardport_id(ours) and not is_shardport_id("uuid-1")
+        shards = [
+            TensorShardInfo("uuid-1", "10.0.0.9:1"),
+            TensorShardInfo(ours, be.node.address),
+            TensorShardInfo("uuid-2", "10.0.0.9:1"),
+        ]
+        out = be.fetch(shards)
+        # In input order; AReaL's ids in one call to AReaL's backend.
+        assert out[0].tolist() == [0.0, 1.0, 2.0] and out[2].tolist() == [1.0, 1.0]
+        assert out[1].tolist() == [0, 1, 2, 3]
+        assert fake.fetched == [["uuid-1", "uuid-2"]]
+        asyncio.run(be.delete("10.0.0.9:1", [ours, "uuid-1"]))
+        assert fake.deleted == [("10.0.0.9:1", ["uuid-1"])]
+        assert be.storage_stats()["num_tensors"] == 0  # ours was removed here
+        # AReaL's own errors pass through as AReaL raises them.
+        with pytest.raises(RuntimeError, match="Failed to fetch shard batch"):
+            be.fetch([TensorShardInfo("uuid-3", "10.0.0.9:1")])
+
+
+def test_a_foreign_id_without_areal_is_a_clear_error(prefix):
+    try:
+        import areal  # noqa: F401
+
+        pytest.skip("areal is installed: the delegate exists")
+    except ImportError:
+        pass
+    with ShardportRTensorBackend(config=config(prefix)) as be:
+        with pytest.raises(ShardportRTensorError, match="areal is not importable"):
+            be.fetch([TensorShardInfo("6f0c-not-ours", "10.0.0.9:1")])

@@ -17,6 +17,13 @@ tensors out: torch tensors come back as torch tensors, NumPy arrays as NumPy
 arrays, every dtype bit-exact (bfloat16 stays bfloat16; uint32 is not
 reinterpreted), shape and dtype preserved. On the same machine fetches go
 through shared memory; across machines through shardport's http transport.
+
+Ids that are not shardport's (AReaL's own uuids: shards a worker stored with
+AReaL's ``rtensor.store`` or ``PUT /data/<id>``) are fetched and deleted
+through AReaL's own ``HttpRTensorBackend`` (the ``delegate``), so a job can
+switch backends while shards of both kinds are in flight. Failures are
+:class:`ShardportRTensorError`, a ``RuntimeError`` (what AReaL's callers
+catch) with the shardport error as its ``__cause__``.
 """
 
 from __future__ import annotations
@@ -27,11 +34,25 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from . import Handle, Node
-from .errors import BadHandleError
+from .errors import BadHandleError, ShardportError
 
 #: Prefix of shard ids made by this adapter; the letter after it says what
 #: to return (``t`` torch, ``n`` NumPy).
 ID_PREFIX = "sp1"
+
+
+class ShardportRTensorError(RuntimeError):
+    """A failure of the adapter: a ``RuntimeError``, as AReaL's own backend
+    raises, so AReaL's callers catch it; the shardport error (a
+    :class:`~shardport.ShardportError` subclass naming what went wrong) is
+    its ``__cause__``."""
+
+
+def is_shardport_id(shard_id: Any) -> bool:
+    """Whether ``shard_id`` (an id or a ``TensorShardInfo``) was made by this
+    adapter (the others are AReaL's own)."""
+    sid = getattr(shard_id, "shard_id", shard_id)
+    return isinstance(sid, str) and sid.startswith(ID_PREFIX) and sid[4:5] == ":"
 
 
 def encode_id(handle: Handle, kind: str = "n") -> str:
@@ -61,6 +82,8 @@ class ShardportRTensorBackend:
     owner's memory (writable; a write copies the touched pages into that
     tensor alone), NumPy arrays read-only.
     ``max_shards_per_request``: largest batch per fetch call (AReaL's knob).
+    ``delegate``: the backend for ids that are not shardport's (default:
+    AReaL's ``HttpRTensorBackend``, made when first needed).
     """
 
     def __init__(
@@ -70,6 +93,7 @@ class ShardportRTensorBackend:
         node: Optional[Node] = None,
         config: Any = None,
         mode: str = "copy",
+        delegate: Any = None,
     ) -> None:
         if mode not in ("copy", "view"):
             raise ValueError(f'mode must be "copy" or "view", not {mode!r}')
@@ -78,6 +102,23 @@ class ShardportRTensorBackend:
         self._own_node = node is None
         self.node = node if node is not None else Node(config)
         self._bytes: dict[str, int] = {}
+        self._delegate = delegate
+
+    def delegate(self) -> Any:
+        """The backend serving ids that are not shardport's: the one given to
+        the constructor, or AReaL's ``HttpRTensorBackend`` (same
+        ``max_shards_per_request``). Raises :class:`ShardportRTensorError`
+        when AReaL is not importable."""
+        if self._delegate is None:
+            try:
+                from areal.infra.rpc.rtensor import HttpRTensorBackend
+            except ImportError as e:
+                raise ShardportRTensorError(
+                    "a shard id that is not shardport's needs AReaL's own backend, "
+                    f"and areal is not importable here: {e}"
+                ) from e
+            self._delegate = HttpRTensorBackend(max_shards_per_request=self.max_shards_per_request)
+        return self._delegate
 
     # -- owner side ---------------------------------------------------------
 
@@ -106,10 +147,16 @@ class ShardportRTensorBackend:
         return n
 
     async def delete(self, node_addr: str, shard_ids: Sequence[Any]) -> None:
-        """AReaL's ``delete``: removes the shards. Owners remove their own
-        shards, so call it in the owner process (AReaL's ``clear_batches``
-        reaches every worker); ids owned elsewhere are ignored."""
-        self.remove(shard_ids)
+        """AReaL's ``delete``: removes the shards. shardport shards are
+        removed where this process owns them (ids owned elsewhere are
+        ignored: a delete that reaches the owner from another process is not
+        built yet); AReaL's own ids go to the delegate's ``delete``, which
+        reaches their owner over AReaL's HTTP path."""
+        ours = [s for s in shard_ids if is_shardport_id(s)]
+        theirs = [s for s in shard_ids if not is_shardport_id(s)]
+        self.remove(ours)
+        if theirs:
+            await self.delegate().delete(node_addr, theirs)
 
     def storage_stats(self) -> dict[str, int]:
         """``{"num_tensors", "total_bytes"}`` stored by this backend."""
@@ -119,14 +166,25 @@ class ShardportRTensorBackend:
 
     def fetch(self, shards: Sequence[Any]) -> list[Any]:
         """Fetches shards (``TensorShardInfo`` objects or shard ids), in input
-        order, in batches of ``max_shards_per_request``."""
-        decoded = [decode_id(s) for s in shards]
-        out: list[Any] = []
-        for i in range(0, len(decoded), self.max_shards_per_request):
-            chunk = decoded[i : i + self.max_shards_per_request]
-            fetched = self.node.fetch_many([h for h, _ in chunk], mode=self.mode)
-            for (_, kind), shard in zip(chunk, fetched):
-                out.append(shard.torch() if kind == "t" else shard.numpy())
+        order: shardport's in batches of ``max_shards_per_request``, AReaL's
+        own through the delegate. Raises :class:`ShardportRTensorError`."""
+        shards = list(shards)
+        out: list[Any] = [None] * len(shards)
+        ours = [i for i, s in enumerate(shards) if is_shardport_id(s)]
+        theirs = [i for i, s in enumerate(shards) if not is_shardport_id(s)]
+        if theirs:
+            got = self.delegate().fetch([shards[i] for i in theirs])
+            for i, t in zip(theirs, got):
+                out[i] = t
+        try:
+            decoded = [(i, *decode_id(shards[i])) for i in ours]
+            for k in range(0, len(decoded), self.max_shards_per_request):
+                chunk = decoded[k : k + self.max_shards_per_request]
+                fetched = self.node.fetch_many([h for _, h, _ in chunk], mode=self.mode)
+                for (i, _, kind), shard in zip(chunk, fetched):
+                    out[i] = shard.torch() if kind == "t" else shard.numpy()
+        except ShardportError as e:
+            raise ShardportRTensorError(f"Failed to fetch shard: {e}") from e
         return out
 
     def close(self) -> None:
