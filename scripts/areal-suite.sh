@@ -28,6 +28,10 @@ files=(tests/test_rtensor.py tests/experimental/inference_service/test_data_prox
 for f in "${files[@]}"; do
     [ -f "$areal/$f" ] || { echo "areal-suite: $areal/$f not found" >&2; exit 2; }
 done
+# The checkout's own `areal` comes first everywhere (the tests import its
+# modules, and the switch below imports AReaL before pytest sets its paths).
+areal=$(cd "$areal" && pwd)
+export PYTHONPATH="$areal${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$py" -c 'import areal.infra.rpc.rtensor' 2>/dev/null; then
     echo "areal-suite: $py cannot import areal.infra.rpc.rtensor (see this script's header)" >&2
     exit 2
@@ -47,4 +51,4 @@ run() {
     rm -f "$log"
 }
 run "stock backend" SHARDPORT_AREAL_BACKEND=0
-run "shardport backend" SHARDPORT_AREAL_BACKEND=1 PYTHONPATH="$root/scripts/areal${PYTHONPATH:+:$PYTHONPATH}"
+run "shardport backend" SHARDPORT_AREAL_BACKEND=1 PYTHONPATH="$PYTHONPATH:$root/scripts/areal"

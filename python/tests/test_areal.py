@@ -112,3 +112,39 @@ def test_a_foreign_id_without_areal_is_a_clear_error(prefix):
     with ShardportRTensorBackend(config=config(prefix)) as be:
         with pytest.raises(ShardportRTensorError, match="areal is not importable"):
             be.fetch([TensorShardInfo("6f0c-not-ours", "10.0.0.9:1")])
+
+
+def test_areals_cleanup_reaches_the_owner(prefix, monkeypatch):
+    """AReaL's controller deletes through AReaL's HTTP path; the owner's
+    handler drops the ids from AReaL's process storage, and the owner's
+    backend then removes its shardport shards. AReaL's rtensor module is
+    stood in for here (AReaL is not installed in CI; scripts/areal-suite.sh
+    runs AReaL's own suite against the real one)."""
+    import sys
+    import types
+
+    fake = types.ModuleType("areal.infra.rpc.rtensor")
+    fake._storage = {}
+    fake.store = lambda sid, t: fake._storage.__setitem__(sid, t)
+    fake.remove = lambda sid: int(fake._storage.pop(sid, None) is not None)
+    monkeypatch.setitem(sys.modules, "areal.infra.rpc.rtensor", fake)
+    with ShardportRTensorBackend(config=config(prefix), delegate=FakeAReaL()) as owner:
+        # Non-NumPy input is returned as torch: mirrored as AReaL does.
+        a = owner.store(bytearray(b"a" * 4096))
+        b = owner.store(bytearray(b"b" * 4096))
+        assert set(fake._storage) == {a, b}
+        assert owner.node.stats()["shards_owned"] == 2
+        fake.remove(a)  # what the owner's DELETE /data/clear handler does
+        assert owner.storage_stats()["num_tensors"] == 1
+        assert owner.node.stats()["shards_owned"] == 1
+        # The owner's own remove drops AReaL's entry too.
+        assert owner.remove([b]) == 1 and fake._storage == {}
+        # A delete called in another process (the controller) goes to the
+        # owner through AReaL's backend; one called here removes at once.
+        c = owner.store(bytearray(b"c" * 4096))
+        http = FakeAReaL()
+        with ShardportRTensorBackend(config=config(prefix), delegate=http) as controller:
+            asyncio.run(controller.delete("10.0.0.9:1", [c]))
+        assert http.deleted == [("10.0.0.9:1", [c])]
+        asyncio.run(owner.delete("", [c]))
+        assert owner.node.stats()["shards_owned"] == 0 and fake._storage == {}

@@ -72,6 +72,15 @@ def decode_id(shard_id: Any) -> tuple[Handle, str]:
     return Handle.from_bytes(raw), sid[3]
 
 
+def _areal_storage() -> Any:
+    """AReaL's ``rtensor`` module (its process storage) where AReaL is
+    already imported by this process, else ``None`` (the adapter never
+    imports AReaL itself for this)."""
+    import sys
+
+    return sys.modules.get("areal.infra.rpc.rtensor")
+
+
 class ShardportRTensorBackend:
     """AReaL's RTensor storage backend surface over a shardport :class:`Node`.
 
@@ -102,6 +111,8 @@ class ShardportRTensorBackend:
         self._own_node = node is None
         self.node = node if node is not None else Node(config)
         self._bytes: dict[str, int] = {}
+        # Ids also registered in AReaL's process storage (see `store`).
+        self._mirrored: set[str] = set()
         self._delegate = delegate
 
     def delegate(self) -> Any:
@@ -123,12 +134,42 @@ class ShardportRTensorBackend:
     # -- owner side ---------------------------------------------------------
 
     def store(self, tensor: Any) -> str:
-        """Stores a tensor (torch CPU/CUDA or NumPy) and returns its shard id."""
+        """Stores a tensor (torch CPU/CUDA or NumPy) and returns its shard id.
+
+        Where AReaL is importable, a torch tensor is also registered in
+        AReaL's own process storage under the same id (the tensor object, no
+        copy), as AReaL's backend does: AReaL's ``/data/<id>`` endpoints and
+        module functions see it, and AReaL's ``DELETE /data/clear`` (what its
+        controller's cleanup sends to the owner) removes it there, after
+        which this backend removes the shardport shard too (see
+        :meth:`reconcile`)."""
+        self.reconcile()
         kind = "n" if isinstance(tensor, np.ndarray) else "t"
         h = self.node.put(tensor)
         sid = encode_id(h, kind)
         self._bytes[sid] = h.nbytes
+        areal = _areal_storage()
+        if areal is not None and kind == "t":
+            areal.store(sid, tensor)
+            self._mirrored.add(sid)
         return sid
+
+    def reconcile(self) -> int:
+        """Removes the shardport shards whose entry in AReaL's process storage
+        is gone: AReaL's cleanup (``DELETE /data/clear`` from the
+        controller, or ``rtensor.remove`` here) reached this owner. Runs at
+        every :meth:`store` and :meth:`storage_stats`; returns how many were
+        removed."""
+        if not self._mirrored:
+            return 0
+        areal = _areal_storage()
+        if areal is None:
+            return 0
+        gone = [sid for sid in self._mirrored if sid not in areal._storage]
+        if not gone:
+            return 0
+        self._mirrored.difference_update(gone)
+        return self.remove(gone)
 
     def remove(self, shard_ids: Iterable[Any]) -> int:
         """Removes shards this process stores; unknown ids are ignored.
@@ -142,24 +183,34 @@ class ShardportRTensorBackend:
             except BadHandleError:
                 continue
         n = self.node.remove(hs) if hs else 0
+        areal = _areal_storage()
         for sid in sids:
             self._bytes.pop(sid, None)
+            if sid in self._mirrored:
+                self._mirrored.discard(sid)
+                if areal is not None:
+                    areal.remove(sid)  # AReaL's entry too (and its fetch buffer)
         return n
 
     async def delete(self, node_addr: str, shard_ids: Sequence[Any]) -> None:
-        """AReaL's ``delete``: removes the shards. shardport shards are
-        removed where this process owns them (ids owned elsewhere are
-        ignored: a delete that reaches the owner from another process is not
-        built yet); AReaL's own ids go to the delegate's ``delete``, which
-        reaches their owner over AReaL's HTTP path."""
-        ours = [s for s in shard_ids if is_shardport_id(s)]
-        theirs = [s for s in shard_ids if not is_shardport_id(s)]
-        self.remove(ours)
-        if theirs:
-            await self.delegate().delete(node_addr, theirs)
+        """AReaL's ``delete``, called in any process (AReaL's controller calls
+        it for every worker at the end of a step): shards this process owns
+        are removed at once; the others go to the owner at ``node_addr``
+        through AReaL's own ``DELETE /data/clear`` (the delegate), which
+        drops them from the owner's AReaL storage, and the owner's backend
+        then removes its shardport shards (:meth:`reconcile`, at its next
+        ``store``). Where AReaL is not importable, ids owned elsewhere are
+        ignored."""
+        sids = [getattr(s, "shard_id", s) for s in shard_ids]
+        mine = {s for s in sids if s in self._bytes}
+        self.remove(mine)
+        rest = [s for s in sids if s not in mine]
+        if rest and node_addr and (_areal_storage() is not None or self._delegate is not None):
+            await self.delegate().delete(node_addr, rest)
 
     def storage_stats(self) -> dict[str, int]:
         """``{"num_tensors", "total_bytes"}`` stored by this backend."""
+        self.reconcile()
         return {"num_tensors": len(self._bytes), "total_bytes": sum(self._bytes.values())}
 
     # -- consumer side ------------------------------------------------------
