@@ -53,6 +53,24 @@ impl PyHandle {
         Ok(PyHandle { inner })
     }
 
+    /// `to_bytes()` as URL-safe base64 text (with padding): a handle that
+    /// fits where only strings go (the AReaL adapter's shard ids).
+    fn to_base64url(&self) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE.encode(self.inner.to_bytes())
+    }
+
+    /// Reads a handle from `to_base64url()` text (validated as
+    /// `from_bytes`); `BadHandleError` for text that is not such base64.
+    #[staticmethod]
+    fn from_base64url(text: &str) -> PyResult<PyHandle> {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::URL_SAFE
+            .decode(text)
+            .map_err(|e| py_err(Kind::BadHandle, format!("invalid handle: not URL-safe base64: {e}")))?;
+        Self::from_bytes(&data)
+    }
+
     /// The JSON form (readable; larger than `to_bytes()`).
     fn to_json(&self) -> String {
         self.inner.to_json()

@@ -2,6 +2,8 @@
 
 import pickle
 
+import pytest
+
 import numpy as np
 
 import shardport
@@ -55,3 +57,15 @@ def test_a_node_without_config_has_a_unique_name_and_no_fixed_port():
         assert np.asarray(b.fetch(h)).tolist() == [0, 1, 2]
     assert "7070" not in shardport.DEFAULT_CONFIG
     assert "name" not in shardport.default_config()["node"]
+
+
+def test_base64url_form_round_trips_and_refuses_garbage(node):
+    import base64
+
+    h = node.put(np.arange(5, dtype=np.int16))
+    text = h.to_base64url()
+    assert text == base64.urlsafe_b64encode(h.to_bytes()).decode("ascii")
+    assert shardport.Handle.from_base64url(text) == h
+    for bad in ("!!!!", text[:-4], "", text[:-8]):
+        with pytest.raises(shardport.BadHandleError, match="invalid handle"):
+            shardport.Handle.from_base64url(bad)

@@ -28,7 +28,6 @@ catch) with the shardport error as its ``__cause__``.
 
 from __future__ import annotations
 
-import base64
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -57,7 +56,7 @@ def is_shardport_id(shard_id: Any) -> bool:
 
 def encode_id(handle: Handle, kind: str = "n") -> str:
     """The shard id string of a handle (``kind``: ``t`` torch, ``n`` NumPy)."""
-    return f"{ID_PREFIX}{kind}:" + base64.urlsafe_b64encode(handle.to_bytes()).decode("ascii")
+    return f"{ID_PREFIX}{kind}:" + handle.to_base64url()
 
 
 def decode_id(shard_id: Any) -> tuple[Handle, str]:
@@ -65,11 +64,7 @@ def decode_id(shard_id: Any) -> tuple[Handle, str]:
     sid = getattr(shard_id, "shard_id", shard_id)  # a TensorShardInfo or the id
     if not isinstance(sid, str) or not sid.startswith(ID_PREFIX) or sid[4:5] != ":":
         raise BadHandleError(f"not a shardport shard id: {str(sid)[:40]!r}")
-    try:
-        raw = base64.urlsafe_b64decode(sid[5:])
-    except ValueError as e:
-        raise BadHandleError(f"shard id is not base64: {e}") from None
-    return Handle.from_bytes(raw), sid[3]
+    return Handle.from_base64url(sid[5:]), sid[3]
 
 
 def _areal_storage() -> Any:
@@ -219,18 +214,22 @@ class ShardportRTensorBackend:
         """Fetches shards (``TensorShardInfo`` objects or shard ids), in input
         order: shardport's in batches of ``max_shards_per_request``, AReaL's
         own through the delegate. Raises :class:`ShardportRTensorError`."""
-        shards = list(shards)
         out: list[Any] = [None] * len(shards)
-        ours = [i for i, s in enumerate(shards) if is_shardport_id(s)]
-        theirs = [i for i, s in enumerate(shards) if not is_shardport_id(s)]
-        if theirs:
-            got = self.delegate().fetch([shards[i] for i in theirs])
-            for i, t in zip(theirs, got):
-                out[i] = t
+        theirs: list[int] = []
+        ours: list[tuple[int, Handle, str]] = []
         try:
-            decoded = [(i, *decode_id(shards[i])) for i in ours]
-            for k in range(0, len(decoded), self.max_shards_per_request):
-                chunk = decoded[k : k + self.max_shards_per_request]
+            for i, s in enumerate(shards):
+                if is_shardport_id(s):
+                    ours.append((i, *decode_id(s)))
+                else:
+                    theirs.append(i)
+            if theirs:
+                got = self.delegate().fetch([shards[i] for i in theirs])
+                for i, t in zip(theirs, got):
+                    out[i] = t
+            step = self.max_shards_per_request
+            for k in range(0, len(ours), step):
+                chunk = ours[k : k + step]
                 fetched = self.node.fetch_many([h for _, h, _ in chunk], mode=self.mode)
                 for (i, _, kind), shard in zip(chunk, fetched):
                     out[i] = shard.torch() if kind == "t" else shard.numpy()
