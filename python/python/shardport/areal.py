@@ -227,6 +227,11 @@ class ShardportRTensorBackend:
                 got = self.delegate().fetch([shards[i] for i in theirs])
                 for i, t in zip(theirs, got):
                     out[i] = t
+            if len(ours) == 1 and not theirs:  # AReaL's to_local: one shard
+                i, h, kind = ours[0]
+                shard = self.node.fetch(h, mode=self.mode)
+                out[i] = shard.torch() if kind == "t" else shard.numpy()
+                return out
             step = self.max_shards_per_request
             for k in range(0, len(ours), step):
                 chunk = ours[k : k + step]
