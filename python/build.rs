@@ -46,7 +46,9 @@ fn main() {
     }
     // What is in the destination goes into the wheel: when anything else
     // wrote there since (scripts/setup.sh copies its debug builds there for
-    // `maturin develop`), copy this build's libraries again.
+    // `maturin develop`), copy this build's libraries again. Files are only
+    // rewritten when their bytes differ, so the copy itself does not make
+    // the next build run this script again.
     println!(
         "cargo:rerun-if-changed={}",
         manifest_dir.join("python/shardport/_plugins").display()
@@ -56,18 +58,30 @@ fn main() {
     // The outer build's profile: `release` for wheels, `debug` for
     // `maturin develop` without `--release`.
     let profile = env::var("PROFILE").expect("set by cargo");
-    build_plugins(&workspace, &target_dir, &profile);
+    // A cross build (`maturin build --target T`) builds the plugins for T.
+    let target = env::var("TARGET").expect("set by cargo");
+    let cross = (env::var("HOST").ok().as_deref() != Some(target.as_str())).then_some(target);
+    build_plugins(&workspace, &target_dir, &profile, cross.as_deref());
+    let built = match &cross {
+        Some(t) => target_dir.join(t).join(&profile),
+        None => target_dir.join(&profile),
+    };
     let dest = manifest_dir.join("python/shardport/_plugins");
     std::fs::create_dir_all(&dest)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dest.display()));
     for (_, file) in BUNDLED {
-        let from = target_dir.join(&profile).join(file);
+        let from = built.join(file);
         let to = dest.join(file);
+        let bytes =
+            std::fs::read(&from).unwrap_or_else(|e| panic!("cannot read {}: {e}", from.display()));
+        if std::fs::read(&to).is_ok_and(|old| old == bytes) {
+            continue;
+        }
         // Copy to a temporary name and rename: a process that has the old
         // file mapped keeps its mapping, never sees a half-written library.
         let tmp = dest.join(format!(".{file}.tmp"));
-        std::fs::copy(&from, &tmp)
-            .unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", from.display(), tmp.display()));
+        std::fs::write(&tmp, &bytes)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
         std::fs::rename(&tmp, &to)
             .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), to.display()));
     }
@@ -78,7 +92,7 @@ fn main() {
 /// nested build is an ordinary workspace build (its own features, flags for
 /// the plugins alone); the jobserver (`CARGO_MAKEFLAGS`) is inherited, so
 /// both builds share the job budget.
-fn build_plugins(workspace: &Path, target_dir: &Path, profile: &str) {
+fn build_plugins(workspace: &Path, target_dir: &Path, profile: &str, cross: Option<&str>) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut cmd = Command::new(cargo);
     cmd.arg("build")
@@ -89,6 +103,9 @@ fn build_plugins(workspace: &Path, target_dir: &Path, profile: &str) {
         .arg("--locked");
     if profile == "release" {
         cmd.arg("--release");
+    }
+    if let Some(t) = cross {
+        cmd.args(["--target", t]);
     }
     for (package, _) in BUNDLED {
         cmd.args(["-p", package]);

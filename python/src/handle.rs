@@ -67,7 +67,12 @@ impl PyHandle {
         use base64::Engine as _;
         let data = base64::engine::general_purpose::URL_SAFE
             .decode(text)
-            .map_err(|e| py_err(Kind::BadHandle, format!("invalid handle: not URL-safe base64: {e}")))?;
+            .map_err(|e| {
+                py_err(
+                    Kind::BadHandle,
+                    format!("invalid handle: not URL-safe base64: {e}"),
+                )
+            })?;
         Self::from_bytes(&data)
     }
 

@@ -26,7 +26,14 @@
 //! Events below the `shardport` logger's effective level are not even
 //! formatted. That level is read when a node starts, when records are
 //! forwarded, and by `flush_logs()`: lower the logger's level before starting
-//! a node (or call `flush_logs()` after changing it).
+//! a node (or call `flush_logs()` after changing it). Each plugin library
+//! keeps its own `tracing` callsite cache, which this process cannot
+//! rebuild: a plugin's event first seen while the level was higher may stay
+//! filtered after the level is lowered, so set the level before nodes start.
+//!
+//! # Re-entrancy
+//! A `logging` handler may call shardport: its records are queued and wait
+//! for the next forward (a thread never forwards inside a forward).
 //!
 //! # Warnings
 //! [`warn`] raises Python warnings of the categories in `shardport.errors`
@@ -219,6 +226,22 @@ where
 /// logger's level again. A failure inside `logging` (a handler that raises)
 /// is reported the way Python reports errors it cannot raise.
 pub(crate) fn forward(py: Python<'_>) {
+    thread_local! {
+        /// Set while this thread hands records to `logging`: a handler that
+        /// calls shardport again must not forward (nested, out of order,
+        /// without bound); its records wait for the next forward.
+        static FORWARDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if FORWARDING.with(|f| f.replace(true)) {
+        return;
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FORWARDING.with(|f| f.set(false));
+        }
+    }
+    let _reset = Reset;
     PENDING.store(false, Ordering::Release);
     let records: Vec<Record> = QUEUE
         .lock()

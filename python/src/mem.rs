@@ -396,9 +396,10 @@ impl Drop for PrivateBuf {
 
 type Keep = Arc<dyn Any + Send + Sync>;
 
-/// The node and handle a read-only view came from.
+/// The node and handle a read-only view came from. The node is held weakly:
+/// a view must not keep its node alive (nor make `close()` wait for it).
 pub(crate) struct ViewOrigin {
-    pub(crate) node: shardport_host::Node,
+    pub(crate) node: shardport_host::node::WeakNode,
     pub(crate) handle: Py<crate::handle::PyHandle>,
 }
 
@@ -417,6 +418,8 @@ pub struct Shard {
     /// For a read-only view: where to fetch a private view of the same
     /// shard from, for DLPack exports (see `writable_memory`).
     origin: Option<ViewOrigin>,
+    /// A zero-copy view (not a copy, nor a copy the cache shares).
+    is_view: bool,
     id: ShardId,
     dtype: DType,
     shape: Vec<u64>,
@@ -439,6 +442,7 @@ impl Shard {
             selection,
             ..
         } = f;
+        let is_view = matches!(&*data, ShardBytes::View(_));
         let (keep, ptr, len, writable): (Keep, usize, usize, bool) = match Arc::try_unwrap(data) {
             Ok(ShardBytes::Owned(v)) => {
                 let p = PrivateBuf::new(v);
@@ -475,6 +479,7 @@ impl Shard {
             len,
             writable,
             origin: None,
+            is_view,
             id,
             dtype: meta.dtype,
             buf_shape,
@@ -530,7 +535,7 @@ impl Shard {
     /// Marks a read-only view with the node and handle it came from, so
     /// that DLPack exports can fetch a private view of the same shard.
     pub(crate) fn with_origin(mut self, origin: impl FnOnce() -> ViewOrigin) -> Shard {
-        if !self.writable {
+        if self.is_view && !self.writable {
             self.origin = Some(origin());
         }
         self
@@ -547,25 +552,34 @@ impl Shard {
     /// when it is writable (a copy, a private view); for a read-only view, a
     /// private copy-on-write view of the same shard (`Node::fetch_private`:
     /// zero-copy until written, its own lease, writes never reach the
-    /// owner or this view), or a private copy where no transport offers one
-    /// or the view has no origin (a copy shared with the consumer cache).
-    /// `(keep, address, copied)`.
-    fn writable_memory(&self, py: Python<'_>) -> PyResult<(Keep, usize, bool)> {
+    /// owner or this view); a private copy of the bytes in hand otherwise:
+    /// a copy the cache shares, a view whose node was closed, or one whose
+    /// private fetch failed (the owner removed the shard or died meanwhile:
+    /// this view's lease still holds the bytes). `(keep, address, copied)`.
+    fn writable_memory(&self, py: Python<'_>) -> (Keep, usize, bool) {
         if self.writable {
-            return Ok((Arc::clone(&self.keep), self.ptr, false));
+            return (Arc::clone(&self.keep), self.ptr, false);
         }
-        let Some(o) = &self.origin else {
-            let (keep, ptr) = self.private_copy();
-            return Ok((keep, ptr, true));
-        };
-        let node = o.node.clone();
-        let handle = o.handle.bind(py).get();
-        let private = crate::logs::unlocked(py, || node.fetch_private(&handle.inner))
-            .map_err(crate::errors::host_err)?;
-        let copied = !matches!(&*private.data, ShardBytes::View(_));
-        let shard = Shard::from_fetched(private);
-        debug_assert!(shard.writable, "a private fetch is writable");
-        Ok((shard.keep, shard.ptr, copied))
+        let node = self.origin.as_ref().and_then(|o| o.node.upgrade());
+        if let (Some(node), Some(o)) = (node, &self.origin) {
+            let handle = o.handle.bind(py).get();
+            match crate::logs::unlocked(py, || node.fetch_private(&handle.inner)) {
+                Ok(private) => {
+                    let copied = !matches!(&*private.data, ShardBytes::View(_));
+                    let shard = Shard::from_fetched(private);
+                    debug_assert!(shard.writable, "a private fetch is writable");
+                    return (shard.keep, shard.ptr, copied);
+                }
+                Err(e) => tracing::debug!(
+                    target: "python",
+                    shard = %self.id,
+                    error = %e,
+                    "no private view for a DLPack export; copying the bytes in hand"
+                ),
+            }
+        }
+        let (keep, ptr) = self.private_copy();
+        (keep, ptr, true)
     }
 
     /// `versioned`: the consumer's DLPack minor version (of major 1), or
@@ -573,23 +587,32 @@ impl Shard {
     /// write ([`writable_memory`](Self::writable_memory)): torch ignores
     /// DLPack's read-only flag, and a write into the owner's read-only
     /// mapping would kill the process.
+    ///
+    /// `copy` is the consumer's request (DLPack: `True` always copies,
+    /// `False` never: a `BufferError` where only a copy can be had).
     fn dlpack<'py>(
         &self,
         py: Python<'py>,
         versioned: Option<u32>,
-        copy: bool,
+        copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let dtype = dl_type(
             self.dtype,
             versioned,
             "; use shard.numpy() (ml_dtypes) or shard.torch()",
         )?;
-        let (keep, ptr, copied) = if copy {
+        let (keep, ptr, copied) = if copy == Some(true) {
             let (keep, ptr) = self.private_copy();
             (keep, ptr, true)
         } else {
-            self.writable_memory(py)?
+            self.writable_memory(py)
         };
+        if copied && copy == Some(false) {
+            return Err(PyBufferError::new_err(
+                "copy=False, but this read-only shard can only be lent to DLPack as a copy \
+                 (no private view of it: its node is closed, or its owner removed it)",
+            ));
+        }
         let (copy, writable) = (copied, true);
         capsule(
             py,
@@ -948,7 +971,7 @@ impl Shard {
             }
         }
         let versioned = consumer_version(max_version);
-        self.dlpack(py, versioned, copy == Some(true))
+        self.dlpack(py, versioned, copy)
     }
 
     /// `(kDLCPU, 0)`: fetched shards are host memory.
@@ -1108,7 +1131,7 @@ impl Shard {
         }
         // A legacy capsule, which every torch reads (private memory either
         // way, see above).
-        let cap = me.dlpack(py, None, false)?;
+        let cap = me.dlpack(py, None, None)?;
         torch.call_method1("from_dlpack", (cap,))
     }
 

@@ -221,15 +221,23 @@ impl PyNode {
     #[pyo3(signature = (config=None))]
     fn reload(&self, py: Python<'_>, config: Option<&Bound<'_, PyAny>>) -> PyResult<PyObject> {
         let node = self.node()?;
+        // The config's own warnings come before it is applied, so a filter
+        // that makes them errors stops the reload (the node's file, read by
+        // the host, can only be warned about afterwards).
+        let mut warned = Vec::new();
         let report = match config.filter(|c| !c.is_none()) {
             None => unlocked(py, || node.reload_file(None)),
             Some(c) => {
                 let cfg = load_config(Some(c), self.plugin_dir.clone())?;
+                for w in &cfg.warnings {
+                    logs::warn(py, Category::Config, w)?;
+                }
+                warned.clone_from(&cfg.warnings);
                 unlocked(py, || node.reload(cfg))
             }
         }
         .map_err(host_err)?;
-        for w in &report.warnings {
+        for w in report.warnings.iter().filter(|w| !warned.contains(w)) {
             logs::warn(py, Category::Config, w)?;
         }
         let v = serde_json::to_value(&report).map_err(|e| py_err(Kind::Base, e.to_string()))?;
@@ -424,7 +432,7 @@ impl PyNode {
         let shard = unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched))
             .map_err(host_err)?
             .with_origin(|| ViewOrigin {
-                node: node.clone(),
+                node: node.downgrade(),
                 handle: bound.clone().unbind(),
             });
         note(py, &node, shard.selection(), mode)?;
@@ -518,7 +526,7 @@ impl PyNode {
                     let handle = &hs[i];
                     out.push(Shard::from_fetched(f).with_origin(|| {
                         ViewOrigin {
-                            node: node.clone(),
+                            node: node.downgrade(),
                             handle: Py::new(
                                 py,
                                 PyHandle {
@@ -656,8 +664,6 @@ impl PyNode {
     }
 }
 
-/// The buffer of `obj` and the tensor it describes (`dtype` overrides the
-/// buffer's element type, same item size).
 /// Warns (`DowngradeWarning`) about a fetch not served the way it was
 /// asked: a faster transport failed first, or a view was asked and a copy
 /// served. Silent under `fetch.on-downgrade = "allow"` (and `"fail"` made
@@ -695,6 +701,8 @@ fn note(py: Python<'_>, node: &Node, sel: &Selection, asked: FetchMode) -> PyRes
     }
 }
 
+/// The buffer of `obj` and the tensor it describes (`dtype` overrides the
+/// buffer's element type, same item size).
 fn buffer_spec(obj: &Bound<'_, PyAny>, dtype: Option<&str>) -> PyResult<(InBuffer, TensorSpec)> {
     let buf = InBuffer::get(obj).map_err(|e| {
         let ty = obj

@@ -200,3 +200,45 @@ def test_sweep_reclaims_the_segments_of_a_killed_owner(prefix, spawn):
         # What is left is this node's own (it put nothing: maybe nothing).
         mine = [s for s in leftovers(prefix) if str(os.getpid()) in s]
         assert leftovers(prefix) == mine
+
+
+def test_a_view_keeps_neither_its_node_nor_its_dlpack_doors_hostage(prefix):
+    """A view holds its node weakly: close() does not wait for it, and a
+    DLPack export after close (or after the owner removed the shard) lends
+    a private copy of the bytes the view's lease still holds; copy=False
+    then says a copy is all there is."""
+    from helpers import config, leftovers
+
+    n = shardport.Node(config(prefix))
+    a = np.arange(1000, dtype=np.int64)
+    h = n.put(a)
+    s = n.fetch(h)
+    n.close()
+    assert n.closed
+    d = np.from_dlpack(s)
+    assert np.array_equal(d, a) and d.flags.writeable
+    d[0] = -1
+    assert np.asarray(s)[0] == 0
+    try:
+        s.__dlpack__(copy=False)
+    except BufferError as e:
+        assert "copy=False" in str(e)
+    else:
+        raise AssertionError("copy=False was honoured with a copy")
+    del s, d
+    gc.collect()
+    assert leftovers(prefix) == []
+
+
+def test_dlpack_of_a_view_whose_shard_the_owner_removed(prefix):
+    from helpers import config
+
+    with shardport.Node(config(prefix)) as owner, shardport.Node(config(prefix)) as consumer:
+        a = np.arange(64, dtype=np.float32)
+        h = owner.put(a)
+        s = consumer.fetch(h)
+        owner.remove(h)  # the lease keeps the bytes; a new fetch would fail
+        d = np.from_dlpack(s)
+        assert np.array_equal(d, a)
+        d[:] = 0
+        assert np.array_equal(np.asarray(s), a)

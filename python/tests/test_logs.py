@@ -125,3 +125,40 @@ def test_a_failed_faster_transport_is_a_downgrade_warning_and_logged(caplog, pre
         r.name == "shardport.select" and "downgrade" in r.getMessage() and r.levelno == logging.WARNING
         for r in caplog.records
     )
+
+
+def test_a_logging_handler_that_calls_shardport_does_not_recurse(prefix):
+    """A handler may call shardport; its records wait for the next forward
+    instead of being forwarded inside this one."""
+    logger = logging.getLogger("shardport")
+    seen = []
+    depth = [0, 0]  # now, deepest
+
+    with shardport.Node(config(prefix)) as node:
+        h = node.put(np.arange(4, dtype=np.int32))
+
+        class CallsBack(logging.Handler):
+            def emit(self, record):
+                depth[0] += 1
+                depth[1] = max(depth)
+                try:
+                    seen.append(record.getMessage())
+                    node.fetch(h, mode="copy")  # logs more while forwarding
+                finally:
+                    depth[0] -= 1
+
+        handler = CallsBack(level=logging.DEBUG)
+        logger.addHandler(handler)
+        old = logger.level
+        logger.setLevel(logging.DEBUG)
+        try:
+            shardport.flush_logs()
+            for _ in range(20):
+                node.fetch(h, mode="copy")
+            shardport.flush_logs()
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old)
+            shardport.flush_logs()
+    assert any("fetched" in m for m in seen), seen[:5]
+    assert depth[1] == 1, f"records were forwarded inside a forward (depth {depth[1]})"

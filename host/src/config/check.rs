@@ -730,8 +730,6 @@ fn leaf(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
 }
 
-/// serde_ignored's path (`fetch.?.mod`, `plugin.0.colour`) as a dotted
-/// config path (`fetch.mod`, `plugin[0].colour`).
 /// The span of the key at serde_ignored's `path` (`fetch.mdoe`,
 /// `route.0.tagz`; `?` segments are `Option`s) in `text`, if it is there.
 fn key_span(text: &str, path: &str) -> Option<std::ops::Range<usize>> {
@@ -758,6 +756,8 @@ fn key_span(text: &str, path: &str) -> Option<std::ops::Range<usize>> {
     None
 }
 
+/// serde_ignored's path (`fetch.?.mod`, `plugin.0.colour`) as a dotted
+/// config path (`fetch.mod`, `plugin[0].colour`).
 fn dotted(path: &str) -> String {
     let mut out = String::new();
     for seg in path.split('.').filter(|s| *s != "?") {

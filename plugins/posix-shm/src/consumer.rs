@@ -688,13 +688,15 @@ impl Consumer {
             self.hold(&mut st, desc, meta, counters)?
         };
         let (offset, len) = held.range();
-        // On failure `held` drops here: the lease is given back.
-        let map = PrivateMap::open(held.segment().name(), offset, len).map_err(|e| {
-            AbiError::unavailable(format!(
-                "cannot map {} privately: {e} (the owner may have removed the segment)",
-                held.segment().name()
-            ))
-        })?;
+        // On failure `held` drops here: the lease is given back. Errors as
+        // for opening the segment the first time (a removed segment is
+        // NOT_FOUND, as for a plain view).
+        let kind = match &held {
+            Held::Pool { .. } => Kind::PoolData,
+            Held::Segment { .. } => Kind::Shard,
+        };
+        let map = PrivateMap::open(held.segment().name(), offset, len)
+            .map_err(|e| errors::open_failed(kind, held.segment().name(), e))?;
         let mut st = lock(&self.state);
         let token = st.next_token;
         st.next_token += 1;

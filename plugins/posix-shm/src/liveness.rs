@@ -397,11 +397,6 @@ impl Watcher {
     }
 }
 
-/// A pidfd for `rec`, which [`judge`] just found alive. The pidfd binds to
-/// whichever process has the pid when it is opened, so the start time is
-/// checked again afterwards: if it still matches, the recorded process
-/// (alive since before the record was read, so before the open) is the one
-/// the pidfd is bound to.
 /// Judges `rec` once and, when it is alive, binds it to a pidfd.
 ///
 /// The pidfd is opened *before* the judgement, so one reading of the start

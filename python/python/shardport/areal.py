@@ -131,8 +131,8 @@ class ShardportRTensorBackend:
     def store(self, tensor: Any) -> str:
         """Stores a tensor (torch CPU/CUDA or NumPy) and returns its shard id.
 
-        Where AReaL is importable, a torch tensor is also registered in
-        AReaL's own process storage under the same id (the tensor object, no
+        Where AReaL is loaded in this process (an AReaL worker), a torch
+        tensor is also registered in AReaL's own process storage under the same id (the tensor object, no
         copy), as AReaL's backend does: AReaL's ``/data/<id>`` endpoints and
         module functions see it, and AReaL's ``DELETE /data/clear`` (what its
         controller's cleanup sends to the owner) removes it there, after
@@ -194,8 +194,10 @@ class ShardportRTensorBackend:
         through AReaL's own ``DELETE /data/clear`` (the delegate), which
         drops them from the owner's AReaL storage, and the owner's backend
         then removes its shardport shards (:meth:`reconcile`, at its next
-        ``store``). Where AReaL is not importable, ids owned elsewhere are
-        ignored."""
+        ``store`` or ``storage_stats``). Where AReaL is not loaded in this
+        process and no delegate was given, ids owned elsewhere are ignored.
+        NumPy shards are not registered with AReaL (its storage holds torch
+        tensors): only their owner removes them."""
         sids = [getattr(s, "shard_id", s) for s in shard_ids]
         mine = {s for s in sids if s in self._bytes}
         self.remove(mine)
