@@ -226,7 +226,8 @@ fn a_refused_reload_names_what_is_wrong_and_the_node_keeps_serving() {
     let e = c.reload_file(None).unwrap_err().to_string();
     assert!(e.contains("name a config file"), "{e}");
     // A config without `node.name`: the node named itself, uniquely, and a
-    // reload of another unnamed config keeps that name (not a rename).
+    // reload of another unnamed config keeps that name (not a rename); so
+    // does a named node reloaded with a config that names none.
     let name = c.config().node.name.clone();
     assert!(
         name.starts_with(&format!("node-{}-", std::process::id())),
@@ -236,6 +237,9 @@ fn a_refused_reload_names_what_is_wrong_and_the_node_keeps_serving() {
     let r = reload(&c, &base).unwrap();
     assert_eq!(c.config().node.name, name);
     assert!(r.changes.is_empty(), "{:?}", r.changes);
+    let named = Node::start(util::parse(&format!("[node]\nname = \"fixed\"\n{base}"))).unwrap();
+    reload(&named, &base).unwrap();
+    assert_eq!(named.config().node.name, "fixed");
     // What a reload changes, one readable line per key.
     let next = base.replace(
         "on-downgrade = \"allow\"",

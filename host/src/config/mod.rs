@@ -383,8 +383,8 @@ pub struct Faults {
 pub struct NodeConfig {
     /// Name for logs and metrics. When the config does not set one
     /// ([`name_given`](Self::name_given) false), the node names itself
-    /// uniquely at start (`node-<pid>-<n>`) and keeps that name across
-    /// reloads of configs that do not set one either.
+    /// uniquely at start (`node-<pid>-<n>`); a reload with a config that
+    /// sets none keeps the running name.
     pub name: String,
     /// Whether the config wrote `node.name`.
     pub name_given: bool,

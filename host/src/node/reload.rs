@@ -177,8 +177,9 @@ impl Node {
             hook(&mut next).map_err(refused)?;
         }
         let old = self.inner.live();
-        if !next.node.name_given && !old.config.node.name_given {
-            // Both unnamed: the node keeps the name it gave itself.
+        if !next.node.name_given {
+            // A config that names no node keeps the running name (the one
+            // the node gave itself, or the one its first config gave).
             next.node.name.clone_from(&old.config.node.name);
         }
         let mut warnings = restart_only(&old.config, &next)?;
