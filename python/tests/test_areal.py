@@ -148,3 +148,17 @@ def test_areals_cleanup_reaches_the_owner(prefix, monkeypatch):
         assert http.deleted == [("10.0.0.9:1", [c])]
         asyncio.run(owner.delete("", [c]))
         assert owner.node.stats()["shards_owned"] == 0 and fake._storage == {}
+
+
+def test_the_areal_suite_script_says_why_it_does_not_run(tmp_path):
+    """scripts/areal-suite.sh runs AReaL's own tests against a checkout of
+    AReaL; without one it skips with the reason, with a wrong one it names
+    the missing file (the AReaL run itself is recorded in BENCHMARKS.md)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "areal-suite.sh"
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "skipped (no AReaL checkout given" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "tests/test_rtensor.py not found" in r.stderr, r.stdout + r.stderr
