@@ -1,7 +1,7 @@
 //! Deployment config: the TOML schema, its semantic check, and the
 //! validated [`Config`] the rest of the host uses.
 //!
-//! Two layers (STYLE: "config in two layers"):
+//! Two layers (raw structs mirroring the TOML, then a validated config):
 //! - `schema.rs`: serde structs that mirror the TOML, spans kept;
 //! - `check.rs`: [`parse_str`] turns them into the enums and newtypes of this
 //!   module (and of [`crate::vocab`]), so no bare transport name or mode
