@@ -418,8 +418,6 @@ pub struct Shard {
     /// For a read-only view: where to fetch a private view of the same
     /// shard from, for DLPack exports (see `writable_memory`).
     origin: Option<ViewOrigin>,
-    /// A zero-copy view (not a copy, nor a copy the cache shares).
-    is_view: bool,
     id: ShardId,
     dtype: DType,
     shape: Vec<u64>,
@@ -442,7 +440,6 @@ impl Shard {
             selection,
             ..
         } = f;
-        let is_view = matches!(&*data, ShardBytes::View(_));
         let (keep, ptr, len, writable): (Keep, usize, usize, bool) = match Arc::try_unwrap(data) {
             Ok(ShardBytes::Owned(v)) => {
                 let p = PrivateBuf::new(v);
@@ -479,7 +476,6 @@ impl Shard {
             len,
             writable,
             origin: None,
-            is_view,
             id,
             dtype: meta.dtype,
             buf_shape,
@@ -535,7 +531,13 @@ impl Shard {
     /// Marks a read-only view with the node and handle it came from, so
     /// that DLPack exports can fetch a private view of the same shard.
     pub(crate) fn with_origin(mut self, origin: impl FnOnce() -> ViewOrigin) -> Shard {
-        if self.is_view && !self.writable {
+        // A read-only view (not a copy the consumer cache shares, nor a
+        // private view): what `keep` holds says which.
+        let read_only_view = self
+            .keep
+            .downcast_ref::<ShardBytes>()
+            .is_some_and(|b| matches!(b, ShardBytes::View(v) if !v.is_private()));
+        if read_only_view {
             self.origin = Some(origin());
         }
         self
@@ -613,7 +615,6 @@ impl Shard {
                  (no private view of it: its node is closed, or its owner removed it)",
             ));
         }
-        let (copy, writable) = (copied, true);
         capsule(
             py,
             Export {
@@ -626,8 +627,8 @@ impl Shard {
                 dtype,
                 shape: &self.shape,
                 strides: c_order_strides(&self.shape),
-                writable,
-                copied: copy,
+                writable: true,
+                copied,
             },
             versioned,
         )
