@@ -9,24 +9,27 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
 
 
+def run_example(script: str, *args: str, timeout: int = 300) -> tuple[str, list[str]]:
+    """Runs an example to its end; asserts it exited 0. Its stdout and the
+    lines of it that report a step."""
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout, [l for l in r.stdout.splitlines() if l.startswith("step ")]
+
+
 @pytest.mark.parametrize(
     "script, transport, mode",
     [("rollout.py", "posix-shm", "view"), ("rollout_http.py", "http", "copy")],
 )
 def test_rollout(script, transport, mode):
-    r = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--workers", "2", "--steps", "2", "--mib", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
-    assert len(lines) == 4, r.stdout
+    out, lines = run_example(script, "--workers", "2", "--steps", "2", "--mib", "2")
+    assert len(lines) == 4, out
     for l in lines:
         assert "checksums match" in l and f"via {transport} ({mode})" in l, l
-    assert "/dev/shm after the run: 0 segment(s)" in r.stdout
-    assert r.stdout.strip().endswith("ok")
+    assert "/dev/shm after the run: 0 segment(s)" in out
+    assert out.strip().endswith("ok")
 
 
 def test_areal_workers_step_with_areals_own_cleanup():
@@ -35,15 +38,8 @@ def test_areal_workers_step_with_areals_own_cleanup():
     pool at zero. Needs areal and torch."""
     for mod in ("torch", "areal.api.engine_api"):
         pytest.importorskip(mod, reason=f"{mod} is not importable (AReaL is not installed in CI)")
-    r = subprocess.run(
-        [sys.executable, str(EXAMPLES / "areal_steps.py"), "--steps", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    steps = [l for l in r.stdout.splitlines() if l.startswith("step ")]
-    assert len(steps) == 3, r.stdout
+    out, steps = run_example("areal_steps.py", "--steps", "3")
+    assert len(steps) == 3, out
     for l in steps:
         assert "checksum matches" in l and "after AReaL's cleanup 0 shards, pool 0 bytes" in l, l
 
@@ -56,7 +52,5 @@ def test_areal_example_without_areal_says_why():
         pytest.skip("areal and torch are installed: the example runs for real above")
     except ImportError:
         pass
-    r = subprocess.run(
-        [sys.executable, str(EXAMPLES / "areal_steps.py")], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0 and "areal_steps: skipped" in r.stdout, r.stdout + r.stderr
+    out, _ = run_example("areal_steps.py", timeout=60)
+    assert "areal_steps: skipped" in out, out
