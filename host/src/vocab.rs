@@ -107,6 +107,30 @@ pub enum OnDowngrade {
     Fail,
 }
 
+impl OnDowngrade {
+    /// The config's words for each value (`fetch.on-downgrade`), in the
+    /// order errors list them: what the config check reads and what reload
+    /// reports print.
+    pub const KEYWORDS: [(&'static str, OnDowngrade); 3] = [
+        ("warn", OnDowngrade::Warn),
+        ("allow", OnDowngrade::Allow),
+        ("fail", OnDowngrade::Fail),
+    ];
+
+    /// The config's word for this value.
+    pub fn keyword(self) -> &'static str {
+        keyword(&Self::KEYWORDS, self)
+    }
+}
+
+/// The word of `value` in a keyword table (every value has one).
+fn keyword<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+    table
+        .iter()
+        .find(|(_, v)| *v == value)
+        .map_or("", |(k, _)| k)
+}
+
 /// Where the owner's bytes live after `put`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Storage {
@@ -126,6 +150,21 @@ pub enum ChecksumPolicy {
     Crc32c,
     /// XXH3-64.
     Xxh3,
+}
+
+impl ChecksumPolicy {
+    /// The config's words for each value (`put.checksum`), as for
+    /// [`OnDowngrade::KEYWORDS`].
+    pub const KEYWORDS: [(&'static str, ChecksumPolicy); 3] = [
+        ("none", ChecksumPolicy::None),
+        ("crc32c", ChecksumPolicy::Crc32c),
+        ("xxh3", ChecksumPolicy::Xxh3),
+    ];
+
+    /// The config's word for this value.
+    pub fn keyword(self) -> &'static str {
+        keyword(&Self::KEYWORDS, self)
+    }
 }
 
 /// Which evidence makes an owner "same node" for same-node transports.

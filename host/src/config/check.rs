@@ -10,7 +10,10 @@
 use std::path::Path;
 
 use shardport_abi::parse_byte_size;
-use toml::Spanned;
+use toml::{
+    de::{DeString, DeTable, DeValue},
+    Spanned,
+};
 
 use super::{
     schema::{RawCache, RawConfig, RawControl, RawFaults, RawFetch, RawNode, RawPlugin, RawPut},
@@ -44,11 +47,7 @@ pub fn parse_str(text: &str, origin: Origin) -> Result<Config, ConfigError> {
     let checksum = ctx.choice(
         "put.checksum",
         &put_raw.checksum,
-        &[
-            ("none", ChecksumPolicy::None),
-            ("crc32c", ChecksumPolicy::Crc32c),
-            ("xxh3", ChecksumPolicy::Xxh3),
-        ],
+        &ChecksumPolicy::KEYWORDS,
         ChecksumPolicy::None,
     )?;
     let cache = ctx.cache(raw.cache.unwrap_or_default(), &mut warnings)?;
@@ -226,10 +225,23 @@ impl Ctx<'_> {
         })?;
         let mut unknown = Vec::new();
         let raw = serde_ignored::deserialize(de, |path| unknown.push(path.to_string()));
-        // In the order they are written (serde reports them by field).
+        // In the order they are written (serde reports them by field). The
+        // spanned document is parsed only when there is a key to place.
+        let doc = if unknown.is_empty() {
+            None
+        } else {
+            DeTable::parse(self.text).ok()
+        };
         let mut unknown: Vec<_> = unknown
             .into_iter()
-            .map(|path| (key_span(self.text, &path), path))
+            .map(|path| {
+                let segs = path.split('.').filter(|s| *s != "?");
+                let span = doc
+                    .as_ref()
+                    .and_then(|d| entry(d.get_ref(), segs))
+                    .map(|(k, _)| k.span());
+                (span, path)
+            })
             .collect();
         unknown.sort_by_key(|(span, _)| span.as_ref().map_or(usize::MAX, |s| s.start));
         for (span, path) in unknown {
@@ -308,11 +320,7 @@ impl Ctx<'_> {
             on_downgrade: self.choice(
                 "fetch.on-downgrade",
                 &raw.on_downgrade,
-                &[
-                    ("warn", OnDowngrade::Warn),
-                    ("allow", OnDowngrade::Allow),
-                    ("fail", OnDowngrade::Fail),
-                ],
+                &OnDowngrade::KEYWORDS,
                 OnDowngrade::Warn,
             )?,
             verify_checksum: raw.verify_checksum.unwrap_or(true),
@@ -437,6 +445,12 @@ impl Ctx<'_> {
     /// `[[plugin]]` tables, in order; names are unique.
     fn plugins(&self, raw: Vec<RawPlugin>) -> Result<Vec<PluginSpec>, ConfigError> {
         let mut plugins: Vec<PluginSpec> = Vec::new();
+        // Parsed once for every plugin's key places.
+        let doc = if raw.is_empty() {
+            None
+        } else {
+            DeTable::parse(self.text).ok()
+        };
         for (i, p) in raw.into_iter().enumerate() {
             let key = format!("plugin[{i}]");
             let name = self.transport(&format!("{key}.name"), &p.name)?;
@@ -447,7 +461,7 @@ impl Ctx<'_> {
                     None,
                 ));
             }
-            let places = self.plugin_places(i, &p);
+            let places = self.plugin_places(doc.as_ref().map(|d| d.get_ref()), i, &p);
             let mut spec = self.plugin(&key, name, p)?;
             spec.config_places = places;
             plugins.push(spec);
@@ -519,22 +533,14 @@ impl Ctx<'_> {
         })
     }
 
-    /// Where the keys of `[[plugin]]` number `i`'s `config` table are.
-    fn plugin_places(&self, i: usize, p: &RawPlugin) -> KeyPlaces {
-        use toml::de::{DeTable, DeValue};
+    /// Where the keys of `[[plugin]]` number `i`'s `config` table are in
+    /// the spanned document `doc` (the plugin's name stands for the table
+    /// when it has none).
+    fn plugin_places(&self, doc: Option<&DeTable<'_>>, i: usize, p: &RawPlugin) -> KeyPlaces {
         let origin = self.origin.display();
-        let name_span = Some(p.name.span());
-        let Ok(doc) = DeTable::parse(self.text) else {
-            return KeyPlaces::new(self.text, origin, name_span, []);
-        };
-        let item = match doc.get_ref().get("plugin").map(|v| v.get_ref()) {
-            Some(DeValue::Array(items)) => items.get(i).map(|v| v.get_ref()),
-            _ => None,
-        };
-        let Some(DeValue::Table(item)) = item else {
-            return KeyPlaces::new(self.text, origin, name_span, []);
-        };
-        match item.get_key_value("config") {
+        let index = i.to_string();
+        let config = doc.and_then(|d| entry(d, ["plugin", index.as_str(), "config"].into_iter()));
+        match config {
             Some((key, value)) => {
                 let keys = match value.get_ref() {
                     DeValue::Table(t) => t
@@ -545,7 +551,7 @@ impl Ctx<'_> {
                 };
                 KeyPlaces::new(self.text, origin, Some(key.span()), keys)
             }
-            None => KeyPlaces::new(self.text, origin, name_span, []),
+            None => KeyPlaces::new(self.text, origin, Some(p.name.span()), []),
         }
     }
 
@@ -730,20 +736,21 @@ fn leaf(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
 }
 
-/// The span of the key at serde_ignored's `path` (`fetch.mdoe`,
-/// `route.0.tagz`; `?` segments are `Option`s) in `text`, if it is there.
-fn key_span(text: &str, path: &str) -> Option<std::ops::Range<usize>> {
-    use toml::de::{DeTable, DeValue};
-    let doc = DeTable::parse(text).ok()?;
-    let mut table: &DeTable<'_> = doc.get_ref();
-    let mut segs = path.split('.').filter(|s| *s != "?").peekable();
+/// The key and value at `path` in a spanned document (`fetch`, `mdoe`;
+/// `plugin`, `0`, `config`: after an array of tables, a segment is the
+/// index), if they are there.
+fn entry<'d, 'i>(
+    doc: &'d DeTable<'i>,
+    path: impl Iterator<Item = &'d str>,
+) -> Option<(&'d Spanned<DeString<'i>>, &'d Spanned<DeValue<'i>>)> {
+    let mut table = doc;
+    let mut segs = path.peekable();
     while let Some(seg) = segs.next() {
         let (key, value) = table.get_key_value(seg)?;
         if segs.peek().is_none() {
-            return Some(key.span());
+            return Some((key, value));
         }
         let mut value = value.get_ref();
-        // Arrays of tables: the next segment is the index.
         while let DeValue::Array(items) = value {
             let i: usize = segs.next()?.parse().ok()?;
             value = items.get(i)?.get_ref();

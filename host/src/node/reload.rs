@@ -27,9 +27,7 @@ use shardport_abi::{ErrorKind, ShardId};
 
 use super::{lock, Generation, Node};
 use crate::{
-    config::{
-        self, ChecksumPolicy, Config, Experiment, OnDowngrade, Origin, Storage, TransportName,
-    },
+    config::{self, Config, Experiment, Origin, Storage, TransportName},
     error::HostError,
     loader::{config_refusal, load_instance, LoadedPlugin},
 };
@@ -457,14 +455,7 @@ fn settings(c: &Config) -> Vec<(&'static str, String)> {
     };
     vec![
         ("fetch.mode", quoted(&c.fetch.mode.to_string())),
-        (
-            "fetch.on-downgrade",
-            quoted(match c.fetch.on_downgrade {
-                OnDowngrade::Allow => "allow",
-                OnDowngrade::Warn => "warn",
-                OnDowngrade::Fail => "fail",
-            }),
-        ),
+        ("fetch.on-downgrade", quoted(c.fetch.on_downgrade.keyword())),
         ("fetch.verify-checksum", c.fetch.verify_checksum.to_string()),
         ("fetch.max-batch", c.fetch.max_batch.to_string()),
         (
@@ -474,14 +465,7 @@ fn settings(c: &Config) -> Vec<(&'static str, String)> {
                 Storage::Pool(t) => format!("\"pool\" (pool-transport = \"{t}\")"),
             },
         ),
-        (
-            "put.checksum",
-            quoted(match c.put.checksum {
-                ChecksumPolicy::None => "none",
-                ChecksumPolicy::Crc32c => "crc32c",
-                ChecksumPolicy::Xxh3 => "xxh3",
-            }),
-        ),
+        ("put.checksum", quoted(c.put.checksum.keyword())),
         (
             "put.export-to",
             c.put
