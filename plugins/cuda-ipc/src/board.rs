@@ -10,7 +10,9 @@
 //!
 //! ```text
 //! header   (4 words)   magic "SPCUBRD" + version byte ('2'), slot count,
-//!                      record count, reserved (0)
+//!                      record count, the owner's namespaces (PID-namespace
+//!                      inode | time << 32; 0 on boards of older owners:
+//!                      the dead-board sweep then leaves the board alone)
 //! slots    (1 word each, one per exported shard)
 //!                      generation (bits 63..24, 40 bits, never 0 once
 //!                      published) | state (bits 1..0: 0 free, 1 live,
@@ -108,6 +110,7 @@ pub const RECORD_WORDS: usize = 5;
 const H_MAGIC: usize = 0;
 const H_SLOTS: usize = 1;
 const H_RECORDS: usize = 2;
+const H_OWNER_NS: usize = 3;
 
 const R_CLAIM: usize = 0;
 const R_TARGET: usize = 1;
@@ -362,6 +365,18 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
             ));
         }
         Ok(Board { words, layout })
+    }
+
+    /// Owner side: records the owner's namespaces in the header, so a
+    /// sweeper can tell whether the pid in the board's name means the same
+    /// process to it.
+    pub fn set_owner_namespaces(&self, ns: Namespaces) {
+        self.word(H_OWNER_NS).store(ns.to_word(), SeqCst);
+    }
+
+    /// The owner's namespaces as its header records them (zero: unknown).
+    pub fn owner_namespaces(&self) -> Namespaces {
+        Namespaces::from_word(self.word(H_OWNER_NS).load(SeqCst))
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {

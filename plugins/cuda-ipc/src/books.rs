@@ -82,7 +82,9 @@ impl<T> Books<T> {
     pub(crate) fn board(&mut self, name: &str) -> Result<&Board<BoardMap>, String> {
         if self.board.is_none() {
             let map = BoardMap::create(name, self.layout.words())?;
-            self.board = Some(Board::init(map, self.layout));
+            let board = Board::init(map, self.layout);
+            board.set_owner_namespaces(self.here.holder.ns);
+            self.board = Some(board);
         }
         Ok(self.board.as_ref().expect("created above"))
     }

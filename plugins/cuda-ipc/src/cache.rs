@@ -27,16 +27,17 @@
 
 use std::collections::HashMap;
 
-use crate::sys::IPC_HANDLE_LEN;
-
-/// The driver calls the cache makes. The real one wraps `cuIpcOpenMemHandle`
-/// / `cuIpcCloseMemHandle`; tests use a fake (no real driver can exist on a
-/// machine without a GPU).
+/// The driver calls the cache makes. The real ones wrap `cuIpcOpenMemHandle`
+/// / `cuIpcCloseMemHandle` (legacy IPC, the handle its 64 bytes) and the
+/// VMM import and mapping (the handle where to ask for the chunks); tests
+/// use a fake (no real driver can exist on a machine without a GPU).
 pub trait Opener {
+    /// What opens an allocation; compared to tell a forged descriptor.
+    type Handle: Clone + PartialEq + std::fmt::Debug;
     /// Error of a driver call.
     type Error: std::fmt::Display;
     /// Opens a handle; returns the allocation's base address here.
-    fn open(&mut self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, Self::Error>;
+    fn open(&mut self, handle: &Self::Handle) -> Result<u64, Self::Error>;
     /// Closes a mapping returned by `open`, with no view left on it.
     fn close(&mut self, base: u64) -> Result<(), Self::Error>;
 }
@@ -75,9 +76,9 @@ pub enum Policy {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Entry<H> {
     base: u64,
-    handle: [u8; IPC_HANDLE_LEN],
+    handle: H,
     refs: u32,
     stale: bool,
     last_used: u64,
@@ -139,11 +140,11 @@ pub struct CacheCounters {
 pub struct OpenCache<O: Opener> {
     opener: O,
     policy: Policy,
-    live: HashMap<AllocKey, Entry>,
+    live: HashMap<AllocKey, Entry<O::Handle>>,
     /// Stale entries still referenced, closed on their last release (a
     /// list: a key can be retired more than once if its owner reuses handle
     /// bytes across generations).
-    retired: Vec<(AllocKey, Entry)>,
+    retired: Vec<(AllocKey, Entry<O::Handle>)>,
     tick: u64,
     counters: CacheCounters,
 }
@@ -189,12 +190,12 @@ impl<O: Opener> OpenCache<O> {
     pub fn acquire(
         &mut self,
         key: AllocKey,
-        handle: &[u8; IPC_HANDLE_LEN],
+        handle: &O::Handle,
     ) -> Result<Acquired, CacheError> {
         self.tick += 1;
         let tick = self.tick;
         if let Some(e) = self.live.get_mut(&key) {
-            if &e.handle != handle {
+            if e.handle != *handle {
                 return Err(CacheError::HandleMismatch);
             }
             e.refs += 1;
@@ -212,20 +213,14 @@ impl<O: Opener> OpenCache<O> {
             .live
             .iter()
             .filter(|(k, e)| {
-                k.owner == key.owner && k.generation != key.generation && &e.handle == handle
+                k.owner == key.owner && k.generation != key.generation && e.handle == *handle
             })
             .map(|(k, _)| *k)
             .collect();
         let retired_stale = stale.len() as u32;
         for k in stale {
             self.counters.stale += 1;
-            let mut e = self.live.remove(&k).expect("listed above");
-            e.stale = true;
-            if e.refs == 0 {
-                self.close_entry(&e);
-            } else {
-                self.retired.push((k, e));
-            }
+            self.retire(k);
         }
         let base = self
             .opener
@@ -236,7 +231,7 @@ impl<O: Opener> OpenCache<O> {
             key,
             Entry {
                 base,
-                handle: *handle,
+                handle: handle.clone(),
                 refs: 1,
                 stale: false,
                 last_used: tick,
@@ -301,6 +296,37 @@ impl<O: Opener> OpenCache<O> {
         Ok(())
     }
 
+    /// Hands `key`'s mapping out no more (its owner withdrew the export):
+    /// closed now when idle, else on its last release. False when `key` has
+    /// no live mapping.
+    pub fn retire(&mut self, key: AllocKey) -> bool {
+        let Some(mut e) = self.live.remove(&key) else {
+            return false;
+        };
+        e.stale = true;
+        if e.refs == 0 {
+            self.close_entry(&e);
+        } else {
+            self.retired.push((key, e));
+        }
+        true
+    }
+
+    /// Retires every idle mapping whose handle `withdrawn` says its owner
+    /// no longer exports; returns how many (closed at once: they are idle).
+    pub fn retire_idle_where(&mut self, mut withdrawn: impl FnMut(&O::Handle) -> bool) -> usize {
+        let gone: Vec<AllocKey> = self
+            .live
+            .iter()
+            .filter(|(_, e)| e.refs == 0 && withdrawn(&e.handle))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            self.retire(*k);
+        }
+        gone.len()
+    }
+
     /// Closes idle mappings of owners `is_alive` says are gone; returns how many.
     pub fn sweep(&mut self, mut is_alive: impl FnMut(&OwnerKey) -> bool) -> usize {
         let dead: Vec<AllocKey> = self
@@ -339,7 +365,7 @@ impl<O: Opener> OpenCache<O> {
         }
     }
 
-    fn close_entry(&mut self, e: &Entry) {
+    fn close_entry(&mut self, e: &Entry<O::Handle>) {
         debug_assert_eq!(e.refs, 0, "closing a mapping with views");
         self.counters.closes += 1;
         if let Err(err) = self.opener.close(e.base) {
@@ -353,8 +379,8 @@ impl<O: Opener> Drop for OpenCache<O> {
     /// Closes every mapping. Views hold the transport alive, so none is
     /// left when the cache (owned by the transport) is dropped.
     fn drop(&mut self) {
-        let live: Vec<Entry> = self.live.drain().map(|(_, e)| e).collect();
-        let retired: Vec<Entry> = self.retired.drain(..).map(|(_, e)| e).collect();
+        let live: Vec<Entry<O::Handle>> = self.live.drain().map(|(_, e)| e).collect();
+        let retired: Vec<Entry<O::Handle>> = self.retired.drain(..).map(|(_, e)| e).collect();
         for e in live.iter().chain(retired.iter()) {
             if let Err(err) = self.opener.close(e.base) {
                 tracing::warn!(target: "cuda_ipc", base = e.base, error = %err, "closing an IPC mapping at shutdown failed");
@@ -374,6 +400,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::sys::IPC_HANDLE_LEN;
 
     #[derive(Debug, Default)]
     struct FakeOpener {
@@ -384,6 +411,7 @@ mod tests {
     }
 
     impl Opener for FakeOpener {
+        type Handle = [u8; IPC_HANDLE_LEN];
         type Error = String;
         fn open(&mut self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, String> {
             if std::mem::take(&mut self.fail_next_open) {
@@ -559,11 +587,46 @@ mod tests {
     }
 
     #[test]
+    fn a_retired_mapping_closes_at_once_when_idle_and_at_its_last_release_otherwise() {
+        let mut c = keep();
+        c.acquire(key(1, 1), &h(1)).unwrap();
+        c.release(key(1, 1)).unwrap();
+        assert_eq!(c.open_count(), 1, "kept idle");
+        assert!(c.retire(key(1, 1)));
+        assert_eq!(c.open_count(), 0, "idle: closed at once");
+        assert!(!c.retire(key(1, 1)), "nothing left to retire");
+        let a = c.acquire(key(1, 2), &h(2)).unwrap();
+        assert!(c.retire(key(1, 2)));
+        assert_eq!(c.open_count(), 1, "still viewed");
+        // A new acquire of the key opens afresh; the retired one is not handed out.
+        let b = c.acquire(key(1, 2), &h(2)).unwrap_err();
+        assert!(matches!(b, CacheError::Open(_)), "the fake refuses a second open of one handle");
+        c.release_at(key(1, 2), a.base).unwrap();
+        assert_eq!(c.open_count(), 0);
+        assert_eq!(c.counters().closes, 2);
+    }
+
+    #[test]
+    fn retire_idle_where_closes_only_idle_withdrawn_mappings() {
+        let mut c = keep();
+        c.acquire(key(1, 1), &h(1)).unwrap();
+        c.acquire(key(1, 2), &h(2)).unwrap();
+        c.acquire(key(1, 3), &h(3)).unwrap();
+        c.release(key(1, 1)).unwrap();
+        c.release(key(1, 3)).unwrap();
+        // 1 and 2 withdrawn; 2 is still viewed, 3 is idle but exported.
+        assert_eq!(c.retire_idle_where(|h| h[0] != 3), 1);
+        assert_eq!(c.open_count(), 2);
+        assert!(!c.acquire(key(1, 3), &h(3)).unwrap().opened, "3 kept");
+    }
+
+    #[test]
     fn dropping_the_cache_closes_everything() {
         use std::sync::{Arc, Mutex};
         /// Records closes in a shared list, so they are visible after the drop.
         struct Recording(Arc<Mutex<Vec<u64>>>, u64);
         impl Opener for Recording {
+            type Handle = [u8; IPC_HANDLE_LEN];
             type Error = String;
             fn open(&mut self, _h: &[u8; IPC_HANDLE_LEN]) -> Result<u64, String> {
                 self.1 += 1;

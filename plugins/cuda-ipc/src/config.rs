@@ -19,6 +19,19 @@ pub const DEFAULT_LEASE_RECORDS: u64 = 4096;
 /// owner's allocation in this process's address space.
 pub const DEFAULT_MAX_IDLE: u64 = 64;
 
+/// What `export` does with device memory no cross-process path shares
+/// (stream-ordered pool memory, managed memory, VMM memory without a
+/// shareable handle type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unshareable {
+    /// Copy it into a `cuMemAlloc` buffer owned by the export (one device
+    /// copy and the shard's size in device memory; warned once per
+    /// allocator, counted in `exports_staged`).
+    Stage,
+    /// Refuse the export, naming the allocator.
+    Refuse,
+}
+
 /// Validated config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -28,6 +41,10 @@ pub struct Config {
     pub lease_records: u32,
     /// Consumer cache policy.
     pub cache: Policy,
+    /// Device memory no path shares.
+    pub unshareable: Unshareable,
+    /// Remove the boards of provably dead owners at start.
+    pub sweep_on_start: bool,
 }
 
 impl Config {
@@ -45,11 +62,22 @@ impl Config {
             ],
             "keep",
         )?;
+        let unshareable = t.choose(
+            "unshareable",
+            &[
+                ("stage", Unshareable::Stage),
+                ("refuse", Unshareable::Refuse),
+            ],
+            "stage",
+        )?;
+        let sweep_on_start = t.bool("sweep-on-start", true)?;
         t.finish()?;
         Ok(Config {
             lease_slots,
             lease_records,
             cache,
+            unshareable,
+            sweep_on_start,
         })
     }
 }
@@ -64,9 +92,19 @@ mod tests {
         assert_eq!(c.lease_slots, DEFAULT_LEASE_SLOTS as u32);
         assert_eq!(c.lease_records, DEFAULT_LEASE_RECORDS as u32);
         assert_eq!(c.cache, Policy::Keep { max_idle: 64 });
-        let c = Config::parse("gpu", "cache = \"close-on-release\"\nlease-slots = 8").unwrap();
+        assert_eq!(c.unshareable, Unshareable::Stage);
+        assert!(c.sweep_on_start);
+        let c = Config::parse(
+            "gpu",
+            "cache = \"close-on-release\"\nlease-slots = 8\nunshareable = \"refuse\"\nsweep-on-start = false",
+        )
+        .unwrap();
         assert_eq!(c.cache, Policy::CloseOnRelease);
         assert_eq!(c.lease_slots, 8);
+        assert_eq!(c.unshareable, Unshareable::Refuse);
+        assert!(!c.sweep_on_start);
+        let e = Config::parse("gpu", "unshareable = \"copy\"").unwrap_err();
+        assert!(e.message.contains("plugin.gpu.config.unshareable"), "{e:?}");
     }
 
     #[test]

@@ -25,6 +25,20 @@
 //!  229+N    4 CRC-32C of every byte before it
 //! ```
 //!
+//! Version 2 describes VMM memory (shared as file descriptors, see
+//! `fdpass`): the same fields, with a zero memory handle, the allocation
+//! size the sum of the chunks, the offset from the first chunk's base and
+//! the generation a serial unique in the owner process; after the board
+//! name:
+//!
+//! ```text
+//!    229+N    4 chunk count C (1..=MAX_CHUNKS)
+//!    233+N  8*C size of each chunk, in address order (non-zero)
+//! ```
+//!
+//! then the CRC-32C. Memory legacy IPC can share is always described by a
+//! version-1 descriptor, so consumers of either version read it.
+//!
 //! Nothing may follow. Every failure is `INVALID_DESCRIPTOR` with a message
 //! naming the field (the checksum is checked first, so a damaged descriptor
 //! is reported as damaged rather than as a strange field).
@@ -34,12 +48,14 @@ use shardport_abi::{
     AbiError, PluginResult,
 };
 
-use crate::sys::IPC_HANDLE_LEN;
+use crate::sys::{IPC_HANDLE_LEN, MAX_CHUNKS};
 
 /// Identifies a cuda-ipc descriptor.
 pub const MAGIC: [u8; 4] = *b"SPCU";
-/// Format version this plugin writes and reads.
+/// Format version of legacy-IPC descriptors.
 pub const VERSION: u8 = 1;
+/// Format version of VMM descriptors (chunk sizes after the board name).
+pub const VERSION_VMM: u8 = 2;
 /// Prefix of every lease board name.
 pub const BOARD_PREFIX: &str = "/shardport-cuda-";
 /// Longest board name (NAME_MAX-safe, and small enough for a handle).
@@ -76,6 +92,16 @@ pub struct Descriptor {
     pub slot_generation: u64,
     /// The owner's lease board name.
     pub board: String,
+    /// VMM memory: the size of each physical chunk, in address order (their
+    /// descriptors come from the owner's socket). Empty for legacy IPC.
+    pub chunks: Vec<u64>,
+}
+
+impl Descriptor {
+    /// True for VMM memory (version 2).
+    pub fn is_vmm(&self) -> bool {
+        !self.chunks.is_empty()
+    }
 }
 
 /// What errors call this format.
@@ -112,9 +138,12 @@ impl Descriptor {
     /// When `board` is not a valid board name (a bug in the owner).
     pub fn encode(&self) -> Vec<u8> {
         check_board_name(&self.board).expect("owner board names are valid");
-        let mut w = Writer::with_capacity(FIXED_LEN + self.board.len() + CRC_LEN);
+        let mut w = Writer::with_capacity(
+            FIXED_LEN + self.board.len() + 4 + 8 * self.chunks.len() + CRC_LEN,
+        );
+        let version = if self.is_vmm() { VERSION_VMM } else { VERSION };
         w.bytes(&MAGIC)
-            .u8(VERSION)
+            .u8(version)
             .zeros(3)
             .bytes(&self.boot_id)
             .u32(self.pid)
@@ -131,6 +160,12 @@ impl Descriptor {
             .u64(self.slot_generation);
         debug_assert_eq!(w.len(), FIXED_LEN - 1);
         w.short_str(&self.board);
+        if self.is_vmm() {
+            w.u32(self.chunks.len() as u32);
+            for c in &self.chunks {
+                w.u64(*c);
+            }
+        }
         let crc = crc32c::crc32c(w.as_slice());
         w.u32(crc).finish()
     }
@@ -149,7 +184,15 @@ impl Descriptor {
         }
         let mut r = Reader::new(WHAT, bytes);
         r.magic("magic", &MAGIC)?;
-        r.version("version", VERSION)?;
+        let version = r.u8("version")?;
+        if version != VERSION && version != VERSION_VMM {
+            return Err(r.error_at(
+                "version",
+                MAGIC.len(),
+                format_args!("this plugin reads versions {VERSION} and {VERSION_VMM}, found {version}"),
+            ));
+        }
+        let vmm = version == VERSION_VMM;
         let stored = r.trailer(CRC_LEN, "checksum")?;
         let stored = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
         let computed = crc32c::crc32c(r.body());
@@ -179,6 +222,9 @@ impl Descriptor {
             return Err(bad("device uuid", "zero"));
         }
         let mem_handle = r.array::<IPC_HANDLE_LEN>("memory handle")?;
+        if vmm && mem_handle != [0; IPC_HANDLE_LEN] {
+            return Err(bad("memory handle", "not zero in a VMM descriptor"));
+        }
         let alloc_size = r.u64("allocation size")?;
         if alloc_size == 0 {
             return Err(bad("allocation size", "zero"));
@@ -214,6 +260,7 @@ impl Descriptor {
             .map_err(|_| bad("board name", "not UTF-8"))?
             .to_owned();
         check_board_name(&board).map_err(|why| bad("board name", why))?;
+        let chunks = if vmm { read_chunks(&mut r, alloc_size)? } else { Vec::new() };
         if r.remaining() != 0 {
             return Err(bad(
                 "length",
@@ -234,8 +281,43 @@ impl Descriptor {
             slot,
             slot_generation,
             board,
+            chunks,
         })
     }
+}
+
+/// The chunk list of a VMM descriptor: a count, then that many non-zero
+/// sizes summing to the allocation size.
+fn read_chunks(r: &mut Reader<'_>, alloc_size: u64) -> PluginResult<Vec<u64>> {
+    let n = r.u32("chunk count")? as usize;
+    if n == 0 || n > MAX_CHUNKS {
+        return Err(bad("chunk count", format!("{n}, expected 1..={MAX_CHUNKS}")));
+    }
+    if r.remaining() < n * 8 {
+        return Err(bad(
+            "chunk sizes",
+            format!("truncated: {n} chunks need {} bytes, {} left", n * 8, r.remaining()),
+        ));
+    }
+    let mut chunks = Vec::with_capacity(n);
+    let mut total: u64 = 0;
+    for _ in 0..n {
+        let c = r.u64("chunk size")?;
+        if c == 0 {
+            return Err(bad("chunk size", "zero"));
+        }
+        total = total
+            .checked_add(c)
+            .ok_or_else(|| bad("chunk sizes", "their sum overflows"))?;
+        chunks.push(c);
+    }
+    if total != alloc_size {
+        return Err(bad(
+            "chunk sizes",
+            format!("they sum to {total} bytes, the allocation size says {alloc_size}"),
+        ));
+    }
+    Ok(chunks)
 }
 
 /// Parses a boot id (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) into 16 bytes.
@@ -286,7 +368,57 @@ mod tests {
             slot: 17,
             slot_generation: 2,
             board: "/shardport-cuda-t1-2-abc".to_owned(),
+            chunks: Vec::new(),
         }
+    }
+
+    fn vmm_sample() -> Descriptor {
+        Descriptor {
+            mem_handle: [0; IPC_HANDLE_LEN],
+            alloc_size: 3 << 20,
+            chunks: vec![1 << 20, 2 << 20],
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn vmm_roundtrip_is_version_2_and_legacy_stays_version_1() {
+        let d = vmm_sample();
+        let bytes = d.encode();
+        assert_eq!(bytes[4], VERSION_VMM);
+        assert_eq!(Descriptor::decode(&bytes).unwrap(), d);
+        assert_eq!(sample().encode()[4], VERSION);
+    }
+
+    #[test]
+    fn vmm_chunk_fields_are_checked() {
+        let d = vmm_sample();
+        let base = d.encode().len() - CRC_LEN - 4 - 16;
+        // Sizes that do not sum to the allocation size.
+        let e = msg(Descriptor::decode(&with_body(&d, |v| v[base + 4] = 1)).unwrap_err());
+        assert!(e.contains("chunk sizes") && e.contains("sum"), "{e}");
+        // A zero count.
+        let e = msg(
+            Descriptor::decode(&with_body(&d, |v| v[base..base + 4].copy_from_slice(&[0; 4])))
+                .unwrap_err(),
+        );
+        assert!(e.contains("chunk count"), "{e}");
+        // A count larger than what follows.
+        let e = msg(
+            Descriptor::decode(&with_body(&d, |v| v[base] = 9)).unwrap_err(),
+        );
+        assert!(e.contains("chunk sizes") && e.contains("truncated"), "{e}");
+        // A non-zero memory handle in a VMM descriptor.
+        let mut bad = d.clone();
+        bad.mem_handle = [1; IPC_HANDLE_LEN];
+        let e = msg(Descriptor::decode(&bad.encode()).unwrap_err());
+        assert!(e.contains("memory handle"), "{e}");
+        // A legacy descriptor with chunks appended is refused as too long.
+        let e = msg(
+            Descriptor::decode(&with_body(&sample(), |v| v.extend_from_slice(&[1, 0, 0, 0])))
+                .unwrap_err(),
+        );
+        assert!(e.contains("unexpected bytes"), "{e}");
     }
 
     fn msg(e: AbiError) -> String {
@@ -393,8 +525,9 @@ mod tests {
         v[0] = b'X';
         assert!(msg(Descriptor::decode(&v).unwrap_err()).contains("`magic`"));
         let mut v = sample().encode();
-        v[4] = 2;
-        assert!(msg(Descriptor::decode(&v).unwrap_err()).contains("this plugin reads version 1"));
+        v[4] = 3;
+        assert!(msg(Descriptor::decode(&v).unwrap_err())
+            .contains("this plugin reads versions 1 and 2, found 3"));
     }
 
     #[test]

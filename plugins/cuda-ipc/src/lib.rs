@@ -46,10 +46,13 @@ mod books;
 pub mod cache;
 pub mod config;
 pub mod descriptor;
+mod fdpass;
+mod sweep;
 pub mod liveness;
 #[allow(unsafe_code)]
 mod sys;
 pub mod testkit;
+mod vmm;
 
 #[cfg(test)]
 mod reclaim_tests;
@@ -57,8 +60,12 @@ mod reclaim_tests;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Mutex,
+    collections::{BTreeMap, HashMap, HashSet},
+    os::fd::OwnedFd,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
 };
 
 use shardport_abi::{
@@ -72,9 +79,14 @@ use crate::{
     board::{Board, Layout, LeaseError, Ticket},
     books::{Books, Published, Reaped, Scope},
     cache::{AllocKey, CacheError, OpenCache, OwnerKey},
-    config::Config,
+    config::{Config, Unshareable},
     descriptor::{format_uuid, Descriptor, BOARD_PREFIX},
-    sys::{BoardMap, CudaError, DeviceBuffer, Driver, Event, Gpu, IpcOpener, MemKind},
+    fdpass::{FdServer, Shelf},
+    sys::{
+        AllocKind, BoardMap, CudaError, DeviceBuffer, Driver, Event, Gpu, IpcOpener, MemKind,
+        IPC_HANDLE_LEN,
+    },
+    vmm::{VmmOpener, VmmSource},
 };
 
 /// The transport's name, the key its descriptors are filed under.
@@ -151,12 +163,19 @@ struct Exported {
     staged: Option<DeviceBuffer>,
     /// Keeps the IPC event alive while consumers may open it.
     _event: Event,
+    /// VMM memory: the exported chunks' descriptors (also on the shelf
+    /// while exported), closed with this record.
+    _vmm: Option<Arc<Vec<OwnedFd>>>,
     len: u64,
 }
 
 /// A consumer lease: cache reference + board lease.
 struct LeaseRec {
     ordinal: u32,
+    /// A VMM mapping (in `VMM_CACHES`), else a legacy one (in `CACHES`).
+    vmm: bool,
+    slot: u32,
+    slot_generation: u64,
     key: AllocKey,
     /// The mapping's base here (tells a live entry from a retired one of the
     /// same key).
@@ -173,17 +192,34 @@ struct LeaseRec {
 /// Lock order: an instance's `consumer` lock, then this one.
 static CACHES: Mutex<BTreeMap<u32, OpenCache<IpcOpener>>> = Mutex::new(BTreeMap::new());
 
+/// The consumer's VMM mappings, by local device ordinal (process-wide like
+/// [`CACHES`]; taken after it when both are).
+static VMM_CACHES: Mutex<BTreeMap<u32, OpenCache<VmmOpener>>> = Mutex::new(BTreeMap::new());
+
+/// The allocation generation of VMM exports: unique in this process (legacy
+/// exports use the CUDA buffer id, unique too, in another cache).
+static VMM_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Exports whose producer event a consumer has already waited for, per
+/// owner board: their bytes are final, so later fetches skip the event.
+/// Bounded per board (cleared when full).
+const MAX_SYNCED_PER_BOARD: usize = 1 << 16;
+
 #[derive(Default)]
 struct ConsumerState {
     boards: HashMap<String, std::sync::Arc<Board<BoardMap>>>,
     leases: HashMap<u64, LeaseRec>,
     next_token: u64,
+    /// (slot, slot generation) of exports already synchronized, per board.
+    synced: HashMap<String, HashSet<(u32, u64)>>,
 }
 
 #[derive(Default)]
 struct Counters {
     bytes_exported: Counter,
     exports_staged: Counter,
+    exports_vmm: Counter,
+    boards_swept: Counter,
     imports_copy: Counter,
     imports_view: Counter,
     imports_device: Counter,
@@ -200,6 +236,12 @@ struct CudaIpc {
     /// This process as a lease holder (recorded in the owners' boards).
     me: liveness::Here,
     owner: Mutex<Books<Exported>>,
+    /// VMM exports' descriptors, served by `fd_server` (started at the
+    /// first VMM export).
+    shelf: Arc<Shelf>,
+    fd_server: Mutex<Option<FdServer>>,
+    /// Allocators already warned about (staged once each).
+    warned: Mutex<HashSet<AllocKind>>,
     consumer: Mutex<ConsumerState>,
     counters: Counters,
 }
@@ -239,6 +281,11 @@ fn create_with(
         Err(why) => tracing::info!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
     }
     let me = liveness::Here::current();
+    let counters = Counters::default();
+    if cfg.sweep_on_start && state.is_ok() {
+        let swept = sweep::dead_boards(&me);
+        counters.boards_swept.add(swept);
+    }
     let layout = Layout {
         slots: cfg.lease_slots,
         records: cfg.lease_records,
@@ -250,8 +297,11 @@ fn create_with(
         here: this_process(),
         me,
         owner: Mutex::new(Books::new(layout, me)),
+        shelf: Arc::default(),
+        fd_server: Mutex::new(None),
+        warned: Mutex::default(),
         consumer: Mutex::default(),
-        counters: Counters::default(),
+        counters,
     }))
 }
 
@@ -285,6 +335,66 @@ fn forced_unavailable() -> Option<String> {
         .map(|s| format!("disabled by SHARDPORT_CUDA_IPC_DISABLE: {s}"))
 }
 
+/// How an export's memory is shared: what its descriptor says beyond the
+/// owner and the lease.
+struct Shared {
+    generation: u64,
+    mem_handle: [u8; IPC_HANDLE_LEN],
+    alloc_size: u64,
+    offset: u64,
+    /// VMM only: chunk sizes and their descriptors.
+    chunks: Vec<u64>,
+    fds: Option<Arc<Vec<OwnedFd>>>,
+}
+
+/// `cuMemAlloc` memory at `addr`: the legacy IPC handle of its allocation.
+fn share_legacy(d: &Driver, addr: u64, len: u64) -> PluginResult<Shared> {
+    let (base, alloc_size) = d
+        .address_range(addr)
+        .map_err(|e| cuda("finding the shard's allocation", e))?;
+    // The driver returned the allocation containing `addr`, so base <= addr.
+    let offset = addr - base;
+    if offset.checked_add(len).is_none_or(|end| end > alloc_size) {
+        return Err(AbiError::invalid_argument(format!(
+            "the shard ({len} bytes at offset {offset}) overruns its allocation of {alloc_size} bytes"
+        )));
+    }
+    let generation = d
+        .buffer_id(base)
+        .map_err(|e| cuda("reading the allocation's buffer id", e))?
+        .max(1);
+    let mem_handle = d
+        .ipc_mem_handle(base)
+        .map_err(|e| cuda("getting the allocation's IPC handle", e))?;
+    Ok(Shared {
+        generation,
+        mem_handle,
+        alloc_size,
+        offset,
+        chunks: Vec::new(),
+        fds: None,
+    })
+}
+
+fn cache_error(e: CacheError) -> AbiError {
+    match e {
+        CacheError::HandleMismatch => AbiError::invalid_descriptor(format!("cuda-ipc: {e}")),
+        _ => AbiError::unavailable(format!("cuda-ipc: {e}")),
+    }
+}
+
+/// Whether the owner still exports `s` (its board slot is live with that
+/// generation); an unknown board counts as withdrawn.
+fn export_live(c: &ConsumerState, s: &VmmSource) -> bool {
+    c.boards.get(&s.board).is_some_and(|b| {
+        b.slot(s.slot)
+            == board::Slot {
+                generation: s.slot_generation,
+                state: board::SlotState::Live,
+            }
+    })
+}
+
 impl CudaIpc {
     fn live(&self) -> PluginResult<&Live> {
         self.state
@@ -294,6 +404,69 @@ impl CudaIpc {
 
     fn board_name(&self) -> String {
         format!("{BOARD_PREFIX}{}", self.ctx.node_tag())
+    }
+
+    /// Starts the descriptor server of VMM exports, once.
+    fn serve_fds(&self) -> PluginResult<()> {
+        let mut server = lock(&self.fd_server);
+        if server.is_none() {
+            let name = fdpass::socket_name(&self.board_name());
+            *server = Some(FdServer::start(&name, Arc::clone(&self.shelf)).map_err(|e| {
+                AbiError::new(
+                    shardport_abi::ErrorKind::IO,
+                    format!("cuda-ipc cannot serve VMM descriptors on @{name}: {e}"),
+                )
+            })?);
+        }
+        Ok(())
+    }
+
+    /// VMM memory: its chunks exported as file descriptors.
+    fn share_vmm(&self, d: &Driver, req: &ExportRequest) -> PluginResult<Shared> {
+        let exp = d
+            .vmm_export(req.data.addr(), req.meta.byte_len)
+            .map_err(|e| cuda("exporting VMM memory as file descriptors", e))?;
+        let chunks: Vec<u64> = exp.chunks.iter().map(|(size, _)| *size).collect();
+        let fds: Vec<OwnedFd> = exp.chunks.into_iter().map(|(_, fd)| fd).collect();
+        Ok(Shared {
+            generation: VMM_SERIAL.fetch_add(1, Ordering::Relaxed),
+            mem_handle: [0; IPC_HANDLE_LEN],
+            alloc_size: chunks.iter().sum(),
+            offset: exp.offset,
+            chunks,
+            fds: Some(Arc::new(fds)),
+        })
+    }
+
+    /// Memory no path shares: staged into a `cuMemAlloc` buffer (warned once
+    /// per allocator), or refused naming the allocator.
+    fn stage_unshareable(
+        &self,
+        d: &Driver,
+        gpu: &Gpu,
+        req: &ExportRequest,
+        kind: AllocKind,
+    ) -> PluginResult<DeviceBuffer> {
+        if self.cfg.unshareable == Unshareable::Refuse {
+            return Err(AbiError::invalid_argument(format!(
+                "cuda-ipc cannot share memory of {}: no process can map it; allocate the \
+                 tensor with cudaMalloc (PyTorch's default allocator) or expandable segments, \
+                 or set `unshareable = \"stage\"` in the plugin config to copy it",
+                kind.allocator()
+            )));
+        }
+        if lock(&self.warned).insert(kind) {
+            tracing::warn!(
+                target: "cuda_ipc",
+                allocator = kind.allocator(),
+                "device memory of this allocator cannot be shared across processes; each \
+                 export copies it into a buffer of its own (one device copy and the shard's \
+                 size in device memory; `unshareable = \"refuse\"` makes it an error)"
+            );
+        }
+        self.counters.exports_staged.inc();
+        d.stage_device(gpu, req.data.addr(), req.meta.byte_len)
+            .map_err(|e| cuda("copying the shard into a shareable buffer", e))
     }
 
     // ---- owner side ----
@@ -344,37 +517,24 @@ impl CudaIpc {
                 )
             }
         };
-        let addr = staged.as_ref().map_or(req.data.addr(), DeviceBuffer::addr);
-        let (base, alloc_size) = d
-            .address_range(addr)
-            .map_err(|e| cuda("finding the shard's allocation", e))?;
-        // The driver returned the allocation containing `addr`, so base <= addr.
-        let offset = addr - base;
-        if offset
-            .checked_add(req.meta.byte_len)
-            .is_none_or(|end| end > alloc_size)
-        {
-            return Err(AbiError::invalid_argument(format!(
-                "the shard ({} bytes at offset {offset}) overruns its allocation of {alloc_size} bytes",
-                req.meta.byte_len
-            )));
-        }
-        let generation = d
-            .buffer_id(base)
-            .map_err(|e| cuda("reading the allocation's buffer id", e))?
-            .max(1);
-        let mem_handle = d.ipc_mem_handle(base).map_err(|e| {
-            if e.is_invalid_value() {
-                AbiError::invalid_argument(format!(
-                    "cuda-ipc cannot export this memory: {e}; legacy CUDA IPC exports only \
-                     cuMemAlloc/cudaMalloc memory, not stream-ordered pool memory \
-                     (cudaMallocAsync), managed memory (cudaMallocManaged) or VMM \
-                     (cuMemCreate) memory"
-                ))
-            } else {
-                cuda("getting the allocation's IPC handle", e)
+        let lent = staged.is_none();
+        let alloc = if lent {
+            d.alloc_kind(req.data.addr())
+                .map_err(|e| cuda("asking which allocator made the shard's memory", e))?
+        } else {
+            AllocKind::Legacy
+        };
+        let staged = match alloc {
+            AllocKind::Legacy | AllocKind::VmmFd => staged,
+            other => Some(self.stage_unshareable(d, &gpu, req, other)?),
+        };
+        let shared = match (alloc, &staged) {
+            (AllocKind::VmmFd, None) => self.share_vmm(d, req)?,
+            _ => {
+                let addr = staged.as_ref().map_or(req.data.addr(), DeviceBuffer::addr);
+                share_legacy(d, addr, req.meta.byte_len)?
             }
-        })?;
+        };
         let (event, event_handle) = d
             .record_ipc_event(&gpu)
             .map_err(|e| cuda("recording the IPC event", e))?;
@@ -401,20 +561,26 @@ impl CudaIpc {
                 ),
             ));
         };
+        if let Some(fds) = &shared.fds {
+            self.serve_fds()?;
+            self.shelf.put(slot, slot_generation, Arc::clone(fds));
+            self.counters.exports_vmm.inc();
+        }
         let desc = Descriptor {
             boot_id: self.here.boot_id,
             pid: self.here.pid,
             epoch: self.here.epoch,
-            generation,
+            generation: shared.generation,
             device_uuid: gpu.uuid,
-            mem_handle,
-            alloc_size,
-            offset,
+            mem_handle: shared.mem_handle,
+            alloc_size: shared.alloc_size,
+            offset: shared.offset,
             size: req.meta.byte_len,
             event_handle,
             slot,
             slot_generation,
             board: self.board_name(),
+            chunks: shared.chunks,
         };
         o.insert(
             req.id,
@@ -424,6 +590,7 @@ impl CudaIpc {
                 value: Exported {
                     staged,
                     _event: event,
+                    _vmm: shared.fds,
                     len: req.meta.byte_len,
                 },
             },
@@ -436,6 +603,10 @@ impl CudaIpc {
         self.live()?;
         let mut o = lock(&self.owner);
         let lent = o.get(&id).map(|p| p.value.staged.is_none());
+        if let Some(p) = o.get(&id) {
+            // No new consumer maps it; those that did keep their mappings.
+            self.shelf.take(p.slot, p.generation);
+        }
         let (held, reaped) = o
             .unexport(&id)
             .ok_or_else(|| AbiError::not_found(format!("cuda-ipc: shard {id} is not exported")))?;
@@ -586,6 +757,9 @@ impl CudaIpc {
             })?;
         let rec = LeaseRec {
             ordinal,
+            vmm: d.is_vmm(),
+            slot: d.slot,
+            slot_generation: d.slot_generation,
             key: AllocKey {
                 owner: OwnerKey {
                     boot_id: d.boot_id,
@@ -598,27 +772,16 @@ impl CudaIpc {
             ticket,
             base: 0,
         };
+        let synced = c
+            .synced
+            .get(&d.board)
+            .is_some_and(|s| s.contains(&(d.slot, d.slot_generation)));
         // Under the lock: only the cache bookkeeping (and a first open).
-        let acquired = (|| {
-            let gpu = live.gpu(ordinal)?;
-            let mut caches = lock(&CACHES);
-            let cache = caches.entry(ordinal).or_insert_with(|| {
-                OpenCache::new(
-                    IpcOpener {
-                        driver: live.driver,
-                        gpu: gpu.clone(),
-                    },
-                    self.cfg.cache,
-                )
-            });
-            let got = cache.acquire(rec.key, &d.mem_handle).map_err(|e| match e {
-                CacheError::HandleMismatch => {
-                    AbiError::invalid_descriptor(format!("cuda-ipc: {e}"))
-                }
-                _ => AbiError::unavailable(format!("cuda-ipc: {e}")),
-            })?;
-            Ok((gpu, got.base))
-        })();
+        let acquired = if rec.vmm {
+            self.acquire_vmm(live, ordinal, &c, d, rec.key)
+        } else {
+            self.acquire_legacy(live, ordinal, d, rec.key)
+        };
         let (gpu, base) = match acquired {
             Ok(v) => v,
             Err(e) => {
@@ -634,20 +797,30 @@ impl CudaIpc {
             live.driver
                 .bind(&gpu)
                 .map_err(|e| cuda("binding the device", e))?;
-            let (found_base, size) = live
-                .driver
-                .address_range(base)
-                .map_err(|e| cuda("checking the opened allocation", e))?;
-            if found_base != base || size < d.alloc_size {
-                return Err(AbiError::invalid_descriptor(format!(
-                    "cuda-ipc descriptor field `allocation size`: {} bytes, the opened \
-                     allocation has {size}",
-                    d.alloc_size
-                )));
+            if !rec.vmm {
+                let (found_base, size) = live
+                    .driver
+                    .address_range(base)
+                    .map_err(|e| cuda("checking the opened allocation", e))?;
+                if found_base != base || size < d.alloc_size {
+                    return Err(AbiError::invalid_descriptor(format!(
+                        "cuda-ipc descriptor field `allocation size`: {} bytes, the opened \
+                         allocation has {size}",
+                        d.alloc_size
+                    )));
+                }
             }
-            live.driver
-                .wait_ipc_event(&gpu, &d.event_handle)
-                .map_err(|e| cuda("waiting for the producer's event", e))?;
+            if !synced {
+                live.driver
+                    .wait_ipc_event(&gpu, &d.event_handle)
+                    .map_err(|e| cuda("waiting for the producer's event", e))?;
+                let mut c = lock(&self.consumer);
+                let set = c.synced.entry(d.board.clone()).or_default();
+                if set.len() >= MAX_SYNCED_PER_BOARD {
+                    set.clear();
+                }
+                set.insert((d.slot, d.slot_generation));
+            }
             Ok(base + d.offset)
         })();
         match checked {
@@ -659,17 +832,97 @@ impl CudaIpc {
         }
     }
 
+    /// A reference on the legacy mapping of `d`'s allocation (opened on
+    /// first use): the device and the mapping's base.
+    fn acquire_legacy(
+        &self,
+        live: &Live,
+        ordinal: u32,
+        d: &Descriptor,
+        key: AllocKey,
+    ) -> PluginResult<(Gpu, u64)> {
+        let gpu = live.gpu(ordinal)?;
+        let mut caches = lock(&CACHES);
+        let cache = caches.entry(ordinal).or_insert_with(|| {
+            OpenCache::new(
+                IpcOpener {
+                    driver: live.driver,
+                    gpu: gpu.clone(),
+                },
+                self.cfg.cache,
+            )
+        });
+        let got = cache.acquire(key, &d.mem_handle).map_err(cache_error)?;
+        Ok((gpu, got.base))
+    }
+
+    /// A reference on the VMM mapping of `d`'s export (its chunks asked of
+    /// the owner and mapped on first use). A new mapping first closes the
+    /// idle ones whose exports their owners withdrew (each holds the owner's
+    /// memory).
+    fn acquire_vmm(
+        &self,
+        live: &Live,
+        ordinal: u32,
+        c: &ConsumerState,
+        d: &Descriptor,
+        key: AllocKey,
+    ) -> PluginResult<(Gpu, u64)> {
+        let gpu = live.gpu(ordinal)?;
+        let source = VmmSource {
+            board: d.board.clone(),
+            owner_pid: d.pid,
+            slot: d.slot,
+            slot_generation: d.slot_generation,
+            chunks: d.chunks.clone(),
+        };
+        let mut caches = lock(&VMM_CACHES);
+        let cache = caches.entry(ordinal).or_insert_with(|| {
+            OpenCache::new(
+                VmmOpener {
+                    driver: live.driver,
+                    gpu: gpu.clone(),
+                    maps: HashMap::new(),
+                },
+                self.cfg.cache,
+            )
+        });
+        let got = cache.acquire(key, &source).map_err(cache_error)?;
+        if got.opened {
+            cache.retire_idle_where(|s| !export_live(c, s));
+        }
+        Ok((gpu, got.base))
+    }
+
     fn close(&self, rec: &LeaseRec) {
         let c = lock(&self.consumer);
-        if let Some(cache) = lock(&CACHES).get_mut(&rec.ordinal) {
-            if let Err(e) = cache.release_at(rec.key, rec.base) {
-                tracing::warn!(target: "cuda_ipc", error = %e, "cache release failed");
-            }
+        let board = c.boards.get(&rec.board);
+        let released = if rec.vmm {
+            lock(&VMM_CACHES).get_mut(&rec.ordinal).map(|cache| {
+                let r = cache.release_at(rec.key, rec.base);
+                // A withdrawn export's mapping holds the owner's memory:
+                // closed once idle, never kept for a later fetch.
+                let live = board.is_some_and(|b| {
+                    b.slot(rec.slot)
+                        == board::Slot {
+                            generation: rec.slot_generation,
+                            state: board::SlotState::Live,
+                        }
+                });
+                if !live {
+                    cache.retire(rec.key);
+                }
+                r
+            })
+        } else {
+            lock(&CACHES)
+                .get_mut(&rec.ordinal)
+                .map(|cache| cache.release_at(rec.key, rec.base))
+        };
+        if let Some(Err(e)) = released {
+            tracing::warn!(target: "cuda_ipc", error = %e, "cache release failed");
         }
-        let ok = c
-            .boards
-            .get(&rec.board)
-            .is_some_and(|b| b.release(rec.ticket));
+        let ok = board.is_some_and(|b| b.release(rec.ticket));
         if !ok {
             tracing::warn!(target: "cuda_ipc", board = %rec.board, record = rec.ticket.index, "lease was not on the board (reclaimed by its owner?)");
         }
@@ -763,11 +1016,26 @@ impl CudaIpc {
         self.live()?;
         self.reap(Scope::All);
         let here = self.here;
-        let closed: usize = lock(&CACHES)
+        let mut closed: usize = lock(&CACHES)
             .values_mut()
             .map(|cache| cache.sweep(|o| owner_alive(o, &here)))
             .sum();
-        Ok(vec![Stat::counter("mappings_closed", closed as u64)])
+        {
+            let c = lock(&self.consumer);
+            closed += lock(&VMM_CACHES)
+                .values_mut()
+                .map(|cache| {
+                    cache.sweep(|o| owner_alive(o, &here))
+                        + cache.retire_idle_where(|s| !export_live(&c, s))
+                })
+                .sum::<usize>();
+        }
+        let boards = sweep::dead_boards(&self.me);
+        self.counters.boards_swept.add(boards);
+        Ok(vec![
+            Stat::counter("mappings_closed", closed as u64),
+            Stat::counter("boards_removed", boards),
+        ])
     }
 
     fn stats(&self) -> Vec<Stat> {
@@ -777,13 +1045,18 @@ impl CudaIpc {
         // Process-wide: the caches are shared by every instance.
         let mut cc = cache::CacheCounters::default();
         let mut open = 0;
-        for cache in lock(&CACHES).values() {
-            let k = cache.counters();
+        let mut add = |k: cache::CacheCounters, n: usize| {
             cc.opens += k.opens;
             cc.closes += k.closes;
             cc.hits += k.hits;
             cc.stale += k.stale;
-            open += cache.open_count() as u64;
+            open += n as u64;
+        };
+        for cache in lock(&CACHES).values() {
+            add(cache.counters(), cache.open_count());
+        }
+        for cache in lock(&VMM_CACHES).values() {
+            add(cache.counters(), cache.open_count());
         }
         let k = &self.counters;
         StatList::new()
@@ -800,6 +1073,8 @@ impl CudaIpc {
             .counter_value("stale_mappings", cc.stale)
             .counter("bytes_exported", &k.bytes_exported)
             .counter("exports_staged", &k.exports_staged)
+            .counter("exports_vmm", &k.exports_vmm)
+            .counter("boards_swept", &k.boards_swept)
             .counter("imports_copy", &k.imports_copy)
             .counter("imports_view", &k.imports_view)
             .counter("imports_device", &k.imports_device)

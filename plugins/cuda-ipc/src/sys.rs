@@ -56,6 +56,10 @@ use rustix::{
     shm,
 };
 
+mod vmm;
+
+pub(crate) use vmm::{AllocKind, VmmMapping, MAX_CHUNKS};
+
 /// Bytes in a CUDA IPC memory or event handle.
 pub(crate) const IPC_HANDLE_LEN: usize = 64;
 
@@ -149,6 +153,16 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuIpcGetEventHandle",
     "cuIpcOpenEventHandle",
+    // VMM (vmm.rs): present in every driver since CUDA 10.2.
+    "cuMemRetainAllocationHandle",
+    "cuMemRelease",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
 ];
 
 /// Loads the driver library if present and initialises it. `Err` is the
@@ -402,6 +416,19 @@ impl Driver {
         })
     }
 
+    /// Copies `len` bytes of device memory at `src` into a new `cuMemAlloc`
+    /// buffer on `gpu` (memory no process can map, staged to share it).
+    pub(crate) fn stage_device(
+        &self,
+        gpu: &Gpu,
+        src: u64,
+        len: u64,
+    ) -> Result<DeviceBuffer, CudaError> {
+        let buf = self.alloc(gpu, len)?;
+        self.copy_dtod(buf.addr, src, len)?;
+        Ok(buf)
+    }
+
     /// Copies the host bytes an `export` request lends into a new device
     /// buffer on `gpu` (storage policy `device` for host bytes).
     pub(crate) fn stage_host(
@@ -646,6 +673,7 @@ pub(crate) struct IpcOpener {
 }
 
 impl crate::cache::Opener for IpcOpener {
+    type Handle = [u8; IPC_HANDLE_LEN];
     type Error = CudaError;
 
     fn open(&mut self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, CudaError> {

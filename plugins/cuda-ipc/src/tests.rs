@@ -38,6 +38,7 @@ fn valid_descriptor(len: u64) -> Vec<u8> {
         slot: 0,
         slot_generation: 1,
         board: format!("{BOARD_PREFIX}test"),
+        chunks: Vec::new(),
     }
     .encode()
 }
