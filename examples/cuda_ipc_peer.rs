@@ -6,11 +6,15 @@
 //! `SKIP <reason>` and exits 0.
 //!
 //! ```text
-//! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset | REALLOC len seed | REMOVE handle-hex
+//! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset [allocator] | REALLOC len seed
+//!                                 #        | REMOVE handle-hex
 //!                                 #        | LEASES | SWEEP | STATS | EXIT
 //! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters
 //!                                 #        | HOLD handle-hex | DROP | STATS | EXIT
 //! ```
+//! `allocator` is `plain` (cuMemAlloc, the default), `vmm` / `vmm:<chunk
+//! bytes>` (VMM chunks exportable as file descriptors, like PyTorch's
+//! expandable segments), `pool` (cudaMallocAsync's pool) or `managed`.
 //! `HOLD` keeps a zero-copy view (and so a lease on the owner's board) until
 //! `DROP`, so a test can kill a consumer that holds one.
 //! Replies are one line each: `OK ...`, `ERR ...`, `HANDLE <hex>`.
@@ -25,7 +29,7 @@ use std::{
 
 use shardport_abi::{DType, Device};
 use shardport_cli::worker::{check_pattern, fill_pattern};
-use shardport_cuda_ipc::testkit::{unavailable_reason, DeviceScratch};
+use shardport_cuda_ipc::testkit::{unavailable_reason, Allocator, DeviceScratch};
 use shardport_host::{config, DevicePtr, FetchMode, Handle, Node, TensorSpec};
 
 fn spec(len: u64) -> TensorSpec {
@@ -116,7 +120,11 @@ fn owner(node: &Node) -> Result<(), String> {
                     // hand the same address (and handle) out again.
                     buffers.pop();
                 }
-                let buf = DeviceScratch::new(0, offset + len.max(1))?;
+                let allocator: Allocator = match w.get(4) {
+                    Some(a) => a.parse()?,
+                    None => Allocator::Plain,
+                };
+                let buf = DeviceScratch::with(0, offset + len.max(1), allocator)?;
                 let mut bytes = vec![0u8; len as usize];
                 fill_pattern(&mut bytes, seed);
                 buf.upload_at(offset, &bytes)?;

@@ -10,6 +10,10 @@
 #                   allocation, waited for) bandwidth
 #   local_dtod_gbs  cuMemcpyDtoD between two of the consumer's own buffers,
 #                   the same size, same run: the baseline
+# Each size is measured for every allocator in BENCH_ALLOCATORS (default
+# `plain vmm:20971520`: cuMemAlloc memory through legacy IPC handles, and
+# VMM memory in 20 MiB chunks, as PyTorch's expandable segments allocate,
+# through file descriptors).
 # Compare with PyTorch's own CUDA IPC sharing: scripts/bench_torch_ipc.py.
 #
 # Usage: scripts/bench_cuda_ipc.sh [iters]   (from the repository root)
@@ -60,9 +64,10 @@ OWNER=(4 3)
 CONSUMER=(6 5)
 read -r r <&4; [ "$r" = READY ] || { echo "owner: $r" >&2; exit 1; }
 read -r r <&6; [ "$r" = READY ] || { echo "consumer: $r" >&2; exit 1; }
-echo "size_bytes first_open_us cached_p50_us d2d_fetch_gbs local_dtod_gbs"
+echo "allocator size_bytes first_open_us cached_p50_us d2d_fetch_gbs local_dtod_gbs"
+for alloc in ${BENCH_ALLOCATORS:-plain vmm:20971520}; do
 for size in 4096 1048576 16777216 67108864 268435456; do
-    echo "PUT $size 1 0" >&"${OWNER[1]}"
+    echo "PUT $size 1 0 $alloc" >&"${OWNER[1]}"
     read -r reply <&"${OWNER[0]}"
     case "$reply" in
     HANDLE*) handle=${reply#HANDLE } ;;
@@ -71,9 +76,10 @@ for size in 4096 1048576 16777216 67108864 268435456; do
     echo "BENCH $handle $iters" >&"${CONSUMER[1]}"
     read -r r <&"${CONSUMER[0]}"
     case "$r" in
-    OK*) echo "$r" | sed -E 's/OK bytes=([0-9]+) first_open_us=([^ ]+) cached_p50_us=([^ ]+) d2d_fetch_gbs=([^ ]+) local_dtod_gbs=([^ ]+)/\1 \2 \3 \4 \5/' ;;
-    *) echo "size $size: $r" >&2; exit 1 ;;
+    OK*) echo "$r" | sed -E "s/OK bytes=([0-9]+) first_open_us=([^ ]+) cached_p50_us=([^ ]+) d2d_fetch_gbs=([^ ]+) local_dtod_gbs=([^ ]+)/$alloc \1 \2 \3 \4 \5/" ;;
+    *) echo "$alloc size $size: $r" >&2; exit 1 ;;
     esac
+done
 done
 echo EXIT >&"${CONSUMER[1]}"
 echo EXIT >&"${OWNER[1]}"

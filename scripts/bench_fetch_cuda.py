@@ -10,6 +10,7 @@ process) measures:
                   IPC handle opened here)
   cached_p50_us   the same again while the first tensor is alive (cuda-ipc
                   keeps the opened mapping)
+  fetch_p50_us    Node.fetch_cuda alone (no torch tensor made), cached
   d2d_fetch_gbs   dst.copy_(tensor) + synchronize: device-to-device copy
                   out of the producer's memory
   local_dtod_gbs  dst.copy_(local) between two consumer tensors, same size
@@ -73,7 +74,7 @@ def consumer(q_handles, q_ctl, iters):
     status, why = q_handles.get(timeout=120)
     if status == "skip":
         skip(why)
-    print("size_bytes first_open_us cached_p50_us d2d_fetch_gbs local_dtod_gbs")
+    print("size_bytes first_open_us cached_p50_us fetch_p50_us d2d_fetch_gbs local_dtod_gbs")
     with shardport.Node() as node:
         for size in SIZES:
             status, b = q_handles.get(timeout=120)
@@ -92,6 +93,13 @@ def consumer(q_handles, q_ctl, iters):
                 torch.cuda.synchronize()
                 d2d_total += time.perf_counter() - t1
                 del x
+            fetch_only = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                s = node.fetch_cuda(h)
+                fetch_only.append((time.perf_counter() - t0) * 1e6)
+                del s
+            fetch_only.sort()
             del first_x
             q_ctl.put(1)
             src = torch.empty_like(dst)
@@ -103,7 +111,7 @@ def consumer(q_handles, q_ctl, iters):
             local = time.perf_counter() - t1
             cached.sort()
             print(
-                f"{size} {first:.1f} {cached[len(cached) // 2]:.1f} "
+                f"{size} {first:.1f} {cached[len(cached) // 2]:.1f} {fetch_only[len(fetch_only) // 2]:.1f} "
                 f"{gbs(size * iters, d2d_total):.2f} {gbs(size * iters, local):.2f}",
                 flush=True,
             )

@@ -46,7 +46,7 @@ for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so
     cp "$so" "$out/deps/"
 done
 strip "$out"/shardport "$out"/examples/* "$out"/deps/*-gpu "$out"/*.so "$out"/deps/*.so
-cp scripts/bench_torch_ipc.py scripts/bench_fetch_cuda.py scripts/bench_cuda_ipc.sh .device-carry/
+cp scripts/bench_torch_ipc.py scripts/bench_fetch_cuda.py scripts/bench_cuda_ipc.sh scripts/probe_cuda_alloc.py .device-carry/
 # The Python package (release wheel, unpacked; release plugins inside) and
 # its tests, with pytest's pure-Python packages from the venv that
 # scripts/setup.sh made, for the CUDA tests in python/tests/test_cuda.py.
@@ -72,11 +72,15 @@ cat > .device-carry/run-gpu-checks.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: the GPU-gated tests
 # (they print "skipped" without a driver), then the benchmarks (Rust
-# cuda-ipc, torch IPC, shardport's Python fetch_cuda).
+# cuda-ipc, torch IPC, shardport's Python fetch_cuda, with PyTorch's
+# default allocator and with expandable segments), and ends by checking
+# that /dev/shm holds nothing of shardport's.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi -L || true
+shm_before=$(ls /dev/shm | sort)
 rc=0
+python3 "$here"/probe_cuda_alloc.py || rc=1
 "$here"/release/deps/shardport_cuda_ipc-gpu --nocapture --test-threads 1 || rc=1
 "$here"/release/deps/e2e-gpu cuda --nocapture --test-threads 1 || rc=1
 "$here"/release/deps/conformance-gpu --nocapture --test-threads 1 || rc=1
@@ -88,6 +92,17 @@ if [ -d "$here/py" ]; then
     (cd "$here/py-tests" && PYTHONPATH="$here/py:$here/py-tests" \
         python3 -m pytest -q -rs -p no:cacheprovider test_cuda.py test_torch.py) || rc=1
     PYTHONPATH="$here/py" python3 "$here"/bench_fetch_cuda.py || rc=1
+    echo "bench_fetch_cuda with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (VMM memory):"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH="$here/py" \
+        python3 "$here"/bench_fetch_cuda.py || rc=1
+fi
+# Nothing of shardport's may be left: every node removed its boards and
+# segments (torch's own cuda.shm.* files are listed, not judged).
+new_files=$(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort))
+echo "new in /dev/shm after the checks: ${new_files:-nothing}"
+if echo "$new_files" | grep -q shardport; then
+    echo "FAIL: shardport files left in /dev/shm" >&2
+    rc=1
 fi
 exit $rc
 RUN

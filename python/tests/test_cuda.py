@@ -139,3 +139,79 @@ def test_cuda_put_without_the_transport_names_the_reason(prefix, spawn):
     status, msg = in_child(spawn, child_put_disabled, prefix)
     assert status == "unavailable", msg
     assert "disabled by test_cuda" in msg
+
+
+def plugin_stat(node: shardport.Node, name: str) -> int:
+    """One counter or gauge of the cuda-ipc plugin (0 when absent)."""
+    for p in node.stats()["plugins"]:
+        if p["name"] == "cuda-ipc":
+            return int(p["stats"].get(name, 0))
+    return 0
+
+
+def child_owner(prefix: str, alloc_conf: str, out, ctl) -> None:
+    """Child process (spawned with PYTORCH_CUDA_ALLOC_CONF=alloc_conf, set
+    before its first CUDA allocation): puts tensors of several sizes, one a
+    slice at an offset inside a larger tensor, reports their handles and
+    digests and what cuda-ipc did, and stays alive until told to go."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+    try:
+        import torch as t
+
+        with shardport.Node(config(prefix)) as node:
+            big = make("float32", (48 << 20) // 4 + 17)  # spans several 20 MiB segments
+            ts = [make("uint8", 4099), big, big[1000:], make("bfloat16", (3 << 20) + 5)]
+            t.cuda.synchronize()
+            hs = [node.put(x) for x in ts]
+            out.put(
+                (
+                    "ok",
+                    (
+                        [h.to_bytes() for h in hs],
+                        [host_digest(x) for x in ts],
+                        plugin_stat(node, "exports_vmm_total"),
+                        plugin_stat(node, "exports_staged_total"),
+                    ),
+                )
+            )
+            ctl.get(timeout=120)
+    except BaseException as e:  # reported to the parent
+        out.put(("err", f"{type(e).__name__}: {e}"))
+
+
+@pytest.mark.parametrize(
+    "alloc_conf,kind",
+    [("", "legacy"), ("expandable_segments:True", "vmm"), ("backend:cudaMallocAsync", "staged")],
+)
+def test_tensors_from_every_torch_allocator_are_viewed_in_another_process(node, prefix, spawn, alloc_conf, kind):
+    out, ctl = spawn.Queue(), spawn.Queue()
+    saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf  # inherited by the child at its start
+    try:
+        p = spawn.Process(target=child_owner, args=(prefix, alloc_conf, out, ctl))
+        p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        else:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = saved
+    try:
+        status, res = out.get(timeout=120)
+        assert status == "ok", res
+        handles, digests, vmm, staged = res
+        expected = {"legacy": (0, 0), "vmm": (len(handles), 0), "staged": (0, len(handles))}[kind]
+        assert (vmm, staged) == expected, f"{alloc_conf!r}: exports_vmm={vmm} exports_staged={staged}"
+        for b, want in zip(handles, digests):
+            s = node.fetch_cuda(shardport.Handle.from_bytes(b))
+            assert s.transport == "cuda-ipc"
+            x = torch.from_dlpack(s)
+            torch.cuda.synchronize()
+            assert host_digest(x) == want, alloc_conf
+            # A second view of the same shard (the mapping cached) reads the same.
+            y = torch.from_dlpack(node.fetch_cuda(shardport.Handle.from_bytes(b)))
+            assert host_digest(y) == want
+            del x, y, s
+    finally:
+        ctl.put(1)
+        p.join(60)
+    assert p.exitcode == 0

@@ -183,6 +183,7 @@ fn cuda_only_handle(owner: &Node, len: u64) -> shardport_host::Handle {
         slot: 0,
         slot_generation: 1,
         board: format!("{BOARD_PREFIX}e2e-none"),
+        chunks: Vec::new(),
     };
     h.exports = vec![Export {
         transport: shardport_host::config::TransportName::new("cuda-ipc").unwrap(),
@@ -269,11 +270,16 @@ struct Peer {
 
 impl Peer {
     fn start(role: &str, dir: &std::path::Path) -> Peer {
+        Peer::start_with(role, dir, "")
+    }
+
+    /// A peer whose cuda-ipc plugin gets `cuda_config` as its table.
+    fn start_with(role: &str, dir: &std::path::Path, cuda_config: &str) -> Peer {
         let cfg = dir.join(format!("{role}.toml"));
         std::fs::write(
             &cfg,
             format!(
-                "[node]\nname = \"{role}\"\n{}{}",
+                "[node]\nname = \"{role}\"\n{}{}[plugin.config]\n{cuda_config}\n",
                 util::shm_plugin("pool-size = \"8MiB\""),
                 util::cuda_plugin().replace("required = false", "required = true")
             ),
@@ -310,8 +316,19 @@ impl Peer {
 }
 
 impl Drop for Peer {
+    /// Asks the peer to exit and gives it time to drop its node (which
+    /// removes its lease board) before terminating it: a peer terminated
+    /// while it handles EXIT leaves its board in /dev/shm.
     fn drop(&mut self) {
         let _ = writeln!(self.stdin, "EXIT");
+        let _ = self.stdin.flush();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         util::terminate(&mut self.child);
     }
 }
@@ -374,6 +391,77 @@ fn gpu_stale_handles_are_detected_after_free_and_realloc() {
     assert!(
         r.starts_with("OK "),
         "new handle must read the new bytes, never the stale mapping: {r}"
+    );
+}
+
+/// Every allocator frameworks use: VMM memory (PyTorch's expandable
+/// segments; here several 2 MiB chunks, the shard at an offset, and one
+/// within a single chunk) is viewed in place through file descriptors;
+/// stream-ordered pool and managed memory, which no process can map, are
+/// staged (and counted); with `unshareable = "refuse"` the put fails
+/// naming the allocator. Removing a VMM shard retires the consumer's idle
+/// mapping (it would hold the owner's memory).
+#[test]
+fn gpu_every_allocator_s_memory_is_shared_or_staged() {
+    if !gpu_or_skip("gpu_every_allocator_s_memory_is_shared_or_staged") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-alloc");
+    let mut owner = Peer::start("owner", dir.path());
+    let mut consumer = Peer::start("consumer", dir.path());
+    let mut vmm = Vec::new();
+    for (i, (alloc, len, offset)) in [
+        ("vmm", (5u64 << 20) + 123, 4096u64),
+        ("vmm:1", 4097, 64),
+        ("pool", 1 << 20, 0),
+        ("managed", 1 << 20, 0),
+        ("plain", 1 << 20, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 40 + i as u64;
+        let h = handle_of(&owner.call(&format!("PUT {len} {seed} {offset} {alloc}")));
+        let r = consumer.call(&format!("FETCH {h} {seed}"));
+        assert!(
+            r.starts_with("OK transport=cuda-ipc host_transport=cuda-ipc"),
+            "{alloc}, {len} bytes at {offset}: {r}"
+        );
+        if alloc.starts_with("vmm") {
+            vmm.push(h);
+        }
+    }
+    let stats = owner.call("STATS");
+    assert!(stats.contains("\"exports_vmm_total\":2"), "owner: {stats}");
+    assert!(stats.contains("\"exports_staged_total\":2"), "owner: {stats}");
+    let before = consumer.call("STATS");
+    assert!(before.contains("\"mappings_open\":"), "consumer: {before}");
+    for h in &vmm {
+        assert!(owner.call(&format!("REMOVE {h}")).starts_with("OK removed=true"));
+        let r = consumer.call(&format!("FETCH {h} 0"));
+        assert!(
+            r.starts_with("ERR ") && r.contains("unexported"),
+            "a removed VMM shard: {r}"
+        );
+    }
+    // A new VMM export's first open retires the idle mappings of removed ones.
+    let h = handle_of(&owner.call("PUT 65536 50 0 vmm"));
+    assert!(consumer.call(&format!("FETCH {h} 50")).starts_with("OK "));
+    let after = consumer.call("STATS");
+    let opens = |s: &str| -> u64 {
+        let at = s.find("\"mappings_open\":").expect("mappings_open") + 16;
+        s[at..].split([',', '}']).next().unwrap().parse().unwrap()
+    };
+    assert_eq!(
+        opens(&after),
+        opens(&before) - 1,
+        "the two removed VMM shards' mappings are closed, the new one opened: {before} -> {after}"
+    );
+    let mut strict = Peer::start_with("owner", dir.path(), "unshareable = \"refuse\"");
+    let r = strict.call("PUT 4096 1 0 pool");
+    assert!(
+        r.starts_with("ERR ") && r.contains("stream-ordered memory pool"),
+        "refused naming the allocator: {r}"
     );
 }
 

@@ -163,6 +163,11 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemMap",
     "cuMemUnmap",
     "cuMemSetAccess",
+    // Tests and benchmarks only (testkit: other allocators' memory).
+    "cuMemCreate",
+    "cuMemGetAllocationGranularity",
+    "cuMemAllocAsync",
+    "cuMemAllocManaged",
 ];
 
 /// Loads the driver library if present and initialises it. `Err` is the
@@ -411,7 +416,6 @@ impl Driver {
         })?;
         Ok(DeviceBuffer {
             addr: p,
-            len,
             gpu: gpu.clone(),
         })
     }
@@ -630,7 +634,6 @@ impl Driver {
 #[derive(Debug)]
 pub(crate) struct DeviceBuffer {
     addr: u64,
-    len: u64,
     gpu: Gpu,
 }
 
@@ -638,11 +641,6 @@ impl DeviceBuffer {
     /// Device address of the first byte.
     pub(crate) fn addr(&self) -> u64 {
         self.addr
-    }
-
-    /// Length in bytes.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
     }
 }
 

@@ -3,7 +3,51 @@
 //! memory of their own (the two-process GPU test's peers, the benchmark)
 //! get it here. Not part of the transport.
 
-use crate::sys::{self, DeviceBuffer, Driver, Gpu};
+use crate::sys::{self, DeviceBuffer, Driver, Gpu, VmmMapping};
+
+/// Which allocator a [`DeviceScratch`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// `cuMemAlloc` (what `cudaMalloc` and PyTorch's default allocator use).
+    Plain,
+    /// VMM chunks of this many bytes (`cuMemCreate` with POSIX
+    /// file-descriptor handles, mapped contiguously: PyTorch's expandable
+    /// segments).
+    Vmm {
+        /// Bytes per physical chunk (rounded up to the granularity).
+        chunk: u64,
+    },
+    /// The device's default stream-ordered pool (`cudaMallocAsync`).
+    Pool,
+    /// Managed memory (`cudaMallocManaged`).
+    Managed,
+}
+
+impl std::str::FromStr for Allocator {
+    type Err = String;
+
+    /// `plain`, `vmm` (2 MiB chunks), `vmm:<bytes>`, `pool`, `managed`.
+    fn from_str(s: &str) -> Result<Allocator, String> {
+        Ok(match s {
+            "plain" => Allocator::Plain,
+            "vmm" => Allocator::Vmm { chunk: 2 << 20 },
+            "pool" => Allocator::Pool,
+            "managed" => Allocator::Managed,
+            other => match other.strip_prefix("vmm:") {
+                Some(n) => Allocator::Vmm {
+                    chunk: n.parse().map_err(|e| format!("vmm chunk {n:?}: {e}"))?,
+                },
+                None => return Err(format!("unknown allocator {other:?}")),
+            },
+        })
+    }
+}
+
+#[derive(Debug)]
+enum Memory {
+    Buffer(DeviceBuffer),
+    Vmm(VmmMapping),
+}
 
 /// Why CUDA cannot be used here (`None` when it can): the reason GPU tests
 /// print when they skip.
@@ -21,32 +65,52 @@ pub fn unavailable_reason() -> Option<String> {
 pub struct DeviceScratch {
     driver: Driver,
     gpu: Gpu,
-    buf: DeviceBuffer,
+    mem: Memory,
+    len: u64,
 }
 
 impl DeviceScratch {
-    /// Allocates `len` bytes on device `ordinal`.
+    /// Allocates `len` bytes on device `ordinal` (`cuMemAlloc`).
     pub fn new(ordinal: u32, len: u64) -> Result<DeviceScratch, String> {
+        DeviceScratch::with(ordinal, len, Allocator::Plain)
+    }
+
+    /// Allocates `len` bytes on device `ordinal` from `allocator`.
+    pub fn with(ordinal: u32, len: u64, allocator: Allocator) -> Result<DeviceScratch, String> {
         let driver = std::panic::catch_unwind(sys::probe)
             .map_err(|_| "CUDA driver probe panicked".to_owned())??;
         let gpu = driver.gpu(ordinal).map_err(|e| e.to_string())?;
-        let buf = driver.alloc(&gpu, len).map_err(|e| e.to_string())?;
-        Ok(DeviceScratch { driver, gpu, buf })
+        let mem = match allocator {
+            Allocator::Plain => driver.alloc(&gpu, len).map(Memory::Buffer),
+            Allocator::Vmm { chunk } => driver.alloc_vmm(&gpu, len, chunk).map(Memory::Vmm),
+            Allocator::Pool => driver.alloc_other(&gpu, len, false).map(Memory::Buffer),
+            Allocator::Managed => driver.alloc_other(&gpu, len, true).map(Memory::Buffer),
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(DeviceScratch {
+            driver,
+            gpu,
+            mem,
+            len,
+        })
     }
 
     /// Device address of the first byte.
     pub fn addr(&self) -> u64 {
-        self.buf.addr()
+        match &self.mem {
+            Memory::Buffer(b) => b.addr(),
+            Memory::Vmm(m) => m.base(),
+        }
     }
 
     /// Length in bytes.
     pub fn len(&self) -> u64 {
-        self.buf.len()
+        self.len
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.buf.len() == 0
+        self.len == 0
     }
 
     /// Copies `bytes` to the start of the buffer.

@@ -490,6 +490,15 @@ enum SendError {
 }
 
 /// The consumer side of one transport instance.
+/// How a consumer copies GPU shards into device memory: its ring of
+/// `buffers` pieces of `piece` bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceRing {
+    pub staging: crate::gpu::Staging,
+    pub buffers: usize,
+    pub piece: usize,
+}
+
 pub(crate) struct Client {
     pools: Mutex<HashMap<Owner, Arc<OwnerPool>>>,
     /// Reaches HTTPS owners (`tls-ca`); `None`: they are refused.
@@ -581,6 +590,49 @@ impl Client {
     /// Fetches one shard into `dst` (`dst.len() == desc.len`, checked by
     /// the caller).
     pub(crate) fn fetch_one(&self, desc: &Descriptor, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+        self.fetch_one_with(desc, |body| body.read_exact(dst, What::Shard(desc.id)))
+    }
+
+    /// Fetches one GPU shard into device memory at `dst` on device
+    /// `ordinal`: each piece of the body is read into a ring buffer and
+    /// copied to the device while the next pieces are read; returns once
+    /// every copy has finished.
+    pub(crate) fn fetch_one_device(
+        &self,
+        desc: &Descriptor,
+        ordinal: u32,
+        dst: u64,
+        ring: &DeviceRing,
+    ) -> PluginResult<ImportInfo> {
+        let mut up = ring
+            .staging
+            .uploader(ordinal, ring.buffers, ring.piece)
+            .map_err(|why| {
+                AbiError::unavailable(format!(
+                    "http cannot copy into cuda:{ordinal} here: {why}"
+                ))
+            })?;
+        let device_err = |why: String| AbiError::new(ErrorKind::IO, format!("http: {why}"));
+        self.fetch_one_with(desc, |body| {
+            let mut at = 0u64;
+            while at < desc.len {
+                let n = (ring.piece as u64).min(desc.len - at) as usize;
+                let buf = up.next_buffer().map_err(device_err)?;
+                body.read_exact(&mut buf[..n], What::Shard(desc.id))?;
+                up.submit(dst + at, n).map_err(device_err)?;
+                at += n as u64;
+            }
+            up.finish().map_err(device_err)
+        })
+    }
+
+    /// One `GET` of `desc`'s shard; `read` takes the body (exactly the
+    /// shard's length, checked against the descriptor first).
+    fn fetch_one_with(
+        &self,
+        desc: &Descriptor,
+        read: impl FnOnce(&mut Body<'_>) -> PluginResult<()>,
+    ) -> PluginResult<ImportInfo> {
         let pool = self.pool(&Owner::of(desc));
         let path = wire::shard_path(desc.id);
         let req = Request {
@@ -603,7 +655,7 @@ impl Client {
         }
         let kind = co.kind();
         let mut body = Body::new(co.conn(), &pool.addr, self.request_timeout, declared);
-        body.read_exact(dst, What::Shard(desc.id))?;
+        read(&mut body)?;
         co.reusable = body.complete() && !head.close;
         Ok(ImportInfo {
             note: format!("GET {path} from {} ({kind} connection)", pool.addr).into(),

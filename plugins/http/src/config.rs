@@ -118,6 +118,14 @@ pub(crate) const MAX_TOKEN_LEN: usize = 4096;
 /// threads; a bind failure goes to that export, naming the address.
 pub(crate) const DEFAULT_LISTEN: &str = "lazy";
 
+/// Default `device-piece`: large enough that a device-to-host copy runs at
+/// full speed, small enough that the first bytes leave at once.
+pub(crate) const DEFAULT_DEVICE_PIECE: u64 = 4 << 20;
+const MIN_DEVICE_PIECE: u64 = 64 << 10;
+const MAX_DEVICE_PIECE: u64 = 256 << 20;
+/// Default `device-buffers`: 8 pinned pieces (32 MiB) per owner.
+const DEFAULT_DEVICE_BUFFERS: u64 = 8;
+
 /// Default TLS handshake timeout: 10 s, like `header-timeout`: a handshake
 /// is two round trips and a few KiB, so a peer still handshaking after 10 s
 /// is stalled or hostile, and it holds one of `max-connections` meanwhile.
@@ -214,6 +222,13 @@ pub(crate) struct Config {
     pub threads: usize,
     pub listen: Listen,
     pub tls: TlsFiles,
+    /// GPU shards: bytes per staged piece (`device-piece`).
+    pub device_piece: usize,
+    /// GPU shards: the owner's pinned piece buffers at most, and a
+    /// consumer's ring per fetch (`device-buffers`).
+    pub device_buffers: usize,
+    /// How device memory is reached (`test-device-is-host` for tests).
+    pub staging: crate::gpu::Staging,
 }
 
 impl Config {
@@ -338,6 +353,17 @@ impl Config {
             DEFAULT_LISTEN,
         )?;
         let tls = parse_tls(&t, &duration)?;
+        let device_piece = t.byte_size_in(
+            "device-piece",
+            MIN_DEVICE_PIECE..=MAX_DEVICE_PIECE,
+            DEFAULT_DEVICE_PIECE,
+        )?;
+        let device_buffers = t.u64_in("device-buffers", 2..=256, DEFAULT_DEVICE_BUFFERS)?;
+        let staging = if t.bool("test-device-is-host", false)? {
+            crate::gpu::Staging::HostStandIn
+        } else {
+            crate::gpu::Staging::Cuda
+        };
         t.finish()?;
 
         // Every bound above is far below usize::MAX on the 64-bit targets we build for.
@@ -362,6 +388,9 @@ impl Config {
             threads: threads as usize,
             listen,
             tls,
+            device_piece: device_piece as usize,
+            device_buffers: device_buffers as usize,
+            staging,
         })
     }
 

@@ -44,6 +44,8 @@ mod descriptor;
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).
 #[doc(hidden)]
 pub mod fuzzing;
+#[allow(unsafe_code)]
+mod gpu;
 mod head;
 mod server;
 mod stats;
@@ -69,7 +71,7 @@ use shardport_abi::{
 };
 
 use crate::{
-    client::{Client, Job, Owner},
+    client::{Client, DeviceRing, Job, Owner},
     config::{Config, Listen},
     descriptor::Descriptor,
     server::{Server, SHUTDOWN_GRACE},
@@ -225,6 +227,39 @@ impl HttpTransport {
         r
     }
 
+    /// A GPU shard into device memory at `dst` (of `dst_len` bytes).
+    fn import_device(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst: u64,
+        dst_len: u64,
+    ) -> PluginResult<ImportInfo> {
+        if dst_len != meta.byte_len {
+            return Err(AbiError::invalid_argument(format!(
+                "destination is {dst_len} bytes, the shard is {}",
+                meta.byte_len
+            )));
+        }
+        let d = Descriptor::decode(desc)?;
+        kit::check::declared_len("http descriptor", "len", d.len, meta)?;
+        let ring = DeviceRing {
+            staging: self.cfg.staging,
+            buffers: self.cfg.device_buffers,
+            piece: self.cfg.device_piece,
+        };
+        let ordinal = self.cfg.staging.device_of(dst).map_err(|why| {
+            AbiError::unavailable(format!("http cannot copy into device memory here: {why}"))
+        })?;
+        let _span = tracing::debug_span!(target: "http", "fetch_device", shard = %d.id, owner = %d.addr)
+            .entered();
+        let r = self.client.fetch_one_device(&d, ordinal, dst, &ring);
+        self.count(&r, meta.byte_len);
+        r.map(|i| ImportInfo {
+            note: format!("{} staged into cuda:{ordinal}", i.note).into(),
+        })
+    }
+
     fn import_checked(
         &self,
         desc: &[u8],
@@ -310,12 +345,13 @@ impl HttpTransport {
     }
 }
 
-/// What `describe` reports: CPU shards to any node, copies only.
+/// What `describe` reports: CPU and GPU shards to any node, copies only
+/// (GPU shards staged through host memory, see `gpu`).
 fn info() -> TransportInfo {
     TransportInfo {
         name: TRANSPORT_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        capabilities: Capabilities::CPU,
+        capabilities: Capabilities::CPU.with(Capabilities::CUDA),
         needs_identity: IdentityParts::default(),
     }
 }
@@ -389,11 +425,15 @@ impl PlainTransport for HttpTransport {
     }
 
     fn stats(&self) -> Vec<Stat> {
-        let (shards, bytes) = self
-            .serving
-            .get()
-            .map_or((0, 0), |s| s.server.registry().totals());
-        self.stats.snapshot(shards, bytes)
+        let serving = self.serving.get();
+        let (shards, bytes) = serving.map_or((0, 0), |s| s.server.registry().totals());
+        let mut out = self.stats.snapshot(shards, bytes);
+        let staging = serving.map_or(0, |s| s.server.staging_buffers());
+        out.push(Stat::gauge(
+            "device_staging_bytes",
+            (staging * self.cfg.device_piece) as u64,
+        ));
+        out
     }
 
     fn health(&self) -> Health {
@@ -403,6 +443,16 @@ impl PlainTransport for HttpTransport {
     /// One request per owner (a panic, logged by the guard, fails every item).
     fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
         HttpTransport::import_many(self, items)
+    }
+
+    fn import_into_device(
+        &self,
+        desc: &[u8],
+        meta: &ShardMeta,
+        dst_addr: u64,
+        dst_len: u64,
+    ) -> PluginResult<ImportInfo> {
+        self.import_device(desc, meta, dst_addr, dst_len)
     }
 }
 

@@ -29,7 +29,7 @@
 //! it). Each export has its own reader book (see `sys`).
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     convert::Infallible,
     io,
     net::SocketAddr,
@@ -45,7 +45,7 @@ use std::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::{
-    body::{Body, Frame, Incoming, SizeHint},
+    body::Incoming,
     header::{self, HeaderValue},
     server::conn::http1,
     service::service_fn,
@@ -67,6 +67,7 @@ use tracing::{debug, warn};
 
 use crate::{
     config::{format_duration, Config, Token},
+    gpu::PinnedPool,
     descriptor::{parse_host_port, Descriptor, MAX_ADDR_LEN},
     stats::{Held, Stats},
     sys::{LentBytes, Reader},
@@ -93,6 +94,10 @@ const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 const MAX_QUOTED_PATH: usize = 96;
 /// The request handler over an in-memory connection, for the fuzz targets.
 pub(crate) mod in_memory;
+/// Response bodies: ready chunks, and GPU shards staged piece by piece.
+mod body;
+
+use body::{Frames, InFlight, Part};
 /// How long the answer to a plain-HTTP client of a TLS owner lingers,
 /// reading what the client still sends, and the most it reads.
 const PLAINTEXT_LINGER: Duration = Duration::from_millis(500);
@@ -162,6 +167,8 @@ struct Shared {
     stopped: Mutex<Option<String>>,
     /// The last `accept` failure and when it happened.
     accept_error: Mutex<Option<(Instant, String)>>,
+    /// Pinned buffers GPU shards are staged through.
+    staging: Arc<PinnedPool>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -257,6 +264,11 @@ impl Server {
             epoch: Instant::now(),
             stopped: Mutex::new(None),
             accept_error: Mutex::new(None),
+            staging: Arc::new(PinnedPool::new(
+                cfg.staging,
+                cfg.device_piece,
+                cfg.device_buffers,
+            )),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let accepting = Arc::new(AtomicBool::new(true));
@@ -288,6 +300,11 @@ impl Server {
     /// Whether the server speaks TLS.
     pub(crate) fn tls(&self) -> bool {
         self.shared.tls.is_some()
+    }
+
+    /// Pinned staging buffers made so far for GPU shards.
+    pub(crate) fn staging_buffers(&self) -> usize {
+        self.shared.staging.made()
     }
 
     pub(crate) fn registry(&self) -> &Registry {
@@ -329,14 +346,34 @@ impl Server {
                 req.allocation
             )));
         }
-        if req.meta.device.kind != DeviceKind::CPU {
-            return Err(AbiError::unsupported(format!(
-                "export of shard {id}: the http transport serves host memory only, the \
-                 shard lives on {}",
-                req.meta.device
-            )));
+        match req.meta.device.kind {
+            DeviceKind::CPU => shardport_abi::kit::check::lent(req)?,
+            DeviceKind::CUDA => {
+                self.shared.staging.staging().ready().map_err(|why| {
+                    AbiError::unavailable(format!(
+                        "export of shard {id}: the http transport serves a GPU shard by \
+                         staging it through host memory, which needs the CUDA driver: {why}"
+                    ))
+                })?;
+                if req.data.len() as u64 != req.meta.byte_len {
+                    return Err(AbiError::invalid_argument(format!(
+                        "export of shard {id}: {} bytes lent for a shard of {}",
+                        req.data.len(),
+                        req.meta.byte_len
+                    )));
+                }
+            }
+            other => {
+                return Err(AbiError::unsupported(format!(
+                    "export of shard {id}: the http transport serves host and CUDA memory, \
+                     the shard lives on {}",
+                    shardport_abi::Device {
+                        kind: other,
+                        index: req.meta.device.index
+                    }
+                )))
+            }
         }
-        shardport_abi::kit::check::lent(req)?;
         let desc = Descriptor {
             addr: self.shared.advertised.clone(),
             id,
@@ -874,117 +911,6 @@ async fn serve_http<S>(
     }
 }
 
-/// Marks one request in flight on its connection until dropped. Every
-/// chunk of the response body holds a clone, so it lasts until hyper has
-/// written (or dropped) the last byte, not just until it took the last chunk.
-#[derive(Debug)]
-struct InFlight {
-    activity: Arc<Activity>,
-    _gauge: Held,
-}
-
-impl InFlight {
-    fn new(activity: Arc<Activity>, stats: &Arc<Stats>) -> InFlight {
-        activity.request_started();
-        InFlight {
-            activity,
-            _gauge: Held::new(stats, |s| &s.responses_in_flight),
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.activity.request_finished();
-    }
-}
-
-/// A body chunk tied to its request's [`InFlight`] marker.
-struct TrackedChunk {
-    bytes: Bytes,
-    _in_flight: Arc<InFlight>,
-}
-
-impl AsRef<[u8]> for TrackedChunk {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-/// A response body made of ready chunks (shard bytes read in place, a batch
-/// header table, a JSON error).
-#[derive(Debug, Default)]
-pub(crate) struct Frames {
-    chunks: VecDeque<Bytes>,
-    remaining: u64,
-    /// Kept until the body ends, for bodies without chunks.
-    in_flight: Option<Arc<InFlight>>,
-}
-
-impl Frames {
-    fn new(chunks: impl IntoIterator<Item = Bytes>) -> Frames {
-        let chunks: VecDeque<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
-        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Frames {
-            chunks,
-            remaining,
-            in_flight: None,
-        }
-    }
-
-    fn len(&self) -> u64 {
-        self.remaining
-    }
-
-    /// Ties every chunk to `in_flight` (no copy: the chunk moves into the
-    /// new `Bytes`' owner).
-    fn track(&mut self, in_flight: InFlight) {
-        let in_flight = Arc::new(in_flight);
-        for c in self.chunks.iter_mut() {
-            let bytes = std::mem::take(c);
-            *c = Bytes::from_owner(TrackedChunk {
-                bytes,
-                _in_flight: Arc::clone(&in_flight),
-            });
-        }
-        self.in_flight = Some(in_flight);
-    }
-}
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        match this.chunks.pop_front() {
-            Some(c) => {
-                this.remaining -= c.len() as u64;
-                if this.chunks.is_empty() {
-                    // The chunks carry the marker from here on.
-                    this.in_flight = None;
-                }
-                Poll::Ready(Some(Ok(Frame::data(c))))
-            }
-            None => {
-                this.in_flight = None;
-                Poll::Ready(None)
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
-}
-
 async fn handle(
     shared: Arc<Shared>,
     activity: Arc<Activity>,
@@ -1086,7 +1012,7 @@ fn shard(shared: &Shared, id: ShardId) -> Response<Frames> {
             ),
         );
     };
-    let body = Frames::new([reader.into_bytes()]);
+    let body = Frames::of([part(shared, reader)]);
     let len = body.len();
     shared.stats.bytes_served.add(len);
     let mut r = Response::new(body);
@@ -1165,12 +1091,11 @@ async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
     for reader in readers {
         match reader {
             Some(r) => {
-                let b = r.into_bytes();
                 entries.push(wire::BatchEntry {
                     status: wire::ITEM_OK,
-                    len: b.len() as u64,
+                    len: r.len() as u64,
                 });
-                data.push(b);
+                data.push(part(shared, r));
             }
             None => entries.push(wire::BatchEntry {
                 status: wire::ITEM_NOT_FOUND,
@@ -1179,10 +1104,10 @@ async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
         }
     }
     let head = Bytes::from(wire::encode_batch_head(&entries));
-    let served: u64 = data.iter().map(|b| b.len() as u64).sum();
+    let served: u64 = entries.iter().map(|e| e.len).sum();
     shared.stats.bytes_served.add(served);
     shared.stats.batches_served.inc();
-    let body = Frames::new(std::iter::once(head).chain(data));
+    let body = Frames::of(std::iter::once(Part::Ready(head)).chain(data));
     let len = body.len();
     let mut r = Response::new(body);
     let h = r.headers_mut();
@@ -1192,6 +1117,20 @@ async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<Frames> {
     );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     r
+}
+
+/// The body part of one exported shard: its host bytes in place, or a GPU
+/// shard to stage.
+fn part(shared: &Shared, reader: Reader) -> Part {
+    if reader.device().is_some() {
+        Part::Device {
+            reader,
+            pool: Arc::clone(&shared.staging),
+            wait: shared.request_timeout,
+        }
+    } else {
+        Part::Ready(reader.into_bytes())
+    }
 }
 
 fn health(shared: &Shared) -> Response<Frames> {

@@ -43,6 +43,9 @@ struct ReaderBook {
 #[derive(Debug)]
 pub(crate) struct LentBytes {
     data: SharedBytes,
+    /// A GPU shard: the CUDA device ordinal `data`'s address is on (never
+    /// read as host memory; see `gpu`).
+    device: Option<u32>,
     book: Mutex<ReaderBook>,
     idle: Condvar,
 }
@@ -52,8 +55,11 @@ impl LentBytes {
     /// and only until [`withdraw`](Self::withdraw) succeeds; `unexport` of
     /// `req.id` must call `withdraw` before it returns.
     pub(crate) fn from_request(req: &ExportRequest) -> Arc<LentBytes> {
+        let device = (req.meta.device.kind == shardport_abi::DeviceKind::CUDA)
+            .then_some(req.meta.device.index);
         Arc::new(LentBytes {
             data: req.data,
+            device,
             book: Mutex::default(),
             idle: Condvar::new(),
         })
@@ -116,9 +122,24 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// Length of the shard in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.lent.data.len()
+    }
+
+    /// A GPU shard's device ordinal and address; `None` for host bytes.
+    pub(crate) fn device(&self) -> Option<(u32, u64)> {
+        self.lent.device.map(|d| (d, self.lent.data.addr()))
+    }
+
     /// The bytes as a [`Bytes`] that reads the host's memory in place and
-    /// releases this reader when the last clone of it is dropped.
+    /// releases this reader when the last clone of it is dropped. Host
+    /// bytes only: a GPU shard is staged (`server::body`).
     pub(crate) fn into_bytes(self) -> Bytes {
+        assert!(
+            self.lent.device.is_none(),
+            "a GPU shard's address is not host memory"
+        );
         if self.lent.data.is_empty() {
             return Bytes::new();
         }

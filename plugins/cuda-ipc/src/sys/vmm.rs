@@ -24,11 +24,12 @@ use std::{
 };
 
 use cudarc::driver::sys::{
-    self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
+    self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUpointer_attribute,
 };
 
-use super::{check, CudaError, Driver, Gpu};
+use super::{check, CudaError, DeviceBuffer, Driver, Gpu};
 
 /// Most physical chunks one shard may span (one file descriptor each).
 pub(crate) const MAX_CHUNKS: usize = 4096;
@@ -274,17 +275,116 @@ impl Driver {
             })?;
             mapping.mapped += size as usize;
         }
+        self.grant(gpu, va, len)?;
+        Ok(mapping)
+    }
+
+    /// Maps `gpu`'s access descriptor over `[va, va + len)`.
+    fn grant(&self, gpu: &Gpu, va: CUdeviceptr, len: usize) -> Result<(), CudaError> {
         let access = CUmemAccessDesc {
-            location: CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: gpu.ordinal as i32,
-            },
+            location: device_location(gpu),
             flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the whole range is mapped above; one access descriptor.
+        // SAFETY: the caller mapped the whole range; one access descriptor.
         check("cuMemSetAccess", unsafe {
             sys::cuMemSetAccess(va, len, &access, 1)
+        })
+    }
+
+    /// Tests and benchmarks: `len` bytes of VMM memory on `gpu` made of
+    /// physical chunks of `chunk` bytes (rounded up to the granularity),
+    /// exportable as POSIX file descriptors and mapped contiguously, as
+    /// PyTorch's expandable segments allocate.
+    pub(crate) fn alloc_vmm(&self, gpu: &Gpu, len: u64, chunk: u64) -> Result<VmmMapping, CudaError> {
+        self.bind(gpu)?;
+        let prop = CUmemAllocationProp {
+            type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: device_location(gpu),
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        };
+        let mut gran: usize = 0;
+        // SAFETY: out-pointer to a live local; `prop` is a valid description.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &prop,
+                CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
         })?;
+        let gran = gran.max(1) as u64;
+        let chunk = chunk.max(1).div_ceil(gran) * gran;
+        let total = len.max(1).div_ceil(chunk) * chunk;
+        let mut va: CUdeviceptr = 0;
+        // SAFETY: out-pointer to a live local; no fixed address asked.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut va, total as usize, 0, 0, 0)
+        })?;
+        let mut mapping = VmmMapping {
+            va,
+            len: total as usize,
+            mapped: 0,
+            gpu: gpu.clone(),
+        };
+        while (mapping.mapped as u64) < total {
+            let mut handle: CUmemGenericAllocationHandle = 0;
+            // SAFETY: out-pointer to a live local; `prop` outlives the call.
+            check("cuMemCreate", unsafe {
+                sys::cuMemCreate(&mut handle, chunk as usize, &prop, 0)
+            })?;
+            let handle = Retained(handle);
+            // SAFETY: inside the reserved range, nothing mapped there yet.
+            check("cuMemMap", unsafe {
+                sys::cuMemMap(va + mapping.mapped as u64, chunk as usize, 0, handle.0, 0)
+            })?;
+            mapping.mapped += chunk as usize;
+        }
+        self.grant(gpu, va, total as usize)?;
         Ok(mapping)
+    }
+
+    /// Tests and benchmarks: `len` bytes from the device's default
+    /// stream-ordered pool (`cuMemAllocAsync`, what `cudaMallocAsync` uses),
+    /// or managed memory (`cuMemAllocManaged`). Freed with `cuMemFree`.
+    pub(crate) fn alloc_other(
+        &self,
+        gpu: &Gpu,
+        len: u64,
+        managed: bool,
+    ) -> Result<DeviceBuffer, CudaError> {
+        self.bind(gpu)?;
+        let mut p: CUdeviceptr = 0;
+        if managed {
+            // SAFETY: out-pointer to a live local; CU_MEM_ATTACH_GLOBAL.
+            check("cuMemAllocManaged", unsafe {
+                sys::cuMemAllocManaged(&mut p, len.max(1) as usize, 1)
+            })?;
+        } else {
+            // SAFETY: out-pointer to a live local; the legacy stream.
+            check("cuMemAllocAsync", unsafe {
+                sys::cuMemAllocAsync(&mut p, len.max(1) as usize, std::ptr::null_mut())
+            })?;
+            // SAFETY: a context is bound; the NULL stream is its legacy stream.
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(std::ptr::null_mut())
+            })?;
+        }
+        Ok(DeviceBuffer {
+            addr: p,
+            gpu: gpu.clone(),
+        })
+    }
+}
+
+fn device_location(gpu: &Gpu) -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: gpu.ordinal as i32,
     }
 }

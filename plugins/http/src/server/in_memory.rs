@@ -97,6 +97,11 @@ fn shared() -> Arc<Shared> {
         epoch: Instant::now(),
         stopped: Mutex::new(None),
         accept_error: Mutex::new(None),
+        staging: Arc::new(crate::gpu::PinnedPool::new(
+            cfg.staging,
+            cfg.device_piece,
+            cfg.device_buffers,
+        )),
     })
 }
 
