@@ -10,11 +10,15 @@
 //!                                 #        | REMOVE handle-hex
 //!                                 #        | LEASES | SWEEP | STATS | EXIT
 //! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters
+//!                                 #        | COPYFETCH handle-hex seed | STAGEDBENCH handle-hex iters
 //!                                 #        | HOLD handle-hex | DROP | STATS | EXIT
 //! ```
 //! `allocator` is `plain` (cuMemAlloc, the default), `vmm` / `vmm:<chunk
 //! bytes>` (VMM chunks exportable as file descriptors, like PyTorch's
 //! expandable segments), `pool` (cudaMallocAsync's pool) or `managed`.
+//! `COPYFETCH` and `STAGEDBENCH` copy without a view (`fetch_device_into`
+//! and a host copy), what a consumer on another machine does: its config
+//! loads http but not cuda-ipc, so the shard is staged over http.
 //! `HOLD` keeps a zero-copy view (and so a lease on the owner's board) until
 //! `DROP`, so a test can kill a consumer that holds one.
 //! Replies are one line each: `OK ...`, `ERR ...`, `HANDLE <hex>`.
@@ -195,6 +199,24 @@ fn consumer(node: &Node) -> Result<(), String> {
                     Err(e) => format!("ERR {e}"),
                 });
             }
+            Some("COPYFETCH") | Some("STAGEDBENCH") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                let n: u64 = w
+                    .get(2)
+                    .ok_or("missing argument")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?;
+                let r = if w[0] == "COPYFETCH" {
+                    verify_copies(node, &h, n)
+                } else {
+                    staged_bench(node, &h, n as u32)
+                };
+                reply(match r {
+                    Ok(s) => format!("OK {s}"),
+                    Err(e) => format!("ERR {e}"),
+                });
+            }
             Some("HOLD") => {
                 let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
                     .map_err(|e| e.to_string())?;
@@ -255,6 +277,91 @@ fn verify(node: &Node, h: &Handle, seed: u64) -> Result<String, String> {
     Ok(format!(
         "transport={transport} host_transport={}",
         host.selection.transport
+    ))
+}
+
+/// A device-to-device fetch into a buffer of this process and a host copy
+/// (no view): both must hold the pattern.
+fn verify_copies(node: &Node, h: &Handle, seed: u64) -> Result<String, String> {
+    let len = h.meta.byte_len;
+    let scratch = DeviceScratch::new(0, len.max(1))?;
+    let sel = node
+        .fetch_device_into(h, DevicePtr(scratch.addr()), len)
+        .map_err(|e| e.to_string())?;
+    if !check_pattern(&scratch.download(len)?, seed) {
+        return Err("device fetch: wrong bytes".into());
+    }
+    let host = node
+        .fetch_mode(h, FetchMode::Copy)
+        .map_err(|e| e.to_string())?;
+    if !check_pattern(&host.data, seed) {
+        return Err("host copy: wrong bytes".into());
+    }
+    Ok(format!(
+        "transport={} host_transport={}",
+        sel.transport, host.selection.transport
+    ))
+}
+
+/// Raw TCP over loopback, one connection, `bytes` sent in 4 MiB writes:
+/// GB/s, the network limit of a staged fetch measured in the same run.
+fn tcp_loopback_gbs(bytes: u64) -> Result<f64, String> {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        let buf = vec![7u8; 4 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            s.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    });
+    let (mut r, _) = listener.accept().map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 4 << 20];
+    let t = Instant::now();
+    let mut got = 0u64;
+    while got < bytes {
+        let n = r.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the sender closed early".into());
+        }
+        got += n as u64;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    sender
+        .join()
+        .map_err(|_| "sender panicked".to_owned())?
+        .map_err(|e| e.to_string())?;
+    Ok(bytes as f64 / secs / 1e9)
+}
+
+/// A GPU shard staged over http into this process's device memory
+/// (`fetch_device_into`, `iters` times), beside the limits measured in the
+/// same run: pinned device-to-host and host-to-device copies of the same
+/// size, and raw TCP over loopback; `ratio` is the staged speed over the
+/// slowest of the three.
+fn staged_bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
+    let len = h.meta.byte_len;
+    let dst = DeviceScratch::new(0, len.max(1))?;
+    // Warm: connection, pools, pinned buffers.
+    node.fetch_device_into(h, DevicePtr(dst.addr()), len)
+        .map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        node.fetch_device_into(h, DevicePtr(dst.addr()), len)
+            .map_err(|e| e.to_string())?;
+    }
+    let staged = (len as f64 * f64::from(iters)) / t.elapsed().as_secs_f64() / 1e9;
+    let (d2h, h2d) = dst.pinned_copy_gbs(iters)?;
+    let tcp = tcp_loopback_gbs(len * u64::from(iters))?;
+    let floor = d2h.min(h2d).min(tcp);
+    Ok(format!(
+        "bytes={len} staged_gbs={staged:.2} d2h_gbs={d2h:.2} h2d_gbs={h2d:.2} tcp_gbs={tcp:.2} ratio={:.2}",
+        staged / floor
     ))
 }
 

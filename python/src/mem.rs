@@ -643,6 +643,8 @@ impl Shard {
 #[pyclass(module = "shardport._core", name = "CudaShard", frozen)]
 pub struct CudaShard {
     keep: Keep,
+    /// A copy this process owns (fetched without a view): writable.
+    owned: bool,
     ptr: usize,
     nbytes: u64,
     device_id: i32,
@@ -681,7 +683,33 @@ impl CudaShard {
             shape: meta.shape.iter().copied().collect(),
             selection: view.selection().clone(),
             keep: Arc::new(view),
+            owned: false,
         })
+    }
+
+    /// A copy of `handle`'s shard in device memory this process owns
+    /// (`memory`, filled by the fetch that gave `selection`).
+    pub(crate) fn copied(
+        memory: crate::cuda::DeviceAlloc,
+        handle: &shardport_host::Handle,
+        selection: Selection,
+    ) -> CudaShard {
+        let meta = &handle.meta;
+        CudaShard {
+            ptr: if meta.byte_len == 0 {
+                NonNull::<u64>::dangling().as_ptr() as usize
+            } else {
+                memory.addr() as usize
+            },
+            nbytes: meta.byte_len,
+            device_id: memory.ordinal(),
+            id: handle.id,
+            dtype: meta.dtype,
+            shape: meta.shape.iter().copied().collect(),
+            selection,
+            keep: Arc::new(memory),
+            owned: true,
+        }
     }
 }
 
@@ -717,13 +745,14 @@ impl CudaShard {
                 "a CUDA shard is exported without copying; copy the tensor you get (e.g. .clone())",
             ));
         }
-        let Some(minor) = consumer_version(max_version) else {
+        let minor = consumer_version(max_version);
+        if minor.is_none() && !self.owned {
             return Err(PyBufferError::new_err(
                 "the shard is the owner's memory, read-only, and DLPack before 1.0 cannot \
                  say so: the consumer must pass max_version=(1, 0) or later (torch >= 2.5 does)",
             ));
-        };
-        let dtype = dl_type(self.dtype, Some(minor), "")?;
+        }
+        let dtype = dl_type(self.dtype, minor, "")?;
         capsule(
             py,
             Export {
@@ -736,10 +765,10 @@ impl CudaShard {
                 dtype,
                 shape: &self.shape,
                 strides: c_order_strides(&self.shape),
-                writable: false,
+                writable: self.owned,
                 copied: false,
             },
-            Some(minor),
+            minor,
         )
     }
 
@@ -785,10 +814,18 @@ impl CudaShard {
         self.device_id
     }
 
-    /// The transport that served it (`cuda-ipc`).
+    /// The transport that served it (`cuda-ipc` for a view, `http` for a
+    /// copy from another machine).
     #[getter]
     fn transport(&self) -> &str {
         &self.selection.transport
+    }
+
+    /// True for a copy in memory this process owns (writable, freed with
+    /// the last reference); false for a view of the owner's memory.
+    #[getter]
+    fn owned(&self) -> bool {
+        self.owned
     }
 
     /// Why that transport was chosen.

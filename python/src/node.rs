@@ -439,18 +439,41 @@ impl PyNode {
         Ok(shard)
     }
 
-    /// Views a CUDA shard in place (cuda-ipc maps the owner's GPU memory
-    /// into this process; no byte is copied): a `CudaShard` to hand to
-    /// `torch.from_dlpack` (or call `.torch()`). The memory is the
-    /// owner's: read it, do not write it. Fails naming why when the shard
-    /// is not on a GPU or no transport here can map it (no CUDA driver,
-    /// cuda-ipc not loaded, another node); `fetch` copies a CUDA shard to
-    /// the host instead.
+    /// A CUDA shard on this process's GPU, for `torch.from_dlpack` (or
+    /// `.torch()`). Viewed in place when a transport here can map the
+    /// owner's memory (cuda-ipc on the same machine; no byte is copied; the
+    /// memory is the owner's: read it, do not write it). Otherwise (the
+    /// owner is on another machine) copied into device memory this process
+    /// owns, through http staging, on the device of the current CUDA
+    /// context (`torch.cuda.set_device`; device 0 when none): writable,
+    /// freed with the last reference (`CudaShard.owned` says which).
+    /// Fails naming why when the shard is not on a GPU or neither works
+    /// (no CUDA driver, no transport); `fetch` copies a CUDA shard to the
+    /// host instead.
     fn fetch_cuda(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<CudaShard> {
         let node = self.node()?;
         let h = &one_handle(handle, "fetch_cuda")?.get().inner;
-        let view = unlocked(py, || node.fetch_device(h)).map_err(host_err)?;
-        CudaShard::new(view)
+        let view = match unlocked(py, || node.fetch_device(h)) {
+            Ok(v) => return CudaShard::new(v),
+            Err(e @ HostError::NoCandidate { .. }) => e,
+            Err(e) => return Err(host_err(e)),
+        };
+        // No view is possible here: copy into memory of our own.
+        tracing::info!(target: "fetch", shard = %h.id, why = %view, "no device view here; copying the GPU shard into memory of this process");
+        let copied = unlocked(py, || -> Result<CudaShard, PyErr> {
+            let mem = crate::cuda::DeviceAlloc::new(h.meta.byte_len)
+                .map_err(|why| py_err(Kind::TransportUnavailable, why))?;
+            let sel = node
+                .fetch_device_into(h, DevicePtr(mem.addr()), h.meta.byte_len)
+                .map_err(host_err)?;
+            Ok(CudaShard::copied(mem, h, sel))
+        });
+        copied.map_err(|e| {
+            py_err(
+                Kind::TransportUnavailable,
+                format!("{view}; and copying it failed: {e}"),
+            )
+        })
     }
 
     /// Fetches a shard by copying it into `out`, a writable C-contiguous

@@ -85,13 +85,16 @@ def child_view_cuda(prefix: str, handle_bytes: list[bytes], out) -> None:
 
 
 def child_put_disabled(prefix: str, out) -> None:
-    """Child process: cuda-ipc disabled by its environment variable; a CUDA
-    put must fail naming why."""
+    """Child process: cuda-ipc disabled by its environment variable and no
+    http (which also moves GPU shards, staged); a CUDA put must fail naming
+    why."""
     os.environ["SHARDPORT_CUDA_IPC_DISABLE"] = "disabled by test_cuda"
     try:
         import torch as t
 
-        with shardport.Node(config(prefix)) as node:
+        cfg = config(prefix)
+        cfg["plugin"] = [p for p in cfg["plugin"] if p["name"] != "http"]
+        with shardport.Node(cfg) as node:
             node.put(t.ones(16, device="cuda"))
         out.put(("ok", "put succeeded"))
     except shardport.TransportUnavailableError as e:
@@ -126,12 +129,15 @@ def test_cuda_shards_are_viewed_in_place_in_another_process(node, prefix, spawn)
     assert node.remove(hs) == len(hs)
 
 
-def test_a_process_cannot_fetch_its_own_cuda_shard_and_is_told_why(node):
-    h = node.put(make("float32"))
-    with pytest.raises(shardport.ShardportError, match="own"):
-        node.fetch(h)
-    with pytest.raises(shardport.ShardportError, match="own"):
-        node.fetch_cuda(h)
+def test_a_process_fetching_its_own_cuda_shard_gets_a_copy_through_http(node):
+    # CUDA cannot open a process's own IPC handle: no view, a copy (said so).
+    t = make("float32")
+    h = node.put(t)
+    s = node.fetch_cuda(h)
+    assert (s.owned, s.transport) == (True, "http")
+    assert host_digest(torch.from_dlpack(s)) == host_digest(t)
+    host = node.fetch(h, mode="copy")
+    assert host.transport == "http"
     node.remove(h)
 
 
@@ -215,3 +221,41 @@ def test_tensors_from_every_torch_allocator_are_viewed_in_another_process(node, 
         ctl.put(1)
         p.join(60)
     assert p.exitcode == 0
+
+
+def child_fetch_remote(prefix: str, handle_bytes: list[bytes], out) -> None:
+    """Child process (spawned) standing for a consumer on another machine:
+    its config loads no cuda-ipc, so each GPU shard arrives through http
+    into device memory it owns; reports (digest, transport, owned, device)
+    and checks the copy is writable."""
+    try:
+        import torch as t
+
+        cfg = config(prefix)
+        cfg["plugin"] = [p for p in cfg["plugin"] if p["name"] != "cuda-ipc"]
+        with shardport.Node(cfg) as node:
+            res = []
+            for b in handle_bytes:
+                s = node.fetch_cuda(shardport.Handle.from_bytes(b))
+                x = t.from_dlpack(s)
+                t.cuda.synchronize()
+                res.append((host_digest(x), s.transport, s.owned, str(x.device)))
+                x.view(t.uint8).fill_(1)  # our own memory: writable
+                t.cuda.synchronize()
+                del x, s
+            out.put(("ok", res))
+    except BaseException as e:  # reported to the parent
+        out.put(("err", f"{type(e).__name__}: {e}"))
+
+
+def test_a_gpu_shard_reaches_a_consumer_without_cuda_ipc_as_its_own_cuda_tensor(node, prefix, spawn):
+    ts = [make("float32", (5 << 20) // 4 + 3), make("bfloat16"), make("uint8", 1)]
+    hs = [node.put(x) for x in ts]
+    status, res = in_child(spawn, child_fetch_remote, prefix, [h.to_bytes() for h in hs])
+    assert status == "ok", res
+    for x, (dig, transport, owned, device) in zip(ts, res):
+        assert (transport, owned, device) == ("http", True, "cuda:0")
+        assert dig == host_digest(x)
+    # The owner's tensors are untouched by the consumer's writes.
+    assert [host_digest(x) for x in ts] == [r[0] for r in res]
+    assert node.remove(hs) == len(hs)

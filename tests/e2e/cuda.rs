@@ -260,6 +260,47 @@ fn a_gpu_that_is_not_visible_here_is_not_a_candidate() {
     );
 }
 
+/// A GPU shard reaches a node that cannot map it (another machine; here a
+/// node without cuda-ipc) through http, staged through host memory piece by
+/// piece. No GPU here: the http plugin's `test-device-is-host` makes the
+/// "device" address host memory, so the host's planning, the export and
+/// both fetch paths run for real, through the real `.so`, on real sockets;
+/// the GPU check script runs the same path on a GPU.
+#[test]
+fn a_gpu_shard_reaches_a_node_without_cuda_ipc_through_http_staging() {
+    let cfg = format!(
+        "{}test-device-is-host = true\ndevice-piece = \"64KiB\"\n",
+        util::http_plugin()
+    );
+    let owner = Node::start(util::parse(&cfg)).expect("owner starts");
+    let consumer = Node::start(util::parse(&cfg)).expect("consumer starts");
+    let len = (5 << 16) + 4099;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+    let h = owner
+        .put_device(
+            DevicePtr(data.as_ptr() as u64),
+            len as u64,
+            &cuda_spec(len as u64),
+            Default::default(),
+        )
+        .expect("a GPU put exported through http");
+    let host = consumer
+        .fetch_mode(&h, FetchMode::Copy)
+        .expect("the ordinary fetch gives host bytes");
+    assert!(host.data[..] == data[..], "host copy");
+    assert_eq!(host.selection.transport.as_str(), "http");
+    let mut dev = vec![0u8; len];
+    let sel = consumer
+        .fetch_device_into(&h, DevicePtr(dev.as_mut_ptr() as u64), len as u64)
+        .expect("into device memory");
+    assert!(dev == data, "device copy");
+    assert_eq!(sel.transport.as_str(), "http");
+    // In place is impossible across machines: said so, naming http.
+    let e = consumer.fetch_device(&h).unwrap_err().to_string();
+    assert!(e.contains("no zero-copy device view"), "{e}");
+    assert!(owner.remove(&[h.id]).is_empty());
+}
+
 // ---- two real processes (GPU) ----
 
 struct Peer {
@@ -275,16 +316,20 @@ impl Peer {
 
     /// A peer whose cuda-ipc plugin gets `cuda_config` as its table.
     fn start_with(role: &str, dir: &std::path::Path, cuda_config: &str) -> Peer {
-        let cfg = dir.join(format!("{role}.toml"));
-        std::fs::write(
-            &cfg,
-            format!(
+        Peer::start_text(
+            role,
+            &dir.join(format!("{role}.toml")),
+            &format!(
                 "[node]\nname = \"{role}\"\n{}{}[plugin.config]\n{cuda_config}\n",
                 util::shm_plugin("pool-size = \"8MiB\""),
                 util::cuda_plugin().replace("required = false", "required = true")
             ),
         )
-        .unwrap();
+    }
+
+    /// A peer in `role` with the config `text`, written at `cfg`.
+    fn start_text(role: &str, cfg: &std::path::Path, text: &str) -> Peer {
+        std::fs::write(cfg, text).unwrap();
         let mut child = Command::new(util::example_bin("cuda_ipc_peer"))
             .args([role, cfg.to_str().unwrap()])
             .stdin(Stdio::piped())
@@ -433,11 +478,16 @@ fn gpu_every_allocator_s_memory_is_shared_or_staged() {
     }
     let stats = owner.call("STATS");
     assert!(stats.contains("\"exports_vmm_total\":2"), "owner: {stats}");
-    assert!(stats.contains("\"exports_staged_total\":2"), "owner: {stats}");
+    assert!(
+        stats.contains("\"exports_staged_total\":2"),
+        "owner: {stats}"
+    );
     let before = consumer.call("STATS");
     assert!(before.contains("\"mappings_open\":"), "consumer: {before}");
     for h in &vmm {
-        assert!(owner.call(&format!("REMOVE {h}")).starts_with("OK removed=true"));
+        assert!(owner
+            .call(&format!("REMOVE {h}"))
+            .starts_with("OK removed=true"));
         let r = consumer.call(&format!("FETCH {h} 0"));
         assert!(
             r.starts_with("ERR ") && r.contains("unexported"),
@@ -463,6 +513,46 @@ fn gpu_every_allocator_s_memory_is_shared_or_staged() {
         r.starts_with("ERR ") && r.contains("stream-ordered memory pool"),
         "refused naming the allocator: {r}"
     );
+}
+
+/// A GPU shard reaches a process that cannot map it (a consumer on another
+/// machine: its config loads http, not cuda-ipc) through http, staged
+/// through pinned host memory into the consumer's own device memory, and as
+/// host bytes: from cudaMalloc memory, VMM memory over several chunks, and
+/// pool memory.
+#[test]
+fn gpu_a_gpu_shard_reaches_a_process_without_cuda_ipc_through_http() {
+    if !gpu_or_skip("gpu_a_gpu_shard_reaches_a_process_without_cuda_ipc_through_http") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-http");
+    let mut owner = Peer::start_text(
+        "owner",
+        &dir.path().join("owner.toml"),
+        &format!(
+            "[node]\nname = \"owner\"\n{}{}{}device-piece = \"1MiB\"\n",
+            util::shm_plugin("pool-size = \"8MiB\""),
+            util::cuda_plugin().replace("required = false", "required = true"),
+            util::http_plugin()
+        ),
+    );
+    let mut remote = Peer::start_text(
+        "consumer",
+        &dir.path().join("remote.toml"),
+        &format!("[node]\nname = \"remote\"\n{}", util::http_plugin()),
+    );
+    for (len, seed, alloc) in [
+        ((1u64 << 20) + 5, 61u64, "plain"),
+        ((9 << 20) + 3, 62, "vmm"),
+        (4097, 63, "pool"),
+    ] {
+        let h = handle_of(&owner.call(&format!("PUT {len} {seed} 0 {alloc}")));
+        let r = remote.call(&format!("COPYFETCH {h} {seed}"));
+        assert_eq!(
+            r, "OK transport=http host_transport=http",
+            "{alloc}, {len} bytes"
+        );
+    }
 }
 
 /// A consumer killed (SIGKILL) while it holds a zero-copy view: the owner

@@ -187,11 +187,7 @@ impl<O: Opener> OpenCache<O> {
     }
 
     /// Takes a reference on `key`'s mapping, opening `handle` if needed.
-    pub fn acquire(
-        &mut self,
-        key: AllocKey,
-        handle: &O::Handle,
-    ) -> Result<Acquired, CacheError> {
+    pub fn acquire(&mut self, key: AllocKey, handle: &O::Handle) -> Result<Acquired, CacheError> {
         self.tick += 1;
         let tick = self.tick;
         if let Some(e) = self.live.get_mut(&key) {
@@ -600,7 +596,10 @@ mod tests {
         assert_eq!(c.open_count(), 1, "still viewed");
         // A new acquire of the key opens afresh; the retired one is not handed out.
         let b = c.acquire(key(1, 2), &h(2)).unwrap_err();
-        assert!(matches!(b, CacheError::Open(_)), "the fake refuses a second open of one handle");
+        assert!(
+            matches!(b, CacheError::Open(_)),
+            "the fake refuses a second open of one handle"
+        );
         c.release_at(key(1, 2), a.base).unwrap();
         assert_eq!(c.open_count(), 0);
         assert_eq!(c.counters().closes, 2);

@@ -189,7 +189,9 @@ impl Descriptor {
             return Err(r.error_at(
                 "version",
                 MAGIC.len(),
-                format_args!("this plugin reads versions {VERSION} and {VERSION_VMM}, found {version}"),
+                format_args!(
+                    "this plugin reads versions {VERSION} and {VERSION_VMM}, found {version}"
+                ),
             ));
         }
         let vmm = version == VERSION_VMM;
@@ -260,7 +262,11 @@ impl Descriptor {
             .map_err(|_| bad("board name", "not UTF-8"))?
             .to_owned();
         check_board_name(&board).map_err(|why| bad("board name", why))?;
-        let chunks = if vmm { read_chunks(&mut r, alloc_size)? } else { Vec::new() };
+        let chunks = if vmm {
+            read_chunks(&mut r, alloc_size)?
+        } else {
+            Vec::new()
+        };
         if r.remaining() != 0 {
             return Err(bad(
                 "length",
@@ -291,12 +297,19 @@ impl Descriptor {
 fn read_chunks(r: &mut Reader<'_>, alloc_size: u64) -> PluginResult<Vec<u64>> {
     let n = r.u32("chunk count")? as usize;
     if n == 0 || n > MAX_CHUNKS {
-        return Err(bad("chunk count", format!("{n}, expected 1..={MAX_CHUNKS}")));
+        return Err(bad(
+            "chunk count",
+            format!("{n}, expected 1..={MAX_CHUNKS}"),
+        ));
     }
     if r.remaining() < n * 8 {
         return Err(bad(
             "chunk sizes",
-            format!("truncated: {n} chunks need {} bytes, {} left", n * 8, r.remaining()),
+            format!(
+                "truncated: {n} chunks need {} bytes, {} left",
+                n * 8,
+                r.remaining()
+            ),
         ));
     }
     let mut chunks = Vec::with_capacity(n);
@@ -398,15 +411,13 @@ mod tests {
         let e = msg(Descriptor::decode(&with_body(&d, |v| v[base + 4] = 1)).unwrap_err());
         assert!(e.contains("chunk sizes") && e.contains("sum"), "{e}");
         // A zero count.
-        let e = msg(
-            Descriptor::decode(&with_body(&d, |v| v[base..base + 4].copy_from_slice(&[0; 4])))
-                .unwrap_err(),
-        );
+        let e = msg(Descriptor::decode(&with_body(&d, |v| {
+            v[base..base + 4].copy_from_slice(&[0; 4])
+        }))
+        .unwrap_err());
         assert!(e.contains("chunk count"), "{e}");
         // A count larger than what follows.
-        let e = msg(
-            Descriptor::decode(&with_body(&d, |v| v[base] = 9)).unwrap_err(),
-        );
+        let e = msg(Descriptor::decode(&with_body(&d, |v| v[base] = 9)).unwrap_err());
         assert!(e.contains("chunk sizes") && e.contains("truncated"), "{e}");
         // A non-zero memory handle in a VMM descriptor.
         let mut bad = d.clone();
@@ -414,10 +425,10 @@ mod tests {
         let e = msg(Descriptor::decode(&bad.encode()).unwrap_err());
         assert!(e.contains("memory handle"), "{e}");
         // A legacy descriptor with chunks appended is refused as too long.
-        let e = msg(
-            Descriptor::decode(&with_body(&sample(), |v| v.extend_from_slice(&[1, 0, 0, 0])))
-                .unwrap_err(),
-        );
+        let e = msg(Descriptor::decode(&with_body(&sample(), |v| {
+            v.extend_from_slice(&[1, 0, 0, 0])
+        }))
+        .unwrap_err());
         assert!(e.contains("unexpected bytes"), "{e}");
     }
 

@@ -191,7 +191,9 @@ fn answer(mut stream: UnixStream, shelf: &Shelf, uid: rustix::process::Uid) -> s
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
-            return Err(std::io::Error::other("descriptor batch does not fit its buffer"));
+            return Err(std::io::Error::other(
+                "descriptor batch does not fit its buffer",
+            ));
         }
         sendmsg(
             &stream,
@@ -222,7 +224,9 @@ pub(crate) fn fetch(
     want: usize,
 ) -> Result<Vec<OwnedFd>, FetchError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
-        FetchError::Failed(format!("the owner's descriptor socket @{name}: {what}: {e}"))
+        FetchError::Failed(format!(
+            "the owner's descriptor socket @{name}: {what}: {e}"
+        ))
     };
     let addr = SocketAddr::from_abstract_name(name).map_err(|e| fail("bad name", &e))?;
     let mut stream = UnixStream::connect_addr(&addr).map_err(|e| {
@@ -250,7 +254,9 @@ pub(crate) fn fetch(
     req[8..16].copy_from_slice(&generation.to_le_bytes());
     stream.write_all(&req).map_err(|e| fail("request", &e))?;
     let mut head = [0u8; 16];
-    stream.read_exact(&mut head).map_err(|e| fail("reply", &e))?;
+    stream
+        .read_exact(&mut head)
+        .map_err(|e| fail("reply", &e))?;
     if &head[..4] != MAGIC {
         return Err(fail("reply", &"not a descriptor server's reply"));
     }
@@ -325,8 +331,8 @@ mod tests {
         Arc::new(
             (0..n)
                 .map(|i| {
-                    let fd = rustix::fs::memfd_create("chunk", rustix::fs::MemfdFlags::CLOEXEC)
-                        .unwrap();
+                    let fd =
+                        rustix::fs::memfd_create("chunk", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
                     rustix::io::write(&fd, format!("chunk {i}").as_bytes()).unwrap();
                     fd
                 })
@@ -392,8 +398,8 @@ mod tests {
         let sock = name("silent");
         let server = FdServer::start(&sock, Arc::clone(&shelf)).unwrap();
         // Connects and says nothing: the server gives up after its deadline.
-        let silent = UnixStream::connect_addr(&SocketAddr::from_abstract_name(&sock).unwrap())
-            .unwrap();
+        let silent =
+            UnixStream::connect_addr(&SocketAddr::from_abstract_name(&sock).unwrap()).unwrap();
         let got = fetch(&sock, std::process::id(), 2, 9, 1).unwrap();
         assert_eq!(content(&got[0]), "chunk 0");
         drop(silent);

@@ -47,8 +47,8 @@ pub mod cache;
 pub mod config;
 pub mod descriptor;
 mod fdpass;
-mod sweep;
 pub mod liveness;
+mod sweep;
 #[allow(unsafe_code)]
 mod sys;
 pub mod testkit;
@@ -411,12 +411,14 @@ impl CudaIpc {
         let mut server = lock(&self.fd_server);
         if server.is_none() {
             let name = fdpass::socket_name(&self.board_name());
-            *server = Some(FdServer::start(&name, Arc::clone(&self.shelf)).map_err(|e| {
-                AbiError::new(
-                    shardport_abi::ErrorKind::IO,
-                    format!("cuda-ipc cannot serve VMM descriptors on @{name}: {e}"),
-                )
-            })?);
+            *server = Some(
+                FdServer::start(&name, Arc::clone(&self.shelf)).map_err(|e| {
+                    AbiError::new(
+                        shardport_abi::ErrorKind::IO,
+                        format!("cuda-ipc cannot serve VMM descriptors on @{name}: {e}"),
+                    )
+                })?,
+            );
         }
         Ok(())
     }

@@ -153,7 +153,10 @@ mod tests {
                     .unwrap()
                     .as_nanos()
             );
-            let layout = Layout { slots: 2, records: 2 };
+            let layout = Layout {
+                slots: 2,
+                records: 2,
+            };
             let map = BoardMap::create(&name, layout.words()).unwrap();
             let b = Board::init(map, layout);
             b.set_owner_namespaces(ns);
@@ -175,7 +178,10 @@ mod tests {
         let swept = dead_boards(&here);
         assert!(swept >= 1, "the dead owner's board is swept");
         assert!(!exists(&dead), "{dead} removed");
-        assert!(exists(&unknown), "{unknown}: no namespaces recorded, left alone");
+        assert!(
+            exists(&unknown),
+            "{unknown}: no namespaces recorded, left alone"
+        );
         assert!(exists(&alive), "{alive}: its owner lives");
         // The test's own values own the names and unlink the rest on drop.
         drop((dead_board, unknown_board, alive_board));

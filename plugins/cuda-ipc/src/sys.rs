@@ -168,6 +168,8 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemGetAllocationGranularity",
     "cuMemAllocAsync",
     "cuMemAllocManaged",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
 ];
 
 /// Loads the driver library if present and initialises it. `Err` is the
@@ -418,6 +420,46 @@ impl Driver {
             addr: p,
             gpu: gpu.clone(),
         })
+    }
+
+    /// Benchmarks: `iters` synchronous copies of `len` bytes at device
+    /// address `dev` to pinned host memory, then `iters` back; the seconds
+    /// each direction took. A context is bound by the caller.
+    pub(crate) fn pinned_copy_seconds(
+        &self,
+        dev: u64,
+        len: usize,
+        iters: u32,
+    ) -> Result<(f64, f64), CudaError> {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live local; freed below.
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut host, len.max(1), 0)
+        })?;
+        let timed = |to_host: bool| -> Result<f64, CudaError> {
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                if to_host {
+                    // SAFETY: `host` holds `len` pinned bytes; the device
+                    // range is validated by the driver.
+                    check("cuMemcpyDtoH", unsafe {
+                        sys::cuMemcpyDtoH_v2(host, dev, len)
+                    })?;
+                } else {
+                    // SAFETY: as above, the other way.
+                    check("cuMemcpyHtoD", unsafe {
+                        sys::cuMemcpyHtoD_v2(dev, host, len)
+                    })?;
+                }
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let r = timed(true).and_then(|d2h| Ok((d2h, timed(false)?)));
+        // SAFETY: allocated above, freed once; every copy was synchronous.
+        let freed = check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(host) });
+        let r = r?;
+        freed?;
+        Ok(r)
     }
 
     /// Copies `len` bytes of device memory at `src` into a new `cuMemAlloc`

@@ -157,6 +157,20 @@ impl DeviceScratch {
             .map_err(|e| e.to_string())
     }
 
+    /// Bandwidth, GB/s, of `iters` copies of the whole buffer to pinned host
+    /// memory and of `iters` back (device-to-host, host-to-device): the
+    /// limits of a GPU shard staged through host memory, measured in the
+    /// same run.
+    pub fn pinned_copy_gbs(&self, iters: u32) -> Result<(f64, f64), String> {
+        self.driver.bind(&self.gpu).map_err(|e| e.to_string())?;
+        let (d2h, h2d) = self
+            .driver
+            .pinned_copy_seconds(self.addr(), self.len as usize, iters)
+            .map_err(|e| e.to_string())?;
+        let bytes = self.len as f64 * f64::from(iters);
+        Ok((bytes / d2h / 1e9, bytes / h2d / 1e9))
+    }
+
     /// `cuMemcpyDtoD` of `len` bytes from `src` into this buffer, waited for
     /// (the benchmark's baseline).
     pub fn copy_from_device(&self, src: u64, len: u64) -> Result<(), String> {

@@ -513,6 +513,8 @@ pub(crate) struct Client {
     /// How long to poll for a response before sleeping (`spin`).
     spin: Duration,
     stats: Arc<Stats>,
+    /// Rings of pinned buffers for GPU shards, kept between fetches.
+    uploaders: crate::gpu::Uploaders,
 }
 
 impl fmt::Debug for Client {
@@ -550,6 +552,7 @@ impl Client {
             max_batch: cfg.max_batch,
             spin: cfg.spin,
             stats,
+            uploaders: crate::gpu::Uploaders::default(),
         })
     }
 
@@ -604,16 +607,14 @@ impl Client {
         dst: u64,
         ring: &DeviceRing,
     ) -> PluginResult<ImportInfo> {
-        let mut up = ring
-            .staging
-            .uploader(ordinal, ring.buffers, ring.piece)
+        let mut up = self
+            .uploaders
+            .take(ring.staging, ordinal, ring.buffers, ring.piece)
             .map_err(|why| {
-                AbiError::unavailable(format!(
-                    "http cannot copy into cuda:{ordinal} here: {why}"
-                ))
+                AbiError::unavailable(format!("http cannot copy into cuda:{ordinal} here: {why}"))
             })?;
         let device_err = |why: String| AbiError::new(ErrorKind::IO, format!("http: {why}"));
-        self.fetch_one_with(desc, |body| {
+        let r = self.fetch_one_with(desc, |body| {
             let mut at = 0u64;
             while at < desc.len {
                 let n = (ring.piece as u64).min(desc.len - at) as usize;
@@ -623,7 +624,11 @@ impl Client {
                 at += n as u64;
             }
             up.finish().map_err(device_err)
-        })
+        });
+        if r.is_ok() {
+            self.uploaders.give_back(up);
+        }
+        r
     }
 
     /// One `GET` of `desc`'s shard; `read` takes the body (exactly the

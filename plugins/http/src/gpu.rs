@@ -123,10 +123,7 @@ fn probe() -> Result<Driver, String> {
 impl Driver {
     /// Makes device `ordinal`'s primary context current on this thread.
     fn bind(&self, ordinal: u32) -> Result<(), String> {
-        let mut contexts = self
-            .contexts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut contexts = self.contexts.lock().unwrap_or_else(PoisonError::into_inner);
         let ctx = match contexts.get(&ordinal) {
             Some(&c) => c as CUcontext,
             None => {
@@ -190,18 +187,20 @@ impl Staging {
         }
     }
 
-    /// A host buffer of `len` bytes for pieces: pinned under CUDA.
-    pub(crate) fn buffer(self, len: usize) -> Result<Pinned, String> {
+    /// A host buffer of `len` bytes for pieces: pinned under CUDA (made in
+    /// device `ordinal`'s context, pinned for every context).
+    pub(crate) fn buffer(self, ordinal: u32, len: usize) -> Result<Pinned, String> {
         match self {
             Staging::HostStandIn => Ok(Pinned::Heap(vec![0; len].into_boxed_slice())),
             Staging::Cuda => {
-                driver()?;
+                // cuMemHostAlloc needs a current context.
+                driver()?.bind(ordinal)?;
                 let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: out-pointer to a live local; flags 0 (portable
-                // pinning not needed: one context per device, and
-                // cuMemHostAlloc memory is usable from every context).
+                // SAFETY: out-pointer to a live local; CU_MEMHOSTALLOC_PORTABLE
+                // (1): pinned for every context, so a pool buffer serves
+                // shards of any device.
                 check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut p, len.max(1), 0)
+                    sys::cuMemHostAlloc(&mut p, len.max(1), 1)
                 })?;
                 let ptr = NonNull::new(p.cast::<u8>()).ok_or("cuMemHostAlloc returned null")?;
                 Ok(Pinned::Cuda { ptr, len })
@@ -221,7 +220,8 @@ impl Staging {
                 // lent `src` as a readable range of at least the shard's
                 // length, of which this is a piece, alive until unexport
                 // returns (it waits for this copy's reader).
-                let src = unsafe { std::slice::from_raw_parts(src as usize as *const u8, dst.len()) };
+                let src =
+                    unsafe { std::slice::from_raw_parts(src as usize as *const u8, dst.len()) };
                 dst.copy_from_slice(src);
                 Ok(())
             }
@@ -239,7 +239,12 @@ impl Staging {
 
     /// A ring of `buffers` pieces of `piece` bytes copying into device
     /// memory on `ordinal`.
-    pub(crate) fn uploader(self, ordinal: u32, buffers: usize, piece: usize) -> Result<Uploader, String> {
+    pub(crate) fn uploader(
+        self,
+        ordinal: u32,
+        buffers: usize,
+        piece: usize,
+    ) -> Result<Uploader, String> {
         let stream = match self {
             Staging::HostStandIn => None,
             Staging::Cuda => {
@@ -264,7 +269,7 @@ impl Staging {
                 }
             };
             slots.push(Slot {
-                buf: self.buffer(piece)?,
+                buf: self.buffer(ordinal, piece)?,
                 event,
                 pending: false,
             });
@@ -361,9 +366,9 @@ impl PinnedPool {
         self.staging
     }
 
-    /// A free buffer (made when fewer than `max` exist), waiting up to
-    /// `timeout` for one.
-    pub(crate) fn take(self: &Arc<Self>, timeout: Duration) -> Result<Piece, String> {
+    /// A free buffer (made when fewer than `max` exist, in device
+    /// `ordinal`'s context), waiting up to `timeout` for one.
+    pub(crate) fn take(self: &Arc<Self>, ordinal: u32, timeout: Duration) -> Result<Piece, String> {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
@@ -377,17 +382,14 @@ impl PinnedPool {
             if st.1 < self.max {
                 st.1 += 1;
                 drop(st);
-                return match self.staging.buffer(self.piece) {
+                return match self.staging.buffer(ordinal, self.piece) {
                     Ok(buf) => Ok(Piece {
                         buf: Some(buf),
                         len: 0,
                         pool: Arc::clone(self),
                     }),
                     Err(e) => {
-                        self.state
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .1 -= 1;
+                        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 -= 1;
                         Err(e)
                     }
                 };
@@ -468,12 +470,66 @@ struct Slot {
 
 /// The consumer's ring: fill a buffer ([`Uploader::next_buffer`]), send it
 /// to the device ([`Uploader::submit`]); [`Uploader::finish`] waits for all.
+/// Kept between fetches ([`Uploaders`]): pinning memory costs about as much
+/// as copying it.
 pub(crate) struct Uploader {
     staging: Staging,
     ordinal: u32,
     stream: Option<Stream>,
     slots: Vec<Slot>,
     next: usize,
+}
+
+// SAFETY: the stream and events are driver objects of a primary context,
+// usable from any thread once that context is current (every use binds it
+// first); an uploader is used by one thread at a time (`&mut self`).
+unsafe impl Send for Uploader {}
+
+/// Idle uploaders of one transport, by device ordinal and ring shape.
+#[derive(Default)]
+pub(crate) struct Uploaders {
+    idle: Mutex<Vec<Uploader>>,
+}
+
+impl std::fmt::Debug for Uploaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uploaders").finish_non_exhaustive()
+    }
+}
+
+/// Most idle uploaders a transport keeps (one per concurrent fetch seen).
+const MAX_IDLE_UPLOADERS: usize = 4;
+
+impl Uploaders {
+    /// An idle uploader for `ordinal` with this ring, or a new one.
+    pub(crate) fn take(
+        &self,
+        staging: Staging,
+        ordinal: u32,
+        buffers: usize,
+        piece: usize,
+    ) -> Result<Uploader, String> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = idle.iter().position(|u| {
+            u.staging == staging
+                && u.ordinal == ordinal
+                && u.slots.len() == buffers.max(1)
+                && u.slots[0].buf.as_slice().len() == piece
+        }) {
+            return Ok(idle.swap_remove(i));
+        }
+        drop(idle);
+        staging.uploader(ordinal, buffers, piece)
+    }
+
+    /// Keeps `u` for a later fetch (after a successful `finish`).
+    pub(crate) fn give_back(&self, mut u: Uploader) {
+        u.next = 0;
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE_UPLOADERS {
+            idle.push(u);
+        }
+    }
 }
 
 impl Uploader {
@@ -483,7 +539,9 @@ impl Uploader {
         if slot.pending {
             if let Some(e) = &slot.event {
                 // SAFETY: a live event recorded after this buffer's copy.
-                check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(e.0) })?;
+                check("cuEventSynchronize", unsafe {
+                    sys::cuEventSynchronize(e.0)
+                })?;
             }
             slot.pending = false;
         }
@@ -504,7 +562,12 @@ impl Uploader {
                 // synchronizes the stream); the device range is validated
                 // by the driver.
                 check("cuMemcpyHtoDAsync", unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(dst, slot.buf.as_slice().as_ptr().cast::<c_void>(), n, s.0)
+                    sys::cuMemcpyHtoDAsync_v2(
+                        dst,
+                        slot.buf.as_slice().as_ptr().cast::<c_void>(),
+                        n,
+                        s.0,
+                    )
                 })?;
                 // SAFETY: live event and stream.
                 check("cuEventRecord", unsafe { sys::cuEventRecord(e.0, s.0) })?;
@@ -528,7 +591,9 @@ impl Uploader {
         if let Some(s) = &self.stream {
             driver()?.bind(self.ordinal)?;
             // SAFETY: a live stream.
-            check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s.0) })?;
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(s.0)
+            })?;
         }
         for slot in &mut self.slots {
             slot.pending = false;
@@ -544,7 +609,9 @@ impl Drop for Uploader {
             let r = driver().and_then(|d| {
                 d.bind(self.ordinal)?;
                 // SAFETY: a live stream.
-                check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s.0) })
+                check("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(s.0)
+                })
             });
             if let Err(e) = r {
                 tracing::warn!(target: "http", error = %e, "waiting for pending uploads failed");

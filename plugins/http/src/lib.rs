@@ -251,8 +251,9 @@ impl HttpTransport {
         let ordinal = self.cfg.staging.device_of(dst).map_err(|why| {
             AbiError::unavailable(format!("http cannot copy into device memory here: {why}"))
         })?;
-        let _span = tracing::debug_span!(target: "http", "fetch_device", shard = %d.id, owner = %d.addr)
-            .entered();
+        let _span =
+            tracing::debug_span!(target: "http", "fetch_device", shard = %d.id, owner = %d.addr)
+                .entered();
         let r = self.client.fetch_one_device(&d, ordinal, dst, &ring);
         self.count(&r, meta.byte_len);
         r.map(|i| ImportInfo {

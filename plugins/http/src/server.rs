@@ -67,8 +67,8 @@ use tracing::{debug, warn};
 
 use crate::{
     config::{format_duration, Config, Token},
-    gpu::PinnedPool,
     descriptor::{parse_host_port, Descriptor, MAX_ADDR_LEN},
+    gpu::PinnedPool,
     stats::{Held, Stats},
     sys::{LentBytes, Reader},
     wire,
@@ -92,10 +92,10 @@ const WATCHDOG_MAX: Duration = Duration::from_secs(1);
 const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
 /// Longest request path quoted back in an error message.
 const MAX_QUOTED_PATH: usize = 96;
-/// The request handler over an in-memory connection, for the fuzz targets.
-pub(crate) mod in_memory;
 /// Response bodies: ready chunks, and GPU shards staged piece by piece.
 mod body;
+/// The request handler over an in-memory connection, for the fuzz targets.
+pub(crate) mod in_memory;
 
 use body::{Frames, InFlight, Part};
 /// How long the answer to a plain-HTTP client of a TLS owner lingers,

@@ -1722,7 +1722,11 @@ fn gpu_shards_are_staged_piece_by_piece_to_host_and_device_destinations() {
         .into_result()
         .unwrap();
     assert!(dev == data, "device copy");
-    assert!(info.note.as_str().contains("staged into cuda:0"), "{}", info.note);
+    assert!(
+        info.note.as_str().contains("staged into cuda:0"),
+        "{}",
+        info.note
+    );
     // A wrong destination length is refused before any request.
     assert_kind(
         consumer
@@ -1743,8 +1747,18 @@ fn gpu_shards_are_staged_piece_by_piece_to_host_and_device_destinations() {
     run_many(
         &consumer.t,
         &[
-            (desc.clone(), gpu_meta(data.len()), data.len(), Want::Bytes(data.clone())),
-            (desc_cpu, ShardMeta::bytes(5000), 5000, Want::Bytes(cpu.clone())),
+            (
+                desc.clone(),
+                gpu_meta(data.len()),
+                data.len(),
+                Want::Bytes(data.clone()),
+            ),
+            (
+                desc_cpu,
+                ShardMeta::bytes(5000),
+                5000,
+                Want::Bytes(cpu.clone()),
+            ),
             (desc_small, gpu_meta(100), 100, Want::Bytes(small.clone())),
         ],
     );
@@ -1752,7 +1766,11 @@ fn gpu_shards_are_staged_piece_by_piece_to_host_and_device_destinations() {
     assert!(stat(&owner.t, "device_staging_bytes") <= 2 * 65536);
     assert!(stat(&owner.t, "device_staging_bytes") > 0);
     for id in 1..=3 {
-        owner.t.unexport(ShardId::from_u128(id)).into_result().unwrap();
+        owner
+            .t
+            .unexport(ShardId::from_u128(id))
+            .into_result()
+            .unwrap();
     }
     assert_kind(
         fetch(&consumer.t, &desc, data.len()),
@@ -1788,5 +1806,9 @@ fn many_consumers_of_one_gpu_shard_share_the_owner_s_bounded_pool() {
         }
     });
     assert!(stat(&owner.t, "device_staging_bytes") <= 2 * 65536);
-    owner.t.unexport(ShardId::from_u128(9)).into_result().unwrap();
+    owner
+        .t
+        .unexport(ShardId::from_u128(9))
+        .into_result()
+        .unwrap();
 }

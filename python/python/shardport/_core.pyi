@@ -87,8 +87,10 @@ class Shard:
     def readonly(self) -> bool: ...
 
 class CudaShard:
-    """A CUDA shard viewed in place (``Node.fetch_cuda``): DLPack only, read it,
-    do not write it; the lease lasts while any object reaches the memory."""
+    """A CUDA shard on this process's GPU (``Node.fetch_cuda``), DLPack only:
+    a view of the owner's memory (same machine; read it, do not write it;
+    the lease lasts while any object reaches the memory) or, from another
+    machine, a copy this process owns (``owned``; writable)."""
 
     def __dlpack__(
         self,
@@ -112,6 +114,8 @@ class CudaShard:
     def device(self) -> int: ...
     @property
     def transport(self) -> str: ...
+    @property
+    def owned(self) -> bool: ...
     @property
     def reason(self) -> str: ...
 

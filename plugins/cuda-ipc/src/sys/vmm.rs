@@ -104,7 +104,9 @@ impl Drop for VmmMapping {
                 // SAFETY: `[va, va + mapped)` is exactly what `vmm_import`
                 // mapped; no view of it is left (the cache closes a mapping
                 // only without references).
-                check("cuMemUnmap", unsafe { sys::cuMemUnmap(self.va, self.mapped) })?;
+                check("cuMemUnmap", unsafe {
+                    sys::cuMemUnmap(self.va, self.mapped)
+                })?;
             }
             // SAFETY: the range `cuMemAddressReserve` returned, freed once.
             check("cuMemAddressFree", unsafe {
@@ -295,11 +297,17 @@ impl Driver {
     /// physical chunks of `chunk` bytes (rounded up to the granularity),
     /// exportable as POSIX file descriptors and mapped contiguously, as
     /// PyTorch's expandable segments allocate.
-    pub(crate) fn alloc_vmm(&self, gpu: &Gpu, len: u64, chunk: u64) -> Result<VmmMapping, CudaError> {
+    pub(crate) fn alloc_vmm(
+        &self,
+        gpu: &Gpu,
+        len: u64,
+        chunk: u64,
+    ) -> Result<VmmMapping, CudaError> {
         self.bind(gpu)?;
         let prop = CUmemAllocationProp {
             type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            requestedHandleTypes:
+                CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             location: device_location(gpu),
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {

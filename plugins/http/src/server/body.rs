@@ -157,7 +157,11 @@ fn tie(bytes: Bytes, in_flight: &Arc<InFlight>) -> Bytes {
 }
 
 /// Starts copying `reader`'s device memory out, piece by piece.
-fn stage(reader: Reader, pool: Arc<PinnedPool>, wait: Duration) -> mpsc::Receiver<Result<Bytes, String>> {
+fn stage(
+    reader: Reader,
+    pool: Arc<PinnedPool>,
+    wait: Duration,
+) -> mpsc::Receiver<Result<Bytes, String>> {
     let (tx, rx) = mpsc::channel(STAGED_AHEAD);
     tokio::task::spawn_blocking(move || {
         let Some((ordinal, addr)) = reader.device() else {
@@ -169,7 +173,7 @@ fn stage(reader: Reader, pool: Arc<PinnedPool>, wait: Duration) -> mpsc::Receive
         while at < len {
             let n = pool.piece().min(len - at);
             let piece = pool
-                .take(wait)
+                .take(ordinal, wait)
                 .and_then(|mut p| p.fill(ordinal, addr + at as u64, n).map(|()| p));
             let failed = piece.is_err();
             // A consumer that went away closed the channel: stop copying.
@@ -213,7 +217,8 @@ impl Body for Frames {
                     let Some(Part::Device { reader, pool, wait }) = this.parts.pop_front() else {
                         unreachable!("matched above");
                     };
-                    this.parts.push_front(Part::Staging(stage(reader, pool, wait)));
+                    this.parts
+                        .push_front(Part::Staging(stage(reader, pool, wait)));
                 }
                 Part::Staging(rx) => match rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,
