@@ -29,7 +29,7 @@ fn the_seeds_reach_acceptance_and_refusal() {
         .filter(|(_, d)| Descriptor::decode(d).is_ok())
         .map(|(n, _)| *n)
         .collect();
-    assert_eq!(accepted, ["valid", "whole-allocation"]);
+    assert_eq!(accepted, ["valid", "whole-allocation", "vmm-chunks"]);
     assert_eq!(cuda_ipc::crc32c(b"123456789"), 0xE306_9283);
 }
 
@@ -55,6 +55,16 @@ fn cuda_seeds() -> Vec<(&'static str, Vec<u8>)> {
         slot: 2,
         slot_generation: 1,
         board: "/shardport-cuda-4242-99".to_owned(),
+        chunks: Vec::new(),
+    };
+    // VMM memory (version 2): three chunks, the shard across two of them.
+    let vmm = Descriptor {
+        mem_handle: [0; 64],
+        alloc_size: 3 << 20,
+        offset: (1 << 20) - 100,
+        size: 200,
+        chunks: vec![1 << 20, 1 << 20, 1 << 20],
+        ..d.clone()
     };
     let whole = Descriptor {
         offset: 0,
@@ -73,6 +83,7 @@ fn cuda_seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("valid", d.encode()),
         ("whole-allocation", whole.encode()),
+        ("vmm-chunks", vmm.encode()),
         ("outside-allocation", outside),
         ("short", b"SPCU\x01".to_vec()),
     ]

@@ -68,15 +68,18 @@ pub(crate) fn socket_name(board: &str) -> String {
     format!("{}.fd", board.trim_start_matches('/'))
 }
 
+/// One export's chunk descriptors, in address order.
+pub(crate) type ChunkFds = Arc<Vec<OwnedFd>>;
+
 /// The owner's exported chunks, by (lease slot, slot generation).
 #[derive(Debug, Default)]
 pub(crate) struct Shelf {
-    map: Mutex<HashMap<(u32, u64), Arc<Vec<OwnedFd>>>>,
+    map: Mutex<HashMap<(u32, u64), ChunkFds>>,
 }
 
 impl Shelf {
     /// Offers an export's descriptors.
-    pub(crate) fn put(&self, slot: u32, generation: u64, fds: Arc<Vec<OwnedFd>>) {
+    pub(crate) fn put(&self, slot: u32, generation: u64, fds: ChunkFds) {
         shardport_abi::kit::lock(&self.map).insert((slot, generation), fds);
     }
 
@@ -85,7 +88,7 @@ impl Shelf {
         shardport_abi::kit::lock(&self.map).remove(&(slot, generation));
     }
 
-    fn get(&self, slot: u32, generation: u64) -> Option<Arc<Vec<OwnedFd>>> {
+    fn get(&self, slot: u32, generation: u64) -> Option<ChunkFds> {
         shardport_abi::kit::lock(&self.map)
             .get(&(slot, generation))
             .cloned()
@@ -327,7 +330,7 @@ mod tests {
 
     /// Files standing in for exported chunks (no GPU here): each holds its
     /// index, so the consumer can tell them apart and check their order.
-    fn files(n: usize) -> Arc<Vec<OwnedFd>> {
+    fn files(n: usize) -> ChunkFds {
         Arc::new(
             (0..n)
                 .map(|i| {

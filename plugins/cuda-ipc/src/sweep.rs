@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(LAYOUT_VERSION, b'2');
         let here = Here::current();
         if here.holder.ns.pid == 0 || !here.proc_is_ours {
-            println!("skipped: this process cannot read its own PID namespace");
+            eprintln!("skipped: this process cannot read its own PID namespace");
             return;
         }
         let mut child = std::process::Command::new("true").spawn().unwrap();
