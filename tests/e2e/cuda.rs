@@ -6,6 +6,7 @@
 //! report it unavailable with the reason, and fail or fall back loudly.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, Write},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
@@ -299,6 +300,65 @@ fn a_gpu_shard_reaches_a_node_without_cuda_ipc_through_http_staging() {
     let e = consumer.fetch_device(&h).unwrap_err().to_string();
     assert!(e.contains("no zero-copy device view"), "{e}");
     assert!(owner.remove(&[h.id]).is_empty());
+}
+
+/// Device fetches take part in experiments like host fetches: each
+/// `fetch_device_into` is assigned an arm, and what served it is recorded
+/// per arm (so `shardport ab report` compares GPU transports). No GPU here:
+/// the arms are two instances of http (a build and its candidate, as in a
+/// rollout), with host memory standing in for the device.
+#[test]
+fn device_fetches_are_recorded_per_experiment_arm() {
+    let stand_in = "test-device-is-host = true\ndevice-piece = \"64KiB\"\n";
+    let http = format!(
+        "{}{stand_in}{}{stand_in}",
+        util::http_plugin(),
+        util::http_plugin().replace(
+            "name = \"http\"\n",
+            "name = \"http-next\"\ntransport = \"http\"\n"
+        )
+    );
+    let owner = Node::start(util::parse(&http)).expect("owner starts");
+    let consumer = Node::start(util::parse(&format!(
+        "[[experiment]]\nname = \"gpu\"\nunit = \"shard\"\narms = [\n  \
+         {{ name = \"control\", transport = \"http\", weight = 50 }},\n  \
+         {{ name = \"next\", transport = \"http-next\", weight = 50 }},\n]\n{http}"
+    )))
+    .expect("consumer starts");
+    let len = 4096usize;
+    let data = vec![9u8; len];
+    let mut dev = vec![0u8; len];
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..60 {
+        let h = owner
+            .put_device(
+                DevicePtr(data.as_ptr() as u64),
+                len as u64,
+                &cuda_spec(len as u64),
+                Default::default(),
+            )
+            .unwrap();
+        let sel = consumer
+            .fetch_device_into(&h, DevicePtr(dev.as_mut_ptr() as u64), len as u64)
+            .unwrap();
+        assert!(sel.reason.starts_with("experiment `gpu` arm"), "{}", sel.reason);
+        *served.entry(sel.transport.to_string()).or_default() += 1;
+        assert!(owner.remove(&[h.id]).is_empty());
+    }
+    assert!(dev == data);
+    let snap = consumer.metrics_snapshot();
+    let e = &snap.experiments[0];
+    for (arm, transport) in [("control", "http"), ("next", "http-next")] {
+        let a = e.arms.iter().find(|a| a.series.name == arm).unwrap();
+        let n = served.get(transport).copied().unwrap_or(0);
+        assert!(n > 0, "{transport} served some of 60 at 50%");
+        assert_eq!(a.series.fetches as usize, n, "{arm}");
+        assert_eq!(a.assigned as usize, n, "{arm}");
+        assert_eq!(
+            a.series.latency.iter().map(|h| h.n()).sum::<u64>(),
+            a.series.fetches
+        );
+    }
 }
 
 // ---- two real processes (GPU) ----

@@ -36,7 +36,7 @@ use crate::{
     config::{FetchMode, TransportName},
     error::HostError,
     handle::Handle,
-    select::{plan, Local, Plan},
+    select::{plan, Attempt, Local, Plan},
 };
 
 /// A CUDA device address (a `CUdeviceptr`), as a plain number.
@@ -154,12 +154,8 @@ impl Node {
         }
         // An experiment arm whose transport refused the shard: the shard
         // does not take part (arms are compared on shards both can reach).
-        if let Some(choice) = &out.arm {
-            let arm = &g.config.experiments[choice.experiment].arms[choice.arm];
-            if out.attempts.first().map(|a| &a.transport) != Some(&arm.transport) {
-                out.arm = None;
-            }
-        }
+        let first = out.attempts.first().cloned();
+        keep_arm_if_first(g, &mut out, first.as_ref());
         out
     }
 
@@ -267,13 +263,15 @@ impl Node {
         self.check_device_handle(&g, handle)?;
         let mut plan = self.plan_for(&g, handle, FetchMode::View, Memory::Device);
         let (views, copies): (Vec<_>, Vec<_>) = plan.attempts.drain(..).partition(|a| a.zero_copy);
+        // The arm takes part only when its transport is the first view.
+        keep_arm_if_first(&g, &mut plan, views.first());
         plan.skipped.extend(
             copies
                 .into_iter()
                 .map(|a| (a.transport, "no zero-copy device view".to_owned())),
         );
         let views = self.candidates(handle, &views, &plan.skipped)?;
-        let (view, selection) = self.deliver(&g, handle, views, None, start, |_, p, desc| {
+        let (view, selection) = self.deliver(&g, handle, views, Some(&plan), start, |_, p, desc| {
             LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
         })?;
         Ok(DeviceView {
@@ -307,7 +305,7 @@ impl Node {
         let plan = self.plan_for(&g, handle, FetchMode::Copy, Memory::Device);
         let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
         let ((), mut selection) =
-            self.deliver(&g, handle, attempts, None, start, |_, p, desc| {
+            self.deliver(&g, handle, attempts, Some(&plan), start, |_, p, desc| {
                 p.transport
                     .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
                     .into_result()
@@ -353,6 +351,17 @@ impl Node {
 
 /// What the handle says about its owner, for transports that bind
 /// descriptors to their owner (`Transport::can_import_from`).
+/// Drops `plan`'s experiment arm unless `first`, the attempt that will be
+/// tried first, is through the arm's transport.
+fn keep_arm_if_first(g: &Generation, plan: &mut Plan, first: Option<&Attempt>) {
+    if let Some(choice) = &plan.arm {
+        let arm = &g.config.experiments[choice.experiment].arms[choice.arm];
+        if first.map(|a| &a.transport) != Some(&arm.transport) {
+            plan.arm = None;
+        }
+    }
+}
+
 fn owner_claim(owner: &crate::handle::Owner) -> OwnerClaim<'_> {
     OwnerClaim {
         addr: owner.addr.as_str().into(),
