@@ -7,10 +7,11 @@
 //!
 //! ```text
 //! cuda_ipc_peer owner CONFIG      # stdin: PUT len seed offset [allocator] | REALLOC len seed
-//!                                 #        | REMOVE handle-hex
+//!                                 #        | PUTHOST len seed | REMOVE handle-hex
 //!                                 #        | LEASES | SWEEP | STATS | EXIT
 //! cuda_ipc_peer consumer CONFIG   # stdin: FETCH handle-hex seed | BENCH handle-hex iters
 //!                                 #        | COPYFETCH handle-hex seed | STAGEDBENCH handle-hex iters
+//!                                 #        | HOSTBENCH handle-hex iters
 //!                                 #        | HOLD handle-hex | DROP | STATS | EXIT
 //! ```
 //! `allocator` is `plain` (cuMemAlloc, the default), `vmm` / `vmm:<chunk
@@ -143,6 +144,20 @@ fn owner(node: &Node) -> Result<(), String> {
                 }
                 buffers.push(buf);
             }
+            Some("PUTHOST") => {
+                // A host shard of the same bytes: the plain http baseline.
+                let (len, seed) = (num(1)?, num(2)?);
+                let mut bytes = vec![0u8; len as usize];
+                fill_pattern(&mut bytes, seed);
+                let spec = TensorSpec {
+                    device: Device::CPU,
+                    ..spec(len)
+                };
+                match node.put(&bytes, &spec, Default::default()) {
+                    Ok(h) => reply(format!("HANDLE {}", hex(&h.to_bytes()))),
+                    Err(e) => reply(format!("ERR {e}")),
+                }
+            }
             Some("REMOVE") => {
                 let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
                     .map_err(|e| e.to_string())?;
@@ -195,6 +210,19 @@ fn consumer(node: &Node) -> Result<(), String> {
                     .parse()
                     .map_err(|e| format!("{e}"))?;
                 reply(match bench(node, &h, iters) {
+                    Ok(s) => format!("OK {s}"),
+                    Err(e) => format!("ERR {e}"),
+                });
+            }
+            Some("HOSTBENCH") => {
+                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
+                    .map_err(|e| e.to_string())?;
+                let iters: u32 = w
+                    .get(2)
+                    .ok_or("missing iters")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?;
+                reply(match host_bench(node, &h, iters) {
                     Ok(s) => format!("OK {s}"),
                     Err(e) => format!("ERR {e}"),
                 });
@@ -363,6 +391,21 @@ fn staged_bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
         "bytes={len} staged_gbs={staged:.2} d2h_gbs={d2h:.2} h2d_gbs={h2d:.2} tcp_gbs={tcp:.2} ratio={:.2}",
         staged / floor
     ))
+}
+
+/// A host shard fetched over http into a reused buffer (`fetch_into`,
+/// `iters` times after one warm-up): the plain http path a staged GPU fetch
+/// is compared with, GB/s.
+fn host_bench(node: &Node, h: &Handle, iters: u32) -> Result<String, String> {
+    let len = h.meta.byte_len;
+    let mut dst = vec![0u8; len as usize];
+    node.fetch_into(h, &mut dst).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        node.fetch_into(h, &mut dst).map_err(|e| e.to_string())?;
+    }
+    let gbs = (len as f64 * f64::from(iters)) / t.elapsed().as_secs_f64() / 1e9;
+    Ok(format!("bytes={len} http_host_gbs={gbs:.2}"))
 }
 
 /// First-open and cached view latency, device-to-device fetch bandwidth and

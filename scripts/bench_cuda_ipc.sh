@@ -16,11 +16,13 @@
 # through file descriptors).
 # Then a GPU shard staged over http to a consumer whose config loads http
 # only (as a consumer on another machine would), at 256 MiB and 1 GiB:
-#   staged_gbs      fetch_device_into through http (device-to-host pieces on
+#   staged_gbs      fetch_device_into through http, 10 iterations (device-to-host pieces on
 #                   the owner, host-to-device on the consumer, one connection)
 #   d2h_gbs h2d_gbs pinned copies of the same size, same run
 #   tcp_gbs         raw TCP over loopback, one connection, same bytes
 #   ratio           staged over the slowest of the three
+#   http_host_gbs   the same bytes as a host shard over http (fetch_into):
+#                   the plain http path, to tell staging from http overhead
 # Compare with PyTorch's own CUDA IPC sharing: scripts/bench_torch_ipc.py.
 #
 # Usage: scripts/bench_cuda_ipc.sh [iters]   (from the repository root)
@@ -107,7 +109,7 @@ for size in 4096 1048576 16777216 67108864 268435456; do
     esac
 done
 done
-echo "staged over http: size_bytes staged_gbs d2h_gbs h2d_gbs tcp_gbs ratio"
+echo "staged over http: size_bytes staged_gbs d2h_gbs h2d_gbs tcp_gbs ratio http_host_gbs"
 for size in 268435456 1073741824; do
     echo "PUT $size 2 0 plain" >&"${OWNER[1]}"
     read -r reply <&"${OWNER[0]}"
@@ -115,11 +117,23 @@ for size in 268435456 1073741824; do
     HANDLE*) handle=${reply#HANDLE } ;;
     *) echo "staged size $size: owner: $reply" >&2; exit 1 ;;
     esac
-    echo "STAGEDBENCH $handle ${STAGED_ITERS:-5}" >&"${REMOTE[1]}"
+    echo "PUTHOST $size 2" >&"${OWNER[1]}"
+    read -r reply <&"${OWNER[0]}"
+    case "$reply" in
+    HANDLE*) host_handle=${reply#HANDLE } ;;
+    *) echo "host size $size: owner: $reply" >&2; exit 1 ;;
+    esac
+    echo "STAGEDBENCH $handle ${STAGED_ITERS:-10}" >&"${REMOTE[1]}"
     read -r r <&"${REMOTE[0]}"
     case "$r" in
-    OK*) echo "$r" | sed -E "s/OK bytes=([0-9]+) staged_gbs=([^ ]+) d2h_gbs=([^ ]+) h2d_gbs=([^ ]+) tcp_gbs=([^ ]+) ratio=([^ ]+)/\1 \2 \3 \4 \5 \6/" ;;
+    OK*) staged=$(echo "$r" | sed -E "s/OK bytes=([0-9]+) staged_gbs=([^ ]+) d2h_gbs=([^ ]+) h2d_gbs=([^ ]+) tcp_gbs=([^ ]+) ratio=([^ ]+)/\1 \2 \3 \4 \5 \6/") ;;
     *) echo "staged size $size: $r" >&2; exit 1 ;;
+    esac
+    echo "HOSTBENCH $host_handle ${STAGED_ITERS:-10}" >&"${REMOTE[1]}"
+    read -r r <&"${REMOTE[0]}"
+    case "$r" in
+    OK*) echo "$staged $(echo "$r" | sed -E 's/.*http_host_gbs=([^ ]+).*/\1/')" ;;
+    *) echo "host size $size: $r" >&2; exit 1 ;;
     esac
 done
 echo EXIT >&"${REMOTE[1]}"

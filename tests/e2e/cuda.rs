@@ -341,7 +341,11 @@ fn device_fetches_are_recorded_per_experiment_arm() {
         let sel = consumer
             .fetch_device_into(&h, DevicePtr(dev.as_mut_ptr() as u64), len as u64)
             .unwrap();
-        assert!(sel.reason.starts_with("experiment `gpu` arm"), "{}", sel.reason);
+        assert!(
+            sel.reason.starts_with("experiment `gpu` arm"),
+            "{}",
+            sel.reason
+        );
         *served.entry(sel.transport.to_string()).or_default() += 1;
         assert!(owner.remove(&[h.id]).is_empty());
     }

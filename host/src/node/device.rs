@@ -271,9 +271,10 @@ impl Node {
                 .map(|a| (a.transport, "no zero-copy device view".to_owned())),
         );
         let views = self.candidates(handle, &views, &plan.skipped)?;
-        let (view, selection) = self.deliver(&g, handle, views, Some(&plan), start, |_, p, desc| {
-            LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
-        })?;
+        let (view, selection) =
+            self.deliver(&g, handle, views, Some(&plan), start, |_, p, desc| {
+                LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
+            })?;
         Ok(DeviceView {
             view,
             id: handle.id,
