@@ -188,57 +188,21 @@ fn consumer(node: &Node) -> Result<(), String> {
         let line = line.map_err(|e| e.to_string())?;
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.first().copied() {
-            Some("FETCH") => {
-                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
-                    .map_err(|e| e.to_string())?;
-                let seed: u64 = w
-                    .get(2)
-                    .ok_or("missing seed")?
-                    .parse()
-                    .map_err(|e| format!("{e}"))?;
-                reply(match verify(node, &h, seed) {
-                    Ok(s) => format!("OK {s}"),
-                    Err(e) => format!("ERR {e}"),
-                });
-            }
-            Some("BENCH") => {
-                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
-                    .map_err(|e| e.to_string())?;
-                let iters: u32 = w
-                    .get(2)
-                    .ok_or("missing iters")?
-                    .parse()
-                    .map_err(|e| format!("{e}"))?;
-                reply(match bench(node, &h, iters) {
-                    Ok(s) => format!("OK {s}"),
-                    Err(e) => format!("ERR {e}"),
-                });
-            }
-            Some("HOSTBENCH") => {
-                let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
-                    .map_err(|e| e.to_string())?;
-                let iters: u32 = w
-                    .get(2)
-                    .ok_or("missing iters")?
-                    .parse()
-                    .map_err(|e| format!("{e}"))?;
-                reply(match host_bench(node, &h, iters) {
-                    Ok(s) => format!("OK {s}"),
-                    Err(e) => format!("ERR {e}"),
-                });
-            }
-            Some("COPYFETCH") | Some("STAGEDBENCH") => {
+            Some(cmd @ ("FETCH" | "BENCH" | "HOSTBENCH" | "COPYFETCH" | "STAGEDBENCH")) => {
+                // `<cmd> handle-hex n`: n is a seed or an iteration count.
                 let h = Handle::from_bytes(&unhex(w.get(1).ok_or("missing handle")?)?)
                     .map_err(|e| e.to_string())?;
                 let n: u64 = w
                     .get(2)
-                    .ok_or("missing argument")?
+                    .ok_or("missing seed or iterations")?
                     .parse()
                     .map_err(|e| format!("{e}"))?;
-                let r = if w[0] == "COPYFETCH" {
-                    verify_copies(node, &h, n)
-                } else {
-                    staged_bench(node, &h, n as u32)
+                let r = match cmd {
+                    "FETCH" => verify(node, &h, n),
+                    "BENCH" => bench(node, &h, n as u32),
+                    "HOSTBENCH" => host_bench(node, &h, n as u32),
+                    "COPYFETCH" => verify_copies(node, &h, n),
+                    _ => staged_bench(node, &h, n as u32),
                 };
                 reply(match r {
                     Ok(s) => format!("OK {s}"),

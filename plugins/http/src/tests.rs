@@ -1688,6 +1688,26 @@ fn export_gpu(t: &SharedTransport, id: u128, data: &[u8]) -> Vec<u8> {
     .into_vec()
 }
 
+/// Imports a GPU shard into "device" memory (host memory standing in).
+fn fetch_device(t: &SharedTransport, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiError> {
+    let mut dev = vec![0u8; len];
+    t.import_into_device(
+        RSlice::from_slice(desc),
+        &gpu_meta(len),
+        dev.as_mut_ptr() as u64,
+        len as u64,
+    )
+    .into_result()
+    .map(|info| {
+        assert!(
+            info.note.as_str().contains("staged into cuda:0"),
+            "{}",
+            info.note
+        );
+        dev
+    })
+}
+
 #[test]
 fn gpu_shards_are_staged_piece_by_piece_to_host_and_device_destinations() {
     let owner = node(STAND_IN);
@@ -1710,23 +1730,8 @@ fn gpu_shards_are_staged_piece_by_piece_to_host_and_device_destinations() {
         .unwrap();
     assert!(host == data, "host copy");
     // Into "device" memory through the consumer's ring.
-    let mut dev = vec![0u8; data.len()];
-    let info = consumer
-        .t
-        .import_into_device(
-            RSlice::from_slice(&desc),
-            &gpu_meta(data.len()),
-            dev.as_mut_ptr() as u64,
-            dev.len() as u64,
-        )
-        .into_result()
-        .unwrap();
+    let mut dev = fetch_device(&consumer.t, &desc, data.len()).unwrap();
     assert!(dev == data, "device copy");
-    assert!(
-        info.note.as_str().contains("staged into cuda:0"),
-        "{}",
-        info.note
-    );
     // A wrong destination length is refused before any request.
     assert_kind(
         consumer
@@ -1789,18 +1794,7 @@ fn many_consumers_of_one_gpu_shard_share_the_owner_s_bounded_pool() {
             s.spawn(|| {
                 let consumer = node(STAND_IN);
                 for _ in 0..3 {
-                    let mut dev = vec![0u8; data.len()];
-                    consumer
-                        .t
-                        .import_into_device(
-                            RSlice::from_slice(&desc),
-                            &gpu_meta(data.len()),
-                            dev.as_mut_ptr() as u64,
-                            dev.len() as u64,
-                        )
-                        .into_result()
-                        .unwrap();
-                    assert!(dev == data);
+                    assert!(fetch_device(&consumer.t, &desc, data.len()).unwrap() == data);
                 }
             });
         }
