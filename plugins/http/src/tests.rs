@@ -1668,15 +1668,16 @@ fn slow_heads_cannot_hold_the_owner_and_a_real_consumer_gets_through() {
 // the protocol (pieces, pool, ring, batches, unexport) runs for real on
 // real sockets while the device copies are plain memory copies.
 
-const STAND_IN: &str = "test-device-is-host = true\ndevice-piece = \"64KiB\"\ndevice-buffers = 2";
+pub(crate) const STAND_IN: &str =
+    "test-device-is-host = true\ndevice-piece = \"64KiB\"\ndevice-buffers = 2";
 
-fn gpu_meta(len: usize) -> ShardMeta {
+pub(crate) fn gpu_meta(len: usize) -> ShardMeta {
     let mut m = ShardMeta::bytes(len as u64);
     m.device = Device::cuda(0);
     m
 }
 
-fn export_gpu(t: &SharedTransport, id: u128, data: &[u8]) -> Vec<u8> {
+pub(crate) fn export_gpu(t: &SharedTransport, id: u128, data: &[u8]) -> Vec<u8> {
     t.export(ExportRequest {
         id: ShardId::from_u128(id),
         meta: gpu_meta(data.len()),
@@ -1689,7 +1690,11 @@ fn export_gpu(t: &SharedTransport, id: u128, data: &[u8]) -> Vec<u8> {
 }
 
 /// Imports a GPU shard into "device" memory (host memory standing in).
-fn fetch_device(t: &SharedTransport, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiError> {
+pub(crate) fn fetch_device(
+    t: &SharedTransport,
+    desc: &[u8],
+    len: usize,
+) -> Result<Vec<u8>, AbiError> {
     let mut dev = vec![0u8; len];
     t.import_into_device(
         RSlice::from_slice(desc),

@@ -12,7 +12,10 @@ use std::{
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use shardport_abi::{ErrorKind, ImportItem, RSlice, RSliceMut, ShardMeta};
 
-use super::{assert_kind, export, fetch, node, pattern, stat, try_node, wait_for_stat, GENEROUS};
+use super::{
+    assert_kind, export, export_gpu, fetch, fetch_device, gpu_meta, node, pattern, stat, try_node,
+    wait_for_stat, GENEROUS, STAND_IN,
+};
 use crate::descriptor::Descriptor;
 
 /// A certificate authority made for one test.
@@ -148,6 +151,47 @@ fn shards_move_over_https_single_and_batched() {
     assert!(stat(&consumer.t, "client_connections_reused") >= 2);
     assert_eq!(stat(&owner.t, "tls_handshake_failures"), 0);
     assert_eq!(stat(&owner.t, "auth_failures"), 0);
+}
+
+/// GPU shards are staged over HTTPS with the token like CPU shards (host
+/// memory standing in for the device): both destinations, and a consumer
+/// without the token is refused before any byte leaves device memory.
+#[test]
+fn gpu_shards_move_over_https_with_the_token() {
+    let files = Files::new();
+    let ca = Ca::new("test CA");
+    let server = files.issue(&ca, "owner");
+    let ca_file = files.ca(&ca, "ca");
+    let owner = node(&format!(
+        "{}auth-token = \"tok\"\n{STAND_IN}",
+        owner_cfg(&server)
+    ));
+    let consumer = node(&format!(
+        "tls-ca = \"{}\"\nauth-token = \"tok\"\n{STAND_IN}",
+        p(&ca_file)
+    ));
+    let data = pattern((3 << 16) + 7, 8);
+    let desc = export_gpu(&owner.t, 1, &data);
+    assert!(Descriptor::decode(&desc).unwrap().tls);
+    assert!(fetch_device(&consumer.t, &desc, data.len()).unwrap() == data);
+    let mut host = vec![0u8; data.len()];
+    consumer
+        .t
+        .import_into(
+            RSlice::from_slice(&desc),
+            &gpu_meta(data.len()),
+            RSliceMut::from_mut_slice(&mut host),
+        )
+        .into_result()
+        .unwrap();
+    assert!(host == data);
+    let stranger = node(&format!("tls-ca = \"{}\"\n{STAND_IN}", p(&ca_file)));
+    assert_kind(
+        fetch_device(&stranger.t, &desc, data.len()),
+        ErrorKind::PERMISSION_DENIED,
+        "token",
+    );
+    assert_eq!(stat(&owner.t, "auth_failures"), 1);
 }
 
 #[test]
