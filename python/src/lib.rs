@@ -8,7 +8,8 @@
 //!
 //! Where to start reading: [`node`], then [`mem`] (with [`cuda`], the only
 //! modules with `unsafe`: the buffer protocol and DLPack are raw-pointer C
-//! ABIs, and `cuda` asks the CUDA driver which GPU an address is on; which
+//! ABIs, and `cuda` asks the CUDA driver which GPU an address is on and allocates
+//! the device memory of copies fetched from other machines; which
 //! is why this crate cannot `forbid(unsafe_code)` as `host` does).
 #![deny(unsafe_code)]
 

@@ -111,7 +111,7 @@ impl Node {
     fn batch_plan(&self, handles: &[Handle], b: &mut Batch, start: Instant) -> Vec<usize> {
         let mut pending = Vec::new();
         for (i, h) in handles.iter().enumerate() {
-            let plan = self.plan_for(&b.g, h, FetchMode::Copy, super::device::Memory::Host);
+            let plan = self.plan_for(&b.g, h, FetchMode::Copy, super::plan::Memory::Host);
             if let Err(e) = self.check_claimed_size(&b.g, h) {
                 b.out[i] = Some(Err(e));
             } else if let Err(e) = self.candidates(h, &plan.attempts, &plan.skipped) {

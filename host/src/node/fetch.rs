@@ -7,7 +7,7 @@ use std::{
 
 use shardport_abi::{AbiError, ErrorKind, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
-use super::{lock, put::compute, zeroed, Fetched, Generation, Node, Selection};
+use super::{checksum::compute, lock, zeroed, Fetched, Generation, Node, Selection};
 use crate::{
     config::{FetchMode, OnDowngrade},
     error::HostError,
@@ -99,7 +99,7 @@ impl Node {
     ) -> Result<(Option<ShardBytes>, Selection), HostError> {
         let g = self.inner.live();
         self.check_claimed_size(&g, handle)?;
-        let plan = self.plan_for(&g, handle, mode, super::device::Memory::Host);
+        let plan = self.plan_for(&g, handle, mode, super::plan::Memory::Host);
         let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
         self.deliver(
             &g,
@@ -244,12 +244,7 @@ impl Node {
     /// `can_import` are skipped with its reason; host fetches of CUDA shards
     /// are copies (see `node::device`).
     pub fn plan(&self, handle: &Handle, mode: FetchMode) -> Plan {
-        self.plan_for(
-            &self.inner.live(),
-            handle,
-            mode,
-            super::device::Memory::Host,
-        )
+        self.plan_for(&self.inner.live(), handle, mode, super::plan::Memory::Host)
     }
 
     /// Records the outcome of a fetch for its experiment arm, if it has one,

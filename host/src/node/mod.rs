@@ -53,8 +53,10 @@ use crate::{
 
 mod admin;
 mod batch;
+mod checksum;
 mod device;
 mod fetch;
+mod plan;
 mod put;
 mod reload;
 
