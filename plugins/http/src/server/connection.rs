@@ -1,0 +1,472 @@
+//! Connections: the accept loop within `max-connections`, the admission of
+//! unauthenticated ones (`max-pending`), each connection's watchdog
+//! (header, idle and request deadlines), TLS or a plain `400` to a plain
+//! client of a TLS owner, and hyper's HTTP/1.1 state machine over it.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+pub(super) async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+    accepting: Arc<AtomicBool>,
+) {
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.changed() => break,
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let evict = Evict::default();
+                let ticket = shared.admission.enter(peer.ip(), evict.clone());
+                let pending = Pending {
+                    evict,
+                    ticket: Arc::new(Mutex::new(Some(ticket))),
+                };
+                tokio::spawn(serve_connection(
+                    Arc::clone(&shared),
+                    stream,
+                    peer,
+                    permit,
+                    pending,
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                warn!(target: "http", error = %e, addr = %shared.bound, "accept failed");
+                let hint = if e.raw_os_error() == Some(24) || e.raw_os_error() == Some(23) {
+                    " (out of file descriptors: raise `ulimit -n` or lower max-connections)"
+                } else {
+                    ""
+                };
+                *shared
+                    .accept_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) =
+                    Some((Instant::now(), format!("{e}{hint}")));
+                drop(permit);
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+    *shared
+        .stopped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some("the server was shut down".to_owned());
+    accepting.store(false, Ordering::Release);
+    debug!(target: "http", addr = %shared.bound, "accept loop stopped");
+}
+
+/// The hyper settings of every connection (and of the fuzz target's
+/// in-memory one): keep-alive, vectored writes, the head limit; no hyper
+/// head timeout (the watchdog enforces header-timeout from the head's first
+/// byte, and idle-timeout between requests, separately).
+pub(super) fn http1_builder(shared: &Shared) -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.keep_alive(true)
+        .writev(true)
+        .max_header_size(shared.max_header_bytes)
+        .max_buf_size(HYPER_DEFAULT_MAX_BUF.max(shared.max_header_bytes + 8192))
+        .header_read_timeout(None);
+    b
+}
+
+/// The request handler of one connection, as a hyper service.
+pub(super) fn service(
+    shared: Arc<Shared>,
+    activity: Arc<Activity>,
+    pending: Pending,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Frames>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<Frames>, Infallible>>,
+> {
+    service_fn(move |req| {
+        handle(
+            Arc::clone(&shared),
+            Arc::clone(&activity),
+            pending.clone(),
+            req,
+        )
+    })
+}
+
+/// How a pending connection is closed when the admission budget evicts it:
+/// a notification its task waits on (beside the connection itself).
+#[derive(Clone, Default)]
+pub(super) struct Evict(Arc<tokio::sync::Notify>);
+
+impl Close for Evict {
+    fn close(&self) {
+        // `notify_one` keeps a permit, so a task not yet waiting still sees it.
+        self.0.notify_one();
+    }
+}
+
+/// A connection's place in the pending budget until its first
+/// authenticated request ([`Pending::admit`]).
+#[derive(Clone)]
+pub(super) struct Pending {
+    pub(super) evict: Evict,
+    pub(super) ticket: Arc<Mutex<Option<Ticket<Evict>>>>,
+}
+
+impl Pending {
+    /// A connection outside any budget (the fuzz target's in-memory one).
+    pub(super) fn alone() -> Pending {
+        Pending {
+            evict: Evict::default(),
+            ticket: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The connection authenticated: it stops counting as pending.
+    pub(super) fn admit(&self) {
+        if let Some(t) = self
+            .ticket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            t.admit();
+        }
+    }
+
+    /// Waits until the budget evicts this connection.
+    pub(super) async fn evicted(&self) {
+        self.evict.0.notified().await;
+    }
+}
+
+/// Per-connection clocks the watchdog reads (milliseconds since
+/// [`Shared::epoch`]).
+#[derive(Debug)]
+pub(super) struct Activity {
+    pub(super) epoch: Instant,
+    /// Last successful read or write.
+    pub(super) last_io: AtomicU64,
+    /// First byte of a request head not yet complete, or [`NONE`].
+    pub(super) head_since: AtomicU64,
+    /// Requests whose handler or response body is alive.
+    pub(super) in_flight: AtomicU64,
+}
+
+impl Activity {
+    pub(super) fn new(epoch: Instant) -> Activity {
+        let now = epoch.elapsed().as_millis() as u64;
+        Activity {
+            epoch,
+            last_io: AtomicU64::new(now),
+            head_since: AtomicU64::new(NONE),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub(super) fn on_read(&self) {
+        let now = self.now();
+        self.last_io.store(now, Ordering::Relaxed);
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let _ =
+                self.head_since
+                    .compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn on_write(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+    }
+
+    pub(super) fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_since.store(NONE, Ordering::Relaxed);
+    }
+
+    pub(super) fn request_finished(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Why the connection should be closed now, if it should.
+    pub(super) fn expired(
+        &self,
+        header_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Option<&'static str> {
+        expired_at(
+            self.now(),
+            self.last_io.load(Ordering::Relaxed),
+            self.head_since.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+            header_timeout,
+            idle_timeout,
+        )
+    }
+}
+
+/// The watchdog's decision, a pure function of the connection's clocks (all
+/// in milliseconds since the same origin; `head_since` is [`NONE`] when no
+/// request head is in progress): why to close it now, or `None`.
+pub(super) fn expired_at(
+    now: u64,
+    last_io: u64,
+    head_since: u64,
+    in_flight: u64,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+) -> Option<&'static str> {
+    let idle = now.saturating_sub(last_io) >= idle_timeout.as_millis() as u64;
+    if in_flight > 0 {
+        return idle
+            .then_some("no progress on a request in flight for idle-timeout (stalled peer)");
+    }
+    if head_since != NONE && now.saturating_sub(head_since) >= header_timeout.as_millis() as u64 {
+        return Some("request head not complete within header-timeout");
+    }
+    idle.then_some("idle for idle-timeout")
+}
+
+/// A connection (TCP, or TLS over TCP) that records progress in its
+/// [`Activity`].
+pub(super) struct Tracked<S> {
+    pub(super) inner: S,
+    pub(super) activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.on_read();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        // hyper queues body chunks (no copy) only for vectored writers.
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+pub(super) fn watchdog_period(shared: &Shared) -> Duration {
+    (shared.header_timeout.min(shared.idle_timeout) / 4).clamp(WATCHDOG_MIN, WATCHDOG_MAX)
+}
+
+pub(super) async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    pending: Pending,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _open = Held::new(&shared.stats, |s| &s.connections_open);
+    shared.stats.connections_accepted.inc();
+    let Some(acceptor) = shared.tls.clone() else {
+        return serve_http(shared, stream, peer, pending, shutdown).await;
+    };
+    // The handshake holds this connection's `max-connections` slot, so it
+    // has its own deadline, counted from accept.
+    let handshake = async {
+        if !starts_like_tls(&stream).await? {
+            refuse_plaintext(&stream).await;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "plain HTTP sent to a TLS endpoint",
+            ));
+        }
+        acceptor.accept(stream).await
+    };
+    // A connection still handshaking is pending: the budget may evict it.
+    let handshake = async {
+        tokio::select! {
+            r = handshake => Some(r),
+            () = pending.evicted() => None,
+        }
+    };
+    let outcome = match tokio::time::timeout(shared.tls_handshake_timeout, handshake).await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => {
+            shared.stats.connections_evicted.inc();
+            debug!(target: "http", peer = %peer, "pending connection evicted during its tls handshake");
+            return;
+        }
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown).await,
+        Ok(Err(e)) => {
+            shared.stats.tls_handshake_failures.inc();
+            debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
+        }
+        Err(_) => {
+            shared.stats.tls_handshake_failures.inc();
+            shared.stats.connections_timed_out.inc();
+            debug!(target: "http", peer = %peer, "tls handshake not complete within tls-handshake-timeout");
+        }
+    }
+}
+
+/// TLS starts with a handshake record (content type 22); an HTTP request
+/// starts with a method's letters. Waits for the first byte (the caller
+/// bounds the wait); `Ok(false)` for anything but a handshake record.
+pub(super) async fn starts_like_tls(stream: &TcpStream) -> io::Result<bool> {
+    let mut first = [0u8; 1];
+    let n = stream.peek(&mut first).await?;
+    Ok(n == 1 && first[0] == 0x16)
+}
+
+/// Tells a plain-HTTP client, in plain HTTP, that this owner speaks TLS
+/// only (best effort, bounded by the caller's deadline), so it gets an
+/// answer instead of a reset.
+pub(super) async fn refuse_plaintext(stream: &TcpStream) {
+    let body = wire::error_body(
+        "tls_required",
+        "this shardport owner serves HTTPS only (tls-cert is set): connect with TLS",
+    );
+    let msg = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut rest = msg.as_bytes();
+    while !rest.is_empty() {
+        if stream.writable().await.is_err() {
+            return;
+        }
+        match stream.try_write(rest) {
+            Ok(0) => return,
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+    // Read (and drop) what the client still sends for a moment, so closing
+    // with unread input does not reset the connection before the client
+    // read the answer.
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut drained = 0usize;
+        while drained < PLAINTEXT_LINGER_BYTES {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut sink) {
+                Ok(0) => return,
+                Ok(n) => drained += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(PLAINTEXT_LINGER, drain).await;
+}
+
+/// Runs hyper's HTTP/1.1 state machine on one connection (plain or TLS)
+/// with the watchdog.
+pub(super) async fn serve_http<S>(
+    shared: Arc<Shared>,
+    stream: S,
+    peer: SocketAddr,
+    pending: Pending,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new(shared.epoch));
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    });
+    let conn = http1_builder(&shared).serve_connection(
+        io,
+        service(Arc::clone(&shared), Arc::clone(&activity), pending.clone()),
+    );
+    tokio::pin!(conn);
+    let period = watchdog_period(&shared);
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(target: "http", peer = %peer, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            () = pending.evicted() => {
+                shared.stats.connections_evicted.inc();
+                debug!(target: "http", peer = %peer, "pending connection evicted to make room");
+                break;
+            }
+            _ = tokio::time::sleep(period) => {
+                if let Some(why) = activity.expired(shared.header_timeout, shared.idle_timeout) {
+                    shared.stats.connections_timed_out.inc();
+                    debug!(target: "http", peer = %peer, why, "closing connection");
+                    break;
+                }
+                if drain_until.is_some_and(|t| Instant::now() >= t) {
+                    debug!(target: "http", peer = %peer, "closing connection still busy at shutdown");
+                    break;
+                }
+            }
+            _ = shutdown.changed(), if drain_until.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                drain_until = Some(Instant::now() + SHUTDOWN_GRACE.min(shared.request_timeout));
+            }
+        }
+    }
+}
