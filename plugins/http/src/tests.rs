@@ -1811,3 +1811,69 @@ fn many_consumers_of_one_gpu_shard_share_the_owner_s_bounded_pool() {
         .into_result()
         .unwrap();
 }
+
+/// A GPU shard is staged piece by piece while a slow client reads: until
+/// every piece is out of "device" memory, unexport waits (the memory must
+/// not be freed); new requests get 404 at once; the bytes that arrive are
+/// the shard's. Host memory stands in for the device.
+#[test]
+fn unexport_of_a_gpu_shard_waits_for_its_staging() {
+    let data = pattern(BIG, 15);
+    let owner = node(STAND_IN);
+    export_gpu(&owner.t, 21, &data);
+    let path = wire::shard_path(ShardId::from_u128(21));
+    let mut slow = connect(owner.addr);
+    slow.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    let (r, mut body) = read_head(&mut slow);
+    assert_eq!(r.status, 200);
+    let (tx, rx) = mpsc::channel();
+    let t = Arc::clone(&owner.t);
+    let waiter = std::thread::spawn(move || {
+        tx.send(t.unexport(ShardId::from_u128(21)).into_result())
+            .unwrap();
+    });
+    // 64 MiB through a pool of two 64 KiB buffers: the stager cannot be
+    // done while the client reads nothing.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    assert_eq!(get(owner.addr, &path, None).status, 404);
+    let mut chunk = vec![0u8; 1 << 20];
+    while body.len() < BIG {
+        let n = slow.read(&mut chunk).unwrap();
+        assert!(n > 0);
+        body.extend_from_slice(&chunk[..n]);
+    }
+    assert!(body == data, "staged bytes differ");
+    rx.recv_timeout(GENEROUS)
+        .expect("unexport returns once staging is done")
+        .unwrap();
+    waiter.join().unwrap();
+    // Every buffer went back to the pool.
+    assert!(stat(&owner.t, "device_staging_bytes") <= 2 * 65536);
+}
+
+/// A client that goes away in the middle of a GPU shard: the stager stops
+/// at the next piece, unexport then returns promptly, and the next client
+/// gets the whole shard from the same pool.
+#[test]
+fn a_consumer_that_goes_away_stops_the_staging() {
+    let data = pattern(BIG, 16);
+    // A stager that kept going would hold unexport past this and fail it.
+    let owner = node(&format!("{STAND_IN}\nrequest-timeout = \"10s\""));
+    let desc = export_gpu(&owner.t, 22, &data);
+    let path = wire::shard_path(ShardId::from_u128(22));
+    let mut gone = connect(owner.addr);
+    gone.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    let (r, _) = read_head(&mut gone);
+    assert_eq!(r.status, 200);
+    drop(gone);
+    let consumer = node(STAND_IN);
+    assert!(fetch_device(&consumer.t, &desc, data.len()).unwrap() == data);
+    owner
+        .t
+        .unexport(ShardId::from_u128(22))
+        .into_result()
+        .expect("the stager of the client that left has stopped");
+    assert_eq!(stat(&owner.t, "unexport_timeouts"), 0);
+}
