@@ -18,6 +18,7 @@
 
 pub mod ab_report;
 pub mod bench;
+pub mod cluster;
 pub mod control;
 pub mod demo;
 pub mod soak;

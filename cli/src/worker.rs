@@ -89,6 +89,16 @@ pub enum Request {
         #[serde(default)]
         seed: Option<u64>,
     },
+    /// Fetch copies of several shards at once (`Node::fetch_many`, owners
+    /// in parallel); verify each against the pattern for its seed when
+    /// `seeds` is given (one per handle).
+    FetchMany {
+        /// Hex of each handle's binary form.
+        handles: Vec<String>,
+        /// Pattern seed of each handle.
+        #[serde(default)]
+        seeds: Option<Vec<u64>>,
+    },
     /// Verify a held fetch result against the pattern for `seed`.
     Check {
         /// Shard id (hex).
@@ -374,6 +384,45 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 Err(e) => Reply::err(e),
             }
         }
+        Request::FetchMany { handles, seeds } => {
+            let hs: Result<Vec<Handle>, String> = handles
+                .iter()
+                .map(|h| decode_handle(h, None).map_err(|e| e.to_string()))
+                .collect();
+            let hs = match hs {
+                Ok(h) => h,
+                Err(e) => return Reply::err(e),
+            };
+            if seeds.as_ref().is_some_and(|s| s.len() != hs.len()) {
+                return Reply::err("`seeds` must have one seed per handle");
+            }
+            let start = Instant::now();
+            let results = match node.fetch_many(&hs, FetchMode::Copy) {
+                Ok(r) => r,
+                Err(e) => return Reply::err(e),
+            };
+            let ns = start.elapsed().as_nanos() as u64;
+            let mut verified = true;
+            let mut transports = Vec::new();
+            for (i, r) in results.into_iter().enumerate() {
+                match r {
+                    Ok(f) => {
+                        if let Some(s) = &seeds {
+                            verified &= check_pattern(&f.data, s[i]);
+                        }
+                        transports.push(f.selection.transport);
+                    }
+                    Err(e) => return Reply::err(format!("shard {i}: {e}")),
+                }
+            }
+            transports.dedup();
+            Reply {
+                ns: Some(ns),
+                transport: Some(transports.join(",")),
+                verified: seeds.as_ref().map(|_| verified),
+                ..Reply::ok()
+            }
+        }
         Request::Put {
             len,
             seed,
@@ -622,17 +671,29 @@ impl WorkerProcess {
         args: &[std::ffi::OsString],
         env: &[(String, String)],
     ) -> Result<WorkerProcess, WorkerError> {
-        let mut child = std::process::Command::new(exe)
+        let mut command = std::process::Command::new(exe);
+        command
             .arg("worker")
             .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        Self::spawn_command(role, command)
+    }
+
+    /// Starts `command` (which runs `shardport worker ...`, possibly through
+    /// a wrapper such as `ip netns exec`) with piped stdin/stdout.
+    pub fn spawn_command(
+        role: &str,
+        mut command: std::process::Command,
+    ) -> Result<WorkerProcess, WorkerError> {
+        let shown = command.get_program().to_string_lossy().into_owned();
+        let mut child = command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .map_err(|source| WorkerError::Spawn {
                 role: role.to_owned(),
-                exe: exe.display().to_string(),
+                exe: shown,
                 source,
             })?;
         let stdin = child.stdin.take();

@@ -19,6 +19,7 @@
 //! (stderr), and [`BenchReport`] serializes to the JSON file; [`plot`]
 //! draws the ratios as SVG. Numbers are reported, never asserted.
 
+pub mod cluster;
 pub mod extras;
 pub mod limits;
 pub mod matrix;

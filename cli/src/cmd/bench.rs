@@ -9,7 +9,11 @@ use super::{config_args, current_exe, load_config, write_file, Failure, Outcome,
 
 /// Arguments of `shardport bench`.
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// `cluster`: broadcast and fan-in across a simulated cluster.
+    #[command(subcommand)]
+    sub: Option<Sub>,
     #[command(flatten)]
     config: super::ConfigArg,
     /// Shard sizes, comma separated [default: 4KiB,64KiB,1MiB,4MiB,64MiB,256MiB].
@@ -40,9 +44,80 @@ pub struct Args {
     quick: bool,
 }
 
+/// Benchmarks other than the one-machine matrix.
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Broadcast and fan-in across a simulated cluster: network namespaces
+    /// behind a bridge, every link rate-limited (needs root, `ip`, `tc`),
+    /// each result beside its floor from the link rates.
+    Cluster(ClusterArgs),
+}
+
+/// Arguments of `shardport bench cluster`.
+#[derive(clap::Args)]
+struct ClusterArgs {
+    /// Node counts N, comma separated [default: 2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<usize>,
+    /// Shard sizes, comma separated [default: 64MiB].
+    #[arg(long = "size", value_delimiter = ',', value_parser = bench::spec::parse_size)]
+    sizes: Vec<u64>,
+    /// Every node's link rate, each direction (`200mbit`, `1gbit`).
+    #[arg(long, default_value = "200mbit", value_parser = shardport_cli::cluster::parse_rate)]
+    rate: u64,
+    /// The fan-in consumer's link is this many times faster.
+    #[arg(long, default_value_t = 4)]
+    fanin_factor: u64,
+    /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn run_cluster(args: ClusterArgs) -> Outcome {
+    let exe = current_exe()?;
+    let plugin_dir = exe
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let opts = bench::cluster::ClusterOptions {
+        nodes: dedup(or(&args.nodes, &[2, 4, 8])),
+        sizes: dedup(or(&args.sizes, &[64 << 20])),
+        rate_bps: args.rate,
+        fanin_factor: args.fanin_factor,
+        exe,
+        plugin_dir,
+    };
+    let rows = bench::cluster::run_cluster(&opts, &mut |line| eprintln!("{line}"))
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
+    if !to_stdout {
+        print!("{}", bench::cluster::table(&rows));
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
+        if to_stdout {
+            println!("{text}");
+        } else {
+            write_file(path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    if rows.iter().any(|r| !r.verified) {
+        return Err((
+            EXIT_FAILURE,
+            "a copy did not match the owner's bytes".to_owned(),
+        )
+            .into());
+    }
+    Ok(())
+}
+
 /// Runs the matrix, prints the table, writes the JSON and plot files;
 /// fails naming the measurements that failed.
 pub fn run(args: Args) -> Outcome {
+    if let Some(Sub::Cluster(c)) = args.sub {
+        return run_cluster(c);
+    }
     let opts = options(&args)?;
     let report = run_bench(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;

@@ -1,0 +1,324 @@
+//! `shardport bench cluster`: broadcast and fan-in across a simulated
+//! cluster ([`crate::cluster`]), each beside its physical floor computed
+//! from the same run's link rates.
+//!
+//! For each node count N the testbed has N + 2 nodes: a broadcast owner,
+//! N nodes that are the broadcast's consumers and then the fan-in's owners,
+//! and a fan-in consumer whose link is `fanin_factor` times faster. Every
+//! node is a real `shardport worker` process in its own namespace, with its
+//! own address and an http transport bound to it (nothing else, so what
+//! moves between nodes goes over the shaped links).
+//!
+//! - **Broadcast**: the owner puts S bytes; the N consumers fetch the
+//!   shard at once (one thread each); the time is from the first request to
+//!   the last verified copy. Floor: S / B (every consumer must receive S
+//!   bytes through its own link of rate B). Relays do not exist yet, so the
+//!   owner serves everyone (`relays: false`): about N times the floor.
+//! - **Fan-in**: the N nodes each put S bytes; the fan-in consumer fetches
+//!   all N shards in one `fetch_many`. Floor: N·S / min(its rate, N·B).
+//!
+//! CPU: each node's user + system time during each phase, from
+//! `/proc/<pid>/stat` of its worker, reported as the busiest node's share
+//! of the phase's wall time, so a run shows whether the links or the CPU
+//! were the bottleneck.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use serde::Serialize;
+
+use crate::{
+    cluster::Cluster,
+    worker::{Request, WorkerProcess},
+};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Node counts N (consumers of the broadcast, owners of the fan-in).
+    pub nodes: Vec<usize>,
+    /// Shard sizes S.
+    pub sizes: Vec<u64>,
+    /// Link rate B of every node but the fan-in consumer, bits per second.
+    pub rate_bps: u64,
+    /// The fan-in consumer's link is this many times faster.
+    pub fanin_factor: u64,
+    /// The `shardport` executable the workers run.
+    pub exe: PathBuf,
+    /// Where the http plugin library is.
+    pub plugin_dir: PathBuf,
+}
+
+/// One row: one N and one S.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterRow {
+    /// N.
+    pub nodes: usize,
+    /// S, bytes.
+    pub size: u64,
+    /// B, bits per second.
+    pub rate_bps: u64,
+    /// Broadcast time, seconds (with relays, once they exist; the owner
+    /// alone until then).
+    pub broadcast_s: f64,
+    /// Whether relays took part.
+    pub relays: bool,
+    /// Broadcast with the owner serving every consumer, seconds.
+    pub owner_only_s: f64,
+    /// Broadcast floor S / B, seconds.
+    pub floor_s: f64,
+    /// Fan-in time, seconds.
+    pub fanin_s: f64,
+    /// Fan-in floor N·S / min(fan-in consumer rate, N·B), seconds.
+    pub fanin_floor_s: f64,
+    /// The busiest node's CPU time over the broadcast's wall time.
+    pub broadcast_cpu_share: f64,
+    /// The busiest node's CPU time over the fan-in's wall time.
+    pub fanin_cpu_share: f64,
+    /// Every copy verified against the owner's pattern.
+    pub verified: bool,
+}
+
+/// A worker in one node of the testbed.
+struct NodeWorker {
+    w: WorkerProcess,
+}
+
+impl NodeWorker {
+    fn start(
+        c: &Cluster,
+        i: usize,
+        opts: &ClusterOptions,
+        dir: &Path,
+    ) -> Result<NodeWorker, String> {
+        let node = &c.nodes[i];
+        let cfg = dir.join(format!("node{i}.toml"));
+        let text = format!(
+            "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n\
+             [put]\nstorage = \"heap\"\n\
+             [[plugin]]\nname = \"http\"\npath = \"{lib}\"\nrequired = true\n\
+             [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n",
+            addr = node.addr,
+            lib = opts.plugin_dir.join("libshardport_http.so").display()
+        );
+        std::fs::write(&cfg, text).map_err(|e| format!("writing {}: {e}", cfg.display()))?;
+        let mut cmd = c.command(i, &opts.exe);
+        cmd.arg("worker").arg("--config").arg(&cfg);
+        let w =
+            WorkerProcess::spawn_command(&format!("node {i}"), cmd).map_err(|e| e.to_string())?;
+        Ok(NodeWorker { w })
+    }
+
+    fn call(&mut self, req: &Request) -> Result<crate::worker::Reply, String> {
+        self.w.call(req).map_err(|e| e.to_string())
+    }
+
+    /// User + system CPU seconds of the worker so far.
+    fn cpu_s(&self) -> f64 {
+        cpu_seconds(self.w.pid()).unwrap_or(0.0)
+    }
+}
+
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    Some(ticks / hz)
+}
+
+/// The busiest worker's CPU over `wall` seconds, from CPU readings taken
+/// before and after.
+fn busiest_share(before: &[f64], after: &[f64], wall: f64) -> f64 {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| (a - b).max(0.0))
+        .fold(0.0, f64::max)
+        / wall.max(1e-9)
+}
+
+/// The workers' config files, removed on drop.
+struct ConfigDir(PathBuf);
+
+impl ConfigDir {
+    fn new() -> Result<ConfigDir, String> {
+        let p = std::env::temp_dir().join(format!("shardport-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
+        Ok(ConfigDir(p))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ConfigDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs every (N, S) and returns the rows; `progress` gets a line per step.
+pub fn run_cluster(
+    opts: &ClusterOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<ClusterRow>, String> {
+    if let Some(why) = Cluster::unavailable() {
+        return Err(format!("cannot make a simulated cluster here: {why}"));
+    }
+    let dir = ConfigDir::new()?;
+    let mut rows = Vec::new();
+    for &n in &opts.nodes {
+        if n == 0 || n + 2 > crate::cluster::MAX_NODES {
+            return Err(format!(
+                "--nodes {n}: 1..={} (the testbed adds two nodes)",
+                crate::cluster::MAX_NODES - 2
+            ));
+        }
+        let mut rates = vec![opts.rate_bps; n + 1];
+        rates.push(opts.rate_bps.saturating_mul(opts.fanin_factor.max(1)));
+        progress(&format!("testbed: {} nodes", n + 2));
+        let cluster = Cluster::create(&rates)?;
+        let mut workers = (0..n + 2)
+            .map(|i| NodeWorker::start(&cluster, i, opts, dir.path()))
+            .collect::<Result<Vec<_>, _>>()?;
+        for &size in &opts.sizes {
+            progress(&format!("N = {n}, S = {size} bytes"));
+            rows.push(one_row(&mut workers, n, size, opts)?);
+        }
+        for w in &mut workers {
+            let _ = w.call(&Request::Exit);
+        }
+        drop(workers);
+        drop(cluster);
+    }
+    Ok(rows)
+}
+
+fn one_row(
+    workers: &mut [NodeWorker],
+    n: usize,
+    size: u64,
+    opts: &ClusterOptions,
+) -> Result<ClusterRow, String> {
+    let seed = 1000 + size % 997 + n as u64;
+    // Broadcast: node 0 owns, nodes 1..=n fetch at once.
+    let put = workers[0].call(&Request::Put {
+        len: size,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })?;
+    let handle = put.handle.ok_or("the owner's put gave no handle")?;
+    let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    let start = Instant::now();
+    let (consumers, _) = workers[1..].split_at_mut(n);
+    let results: Vec<Result<bool, String>> = std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter_mut()
+            .map(|w| {
+                let handle = handle.clone();
+                s.spawn(move || {
+                    w.call(&Request::FetchBuffer {
+                        handle,
+                        only: None,
+                        seed: Some(seed),
+                    })
+                    .map(|r| r.verified == Some(true) && r.transport.as_deref() == Some("http"))
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a fetch thread panicked".into()))
+            })
+            .collect()
+    });
+    let broadcast = start.elapsed().as_secs_f64();
+    let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    let mut verified = true;
+    for r in results {
+        verified &= r?;
+    }
+    let broadcast_cpu = busiest_share(&before, &after, broadcast);
+    let id = put.id.unwrap_or_default();
+    workers[0].call(&Request::Remove { ids: vec![id] })?;
+
+    // Fan-in: nodes 1..=n own one shard each; node n + 1 fetches them all.
+    let mut handles = Vec::with_capacity(n);
+    let mut seeds = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    for (i, w) in workers[1..=n].iter_mut().enumerate() {
+        let s = seed + 1 + i as u64;
+        let r = w.call(&Request::Put {
+            len: size,
+            seed: s,
+            dtype: None,
+            tags: Default::default(),
+        })?;
+        handles.push(r.handle.ok_or("a fan-in owner's put gave no handle")?);
+        ids.push(r.id.unwrap_or_default());
+        seeds.push(s);
+    }
+    let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    let start = Instant::now();
+    let r = workers[n + 1].call(&Request::FetchMany {
+        handles,
+        seeds: Some(seeds),
+    })?;
+    let fanin = start.elapsed().as_secs_f64();
+    let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    verified &= r.verified == Some(true);
+    for (w, id) in workers[1..=n].iter_mut().zip(ids) {
+        w.call(&Request::Remove { ids: vec![id] })?;
+    }
+    let bits = size as f64 * 8.0;
+    let rate = opts.rate_bps as f64;
+    let fanin_rate = (rate * opts.fanin_factor.max(1) as f64).min(rate * n as f64);
+    Ok(ClusterRow {
+        nodes: n,
+        size,
+        rate_bps: opts.rate_bps,
+        broadcast_s: broadcast,
+        relays: false,
+        owner_only_s: broadcast,
+        floor_s: bits / rate,
+        fanin_s: fanin,
+        fanin_floor_s: n as f64 * bits / fanin_rate,
+        broadcast_cpu_share: broadcast_cpu,
+        fanin_cpu_share: busiest_share(&before, &after, fanin),
+        verified,
+    })
+}
+
+/// The rows as a table.
+pub fn table(rows: &[ClusterRow]) -> String {
+    let mut out = String::from(
+        "nodes  size          rate        broadcast (owner only)   floor     ratio   fan-in    floor     ratio   busiest CPU (b / f)  verified\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<6} {:<13} {:<11} {:>9.2} s{:<13} {:>7.2} s {:>6.2}x {:>7.2} s {:>7.2} s {:>6.2}x  {:>5.1}% / {:>5.1}%        {}\n",
+            r.nodes,
+            shardport_abi::format_byte_size(r.size),
+            format!("{} Mbit/s", r.rate_bps / 1_000_000),
+            r.broadcast_s,
+            if r.relays { " (relays)" } else { "" },
+            r.floor_s,
+            r.broadcast_s / r.floor_s,
+            r.fanin_s,
+            r.fanin_floor_s,
+            r.fanin_s / r.fanin_floor_s,
+            r.broadcast_cpu_share * 100.0,
+            r.fanin_cpu_share * 100.0,
+            r.verified
+        ));
+    }
+    out
+}

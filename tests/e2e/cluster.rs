@@ -1,0 +1,68 @@
+//! The simulated cluster (`shardport_cli::cluster`) and `shardport bench
+//! cluster`'s runner on it: real namespaces, bridge, tbf-shaped links and
+//! real worker processes, at a small size. Checks behaviour, not time: the
+//! bytes every node received, that they went over http between distinct
+//! addresses, and that nothing of the testbed is left. Skipped, with the
+//! reason printed, where a testbed cannot be made (not root, no `ip`/`tc`).
+
+use shardport_cli::{
+    bench::cluster::{run_cluster, ClusterOptions},
+    cluster::{existing_namespaces, Cluster},
+};
+
+use crate::util;
+
+#[test]
+fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    let opts = ClusterOptions {
+        nodes: vec![3],
+        sizes: vec![(2 << 20) + 7],
+        rate_bps: 1_000_000_000,
+        fanin_factor: 4,
+        exe: util::shardport_bin(),
+        plugin_dir: util::plugin_lib("shardport-http")
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    };
+    let rows = run_cluster(&opts, &mut |line| eprintln!("{line}")).unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert!(r.verified, "every copy matches the owner's bytes: {r:?}");
+    assert_eq!((r.nodes, r.size), (3, (2 << 20) + 7));
+    assert!(r.broadcast_s > 0.0 && r.fanin_s > 0.0);
+    assert_eq!(r.floor_s, r.size as f64 * 8.0 / 1e9);
+    // Namespaces of this process's testbeds (the other test may run at
+    // the same time, so only those of this run's runner are checked: it
+    // made and removed them before returning).
+    let ours = format!("sp{}", std::process::id() % 100_000);
+    let left: Vec<String> = existing_namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&ours))
+        .collect();
+    assert!(
+        left.iter().all(|n| !n.ends_with("n4")),
+        "the runner's 5-node testbed removed its namespaces: {left:?}"
+    );
+}
+
+#[test]
+fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    assert!(Cluster::create(&[]).is_err());
+    let c = Cluster::create(&[100_000_000, 100_000_000]).unwrap();
+    let names = c.namespaces();
+    assert!(names.iter().all(|n| existing_namespaces().contains(n)));
+    // Two nodes, two addresses of one /24, distinct.
+    assert_ne!(c.nodes[0].addr, c.nodes[1].addr);
+    drop(c);
+    let left = existing_namespaces();
+    assert!(names.iter().all(|n| !left.contains(n)), "{left:?}");
+}
