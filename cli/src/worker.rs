@@ -99,6 +99,17 @@ pub enum Request {
         #[serde(default)]
         seeds: Option<Vec<u64>>,
     },
+    /// Fetch in a loop for a while (`shardport bench load`).
+    Load(crate::bench::load::LoopSpec),
+    /// Put and remove shards in a loop for `duration_ms` (`shardport bench
+    /// load`'s owner churn); replies with how many it put in `count`.
+    Churn {
+        /// How long, milliseconds.
+        duration_ms: u64,
+        /// At most this many a second (0: as fast as it can).
+        #[serde(default)]
+        per_s: u64,
+    },
     /// Verify a held fetch result against the pattern for `seed`.
     Check {
         /// Shard id (hex).
@@ -168,6 +179,12 @@ pub struct Reply {
     /// Stats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<serde_json::Value>,
+    /// Load: what the loop did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<crate::bench::load::LoopResult>,
+    /// Churn: shards put.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
     /// Stats: this process's peak resident set size in bytes (VmHWM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss: Option<u64>,
@@ -381,6 +398,22 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                         ..Reply::ok()
                     }
                 }
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::Load(spec) => match crate::bench::load::run_loop(node, &spec) {
+            Ok(r) => Reply {
+                load: Some(r),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::Churn { duration_ms, per_s } => {
+            match crate::bench::load::run_churn(node, duration_ms, per_s) {
+                Ok(n) => Reply {
+                    count: Some(n),
+                    ..Reply::ok()
+                },
                 Err(e) => Reply::err(e),
             }
         }

@@ -15,6 +15,7 @@ mod cross_process;
 mod cuda;
 mod experiments;
 mod faults;
+mod load;
 mod loader;
 mod netns;
 mod nodes;

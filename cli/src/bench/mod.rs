@@ -22,6 +22,7 @@
 pub mod cluster;
 pub mod extras;
 pub mod limits;
+pub mod load;
 pub mod matrix;
 pub mod plot;
 pub mod report;

@@ -51,6 +51,84 @@ enum Sub {
     /// behind a bridge, every link rate-limited (needs root, `ip`, `tc`),
     /// each result beside its floor from the link rates.
     Cluster(ClusterArgs),
+    /// Many consumer processes fetching from one owner at once, for a fixed
+    /// time per point, the owner putting and removing meanwhile: rate,
+    /// latency, fairness, owner CPU per GB and errors per consumer count.
+    Load(LoadArgs),
+}
+
+/// Arguments of `shardport bench load`.
+#[derive(clap::Args)]
+struct LoadArgs {
+    #[command(flatten)]
+    config: super::ConfigArg,
+    /// Consumer process counts, comma separated [default: 1,2,8,32].
+    #[arg(long, value_delimiter = ',')]
+    consumers: Vec<usize>,
+    /// How long each point runs (`10s`, `500ms`).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: std::time::Duration,
+    /// Share of fetches made as zero-copy views (the rest copies), 0..=1.
+    #[arg(long, default_value_t = 0.5)]
+    view_share: f64,
+    /// Share of fetches made through http (the rest posix-shm), 0..=1.
+    #[arg(long, default_value_t = 0.5)]
+    http_share: f64,
+    /// The owner's puts and removes per second meanwhile (0: unpaced).
+    #[arg(long, default_value_t = 1000)]
+    churn_rate: u64,
+    /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write an SVG of the curves to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    shardport_host::config::parse_duration(text)
+        .filter(|d| !d.is_zero() && d.as_secs() <= 24 * 3600)
+        .ok_or_else(|| format!("`{text}` is not a duration of up to a day (e.g. 10s, 500ms)"))
+}
+
+fn run_load(args: LoadArgs) -> Outcome {
+    for (name, v) in [
+        ("--view-share", args.view_share),
+        ("--http-share", args.http_share),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err((EXIT_FAILURE, format!("{name} {v}: expected 0..=1")).into());
+        }
+    }
+    let opts = bench::load::LoadOptions {
+        consumers: dedup(or(&args.consumers, &[1, 2, 8, 32])),
+        duration: args.duration,
+        view_share: args.view_share,
+        http_share: args.http_share,
+        churn_per_s: args.churn_rate,
+        exe: current_exe()?,
+        config_args: config_args(args.config.path())?,
+    };
+    let rows = bench::load::run_load(&opts, &mut |line| eprintln!("{line}"))
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
+    if !to_stdout {
+        print!("{}", bench::load::table(&rows));
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
+        if to_stdout {
+            println!("{text}");
+        } else {
+            write_file(path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    if let Some(path) = &args.plot {
+        write_file(path, bench::load::svg(&rows).as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// Arguments of `shardport bench cluster`.
@@ -115,8 +193,10 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
 /// Runs the matrix, prints the table, writes the JSON and plot files;
 /// fails naming the measurements that failed.
 pub fn run(args: Args) -> Outcome {
-    if let Some(Sub::Cluster(c)) = args.sub {
-        return run_cluster(c);
+    match args.sub {
+        Some(Sub::Cluster(c)) => return run_cluster(c),
+        Some(Sub::Load(l)) => return run_load(l),
+        None => {}
     }
     let opts = options(&args)?;
     let report = run_bench(&opts, &mut |line| eprintln!("{line}"))

@@ -1,0 +1,486 @@
+//! `shardport bench load`: one owner, C consumer processes fetching at once
+//! for a fixed time, the owner putting and removing shards meanwhile; per
+//! consumer count, aggregate rate, latency percentiles, each consumer's
+//! share (fairness), the owner's CPU per GB moved and errors by kind.
+//!
+//! Every process is a real `shardport worker` on this machine; load goes
+//! over loopback and shared memory only. A consumer runs its loop inside its
+//! own worker ([`run_loop`], request `load`): no request round trip per
+//! fetch, so the rate is the node's, not the harness's. Each loop is bounded
+//! by its duration and by [`MAX_FETCHES_PER_LOOP`].
+//!
+//! The workload: shards of 4 KiB, 64 KiB, 1 MiB and 4 MiB (the same number
+//! of each), each fetch picks one at random, as a view or a copy
+//! (`view_share`), through posix-shm or http (`http_share`: the handle
+//! keeps only that transport's export). The owner meanwhile puts and
+//! removes 64 KiB shards of its own at a paced rate (churn on the pool, the
+//! board and both transports' export tables).
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+use shardport_host::{FetchMode, Handle, Node};
+
+use crate::worker::{Reply, Request, WorkerProcess};
+
+/// Most fetches one loop makes, whatever its duration.
+pub const MAX_FETCHES_PER_LOOP: u64 = 50_000_000;
+/// Latencies a loop keeps (a uniform sample of all of them).
+const RESERVOIR: usize = 20_000;
+/// Shard sizes of the workload.
+pub const SIZES: [u64; 4] = [4 << 10, 64 << 10, 1 << 20, 4 << 20];
+/// Shards of each size the owner puts.
+const PER_SIZE: usize = 4;
+
+/// One consumer's loop, sent to its worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoopSpec {
+    /// Hex of each handle's binary form.
+    pub handles: Vec<String>,
+    /// How long to fetch, milliseconds.
+    pub duration_ms: u64,
+    /// Share of fetches made as views (the rest copies).
+    pub view_share: f64,
+    /// Share of fetches made through http (the rest posix-shm).
+    pub http_share: f64,
+    /// Seed of this loop's choices.
+    pub seed: u64,
+}
+
+/// What one loop did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LoopResult {
+    /// Fetches that succeeded.
+    pub fetches: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Failed fetches by error kind.
+    pub errors: BTreeMap<String, u64>,
+    /// A uniform sample of the successful fetches' latencies, ns.
+    pub latencies_ns: Vec<u64>,
+    /// How long the loop ran, ns.
+    pub elapsed_ns: u64,
+}
+
+/// A small, seeded generator (splitmix64): the same choices for the same seed.
+struct Choice(u64);
+
+impl Choice {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+/// Runs a loop in this process (a worker's `load` request).
+pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
+    let mut shm = Vec::with_capacity(spec.handles.len());
+    let mut http = Vec::with_capacity(spec.handles.len());
+    for text in &spec.handles {
+        let bytes = hex::decode(text).map_err(|e| format!("bad handle: {e}"))?;
+        let h = Handle::from_bytes(&bytes).map_err(|e| format!("bad handle: {e}"))?;
+        let mut a = h.clone();
+        let mut b = h;
+        if !a.keep_only("posix-shm") || !b.keep_only("http") {
+            return Err("every handle needs a posix-shm and an http export".into());
+        }
+        shm.push(a);
+        http.push(b);
+    }
+    if shm.is_empty() {
+        return Err("no handles".into());
+    }
+    let mut rng = Choice(spec.seed);
+    let mut out = LoopResult::default();
+    let deadline = Duration::from_millis(spec.duration_ms);
+    let start = Instant::now();
+    let mut seen = 0u64;
+    while out.fetches + out.errors.values().sum::<u64>() < MAX_FETCHES_PER_LOOP
+        && start.elapsed() < deadline
+    {
+        let i = rng.below(shm.len() as u64) as usize;
+        let h = if rng.chance(spec.http_share) {
+            &http[i]
+        } else {
+            &shm[i]
+        };
+        let mode = if rng.chance(spec.view_share) {
+            FetchMode::View
+        } else {
+            FetchMode::Copy
+        };
+        let t = Instant::now();
+        match node.fetch_mode(h, mode) {
+            Ok(f) => {
+                let ns = t.elapsed().as_nanos() as u64;
+                out.fetches += 1;
+                out.bytes += h.meta.byte_len;
+                drop(f);
+                seen += 1;
+                // Reservoir sampling: every latency equally likely kept.
+                if out.latencies_ns.len() < RESERVOIR {
+                    out.latencies_ns.push(ns);
+                } else {
+                    let j = rng.below(seen);
+                    if (j as usize) < RESERVOIR {
+                        out.latencies_ns[j as usize] = ns;
+                    }
+                }
+            }
+            Err(e) => {
+                *out.errors.entry(error_kind(&e)).or_default() += 1;
+            }
+        }
+    }
+    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+    Ok(out)
+}
+
+/// The kind of a fetch error, for counting.
+fn error_kind(e: &shardport_host::HostError) -> String {
+    let text = format!("{e:?}");
+    text.split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("Other")
+        .to_owned()
+}
+
+/// The owner's churn (a worker's `churn` request): put and remove 64 KiB
+/// shards for `duration_ms`, at most `per_s` a second (0: as fast as it
+/// can); returns how many it put.
+pub fn run_churn(node: &Node, duration_ms: u64, per_s: u64) -> Result<u64, String> {
+    let bytes = vec![7u8; 64 << 10];
+    let spec = shardport_host::TensorSpec {
+        dtype: shardport_abi::DType::U8,
+        shape: vec![bytes.len() as u64],
+        device: shardport_abi::Device::CPU,
+    };
+    let deadline = Duration::from_millis(duration_ms);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < deadline && n < MAX_FETCHES_PER_LOOP {
+        let h = node
+            .put(&bytes, &spec, BTreeMap::new())
+            .map_err(|e| e.to_string())?;
+        node.remove(&[h.id]);
+        n += 1;
+        if per_s > 0 {
+            // Paced: the n-th put is due at n / per_s seconds.
+            let due = Duration::from_secs_f64(n as f64 / per_s as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait.min(deadline.saturating_sub(start.elapsed())));
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Consumer counts.
+    pub consumers: Vec<usize>,
+    /// Each point's duration.
+    pub duration: Duration,
+    /// Share of views.
+    pub view_share: f64,
+    /// Share of http fetches.
+    pub http_share: f64,
+    /// The owner's puts (and removes) per second meanwhile (0: unpaced).
+    pub churn_per_s: u64,
+    /// The `shardport` executable the workers run.
+    pub exe: PathBuf,
+    /// The workers' config arguments (`--config F`, or none for the embedded one).
+    pub config_args: Vec<std::ffi::OsString>,
+}
+
+/// One point of the curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadRow {
+    /// Consumer processes.
+    pub consumers: usize,
+    /// Successful fetches per second, all consumers together.
+    pub shards_per_s: f64,
+    /// Their bytes per second, GB/s.
+    pub gbps: f64,
+    /// Latency percentiles over a uniform sample of every fetch, us.
+    pub p50_us: f64,
+    /// 99th percentile, us.
+    pub p99_us: f64,
+    /// The least served consumer's fetches over the mean.
+    pub share_min: f64,
+    /// The most served consumer's fetches over the mean.
+    pub share_max: f64,
+    /// Failed fetches.
+    pub errors: u64,
+    /// Failed fetches by kind.
+    pub errors_by_kind: BTreeMap<String, u64>,
+    /// The owner's CPU seconds per GB moved.
+    pub owner_cpu_s_per_gb: f64,
+    /// Shards the owner put (and removed) meanwhile.
+    pub churn_puts: u64,
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / rustix::param::clock_ticks_per_second() as f64
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1e3
+}
+
+fn call(w: &mut WorkerProcess, req: &Request) -> Result<Reply, String> {
+    w.call(req).map_err(|e| e.to_string())
+}
+
+/// Runs every point; `progress` gets a line per step.
+pub fn run_load(
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<LoadRow>, String> {
+    let spawn = |role: &str| {
+        WorkerProcess::spawn(role, &opts.exe, &opts.config_args).map_err(|e| e.to_string())
+    };
+    let mut owner = spawn("owner")?;
+    let mut handles = Vec::new();
+    for (k, &size) in SIZES.iter().enumerate() {
+        for j in 0..PER_SIZE {
+            let r = call(
+                &mut owner,
+                &Request::Put {
+                    len: size,
+                    seed: (k * PER_SIZE + j) as u64,
+                    dtype: None,
+                    tags: BTreeMap::new(),
+                },
+            )?;
+            handles.push(r.handle.ok_or("the owner's put gave no handle")?);
+        }
+    }
+    let mut rows = Vec::new();
+    for &c in &opts.consumers {
+        if c == 0 {
+            return Err("--consumers: each count at least 1".into());
+        }
+        progress(&format!("{c} consumers, {:?}", opts.duration));
+        let mut consumers = (0..c)
+            .map(|i| spawn(&format!("consumer {i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let duration_ms = opts.duration.as_millis() as u64;
+        let owner_cpu = cpu_seconds(owner.pid());
+        let (results, churn) = std::thread::scope(|s| {
+            let churn = s.spawn(|| {
+                call(
+                    &mut owner,
+                    &Request::Churn {
+                        duration_ms,
+                        per_s: opts.churn_per_s,
+                    },
+                )
+            });
+            let joins: Vec<_> = consumers
+                .iter_mut()
+                .enumerate()
+                .map(|(i, w)| {
+                    let spec = LoopSpec {
+                        handles: handles.clone(),
+                        duration_ms,
+                        view_share: opts.view_share,
+                        http_share: opts.http_share,
+                        seed: 0x5eed + i as u64,
+                    };
+                    s.spawn(move || call(w, &Request::Load(spec)))
+                })
+                .collect();
+            let results: Vec<Result<Reply, String>> = joins
+                .into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err("a consumer thread panicked".into()))
+                })
+                .collect();
+            let churn = churn
+                .join()
+                .unwrap_or_else(|_| Err("the churn thread panicked".into()));
+            (results, churn)
+        });
+        let owner_cpu = cpu_seconds(owner.pid()) - owner_cpu;
+        let churn_puts = churn?.count.unwrap_or(0);
+        let mut loops = Vec::with_capacity(c);
+        for r in results {
+            loops.push(r?.load.ok_or("a consumer's reply had no load result")?);
+        }
+        for mut w in consumers {
+            let _ = w.call(&Request::Exit);
+        }
+        rows.push(aggregate(c, &loops, owner_cpu, churn_puts));
+    }
+    let _ = owner.call(&Request::Exit);
+    Ok(rows)
+}
+
+fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) -> LoadRow {
+    let secs = loops
+        .iter()
+        .map(|l| l.elapsed_ns as f64 / 1e9)
+        .fold(0.0, f64::max)
+        .max(1e-9);
+    let fetches: u64 = loops.iter().map(|l| l.fetches).sum();
+    let bytes: u64 = loops.iter().map(|l| l.bytes).sum();
+    let mut errors_by_kind = BTreeMap::new();
+    for l in loops {
+        for (k, v) in &l.errors {
+            *errors_by_kind.entry(k.clone()).or_default() += v;
+        }
+    }
+    let mut lat: Vec<u64> = loops
+        .iter()
+        .flat_map(|l| l.latencies_ns.iter().copied())
+        .collect();
+    lat.sort_unstable();
+    let mean = fetches as f64 / c as f64;
+    let share = |f: fn(f64, f64) -> f64, init: f64| {
+        loops
+            .iter()
+            .map(|l| l.fetches as f64 / mean.max(1e-9))
+            .fold(init, f)
+    };
+    LoadRow {
+        consumers: c,
+        shards_per_s: fetches as f64 / secs,
+        gbps: bytes as f64 / secs / 1e9,
+        p50_us: percentile(&lat, 0.50),
+        p99_us: percentile(&lat, 0.99),
+        share_min: share(f64::min, f64::INFINITY),
+        share_max: share(f64::max, 0.0),
+        errors: errors_by_kind.values().sum(),
+        errors_by_kind,
+        owner_cpu_s_per_gb: owner_cpu / (bytes as f64 / 1e9).max(1e-9),
+        churn_puts,
+    }
+}
+
+/// The rows as a table.
+pub fn table(rows: &[LoadRow]) -> String {
+    let mut out = String::from(
+        "consumers   shards/s        GB/s     p50 us     p99 us   share min..max   owner CPU s/GB   errors   churn puts\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<11} {:<15.0} {:<8.2} {:>7.1} {:>10.1}   {:.2}..{:.2}       {:>8.3}        {:>6}   {:>10}\n",
+            r.consumers,
+            r.shards_per_s,
+            r.gbps,
+            r.p50_us,
+            r.p99_us,
+            r.share_min,
+            r.share_max,
+            r.owner_cpu_s_per_gb,
+            r.errors,
+            r.churn_puts
+        ));
+    }
+    out
+}
+
+/// An SVG of the curves: shards/s and p99 latency against consumers (each
+/// scaled to its own maximum).
+pub fn svg(rows: &[LoadRow]) -> String {
+    let (w, h, pad) = (640.0, 360.0, 50.0);
+    let max_c = rows.iter().map(|r| r.consumers).max().unwrap_or(1).max(1) as f64;
+    let max_rate = rows.iter().map(|r| r.shards_per_s).fold(1.0, f64::max);
+    let max_p99 = rows.iter().map(|r| r.p99_us).fold(1.0, f64::max);
+    let x = |c: usize| pad + (c as f64).ln_1p() / max_c.ln_1p() * (w - 2.0 * pad);
+    let y = |v: f64, max: f64| h - pad - v / max * (h - 2.0 * pad);
+    let line = |f: &dyn Fn(&LoadRow) -> f64, max: f64| {
+        rows.iter()
+            .map(|r| format!("{:.1},{:.1}", x(r.consumers), y(f(r), max)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{pad}\" y=\"24\" font-family=\"sans-serif\" font-size=\"14\">shardport bench load: shards/s (blue, max {max_rate:.0}) and p99 (red, max {max_p99:.0} us) against consumers (log scale, up to {max_c})</text>\n\
+         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n\
+         <polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n\
+         </svg>\n",
+        line(&|r| r.shards_per_s, max_rate),
+        line(&|r| r.p99_us, max_p99),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_are_seeded_and_shares_hold() {
+        let mut a = Choice(7);
+        let mut b = Choice(7);
+        assert_eq!(
+            (0..5).map(|_| a.next()).collect::<Vec<_>>(),
+            (0..5).map(|_| b.next()).collect::<Vec<_>>()
+        );
+        let mut r = Choice(1);
+        let hits = (0..100_000).filter(|_| r.chance(0.25)).count();
+        assert!((23_000..27_000).contains(&hits), "{hits}");
+        assert!((0..1000).all(|_| r.chance(1.0)));
+        assert!((0..1000).all(|_| !r.chance(0.0)));
+    }
+
+    #[test]
+    fn aggregation_counts_shares_and_percentiles() {
+        let l = |fetches, lat: Vec<u64>| LoopResult {
+            fetches,
+            bytes: fetches * 1000,
+            latencies_ns: lat,
+            elapsed_ns: 1_000_000_000,
+            ..LoopResult::default()
+        };
+        let mut errors = l(0, vec![]);
+        errors.errors.insert("NotFound".into(), 3);
+        let row = aggregate(
+            3,
+            &[l(100, vec![1000; 10]), l(300, vec![5000; 10]), errors],
+            0.5,
+            9,
+        );
+        assert_eq!(row.shards_per_s, 400.0);
+        assert_eq!(row.errors, 3);
+        assert_eq!(row.errors_by_kind["NotFound"], 3);
+        assert_eq!((row.share_min, row.share_max), (0.0, 300.0 / (400.0 / 3.0)));
+        assert_eq!(row.p50_us, 1.0);
+        assert_eq!(row.p99_us, 5.0);
+        assert_eq!(row.churn_puts, 9);
+        assert!(svg(&[row]).contains("<polyline"));
+    }
+}
