@@ -27,8 +27,8 @@
 //! accepts descriptors only from the process the descriptor names (the
 //! socket's peer pid), so a process that squats a dead owner's name cannot
 //! hand out memory of its own. The server handles one connection at a time
-//! with a one-second read deadline: a silent peer delays others by at most
-//! that.
+//! with a one-second deadline for its whole request: a silent or trickling
+//! peer delays others by at most that.
 
 use std::{
     collections::HashMap,
@@ -48,9 +48,11 @@ use std::{
 };
 
 use rustix::net::{
-    recvmsg, sendmsg, sockopt, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
+
+use crate::sys::peer_credentials;
 
 const MAGIC: &[u8; 4] = b"SPFD";
 /// Descriptors per `sendmsg` (the kernel allows 253).
@@ -58,7 +60,7 @@ const FDS_PER_MESSAGE: usize = 64;
 const STATUS_OK: u32 = 0;
 const STATUS_NOT_EXPORTED: u32 = 1;
 const STATUS_REFUSED: u32 = 2;
-/// How long the server waits for a request.
+/// How long the server gives one connection to send its whole request.
 const SERVER_READ_DEADLINE: Duration = Duration::from_secs(1);
 /// How long a consumer waits for the owner.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(5);
@@ -88,6 +90,11 @@ impl Shelf {
         shardport_abi::kit::lock(&self.map).remove(&(slot, generation));
     }
 
+    /// Withdraws every export (the transport is going away).
+    pub(crate) fn clear(&self) {
+        shardport_abi::kit::lock(&self.map).clear();
+    }
+
     fn get(&self, slot: u32, generation: u64) -> Option<ChunkFds> {
         shardport_abi::kit::lock(&self.map)
             .get(&(slot, generation))
@@ -101,6 +108,7 @@ pub(crate) struct FdServer {
     name: String,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    shelf: Arc<Shelf>,
 }
 
 impl FdServer {
@@ -110,6 +118,7 @@ impl FdServer {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = Arc::clone(&stop);
+            let shelf = Arc::clone(&shelf);
             std::thread::Builder::new()
                 .name("cuda-ipc-fds".into())
                 .spawn(move || serve(&listener, &shelf, &stop))?
@@ -118,6 +127,7 @@ impl FdServer {
             name: name.to_owned(),
             stop,
             thread: Some(thread),
+            shelf,
         })
     }
 }
@@ -125,12 +135,13 @@ impl FdServer {
 impl Drop for FdServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Nothing is handed out any more: the descriptors close with the
+        // last reference, which a thread left running no longer holds.
+        self.shelf.clear();
         // Wake the accept: a connection of our own, which the loop sees
-        // after the flag. Without it (the name cannot be reached?) the
-        // thread is left to end with the process rather than hang here.
-        let woke = SocketAddr::from_abstract_name(&self.name)
-            .and_then(|a| UnixStream::connect_addr(&a))
-            .is_ok();
+        // after the flag, made non-blocking (a full backlog must not hang
+        // a drop). Without it the thread is left to end with the process.
+        let woke = wake(&self.name).is_ok();
         if let Some(t) = self.thread.take() {
             if woke {
                 let _ = t.join();
@@ -138,6 +149,22 @@ impl Drop for FdServer {
                 tracing::warn!(target: "cuda_ipc", socket = %self.name, "could not wake the descriptor server to stop it");
             }
         }
+    }
+}
+
+/// A non-blocking connection to `name` (the stop signal of its server).
+fn wake(name: &str) -> std::io::Result<()> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -170,16 +197,41 @@ fn reply(stream: &mut UnixStream, status: u32, count: u32) -> std::io::Result<()
     stream.write_all(&head)
 }
 
+/// Fills `buf` within `deadline` of `start` altogether (not per read: a
+/// peer trickling a byte at a time is cut off at the deadline).
+fn read_by(
+    stream: &mut UnixStream,
+    buf: &mut [u8],
+    start: std::time::Instant,
+    deadline: Duration,
+) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn answer(mut stream: UnixStream, shelf: &Shelf, uid: rustix::process::Uid) -> std::io::Result<()> {
-    let peer = sockopt::socket_peercred(&stream)?;
-    if peer.uid != uid {
-        tracing::warn!(target: "cuda_ipc", pid = peer.pid.as_raw_nonzero().get(), uid = peer.uid.as_raw(), "refused a descriptor request from another user");
+    let start = std::time::Instant::now();
+    let (pid, peer_uid) = peer_credentials(stream.as_fd())?;
+    if peer_uid != uid.as_raw() {
+        tracing::warn!(target: "cuda_ipc", pid, uid = peer_uid, "refused a descriptor request from another user");
         return reply(&mut stream, STATUS_REFUSED, 0);
     }
-    stream.set_read_timeout(Some(SERVER_READ_DEADLINE))?;
     stream.set_write_timeout(Some(CLIENT_DEADLINE))?;
     let mut req = [0u8; 16];
-    stream.read_exact(&mut req)?;
+    read_by(&mut stream, &mut req, start, SERVER_READ_DEADLINE)?;
     if &req[..4] != MAGIC {
         return reply(&mut stream, STATUS_REFUSED, 0);
     }
@@ -238,13 +290,12 @@ pub(crate) fn fetch(
             &e,
         )
     })?;
-    let peer = sockopt::socket_peercred(&stream).map_err(|e| fail("SO_PEERCRED", &e))?;
-    let peer_pid = peer.pid.as_raw_nonzero().get() as u32;
-    if peer_pid != owner_pid || peer.uid != rustix::process::geteuid() {
+    let (peer_pid, peer_uid) =
+        peer_credentials(stream.as_fd()).map_err(|e| fail("SO_PEERCRED", &e))?;
+    if peer_pid == 0 || peer_pid != owner_pid || peer_uid != rustix::process::geteuid().as_raw() {
         return Err(FetchError::Failed(format!(
-            "the descriptor socket @{name} is served by pid {peer_pid} (uid {}), not by the \
-             owner the descriptor names (pid {owner_pid}, our uid): refused",
-            peer.uid.as_raw()
+            "the descriptor socket @{name} is served by pid {peer_pid} (uid {peer_uid}), not by \
+             the owner the descriptor names (pid {owner_pid}, our uid): refused"
         )));
     }
     stream
@@ -294,6 +345,12 @@ pub(crate) fn fetch(
             if let RecvAncillaryMessage::ScmRights(received) = msg {
                 fds.extend(received);
             }
+        }
+        if got.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(fail(
+                "receiving descriptors",
+                &"the kernel dropped some (out of file descriptors here?)",
+            ));
         }
         if got.bytes == 0 && fds.len() == before {
             return Err(fail(

@@ -231,6 +231,11 @@ impl CudaIpc {
                 format!("cuda-ipc cannot create its lease board: {e}"),
             )
         })?;
+        if shared.fds.is_some() {
+            // Before a slot is published: a server that cannot start must
+            // not leave a live slot behind.
+            self.serve_fds()?;
+        }
         let Some((slot, slot_generation)) = o.publish() else {
             return Err(AbiError::new(
                 shardport_abi::ErrorKind::RESOURCE_EXHAUSTED,
@@ -241,7 +246,6 @@ impl CudaIpc {
             ));
         };
         if let Some(fds) = &shared.fds {
-            self.serve_fds()?;
             self.shelf.put(slot, slot_generation, Arc::clone(fds));
             self.counters.exports_vmm.inc();
         }

@@ -850,3 +850,31 @@ impl Drop for BoardMap {
         }
     }
 }
+
+/// A Unix socket peer's credentials (`SO_PEERCRED`): its pid as this
+/// process's PID namespace sees it (0 when it cannot see it) and its uid.
+pub(crate) fn peer_credentials(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live locals of the sizes passed; the
+    // kernel writes at most `len` bytes of a `struct ucred`; any values it
+    // writes are valid for these plain integer fields.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((u32::try_from(cred.pid).unwrap_or(0), cred.uid))
+}

@@ -360,6 +360,14 @@ impl Config {
         )?;
         let device_buffers = t.u64_in("device-buffers", 2..=256, DEFAULT_DEVICE_BUFFERS)?;
         let staging = if t.bool("test-device-is-host", false)? {
+            if !cfg!(any(test, feature = "test-device-is-host")) {
+                return Err(bad(
+                    "test-device-is-host",
+                    "tests only: this build of the http plugin does not accept it (a test \
+                     build enables the `test-device-is-host` feature)"
+                        .to_owned(),
+                ));
+            }
             crate::gpu::Staging::HostStandIn
         } else {
             crate::gpu::Staging::Cuda

@@ -43,6 +43,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceGet",
     "cuDevicePrimaryCtxRetain",
     "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
     "cuPointerGetAttribute",
     "cuMemcpyDtoH_v2",
     "cuMemcpyHtoDAsync_v2",
@@ -147,6 +148,33 @@ impl Driver {
     }
 }
 
+/// The calling thread's current CUDA context, put back when dropped: the
+/// calls here bind primary contexts on threads that belong to the caller
+/// (a fetch runs on the host's calling thread), and a framework there
+/// (PyTorch) follows the current context.
+pub(crate) struct ContextGuard(Option<usize>);
+
+impl ContextGuard {
+    /// Remembers the current context (nothing when no driver is loaded).
+    pub(crate) fn save() -> ContextGuard {
+        ContextGuard(driver().ok().and_then(|_| {
+            let mut c: CUcontext = std::ptr::null_mut();
+            // SAFETY: out-pointer to a live local; the driver is loaded.
+            let r = unsafe { sys::cuCtxGetCurrent(&mut c) };
+            (r == CUresult::CUDA_SUCCESS).then_some(c as usize)
+        }))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            // SAFETY: the context that was current (or null, for none).
+            let _ = unsafe { sys::cuCtxSetCurrent(c as CUcontext) };
+        }
+    }
+}
+
 /// How this transport reaches device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Staging {
@@ -171,7 +199,16 @@ impl Staging {
             Staging::HostStandIn => Ok(0),
             Staging::Cuda => {
                 let d = driver()?;
-                d.bind(0)?;
+                let mut current: CUcontext = std::ptr::null_mut();
+                // SAFETY: out-pointer to a live local.
+                check("cuCtxGetCurrent", unsafe {
+                    sys::cuCtxGetCurrent(&mut current)
+                })?;
+                if current.is_null() {
+                    // The query needs a context; the caller restores the
+                    // thread's (see `ContextGuard`).
+                    d.bind(0)?;
+                }
                 let mut ordinal: i32 = -1;
                 // SAFETY: the attribute is an int written to a live local.
                 check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
@@ -203,7 +240,7 @@ impl Staging {
                     sys::cuMemHostAlloc(&mut p, len.max(1), 1)
                 })?;
                 let ptr = NonNull::new(p.cast::<u8>()).ok_or("cuMemHostAlloc returned null")?;
-                Ok(Pinned::Cuda { ptr, len })
+                Ok(Pinned::Cuda { ptr, len, ordinal })
             }
         }
     }
@@ -288,7 +325,12 @@ impl Staging {
 /// the host stand-in mode. Freed on drop.
 #[derive(Debug)]
 pub(crate) enum Pinned {
-    Cuda { ptr: NonNull<u8>, len: usize },
+    /// Made in device `ordinal`'s context (freed in it).
+    Cuda {
+        ptr: NonNull<u8>,
+        len: usize,
+        ordinal: u32,
+    },
     Heap(Box<[u8]>),
 }
 
@@ -302,7 +344,9 @@ impl Pinned {
         match self {
             // SAFETY: `len` bytes allocated by cuMemHostAlloc, owned by
             // this value, borrowed for `self`'s lifetime.
-            Pinned::Cuda { ptr, len } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
+            Pinned::Cuda { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *len)
+            },
             Pinned::Heap(b) => b,
         }
     }
@@ -310,7 +354,7 @@ impl Pinned {
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
             // SAFETY: as above, exclusively borrowed.
-            Pinned::Cuda { ptr, len } => unsafe {
+            Pinned::Cuda { ptr, len, .. } => unsafe {
                 std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
             },
             Pinned::Heap(b) => b,
@@ -320,14 +364,19 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        if let Pinned::Cuda { ptr, .. } = self {
-            // SAFETY: allocated by cuMemHostAlloc (so the driver is loaded),
-            // freed once, here; no copy into it is pending (copies into
-            // owner buffers are synchronous, and an uploader synchronizes
-            // its stream before its buffers drop).
-            if let Err(e) = check("cuMemFreeHost", unsafe {
-                sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>())
-            }) {
+        if let Pinned::Cuda { ptr, ordinal, .. } = self {
+            let _restore = ContextGuard::save();
+            // The free needs a current context, and may run on any thread.
+            let r = driver().and_then(|d| d.bind(*ordinal)).and_then(|()| {
+                // SAFETY: allocated by cuMemHostAlloc (so the driver is
+                // loaded), freed once, here; no copy into it is pending
+                // (copies into owner buffers are synchronous, and an
+                // uploader synchronizes its stream before its buffers drop).
+                check("cuMemFreeHost", unsafe {
+                    sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>())
+                })
+            });
+            if let Err(e) = r {
                 tracing::warn!(target: "http", error = %e, "freeing a pinned buffer failed");
             }
         }
@@ -390,6 +439,8 @@ impl PinnedPool {
                     }),
                     Err(e) => {
                         self.state.lock().unwrap_or_else(PoisonError::into_inner).1 -= 1;
+                        // A waiter may make the buffer this one could not.
+                        self.freed.notify_one();
                         Err(e)
                     }
                 };

@@ -248,6 +248,8 @@ impl HttpTransport {
             buffers: self.cfg.device_buffers,
             piece: self.cfg.device_piece,
         };
+        // The caller's thread keeps its CUDA context whatever this binds.
+        let _restore = gpu::ContextGuard::save();
         let ordinal = self.cfg.staging.device_of(dst).map_err(|why| {
             AbiError::unavailable(format!("http cannot copy into device memory here: {why}"))
         })?;

@@ -218,14 +218,23 @@ impl Driver {
             // SAFETY: the driver created this descriptor for us; we own it
             // from here (closed when the export ends).
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // Not inherited by processes this one spawns (each would keep
+            // the GPU memory alive).
+            rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).map_err(|e| CudaError {
+                call: "fcntl(FD_CLOEXEC)",
+                code: 0,
+                name: e.to_string(),
+            })?;
             chunks.push((size, fd));
             at = base + size;
         }
         let base = first.unwrap_or(addr);
-        Ok(VmmExport {
-            chunks,
-            offset: addr - base,
-        })
+        let offset = addr.checked_sub(base).ok_or_else(|| CudaError {
+            call: "cuMemGetAddressRange",
+            code: 0,
+            name: format!("the mapping's base {base:#x} lies above the shard's address {addr:#x}"),
+        })?;
+        Ok(VmmExport { chunks, offset })
     }
 
     /// Maps a peer's exported chunks, in order, into one new address range

@@ -169,20 +169,25 @@ fn stage(
             return;
         };
         let len = reader.len();
+        let mut reader = Some(reader);
         let mut at = 0usize;
         while at < len {
             let n = pool.piece().min(len - at);
             let piece = pool
                 .take(ordinal, wait)
                 .and_then(|mut p| p.fill(ordinal, addr + at as u64, n).map(|()| p));
+            at += n;
+            if at >= len {
+                // Every byte is out of device memory: unexport may proceed,
+                // even while the last pieces wait for a slow client.
+                reader = None;
+            }
             let failed = piece.is_err();
             // A consumer that went away closed the channel: stop copying.
             if tx.blocking_send(piece.map(Bytes::from_owner)).is_err() || failed {
                 return;
             }
-            at += n;
         }
-        // Every byte is out of device memory: unexport may proceed.
         drop(reader);
     });
     rx
