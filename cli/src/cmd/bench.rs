@@ -111,19 +111,7 @@ fn run_load(args: LoadArgs) -> Outcome {
     };
     let rows = bench::load::run_load(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
-    if !to_stdout {
-        print!("{}", bench::load::table(&rows));
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
-        if to_stdout {
-            println!("{text}");
-        } else {
-            write_file(path, text.as_bytes())?;
-            eprintln!("wrote {}", path.display());
-        }
-    }
+    write_report(args.json.as_deref(), &rows, || bench::load::table(&rows))?;
     if let Some(path) = &args.plot {
         write_file(path, bench::load::svg(&rows).as_bytes())?;
         eprintln!("wrote {}", path.display());
@@ -167,25 +155,36 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
     };
     let rows = bench::cluster::run_cluster(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
-    if !to_stdout {
-        print!("{}", bench::cluster::table(&rows));
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
-        if to_stdout {
-            println!("{text}");
-        } else {
-            write_file(path, text.as_bytes())?;
-            eprintln!("wrote {}", path.display());
-        }
-    }
+    write_report(args.json.as_deref(), &rows, || bench::cluster::table(&rows))?;
     if rows.iter().any(|r| !r.verified) {
         return Err((
             EXIT_FAILURE,
             "a copy did not match the owner's bytes".to_owned(),
         )
             .into());
+    }
+    Ok(())
+}
+
+/// Prints `table()` unless the JSON goes to stdout (`json` is `-`), and
+/// writes `rows` as JSON to `json` when given.
+fn write_report<T: serde::Serialize>(
+    json: Option<&Path>,
+    rows: &T,
+    table: impl FnOnce() -> String,
+) -> Outcome {
+    let to_stdout = json == Some(Path::new("-"));
+    if !to_stdout {
+        print!("{}", table());
+    }
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(rows).unwrap_or_default();
+        if to_stdout {
+            println!("{text}");
+        } else {
+            write_file(path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
@@ -201,19 +200,7 @@ pub fn run(args: Args) -> Outcome {
     let opts = options(&args)?;
     let report = run_bench(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-    let to_stdout = args.json.as_deref() == Some(Path::new("-"));
-    if !to_stdout {
-        print!("{report}");
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
-        if to_stdout {
-            println!("{text}");
-        } else {
-            write_file(path, text.as_bytes())?;
-            eprintln!("wrote {}", path.display());
-        }
-    }
+    write_report(args.json.as_deref(), &report, || report.to_string())?;
     if let Some(path) = &args.plot {
         write_file(path, bench::plot::svg(&report).as_bytes())?;
         eprintln!("wrote {}", path.display());
