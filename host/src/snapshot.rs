@@ -60,6 +60,10 @@ pub struct Snapshot {
     pub downgrades: u64,
     /// Fetches that found no candidate transport at all.
     pub no_candidate: u64,
+    /// Retries of attempts whose transport said a limit was exhausted
+    /// (`fetch.exhausted-wait`).
+    #[serde(default)]
+    pub exhausted_waits: u64,
     /// Bytes of owned storage leaked because a transport could not unexport.
     #[serde(default)]
     pub leaked_bytes: u64,

@@ -7,6 +7,7 @@
 
 mod util;
 
+mod backpressure;
 mod cluster;
 mod conformance;
 mod control_hostile;

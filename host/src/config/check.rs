@@ -328,6 +328,11 @@ impl Ctx<'_> {
                 None => DEFAULT_MAX_BATCH,
                 Some(v) => self.int_in("fetch.max-batch", v, 1, 1_000_000, "4096")? as usize,
             },
+            exhausted_wait: match &raw.exhausted_wait {
+                None => std::time::Duration::ZERO,
+                Some(v) if v.get_ref().trim() == "0s" => std::time::Duration::ZERO,
+                Some(v) => self.duration("fetch.exhausted-wait", v, "2s")?,
+            },
         })
     }
 

@@ -407,6 +407,10 @@ pub struct FetchConfig {
     pub verify_checksum: bool,
     /// Most shards in one `fetch_many`.
     pub max_batch: usize,
+    /// How long an attempt whose transport says a limit is exhausted
+    /// (`RESOURCE_EXHAUSTED`: the owner's lease table, a full pool) is
+    /// retried before the next candidate is tried; zero: at once.
+    pub exhausted_wait: std::time::Duration,
 }
 
 /// Put settings.

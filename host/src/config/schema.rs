@@ -110,6 +110,7 @@ pub(super) struct RawFetch {
     pub(super) on_downgrade: Option<Spanned<String>>,
     pub(super) verify_checksum: Option<bool>,
     pub(super) max_batch: Option<Spanned<i64>>,
+    pub(super) exhausted_wait: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -149,6 +149,11 @@ fn node_families(f: &mut Family<'_>, s: &Snapshot) {
             "Fetches no loaded transport could serve.",
             s.no_candidate,
         ),
+        (
+            "shardport_fetch_exhausted_waits_total",
+            "Retries of fetch attempts whose transport said a limit was exhausted.",
+            s.exhausted_waits,
+        ),
     ] {
         f.header(name, "counter", help);
         f.sample(name, &labels(&[("node", node)]), value);

@@ -189,6 +189,7 @@ pub struct Metrics {
     /// Per (experiment, arm) name.
     arms: Mutex<BTreeMap<(String, String), Arc<ArmCounters>>>,
     no_candidate: AtomicU64,
+    exhausted_waits: AtomicU64,
     downgrades: AtomicU64,
     leaked_bytes: AtomicU64,
     reloads: AtomicU64,
@@ -265,6 +266,7 @@ impl Metrics {
             ),
             arms: Mutex::default(),
             no_candidate: AtomicU64::new(0),
+            exhausted_waits: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
             leaked_bytes: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
@@ -359,6 +361,12 @@ impl Metrics {
         self.no_candidate.load(Ordering::Relaxed)
     }
 
+    /// A fetch attempt retried after its transport said a limit was
+    /// exhausted.
+    pub fn exhausted_wait(&self) {
+        self.exhausted_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Downgrades so far.
     pub fn downgrades(&self) -> u64 {
         self.downgrades.load(Ordering::Relaxed)
@@ -431,6 +439,7 @@ impl Metrics {
                 .collect(),
             downgrades: self.downgrades(),
             no_candidate: self.no_candidate(),
+            exhausted_waits: self.exhausted_waits.load(Ordering::Relaxed),
             leaked_bytes: self.leaked_bytes(),
             gauges,
             reloads: self.reloads.load(Ordering::Relaxed),

@@ -181,10 +181,27 @@ impl Node {
         let len = handle.meta.byte_len;
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
         let mut corrupt: Option<HostError> = None;
+        let exhausted_wait = g.config.fetch.exhausted_wait;
         for attempt in attempts {
             let p = &g.plugins[attempt.plugin];
             let desc = &handle.exports[attempt.export].descriptor;
-            let e = match import(attempt, p, desc) {
+            let mut outcome = import(attempt, p, desc);
+            // A limit exhausted at the transport (a lease table, a pool):
+            // retried, backing off, for up to `fetch.exhausted-wait`.
+            let waiting = Instant::now();
+            let mut backoff = Duration::from_micros(200);
+            while let Err(Miss::Failed(e)) = &outcome {
+                if e.kind != ErrorKind::RESOURCE_EXHAUSTED
+                    || waiting.elapsed() + backoff > exhausted_wait
+                {
+                    break;
+                }
+                self.inner.metrics.exhausted_wait();
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(20));
+                outcome = import(attempt, p, desc);
+            }
+            let e = match outcome {
                 Ok(value) => {
                     let latency = start.elapsed();
                     if let Some(plan) = arm {
