@@ -71,6 +71,7 @@ fn snap(experiments: Vec<ExperimentSnapshot>) -> Snapshot {
         experiments,
         downgrades: 0,
         no_candidate: 0,
+        exhausted_waits: 0,
         leaked_bytes: 0,
         gauges: Vec::new(),
         reloads: 0,
