@@ -509,3 +509,29 @@ fn put_many_keeps_order_and_a_bad_item_does_not_stop_the_others() {
     }
     assert_eq!(n.stats().shards_owned, 2);
 }
+
+/// A private view asked of a transport that lends none (the spool-dir
+/// example: zero-copy views, no private ones) is a private copy through the
+/// same transport, and the selection says so: mode copy, and why.
+#[test]
+fn a_private_view_served_as_a_copy_says_so() {
+    let dir = util::temp_dir("private-copy");
+    let spool = util::spool_plugin(dir.path());
+    let owner = Node::start(util::parse(&spool)).expect("owner starts");
+    let consumer = Node::start(util::parse(&spool)).expect("consumer starts");
+    let h = owner
+        .put(&[3u8; 5000], &TensorSpec::bytes(5000), Default::default())
+        .unwrap();
+    let f = consumer.fetch_private(&h).unwrap();
+    assert!(f.data.iter().all(|&x| x == 3));
+    assert_eq!(f.selection.transport.as_str(), "spool-dir");
+    assert_eq!(f.selection.mode, FetchMode::Copy);
+    assert!(
+        f.selection.reason.contains("private copy"),
+        "{}",
+        f.selection.reason
+    );
+    // A plain view through the same transport stays a view.
+    let v = consumer.fetch_mode(&h, FetchMode::View).unwrap();
+    assert_eq!(v.selection.mode, FetchMode::View);
+}

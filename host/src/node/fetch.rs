@@ -145,6 +145,17 @@ impl Node {
                 Ok(data)
             },
         )
+        .map(|(data, mut selection)| {
+            // A view asked for and a copy delivered (a transport without
+            // private views): the selection says what was served.
+            if selection.mode == FetchMode::View && matches!(data, Some(ShardBytes::Owned(_))) {
+                selection.mode = FetchMode::Copy;
+                selection
+                    .reason
+                    .push_str(", a private copy (the transport lends no private views)");
+            }
+            (data, selection)
+        })
     }
 
     /// The plan's attempts, or `NoCandidate` (counted) when there is none.
