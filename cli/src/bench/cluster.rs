@@ -322,3 +322,86 @@ pub fn table(rows: &[ClusterRow]) -> String {
     }
     out
 }
+
+/// An SVG of the ratios to the floors against N: the broadcast (red) and
+/// the fan-in (blue), one polyline per shard size, with the 1x line.
+pub fn svg(rows: &[ClusterRow]) -> String {
+    let (w, h, pad) = (640.0, 360.0, 50.0);
+    let max_n = rows.iter().map(|r| r.nodes).max().unwrap_or(1).max(2) as f64;
+    let max_ratio = rows
+        .iter()
+        .flat_map(|r| [r.broadcast_s / r.floor_s, r.fanin_s / r.fanin_floor_s])
+        .fold(2.0, f64::max);
+    let x = |n: usize| pad + (n as f64).log2() / max_n.log2() * (w - 2.0 * pad);
+    let y = |v: f64| h - pad - v / max_ratio * (h - 2.0 * pad);
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut lines = String::new();
+    for size in sizes {
+        let of_size: Vec<&ClusterRow> = rows.iter().filter(|r| r.size == size).collect();
+        for (color, ratio) in [
+            (
+                "#d62728",
+                (|r: &ClusterRow| r.broadcast_s / r.floor_s) as fn(&ClusterRow) -> f64,
+            ),
+            ("#1f77b4", |r: &ClusterRow| r.fanin_s / r.fanin_floor_s),
+        ] {
+            let points: Vec<String> = of_size
+                .iter()
+                .map(|r| format!("{:.1},{:.1}", x(r.nodes), y(ratio(r))))
+                .collect();
+            lines.push_str(&format!(
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+                points.join(" ")
+            ));
+        }
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{pad}\" y=\"24\" font-family=\"sans-serif\" font-size=\"13\">shardport bench cluster: time over floor against nodes (log2, up to {max_n}); broadcast red, fan-in blue; grey: the floor</text>\n\
+         <line x1=\"{pad}\" x2=\"{}\" y1=\"{y1:.1}\" y2=\"{y1:.1}\" stroke=\"#999\"/>\n\
+         {lines}</svg>\n",
+        w - pad,
+        y1 = y(1.0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(nodes: usize, size: u64, broadcast_s: f64) -> ClusterRow {
+        ClusterRow {
+            nodes,
+            size,
+            rate_bps: 200_000_000,
+            broadcast_s,
+            relays: false,
+            owner_only_s: broadcast_s,
+            floor_s: 1.0,
+            fanin_s: 1.1,
+            fanin_floor_s: 1.0,
+            broadcast_cpu_share: 0.01,
+            fanin_cpu_share: 0.2,
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn the_plot_has_a_broadcast_and_a_fan_in_line_per_size() {
+        let rows = [
+            row(2, 1, 2.0),
+            row(4, 1, 4.0),
+            row(2, 2, 2.1),
+            row(4, 2, 4.2),
+        ];
+        let svg = svg(&rows);
+        assert_eq!(svg.matches("<polyline").count(), 4);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        let table = table(&rows);
+        assert_eq!(table.lines().count(), 5);
+        assert!(table.contains("4.00x"), "{table}");
+    }
+}

@@ -137,6 +137,9 @@ struct ClusterArgs {
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Write an SVG of each time over its floor against N to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 fn run_cluster(args: ClusterArgs) -> Outcome {
@@ -156,6 +159,10 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
     let rows = bench::cluster::run_cluster(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
     write_report(args.json.as_deref(), &rows, || bench::cluster::table(&rows))?;
+    if let Some(path) = &args.plot {
+        write_file(path, bench::cluster::svg(&rows).as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
     if rows.iter().any(|r| !r.verified) {
         return Err((
             EXIT_FAILURE,
