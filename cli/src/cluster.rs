@@ -71,8 +71,9 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 
 /// tbf's bucket for `rate_bps`: 10 ms of traffic, at least 64 KiB (a
 /// smaller bucket cannot hold one TSO burst and caps the rate below the
-/// setting).
-fn burst_bytes(rate_bps: u64) -> u64 {
+/// setting). A full bucket lets this many bytes through at once, so a
+/// link's floor for `n` bytes is `(n - burst) / rate`.
+pub fn burst_bytes(rate_bps: u64) -> u64 {
     (rate_bps / 8 / 100).max(64 << 10)
 }
 

@@ -12,10 +12,12 @@
 //! - **Broadcast**: the owner puts S bytes; the N consumers fetch the
 //!   shard at once (one thread each); the time is from the first request to
 //!   the last verified copy. Floor: S / B (every consumer must receive S
-//!   bytes through its own link of rate B). Relays do not exist yet, so the
+//!   bytes through its own link of rate B), less what a full tbf bucket
+//!   lets through at once (10 ms of traffic), as for every floor here. Relays do not exist yet, so the
 //!   owner serves everyone (`relays: false`): about N times the floor.
 //! - **Fan-in**: the N nodes each put S bytes; the fan-in consumer fetches
-//!   all N shards in one `fetch_many`. Floor: N·S / min(its rate, N·B).
+//!   all N shards in one `fetch_many`. Floor: the slower of N·S through the
+//!   consumer's link and S through an owner's.
 //!
 //! CPU: each node's user + system time during each phase, from
 //! `/proc/<pid>/stat` of its worker, reported as the busiest node's share
@@ -30,7 +32,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    cluster::Cluster,
+    cluster::{burst_bytes, Cluster},
     worker::{Request, WorkerProcess},
 };
 
@@ -278,9 +280,12 @@ fn one_row(
     for (w, id) in workers[1..=n].iter_mut().zip(ids) {
         w.call(&Request::Remove { ids: vec![id] })?;
     }
-    let bits = size as f64 * 8.0;
-    let rate = opts.rate_bps as f64;
-    let fanin_rate = (rate * opts.fanin_factor.max(1) as f64).min(rate * n as f64);
+    // What each link must carry, less what its full tbf bucket lets
+    // through at once, over its rate.
+    let link = |bytes: u64, rate_bps: u64| {
+        bytes.saturating_sub(burst_bytes(rate_bps)) as f64 * 8.0 / rate_bps as f64
+    };
+    let consumer_rate = opts.rate_bps.saturating_mul(opts.fanin_factor.max(1));
     Ok(ClusterRow {
         nodes: n,
         size,
@@ -288,9 +293,9 @@ fn one_row(
         broadcast_s: broadcast,
         relays: false,
         owner_only_s: broadcast,
-        floor_s: bits / rate,
+        floor_s: link(size, opts.rate_bps),
         fanin_s: fanin,
-        fanin_floor_s: n as f64 * bits / fanin_rate,
+        fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
         broadcast_cpu_share: broadcast_cpu,
         fanin_cpu_share: busiest_share(&before, &after, fanin),
         verified,
