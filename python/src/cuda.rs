@@ -25,6 +25,7 @@ type CuPointerGetAttribute = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_
 type CuCtxGetCurrent = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 type CuCtxSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
 type CuCtxGetDevice = unsafe extern "C" fn(*mut c_int) -> c_int;
+type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
 type CuDevicePrimaryCtxRelease = unsafe extern "C" fn(c_int) -> c_int;
 type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
@@ -38,6 +39,7 @@ struct Driver {
     ctx_get_current: CuCtxGetCurrent,
     ctx_set_current: CuCtxSetCurrent,
     ctx_get_device: CuCtxGetDevice,
+    device_get: CuDeviceGet,
     primary_retain: CuDevicePrimaryCtxRetain,
     primary_release: CuDevicePrimaryCtxRelease,
     mem_alloc: CuMemAlloc,
@@ -69,6 +71,7 @@ fn driver() -> Result<&'static Driver, String> {
                 let ctx_get_current = sym!(CuCtxGetCurrent, "cuCtxGetCurrent");
                 let ctx_set_current = sym!(CuCtxSetCurrent, "cuCtxSetCurrent");
                 let ctx_get_device = sym!(CuCtxGetDevice, "cuCtxGetDevice");
+                let device_get = sym!(CuDeviceGet, "cuDeviceGet");
                 let primary_retain = sym!(CuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
                 let primary_release =
                     sym!(CuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
@@ -86,6 +89,7 @@ fn driver() -> Result<&'static Driver, String> {
                     ctx_get_current,
                     ctx_set_current,
                     ctx_get_device,
+                    device_get,
                     primary_retain,
                     primary_release,
                     mem_alloc,
@@ -120,6 +124,9 @@ pub(crate) fn device_of(addr: u64) -> Result<i32, String> {
 #[derive(Debug)]
 pub(crate) struct DeviceAlloc {
     addr: u64,
+    /// The `CUdevice` whose primary context is retained.
+    device: c_int,
+    /// Its ordinal in this process.
     ordinal: i32,
     ctx: usize,
 }
@@ -142,21 +149,25 @@ impl DeviceAlloc {
         call("cuCtxGetCurrent", unsafe {
             (d.ctx_get_current)(&mut current)
         })?;
-        let mut ordinal: c_int = 0;
-        if !current.is_null() {
+        // The device handle (`CUdevice`) of the current context's device,
+        // or of device 0.
+        let mut device: c_int = 0;
+        if current.is_null() {
+            // SAFETY: out-pointer to a live local; the driver is initialised.
+            call("cuDeviceGet", unsafe { (d.device_get)(&mut device, 0) })?;
+        } else {
             // SAFETY: out-pointer to a live local; a context is current.
-            call("cuCtxGetDevice", unsafe {
-                (d.ctx_get_device)(&mut ordinal)
-            })?;
+            call("cuCtxGetDevice", unsafe { (d.ctx_get_device)(&mut device) })?;
         }
         let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer to a live local; released in drop.
         call("cuDevicePrimaryCtxRetain", unsafe {
-            (d.primary_retain)(&mut ctx, ordinal)
+            (d.primary_retain)(&mut ctx, device)
         })?;
         let mut out = DeviceAlloc {
             addr: 0,
-            ordinal,
+            device,
+            ordinal: 0,
             ctx: ctx as usize,
         };
         // SAFETY: a retained primary context; the caller's context is
@@ -169,6 +180,9 @@ impl DeviceAlloc {
         unsafe { (d.ctx_set_current)(current) };
         call("cuMemAlloc", rc)?;
         out.addr = addr;
+        // The ordinal DLPack names, asked of the driver (not assumed equal
+        // to the device handle).
+        out.ordinal = device_of(addr)?;
         Ok(out)
     }
 
@@ -195,7 +209,7 @@ impl Drop for DeviceAlloc {
                 (d.mem_free)(self.addr);
                 (d.ctx_set_current)(current);
             }
-            (d.primary_release)(self.ordinal);
+            (d.primary_release)(self.device);
         }
     }
 }
