@@ -744,6 +744,21 @@ impl WorkerProcess {
         self.child.id()
     }
 
+    /// User + system CPU seconds the child has used so far (fields 14 and
+    /// 15 of `/proc/<pid>/stat`); 0 where the file cannot be read or parsed.
+    pub fn cpu_seconds(&self) -> f64 {
+        let read = || -> Option<f64> {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+            // The command name may hold spaces and parentheses: fields are
+            // counted after its closing one.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / rustix::param::clock_ticks_per_second() as f64)
+        };
+        read().unwrap_or(0.0)
+    }
+
     /// Sends one request and reads its reply; a reply with `ok: false` is an error.
     pub fn call(&mut self, req: &Request) -> Result<Reply, WorkerError> {
         let reply = self.call_raw(req)?;

@@ -119,17 +119,8 @@ impl NodeWorker {
 
     /// User + system CPU seconds of the worker so far.
     fn cpu_s(&self) -> f64 {
-        cpu_seconds(self.w.pid()).unwrap_or(0.0)
+        self.w.cpu_seconds()
     }
-}
-
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    Some(ticks / hz)
 }
 
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken

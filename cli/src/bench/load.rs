@@ -236,19 +236,6 @@ pub struct LoadRow {
     pub churn_puts: u64,
 }
 
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    ticks / rustix::param::clock_ticks_per_second() as f64
-}
-
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -295,7 +282,7 @@ pub fn run_load(
             .map(|i| spawn(&format!("consumer {i}")))
             .collect::<Result<Vec<_>, _>>()?;
         let duration_ms = opts.duration.as_millis() as u64;
-        let owner_cpu = cpu_seconds(owner.pid());
+        let owner_cpu = owner.cpu_seconds();
         let (results, churn) = std::thread::scope(|s| {
             let churn = s.spawn(|| {
                 call(
@@ -332,7 +319,7 @@ pub fn run_load(
                 .unwrap_or_else(|_| Err("the churn thread panicked".into()));
             (results, churn)
         });
-        let owner_cpu = cpu_seconds(owner.pid()) - owner_cpu;
+        let owner_cpu = owner.cpu_seconds() - owner_cpu;
         let churn_puts = churn?.count.unwrap_or(0);
         let mut loops = Vec::with_capacity(c);
         for r in results {
