@@ -333,35 +333,30 @@ pub fn svg(rows: &[ClusterRow]) -> String {
     let mut sizes: Vec<u64> = rows.iter().map(|r| r.size).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let mut lines = String::new();
-    for size in sizes {
-        let of_size: Vec<&ClusterRow> = rows.iter().filter(|r| r.size == size).collect();
-        for (color, ratio) in [
-            (
-                "#d62728",
-                (|r: &ClusterRow| r.broadcast_s / r.floor_s) as fn(&ClusterRow) -> f64,
-            ),
-            ("#1f77b4", |r: &ClusterRow| r.fanin_s / r.fanin_floor_s),
-        ] {
-            let points: Vec<String> = of_size
-                .iter()
-                .map(|r| format!("{:.1},{:.1}", x(r.nodes), y(ratio(r))))
-                .collect();
-            lines.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
-                points.join(" ")
-            ));
-        }
-    }
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{pad}\" y=\"24\" font-family=\"sans-serif\" font-size=\"13\">shardport bench cluster: time over floor against nodes (log2, up to {max_n}); broadcast red, fan-in blue; grey: the floor</text>\n\
-         <line x1=\"{pad}\" x2=\"{}\" y1=\"{y1:.1}\" y2=\"{y1:.1}\" stroke=\"#999\"/>\n\
-         {lines}</svg>\n",
+    let mut lines = format!(
+        "<line x1=\"{pad}\" x2=\"{}\" y1=\"{y1:.1}\" y2=\"{y1:.1}\" stroke=\"#999\"/>\n",
         w - pad,
         y1 = y(1.0),
-    )
+    );
+    type Ratio = fn(&ClusterRow) -> f64;
+    let ratios: [(&str, Ratio); 2] = [
+        ("#d62728", |r| r.broadcast_s / r.floor_s),
+        ("#1f77b4", |r| r.fanin_s / r.fanin_floor_s),
+    ];
+    for size in sizes {
+        for (color, ratio) in ratios {
+            let points = rows
+                .iter()
+                .filter(|r| r.size == size)
+                .map(|r| (x(r.nodes), y(ratio(r))));
+            lines.push_str(&super::plot::polyline(color, points));
+        }
+    }
+    let title = format!(
+        "shardport bench cluster: time over floor against nodes (log2, up to {max_n}); \
+         broadcast red, fan-in blue; grey: the floor"
+    );
+    super::plot::page(w, h, pad, &title, &lines)
 }
 
 #[cfg(test)]

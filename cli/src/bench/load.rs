@@ -407,22 +407,16 @@ pub fn svg(rows: &[LoadRow]) -> String {
     let max_p99 = rows.iter().map(|r| r.p99_us).fold(1.0, f64::max);
     let x = |c: usize| pad + (c as f64).ln_1p() / max_c.ln_1p() * (w - 2.0 * pad);
     let y = |v: f64, max: f64| h - pad - v / max * (h - 2.0 * pad);
-    let line = |f: &dyn Fn(&LoadRow) -> f64, max: f64| {
-        rows.iter()
-            .map(|r| format!("{:.1},{:.1}", x(r.consumers), y(f(r), max)))
-            .collect::<Vec<_>>()
-            .join(" ")
+    let line = |color, f: fn(&LoadRow) -> f64, max| {
+        super::plot::polyline(color, rows.iter().map(|r| (x(r.consumers), y(f(r), max))))
     };
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{pad}\" y=\"24\" font-family=\"sans-serif\" font-size=\"14\">shardport bench load: shards/s (blue, max {max_rate:.0}) and p99 (red, max {max_p99:.0} us) against consumers (log scale, up to {max_c})</text>\n\
-         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n\
-         <polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n\
-         </svg>\n",
-        line(&|r| r.shards_per_s, max_rate),
-        line(&|r| r.p99_us, max_p99),
-    )
+    let title = format!(
+        "shardport bench load: shards/s (blue, max {max_rate:.0}) and p99 (red, max \
+         {max_p99:.0} us) against consumers (log scale, up to {max_c})"
+    );
+    let body =
+        line("#1f77b4", |r| r.shards_per_s, max_rate) + &line("#d62728", |r| r.p99_us, max_p99);
+    super::plot::page(w, h, pad, &title, &body)
 }
 
 #[cfg(test)]
@@ -468,6 +462,8 @@ mod tests {
         assert_eq!(row.p50_us, 1.0);
         assert_eq!(row.p99_us, 5.0);
         assert_eq!(row.churn_puts, 9);
-        assert!(svg(&[row]).contains("<polyline"));
+        let svg = svg(&[row]);
+        assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
     }
 }

@@ -32,6 +32,31 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// A `w` x `h` SVG document on white: `title` at the top left (`left` from
+/// the edge), then `body` (SVG elements, one per line). The frame of the
+/// line charts of `bench cluster` and `bench load`.
+pub(super) fn page(w: f64, h: f64, left: f64, title: &str, body: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"24\" font-family=\"sans-serif\" font-size=\"13\">{}</text>\n\
+         {body}</svg>\n",
+        esc(title)
+    )
+}
+
+/// A 2-pixel `color` polyline through `points` (SVG coordinates), one line.
+pub(super) fn polyline(color: &str, points: impl IntoIterator<Item = (f64, f64)>) -> String {
+    let points: Vec<String> = points
+        .into_iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    format!(
+        "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+        points.join(" ")
+    )
+}
+
 /// Renders the report as an SVG document.
 pub fn svg(report: &BenchReport) -> String {
     let mut series: Vec<(PathId, Op)> = Vec::new();
