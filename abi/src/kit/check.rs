@@ -10,7 +10,14 @@ use crate::{
 
 /// `import_into`: the destination holds exactly `meta.byte_len` bytes.
 pub fn destination(dst_len: usize, meta: &ShardMeta) -> PluginResult<()> {
-    if dst_len as u64 == meta.byte_len {
+    device_destination(dst_len as u64, meta)
+}
+
+/// `import_into_device`: the device destination (`dst_len` bytes at a
+/// device address) holds exactly `meta.byte_len` bytes; the same words as
+/// [`destination`].
+pub fn device_destination(dst_len: u64, meta: &ShardMeta) -> PluginResult<()> {
+    if dst_len == meta.byte_len {
         return Ok(());
     }
     Err(AbiError::invalid_argument(format!(
@@ -74,6 +81,10 @@ mod tests {
         let e = destination(3, &meta).unwrap_err();
         assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
         assert_eq!(e.message.as_str(), "destination is 3 bytes, the shard is 4");
+        device_destination(4, &meta).unwrap();
+        let e = device_destination(5, &meta).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::INVALID_ARGUMENT);
+        assert_eq!(e.message.as_str(), "destination is 5 bytes, the shard is 4");
         declared_len("x descriptor", "len", 4, &meta).unwrap();
         let e = declared_len("x descriptor", "len", 5, &meta).unwrap_err();
         assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR);

@@ -405,12 +405,7 @@ impl CudaIpc {
         dst_len: u64,
     ) -> PluginResult<ImportInfo> {
         let live = self.live()?;
-        if dst_len != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {dst_len} bytes, the shard is {}",
-                meta.byte_len
-            )));
-        }
+        kit::check::device_destination(dst_len, meta)?;
         let (d, ordinal) = self.check(live, desc, meta)?;
         let (rec, addr) = self.open(live, &d, ordinal)?;
         let r = live

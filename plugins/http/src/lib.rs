@@ -235,12 +235,7 @@ impl HttpTransport {
         dst: u64,
         dst_len: u64,
     ) -> PluginResult<ImportInfo> {
-        if dst_len != meta.byte_len {
-            return Err(AbiError::invalid_argument(format!(
-                "destination is {dst_len} bytes, the shard is {}",
-                meta.byte_len
-            )));
-        }
+        kit::check::device_destination(dst_len, meta)?;
         let d = Descriptor::decode(desc)?;
         kit::check::declared_len("http descriptor", "len", d.len, meta)?;
         let ring = DeviceRing {
