@@ -112,14 +112,9 @@ pub(super) fn shard(shared: &Shared, id: ShardId) -> Response<Frames> {
     let body = Frames::of([part(shared, reader)]);
     let len = body.len();
     shared.stats.bytes_served.add(len);
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    h.insert(wire::LEN_HEADER, HeaderValue::from(len));
+    let mut r = framed(StatusCode::OK, "application/octet-stream", body);
+    r.headers_mut()
+        .insert(wire::LEN_HEADER, HeaderValue::from(len));
     r
 }
 
@@ -205,15 +200,7 @@ pub(super) async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<F
     shared.stats.bytes_served.add(served);
     shared.stats.batches_served.inc();
     let body = Frames::of(std::iter::once(Part::Ready(head)).chain(data));
-    let len = body.len();
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    r
+    framed(StatusCode::OK, "application/octet-stream", body)
 }
 
 /// The body part of one exported shard: its host bytes in place, or a GPU
@@ -286,15 +273,17 @@ pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Response<F
 }
 
 pub(super) fn json(status: StatusCode, body: String) -> Response<Frames> {
-    let body = Frames::new([Bytes::from(body)]);
+    framed(status, "application/json", Frames::new([Bytes::from(body)]))
+}
+
+/// A response with `body`, its `content-type` and its `content-length`
+/// (every body this server sends has a known length).
+fn framed(status: StatusCode, content_type: &'static str, body: Frames) -> Response<Frames> {
     let len = body.len();
     let mut r = Response::new(body);
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     r
 }
