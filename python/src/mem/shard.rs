@@ -297,14 +297,7 @@ impl Shard {
                 "the shard is C-contiguous; a Fortran-contiguous buffer was asked for",
             ));
         }
-        let formatted = flags & ffi::PyBUF_FORMAT != 0;
-        let (format, item, shape, strides, ndim): (
-            *mut c_char,
-            isize,
-            *mut isize,
-            *mut isize,
-            c_int,
-        ) = if formatted {
+        let layout = if flags & ffi::PyBUF_FORMAT != 0 {
             let Some(f) = buffer_format(me.dtype) else {
                 // TypeError, not BufferError: NumPy then falls back to `__array__`.
                 return Err(PyTypeError::new_err(format!(
@@ -312,46 +305,20 @@ impl Shard {
                     dtype_name(me.dtype)
                 )));
             };
-            (
-                f.as_ptr().cast_mut(),
-                me.item() as isize,
-                me.buf_shape.as_ptr().cast_mut(),
-                me.buf_strides.as_ptr().cast_mut(),
-                me.buf_shape.len() as c_int,
-            )
+            BufferLayout {
+                format: f.as_ptr().cast_mut(),
+                itemsize: me.item() as isize,
+                ndim: me.buf_shape.len() as c_int,
+                shape: me.buf_shape.as_ptr().cast_mut(),
+                strides: me.buf_strides.as_ptr().cast_mut(),
+            }
         } else {
             // Unformatted: plain bytes, one dimension.
-            (
-                ptr::null_mut(),
-                1,
-                me.flat.as_ptr().cast_mut(),
-                me.flat[1..].as_ptr().cast_mut(),
-                1,
-            )
+            BufferLayout::bytes(ptr::null_mut(), &me.flat)
         };
+        let (ptr, len, writable) = (me.ptr, me.len, me.writable);
         // SAFETY: see above; `view` is valid for writes per the protocol.
-        unsafe {
-            (*view).buf = me.ptr as *mut c_void;
-            (*view).len = me.len as isize;
-            (*view).readonly = c_int::from(!me.writable);
-            (*view).itemsize = item;
-            (*view).format = format;
-            // Without PyBUF_ND the consumer sees one dimension of `len / itemsize` items.
-            (*view).ndim = if flags & ffi::PyBUF_ND != 0 { ndim } else { 1 };
-            (*view).shape = if flags & ffi::PyBUF_ND != 0 {
-                shape
-            } else {
-                ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                strides
-            } else {
-                ptr::null_mut()
-            };
-            (*view).suboffsets = ptr::null_mut();
-            (*view).internal = ptr::null_mut();
-            (*view).obj = slf.into_any().into_ptr();
-        }
+        unsafe { fill_buffer(view, slf.into_any(), ptr, len, writable, layout, flags) };
         Ok(())
     }
 
@@ -540,34 +507,80 @@ impl RawBytes {
         if flags & ffi::PyBUF_WRITABLE != 0 && !me.writable {
             return Err(PyBufferError::new_err("the shard is read-only"));
         }
+        let format = if flags & ffi::PyBUF_FORMAT != 0 {
+            c"B".as_ptr().cast_mut()
+        } else {
+            ptr::null_mut()
+        };
+        let layout = BufferLayout::bytes(format, &me.flat);
+        let (ptr, len, writable) = (me.ptr, me.len, me.writable);
         // SAFETY: `view` is valid for writes per the protocol.
-        unsafe {
-            (*view).buf = me.ptr as *mut c_void;
-            (*view).len = me.len as isize;
-            (*view).readonly = c_int::from(!me.writable);
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT != 0 {
-                c"B".as_ptr().cast_mut()
-            } else {
-                ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND != 0 {
-                me.flat.as_ptr().cast_mut()
-            } else {
-                ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                me.flat[1..].as_ptr().cast_mut()
-            } else {
-                ptr::null_mut()
-            };
-            (*view).suboffsets = ptr::null_mut();
-            (*view).internal = ptr::null_mut();
-            (*view).obj = slf.into_any().into_ptr();
-        }
+        unsafe { fill_buffer(view, slf.into_any(), ptr, len, writable, layout, flags) };
         Ok(())
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// The shape of what a buffer export shows: `format` (null: unformatted),
+/// item size, and `ndim` dimensions with their shape and byte strides.
+struct BufferLayout {
+    format: *mut c_char,
+    itemsize: isize,
+    ndim: c_int,
+    shape: *mut isize,
+    strides: *mut isize,
+}
+
+impl BufferLayout {
+    /// Plain bytes, one dimension: `flat` is `[len, 1]` (the shape, then
+    /// the stride).
+    fn bytes(format: *mut c_char, flat: &[isize; 2]) -> BufferLayout {
+        BufferLayout {
+            format,
+            itemsize: 1,
+            ndim: 1,
+            shape: flat.as_ptr().cast_mut(),
+            strides: flat[1..].as_ptr().cast_mut(),
+        }
+    }
+}
+
+/// Fills a `Py_buffer` with `len` bytes at `ptr` laid out as `layout`,
+/// honouring the consumer's `flags`: without `PyBUF_ND` it sees one
+/// dimension of `len / itemsize` items and no shape, without
+/// `PyBUF_STRIDES` no strides. `view.obj` takes a reference to `obj`.
+///
+/// # Safety
+/// `view` is valid for writes, and every pointer in `layout`, like `ptr`,
+/// lives in `obj` (which the reference keeps until the buffer is released).
+unsafe fn fill_buffer(
+    view: *mut ffi::Py_buffer,
+    obj: Bound<'_, PyAny>,
+    ptr: usize,
+    len: usize,
+    writable: bool,
+    layout: BufferLayout,
+    flags: c_int,
+) {
+    let nd = flags & ffi::PyBUF_ND != 0;
+    let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*view).buf = ptr as *mut c_void;
+        (*view).len = len as isize;
+        (*view).readonly = c_int::from(!writable);
+        (*view).itemsize = layout.itemsize;
+        (*view).format = layout.format;
+        (*view).ndim = if nd { layout.ndim } else { 1 };
+        (*view).shape = if nd { layout.shape } else { ptr::null_mut() };
+        (*view).strides = if strided {
+            layout.strides
+        } else {
+            ptr::null_mut()
+        };
+        (*view).suboffsets = ptr::null_mut();
+        (*view).internal = ptr::null_mut();
+        (*view).obj = obj.into_ptr();
+    }
 }
