@@ -3,6 +3,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use std::fmt;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -221,6 +222,51 @@ impl Drop for Exported {
     }
 }
 
+impl Exported {
+    /// A shard not exported yet, whose bytes `backing` holds. Built before
+    /// the export so that a failing export still drops `backing` in order.
+    fn unpublished(
+        owner: &SharedTransport,
+        id: ShardId,
+        expected: Vec<u8>,
+        backing: Backing,
+    ) -> Exported {
+        Exported {
+            owner: Arc::clone(owner),
+            id,
+            meta: meta_for(expected.len()),
+            desc: Vec::new(),
+            expected,
+            _backing: backing,
+            live: false,
+        }
+    }
+
+    /// Exports `lent` (the bytes `_backing` holds) with `allocation`'s
+    /// token; `what` names the export in a failure.
+    #[track_caller]
+    fn publish(
+        mut self,
+        c: &Check,
+        lent: SharedBytes,
+        allocation: u64,
+        what: fmt::Arguments<'_>,
+    ) -> Exported {
+        let desc = c.ok(
+            self.owner.export(ExportRequest {
+                id: self.id,
+                meta: self.meta.clone(),
+                data: lent,
+                allocation,
+            }),
+            what,
+        );
+        self.live = true;
+        self.desc = desc.into_vec();
+        self
+    }
+}
+
 /// Exports `len` seeded bytes from a heap buffer.
 #[track_caller]
 pub(super) fn export_heap(
@@ -232,30 +278,15 @@ pub(super) fn export_heap(
     let id = fresh_id(rng);
     let expected = rng.bytes(len);
     let data = expected.clone();
-    let meta = meta_for(len);
     let lent = SharedBytes::lend(&data);
-    let mut shard = Exported {
-        owner: Arc::clone(owner),
-        id,
-        meta: meta.clone(),
-        desc: Vec::new(),
-        expected,
-        // Moving the Vec keeps its heap buffer, which `lent` points at.
-        _backing: Backing::Heap { _bytes: data },
-        live: false,
-    };
-    let desc = c.ok(
-        owner.export(ExportRequest {
-            id,
-            meta,
-            data: lent,
-            allocation: 0,
-        }),
+    // Moving the Vec keeps its heap buffer, which `lent` points at.
+    let backing = Backing::Heap { _bytes: data };
+    Exported::unpublished(owner, id, expected, backing).publish(
+        c,
+        lent,
+        0,
         format_args!("export of a {len}-byte shard {id}"),
-    );
-    shard.live = true;
-    shard.desc = desc.into_vec();
-    shard
+    )
 }
 
 /// Writes `len` seeded bytes into an allocation and exports it in place.
@@ -272,30 +303,15 @@ pub(super) fn export_pool(
     guard.as_mut_slice().copy_from_slice(&expected);
     let allocation = guard.mark_exported();
     let lent = SharedBytes::lend(guard.as_slice());
-    let meta = meta_for(len);
-    let mut shard = Exported {
-        owner: Arc::clone(owner),
-        id,
-        meta: meta.clone(),
-        desc: Vec::new(),
-        expected,
-        _backing: Backing::Pool { _guard: guard },
-        live: false,
-    };
-    let desc = c.ok(
-        owner.export(ExportRequest {
-            id,
-            meta,
-            data: lent,
-            allocation,
-        }),
+    let backing = Backing::Pool { _guard: guard };
+    Exported::unpublished(owner, id, expected, backing).publish(
+        c,
+        lent,
+        allocation,
         format_args!(
             "export in place of a {len}-byte allocation (token {allocation}) as shard {id}"
         ),
-    );
-    shard.live = true;
-    shard.desc = desc.into_vec();
-    shard
+    )
 }
 
 /// Metadata for `len` bytes: bf16 for even lengths (two-dimensional when it
