@@ -11,10 +11,13 @@
 //!
 //! - **Broadcast**: the owner puts S bytes; the N consumers fetch the
 //!   shard at once (one thread each); the time is from the first request to
-//!   the last verified copy. Floor: S / B (every consumer must receive S
-//!   bytes through its own link of rate B), less what a full tbf bucket
-//!   lets through at once (10 ms of traffic), as for every floor here. Relays do not exist yet, so the
-//!   owner serves everyone (`relays: false`): about N times the floor.
+//!   the last verified copy. Twice: through the `direct` http instance (the
+//!   owner serves everyone: about N times the floor), then through the
+//!   `http` instance, whose consumers relay (`relay = "on"`: each serves
+//!   what it receives onward, a chain with the default fanout of 1). Floor:
+//!   S / B (every consumer must receive S bytes through its own link of
+//!   rate B), less what a full tbf bucket lets through at once (10 ms of
+//!   traffic), as for every floor here.
 //! - **Fan-in**: the N nodes each put S bytes; the fan-in consumer fetches
 //!   all N shards in one `fetch_many`. Floor: the slower of N·S through the
 //!   consumer's link and S through an owner's.
@@ -62,11 +65,13 @@ pub struct ClusterRow {
     pub size: u64,
     /// B, bits per second.
     pub rate_bps: u64,
-    /// Broadcast time, seconds (with relays, once they exist; the owner
-    /// alone until then).
+    /// Broadcast time with relays, seconds.
     pub broadcast_s: f64,
     /// Whether relays took part.
     pub relays: bool,
+    /// Share of the broadcast's bytes the consumers received from relays
+    /// rather than from the owner.
+    pub relay_share: f64,
     /// Broadcast with the owner serving every consumer, seconds.
     pub owner_only_s: f64,
     /// Broadcast floor S / B, seconds.
@@ -75,8 +80,11 @@ pub struct ClusterRow {
     pub fanin_s: f64,
     /// Fan-in floor N·S / min(fan-in consumer rate, N·B), seconds.
     pub fanin_floor_s: f64,
-    /// The busiest node's CPU time over the broadcast's wall time.
+    /// The busiest node's CPU time over the broadcast's wall time (with
+    /// relays).
     pub broadcast_cpu_share: f64,
+    /// The same, with the owner serving everyone.
+    pub owner_only_cpu_share: f64,
     /// The busiest node's CPU time over the fan-in's wall time.
     pub fanin_cpu_share: f64,
     /// Every copy verified against the owner's pattern.
@@ -97,10 +105,15 @@ impl NodeWorker {
     ) -> Result<NodeWorker, String> {
         let node = &c.nodes[i];
         let cfg = dir.join(format!("node{i}.toml"));
+        // The last node is the fan-in consumer: it relays nothing.
+        let relay = if i + 1 == c.nodes.len() { "off" } else { "on" };
         let text = format!(
             "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n\
              [put]\nstorage = \"heap\"\n\
              [[plugin]]\nname = \"http\"\npath = \"{lib}\"\nrequired = true\n\
+             [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n\
+             relay = \"{relay}\"\nrelay-stall-timeout = \"5s\"\n\
+             [[plugin]]\nname = \"direct\"\npath = \"{lib}\"\nrequired = true\n\
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n",
             addr = node.addr,
             lib = opts.plugin_dir.join("libshardport_http.so").display()
@@ -121,6 +134,62 @@ impl NodeWorker {
     fn cpu_s(&self) -> f64 {
         self.w.cpu_seconds()
     }
+
+    /// A counter or gauge of the worker's `plugin` transport (0 if absent).
+    fn plugin_stat(&mut self, plugin: &str, key: &str) -> Result<u64, String> {
+        let stats = self.call(&Request::Stats)?.stats.unwrap_or_default();
+        Ok(stats["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == plugin)
+            .and_then(|p| p["stats"][key].as_u64())
+            .unwrap_or(0))
+    }
+}
+
+/// One broadcast: the N consumers fetch `handle` at once through `only`;
+/// returns the wall time, the busiest node's CPU share, and whether every
+/// copy was right and came through that transport.
+fn broadcast(
+    workers: &mut [NodeWorker],
+    n: usize,
+    handle: &str,
+    seed: u64,
+    only: &str,
+) -> Result<(f64, f64, bool), String> {
+    let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    let start = Instant::now();
+    let (consumers, _) = workers[1..].split_at_mut(n);
+    let results: Vec<Result<bool, String>> = std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter_mut()
+            .map(|w| {
+                s.spawn(move || {
+                    w.call(&Request::FetchBuffer {
+                        handle: handle.to_owned(),
+                        only: Some(only.to_owned()),
+                        seed: Some(seed),
+                    })
+                    .map(|r| r.verified == Some(true) && r.transport.as_deref() == Some(only))
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a fetch thread panicked".into()))
+            })
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
+    let mut verified = true;
+    for r in results {
+        verified &= r?;
+    }
+    Ok((wall, busiest_share(&before, &after, wall), verified))
 }
 
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken
@@ -207,39 +276,16 @@ fn one_row(
         tags: Default::default(),
     })?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
-    let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
-    let start = Instant::now();
-    let (consumers, _) = workers[1..].split_at_mut(n);
-    let results: Vec<Result<bool, String>> = std::thread::scope(|s| {
-        let joins: Vec<_> = consumers
-            .iter_mut()
-            .map(|w| {
-                let handle = handle.clone();
-                s.spawn(move || {
-                    w.call(&Request::FetchBuffer {
-                        handle,
-                        only: None,
-                        seed: Some(seed),
-                    })
-                    .map(|r| r.verified == Some(true) && r.transport.as_deref() == Some("http"))
-                })
-            })
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| {
-                j.join()
-                    .unwrap_or_else(|_| Err("a fetch thread panicked".into()))
-            })
-            .collect()
-    });
-    let broadcast = start.elapsed().as_secs_f64();
-    let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
-    let mut verified = true;
-    for r in results {
-        verified &= r?;
-    }
-    let broadcast_cpu = busiest_share(&before, &after, broadcast);
+    let (owner_only, owner_only_cpu, direct_ok) = broadcast(workers, n, &handle, seed, "direct")?;
+    let from_relays = |ws: &mut [NodeWorker]| -> Result<u64, String> {
+        ws[1..=n].iter_mut().try_fold(0u64, |t, w| {
+            Ok(t + w.plugin_stat("http", "relay_bytes_from_holders")?)
+        })
+    };
+    let relayed_before = from_relays(workers)?;
+    let (relayed, relayed_cpu, relayed_ok) = broadcast(workers, n, &handle, seed, "http")?;
+    let relay_bytes = from_relays(workers)? - relayed_before;
+    let mut verified = direct_ok && relayed_ok;
     let id = put.id.unwrap_or_default();
     workers[0].call(&Request::Remove { ids: vec![id] })?;
 
@@ -281,13 +327,15 @@ fn one_row(
         nodes: n,
         size,
         rate_bps: opts.rate_bps,
-        broadcast_s: broadcast,
-        relays: false,
-        owner_only_s: broadcast,
+        broadcast_s: relayed,
+        relays: true,
+        relay_share: relay_bytes as f64 / (size as f64 * n as f64),
+        owner_only_s: owner_only,
         floor_s: link(size, opts.rate_bps),
         fanin_s: fanin,
         fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
-        broadcast_cpu_share: broadcast_cpu,
+        broadcast_cpu_share: relayed_cpu,
+        owner_only_cpu_share: owner_only_cpu,
         fanin_cpu_share: busiest_share(&before, &after, fanin),
         verified,
     })
@@ -296,22 +344,25 @@ fn one_row(
 /// The rows as a table.
 pub fn table(rows: &[ClusterRow]) -> String {
     let mut out = String::from(
-        "nodes  size          rate        broadcast (owner only)   floor     ratio   fan-in    floor     ratio   busiest CPU (b / f)  verified\n",
+        "nodes  size          rate         relays    ratio  from relays  owner only    ratio     floor    fan-in     floor   ratio  busiest CPU (r / o / f)  verified\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<6} {:<13} {:<11} {:>9.2} s{:<13} {:>7.2} s {:>6.2}x {:>7.2} s {:>7.2} s {:>6.2}x  {:>5.1}% / {:>5.1}%        {}\n",
+            "{:<6} {:<13} {:<11} {:>7.2} s {:>7.2}x {:>10.0}%  {:>8.2} s {:>7.2}x {:>7.2} s {:>7.2} s {:>7.2} s {:>6.2}x  {:>5.1}% / {:>5.1}% / {:>5.1}%   {}\n",
             r.nodes,
             shardport_abi::format_byte_size(r.size),
             format!("{} Mbit/s", r.rate_bps / 1_000_000),
             r.broadcast_s,
-            if r.relays { " (relays)" } else { "" },
-            r.floor_s,
             r.broadcast_s / r.floor_s,
+            r.relay_share * 100.0,
+            r.owner_only_s,
+            r.owner_only_s / r.floor_s,
+            r.floor_s,
             r.fanin_s,
             r.fanin_floor_s,
             r.fanin_s / r.fanin_floor_s,
             r.broadcast_cpu_share * 100.0,
+            r.owner_only_cpu_share * 100.0,
             r.fanin_cpu_share * 100.0,
             r.verified
         ));
@@ -319,14 +370,21 @@ pub fn table(rows: &[ClusterRow]) -> String {
     out
 }
 
-/// An SVG of the ratios to the floors against N: the broadcast (red) and
-/// the fan-in (blue), one polyline per shard size, with the 1x line.
+/// An SVG of the ratios to the floors against N: the broadcast with relays
+/// (red), with the owner alone (orange) and the fan-in (blue), one polyline
+/// per shard size, with the 1x line.
 pub fn svg(rows: &[ClusterRow]) -> String {
     let (w, h, pad) = (640.0, 360.0, 50.0);
     let max_n = rows.iter().map(|r| r.nodes).max().unwrap_or(1).max(2) as f64;
     let max_ratio = rows
         .iter()
-        .flat_map(|r| [r.broadcast_s / r.floor_s, r.fanin_s / r.fanin_floor_s])
+        .flat_map(|r| {
+            [
+                r.broadcast_s / r.floor_s,
+                r.owner_only_s / r.floor_s,
+                r.fanin_s / r.fanin_floor_s,
+            ]
+        })
         .fold(2.0, f64::max);
     let x = |n: usize| pad + (n as f64).log2() / max_n.log2() * (w - 2.0 * pad);
     let y = |v: f64| h - pad - v / max_ratio * (h - 2.0 * pad);
@@ -339,8 +397,9 @@ pub fn svg(rows: &[ClusterRow]) -> String {
         y1 = y(1.0),
     );
     type Ratio = fn(&ClusterRow) -> f64;
-    let ratios: [(&str, Ratio); 2] = [
+    let ratios: [(&str, Ratio); 3] = [
         ("#d62728", |r| r.broadcast_s / r.floor_s),
+        ("#ff7f0e", |r| r.owner_only_s / r.floor_s),
         ("#1f77b4", |r| r.fanin_s / r.fanin_floor_s),
     ];
     for size in sizes {
@@ -354,7 +413,7 @@ pub fn svg(rows: &[ClusterRow]) -> String {
     }
     let title = format!(
         "shardport bench cluster: time over floor against nodes (log2, up to {max_n}); \
-         broadcast red, fan-in blue; grey: the floor"
+         broadcast with relays red, owner alone orange, fan-in blue; grey: the floor"
     );
     super::plot::page(w, h, pad, &title, &lines)
 }
@@ -363,18 +422,20 @@ pub fn svg(rows: &[ClusterRow]) -> String {
 mod tests {
     use super::*;
 
-    fn row(nodes: usize, size: u64, broadcast_s: f64) -> ClusterRow {
+    fn row(nodes: usize, size: u64, owner_only_s: f64) -> ClusterRow {
         ClusterRow {
             nodes,
             size,
             rate_bps: 200_000_000,
-            broadcast_s,
-            relays: false,
-            owner_only_s: broadcast_s,
+            broadcast_s: 1.1,
+            relays: true,
+            relay_share: 0.5,
+            owner_only_s,
             floor_s: 1.0,
             fanin_s: 1.1,
             fanin_floor_s: 1.0,
             broadcast_cpu_share: 0.01,
+            owner_only_cpu_share: 0.01,
             fanin_cpu_share: 0.2,
             verified: true,
         }
@@ -389,7 +450,7 @@ mod tests {
             row(4, 2, 4.2),
         ];
         let svg = svg(&rows);
-        assert_eq!(svg.matches("<polyline").count(), 4);
+        assert_eq!(svg.matches("<polyline").count(), 6);
         assert!(svg.trim_end().ends_with("</svg>"));
         let table = table(&rows);
         assert_eq!(table.lines().count(), 5);

@@ -133,18 +133,18 @@ impl Node {
         handles: &[Handle],
         b: &mut Batch,
         i: usize,
-        r: Result<Vec<u8>, AbiError>,
+        r: Result<(Vec<u8>, String), AbiError>,
         start: Instant,
     ) -> bool {
         let attempt = &b.plans[i].attempts[b.cursor[i]];
-        let verified = r.map(|buf| {
+        let verified = r.map(|(buf, note)| {
             (
                 self.verify(&b.g, &handles[i], &attempt.transport, &buf),
-                buf,
+                (buf, note),
             )
         });
         let failed = match verified {
-            Ok((Ok(()), buf)) => {
+            Ok((Ok(()), served)) => {
                 let failures = std::mem::take(&mut b.failures[i]);
                 b.out[i] = Some(self.batch_served(
                     &b.g,
@@ -152,7 +152,7 @@ impl Node {
                     &b.plans[i],
                     attempt,
                     failures,
-                    buf,
+                    served,
                     start,
                 ));
                 return false;
@@ -202,14 +202,14 @@ impl Node {
         plan: &Plan,
         attempt: &Attempt,
         failures: Vec<(TransportName, AbiError)>,
-        buf: Vec<u8>,
+        (buf, note): (Vec<u8>, String),
         start: Instant,
     ) -> Result<Fetched, HostError> {
         let len = handle.meta.byte_len;
         // One clock read per shard (a batch's shards settle together).
         let elapsed = start.elapsed();
         self.record_arm(g, plan, Some(&attempt.transport), len, elapsed);
-        let selection = self.report(g, handle, attempt, failures)?;
+        let selection = self.report(g, handle, attempt, &note, failures)?;
         self.inner
             .metrics
             .fetch_ok(attempt.transport.as_str(), len, elapsed);
@@ -233,7 +233,7 @@ impl Node {
         handles: &[Handle],
         plans: &[Plan],
         cursor: &[usize],
-    ) -> Vec<(usize, Result<Vec<u8>, AbiError>)> {
+    ) -> Vec<(usize, Result<(Vec<u8>, String), AbiError>)> {
         let p = &g.plugins[pi];
         let mut bufs: Vec<(usize, Result<Vec<u8>, AbiError>)> = members
             .iter()
@@ -262,6 +262,7 @@ impl Node {
             .import_many(RSliceMut::from_mut_slice(&mut items));
         drop(items);
         let mut results = results.into_iter();
+        let mut notes: Vec<String> = vec![String::new(); bufs.len()];
         for (j, k) in slots.into_iter().enumerate() {
             let r = results.next().map(RResult::into_result).unwrap_or_else(|| {
                 Err(AbiError::internal(format!(
@@ -269,11 +270,15 @@ impl Node {
                     p.name
                 )))
             });
-            if let Err(e) = r {
-                bufs[k].1 = Err(e);
+            match r {
+                Ok(info) => notes[k] = info.note.into(),
+                Err(e) => bufs[k].1 = Err(e),
             }
         }
-        bufs
+        bufs.into_iter()
+            .zip(notes)
+            .map(|((i, r), note)| (i, r.map(|buf| (buf, note))))
+            .collect()
     }
 }
 

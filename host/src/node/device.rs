@@ -206,7 +206,7 @@ impl Node {
         );
         let views = self.candidates(handle, &views, &plan.skipped)?;
         let (view, selection) =
-            self.deliver(&g, handle, views, Some(&plan), start, |_, p, desc| {
+            self.deliver(&g, handle, views, Some(&plan), start, |_, p, desc, _| {
                 LeasedDeviceView::import(&p.transport, desc, &handle.meta).map_err(Miss::Failed)
             })?;
         Ok(DeviceView {
@@ -239,14 +239,20 @@ impl Node {
         }
         let plan = self.plan_for(&g, handle, FetchMode::Copy, Memory::Device);
         let attempts = self.candidates(handle, &plan.attempts, &plan.skipped)?;
-        let ((), mut selection) =
-            self.deliver(&g, handle, attempts, Some(&plan), start, |_, p, desc| {
+        let ((), mut selection) = self.deliver(
+            &g,
+            handle,
+            attempts,
+            Some(&plan),
+            start,
+            |_, p, desc, note| {
                 p.transport
                     .import_into_device(RSlice::from_slice(desc), &handle.meta, dst.0, len)
                     .into_result()
-                    .map(|_| ())
+                    .map(|info| *note = info.note.into())
                     .map_err(Miss::Failed)
-            })?;
+            },
+        )?;
         selection.reason = selection
             .reason
             .replace(", copy", ", device-to-device copy");

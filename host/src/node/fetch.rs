@@ -107,7 +107,7 @@ impl Node {
             attempts,
             Some(&plan),
             start,
-            |attempt, p, desc| {
+            |attempt, p, desc, note| {
                 let data = match &mut target {
                     Target::View if attempt.zero_copy => {
                         LeasedView::import(&p.transport, desc, &handle.meta)
@@ -120,7 +120,7 @@ impl Node {
                             // copy through it, rather than a slower one.
                             Err(e) if e.kind == ErrorKind::UNSUPPORTED => {
                                 let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
-                                import_into(p, desc, &handle.meta, &mut buf)
+                                import_into(p, desc, &handle.meta, &mut buf, note)
                                     .map(|()| Some(ShardBytes::Owned(buf)))
                             }
                             Err(e) => Err(e),
@@ -128,10 +128,12 @@ impl Node {
                     }
                     Target::View | Target::PrivateView | Target::Alloc => {
                         let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
-                        import_into(p, desc, &handle.meta, &mut buf)
+                        import_into(p, desc, &handle.meta, &mut buf, note)
                             .map(|()| Some(ShardBytes::Owned(buf)))
                     }
-                    Target::Into(dst) => import_into(p, desc, &handle.meta, dst).map(|()| None),
+                    Target::Into(dst) => {
+                        import_into(p, desc, &handle.meta, dst, note).map(|()| None)
+                    }
                 }
                 .map_err(Miss::Failed)?;
                 let bytes: &[u8] = match (&data, &target) {
@@ -187,7 +189,7 @@ impl Node {
         attempts: &[Attempt],
         arm: Option<&Plan>,
         start: Instant,
-        mut import: impl FnMut(&Attempt, &LoadedPlugin, &[u8]) -> Result<T, Miss>,
+        mut import: impl FnMut(&Attempt, &LoadedPlugin, &[u8], &mut String) -> Result<T, Miss>,
     ) -> Result<(T, Selection), HostError> {
         let len = handle.meta.byte_len;
         let mut failures: Vec<(TransportName, AbiError)> = Vec::new();
@@ -196,7 +198,9 @@ impl Node {
         for attempt in attempts {
             let p = &g.plugins[attempt.plugin];
             let desc = &handle.exports[attempt.export].descriptor;
-            let mut outcome = import(attempt, p, desc);
+            // What the transport says of how it served (a relay, say).
+            let mut note = String::new();
+            let mut outcome = import(attempt, p, desc, &mut note);
             // A limit exhausted at the transport (a lease table, a pool):
             // retried, backing off, for up to `fetch.exhausted-wait`.
             let waiting = Instant::now();
@@ -210,7 +214,7 @@ impl Node {
                 self.inner.metrics.exhausted_wait();
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(20));
-                outcome = import(attempt, p, desc);
+                outcome = import(attempt, p, desc, &mut note);
             }
             let e = match outcome {
                 Ok(value) => {
@@ -218,7 +222,7 @@ impl Node {
                     if let Some(plan) = arm {
                         self.record_arm(g, plan, Some(&attempt.transport), len, latency);
                     }
-                    let selection = self.report(g, handle, attempt, failures)?;
+                    let selection = self.report(g, handle, attempt, &note, failures)?;
                     self.inner
                         .metrics
                         .fetch_ok(attempt.transport.as_str(), len, latency);
@@ -321,6 +325,7 @@ impl Node {
         g: &Generation,
         handle: &Handle,
         attempt: &Attempt,
+        note: &str,
         failures: Vec<(TransportName, AbiError)>,
     ) -> Result<Selection, HostError> {
         // A view served as a copy is not by itself a downgrade: the plan puts
@@ -328,6 +333,11 @@ impl Node {
         // `failures`; if none existed (a remote owner) a copy is the best there is.
         let downgraded = !failures.is_empty();
         let mut reason = attempt.reason.clone();
+        if !note.is_empty() {
+            reason.push_str(" (");
+            reason.push_str(note);
+            reason.push(')');
+        }
         if !failures.is_empty() {
             let names: Vec<&str> = failures.iter().map(|(t, _)| t.as_str()).collect();
             reason.push_str(&format!("; after {} failed", names.join(", ")));
@@ -460,11 +470,13 @@ enum Target<'a> {
     Into(&'a mut [u8]),
 }
 
+/// One `import_into`; the transport's note (how it served) goes to `note`.
 pub(super) fn import_into(
     p: &LoadedPlugin,
     desc: &[u8],
     meta: &ShardMeta,
     dst: &mut [u8],
+    note: &mut String,
 ) -> Result<(), AbiError> {
     p.transport
         .import_into(
@@ -473,5 +485,8 @@ pub(super) fn import_into(
             RSliceMut::from_mut_slice(dst),
         )
         .into_result()
-        .map(|_| ())
+        .map(|info| {
+            note.clear();
+            note.push_str(&info.note);
+        })
 }

@@ -229,7 +229,54 @@ pub(crate) struct Config {
     pub device_buffers: usize,
     /// How device memory is reached (`test-device-is-host` for tests).
     pub staging: crate::gpu::Staging,
+    /// Relays: serving fetched shards onward (the `relay-*` keys).
+    pub relay: RelayConfig,
 }
+
+/// The `relay*` keys (see `crate::relay`): the consumer's side (`relay`,
+/// `relay-min-size`, `relay-cache`, `relay-keep`, `relay-stall-timeout`)
+/// and the owner's (`relay-fanout`, `relay-piece`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RelayConfig {
+    /// Consumer: join the owner's relay tree for large shards and serve
+    /// what arrives onward (`relay = "on"`).
+    pub on: bool,
+    /// Consumer: shards smaller than this are fetched from the owner alone.
+    pub min_size: u64,
+    /// Consumer: bytes of relay copies kept at once.
+    pub cache: u64,
+    /// Consumer: how long a complete relay copy is kept.
+    pub keep: Duration,
+    /// Consumer: a relay that sends nothing for this long is abandoned.
+    pub stall_timeout: Duration,
+    /// Owner: consumers served by each holder (the owner included).
+    pub fanout: u32,
+    /// Owner: bytes per verified piece.
+    pub piece: u64,
+    /// Tests only: a relay flips one bit in every piece it serves.
+    pub test_corrupt: bool,
+}
+
+/// Default `relay-min-size`: below 1 MiB the join's extra round trip costs
+/// more than relaying saves.
+pub(crate) const DEFAULT_RELAY_MIN_SIZE: u64 = 1 << 20;
+/// Default `relay-cache`: 2 GiB of relay copies per consumer.
+pub(crate) const DEFAULT_RELAY_CACHE: u64 = 2 << 30;
+/// Default `relay-keep`: a minute, long enough for the late joiners of one
+/// step's broadcast, short enough not to hold a step's weights into the next.
+pub(crate) const DEFAULT_RELAY_KEEP: Duration = Duration::from_secs(60);
+/// Default `relay-stall-timeout`: 5 s without a byte from a relay.
+pub(crate) const DEFAULT_RELAY_STALL: Duration = Duration::from_secs(5);
+/// Default `relay-fanout`: 1, a chain: every holder's upload link carries one
+/// copy, so with equal links a broadcast runs at one link's rate.
+pub(crate) const DEFAULT_RELAY_FANOUT: u64 = 1;
+/// Largest `relay-fanout`.
+pub(crate) const MAX_RELAY_FANOUT: u64 = 64;
+/// Default `relay-piece`: 256 KiB: 10 ms at 200 Mbit/s per hop of the
+/// pipeline, 32 KiB of hashes per GiB.
+pub(crate) const DEFAULT_RELAY_PIECE: u64 = 256 << 10;
+pub(crate) const MIN_RELAY_PIECE: u64 = 16 << 10;
+const MAX_RELAY_PIECE: u64 = 64 << 20;
 
 impl Config {
     /// Parses and validates the config table `text` of plugin `instance`.
@@ -372,6 +419,7 @@ impl Config {
         } else {
             crate::gpu::Staging::Cuda
         };
+        let relay = parse_relay(&t, &duration)?;
         t.finish()?;
 
         // Every bound above is far below usize::MAX on the 64-bit targets we build for.
@@ -399,6 +447,7 @@ impl Config {
             device_piece: device_piece as usize,
             device_buffers: device_buffers as usize,
             staging,
+            relay,
         })
     }
 
@@ -451,6 +500,43 @@ fn parse_advertise(text: &str) -> Result<Advertise, String> {
              \"node7.example\": {why}"
         )),
     }
+}
+
+/// The `relay*` keys.
+fn parse_relay(
+    t: &Options,
+    duration: &dyn Fn(&str, Duration) -> PluginResult<Duration>,
+) -> PluginResult<RelayConfig> {
+    let on = t.choose("relay", &[("off", false), ("on", true)], "off")?;
+    let min_size = t.byte_size("relay-min-size", DEFAULT_RELAY_MIN_SIZE)?;
+    let cache = t.byte_size("relay-cache", DEFAULT_RELAY_CACHE)?;
+    let keep = duration("relay-keep", DEFAULT_RELAY_KEEP)?;
+    let stall_timeout = duration("relay-stall-timeout", DEFAULT_RELAY_STALL)?;
+    let fanout = t.u64_in("relay-fanout", 1..=MAX_RELAY_FANOUT, DEFAULT_RELAY_FANOUT)?;
+    let piece = t.byte_size_in(
+        "relay-piece",
+        MIN_RELAY_PIECE..=MAX_RELAY_PIECE,
+        DEFAULT_RELAY_PIECE,
+    )?;
+    let test_corrupt = t.bool("test-corrupt-relay", false)?;
+    if test_corrupt && !cfg!(any(test, feature = "test-device-is-host")) {
+        return Err(t.fail(
+            "test-corrupt-relay",
+            "tests only: this build of the http plugin does not accept it (a test build \
+             enables the `test-device-is-host` feature)"
+                .to_owned(),
+        ));
+    }
+    Ok(RelayConfig {
+        on,
+        min_size,
+        cache,
+        keep,
+        stall_timeout,
+        fanout: fanout as u32,
+        piece,
+        test_corrupt,
+    })
 }
 
 /// The `tls-*` keys: which go together, and which need which. The files

@@ -47,6 +47,7 @@ pub mod fuzzing;
 #[allow(unsafe_code)]
 mod gpu;
 mod head;
+mod relay;
 mod server;
 mod stats;
 #[allow(unsafe_code)]
@@ -60,7 +61,11 @@ mod tests;
 use std::{
     cell::RefCell,
     collections::HashMap,
-    sync::{Arc, Mutex, OnceLock},
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, OnceLock, PoisonError,
+    },
     time::Duration,
 };
 
@@ -71,11 +76,12 @@ use shardport_abi::{
 };
 
 use crate::{
-    client::{Client, DeviceRing, Job, Owner},
+    client::{Client, DeviceRing, Job, Owner, RelaySetup},
     config::{Config, Listen},
     descriptor::Descriptor,
+    relay::{wire::Serves, Holdings},
     server::{Server, SHUTDOWN_GRACE},
-    stats::Stats,
+    stats::{RelayGauges, Stats},
 };
 
 /// The transport's name, the key its descriptors are filed under.
@@ -85,9 +91,13 @@ pub const TRANSPORT_NAME: &str = "http";
 /// server's own drain (connections are closed by then; this covers tasks
 /// that are mid-poll).
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
-/// Blocking threads of the server's runtime (it has no blocking work; this
-/// only bounds what a future change could start).
+/// Blocking threads of the server's runtime (GPU staging and the hashing
+/// of relayed shards; this bounds what they can start).
 const MAX_BLOCKING_THREADS: usize = 4;
+/// Relayed shards of one `import_many` fetched at once.
+const RELAY_THREADS: usize = 8;
+/// Removal notices to relay holders sent at once.
+const REMOVAL_FANOUT: usize = 16;
 
 thread_local! {
     /// The host's log forwarding, installed on every runtime thread so
@@ -108,8 +118,12 @@ struct HttpTransport {
     start_error: Mutex<Option<AbiError>>,
     /// TLS configs built from the `tls-*` files at construction.
     tls: tls::Tls,
-    client: Client,
+    client: Arc<Client>,
     stats: Arc<Stats>,
+    /// Relay copies of shards this node fetched (`relay = "on"`).
+    holdings: Arc<Holdings>,
+    /// Warned once that this node cannot serve relay copies.
+    relay_leaf_warned: AtomicBool,
 }
 
 /// The owner side once started.
@@ -138,7 +152,12 @@ pub fn create(ctx: PluginContext) -> PluginResult<TransportBox> {
 }
 
 /// Starts the runtime and binds the server (a bind failure names the address).
-fn start(cfg: &Config, tls: &tls::Tls, stats: &Arc<Stats>) -> PluginResult<Serving> {
+fn start(
+    cfg: &Config,
+    tls: &tls::Tls,
+    stats: &Arc<Stats>,
+    holdings: &Arc<Holdings>,
+) -> PluginResult<Serving> {
     // Called inside the context's guard, whose dispatcher forwards events to
     // the host: hand it to every runtime thread.
     let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -157,7 +176,13 @@ fn start(cfg: &Config, tls: &tls::Tls, stats: &Arc<Stats>) -> PluginResult<Servi
         })
         .build()
         .map_err(|e| AbiError::io("cannot start the http transport's runtime", &e))?;
-    let server = Server::start(cfg, tls.server.clone(), rt.handle(), Arc::clone(stats))?;
+    let server = Server::start(
+        cfg,
+        tls.server.clone(),
+        rt.handle(),
+        Arc::clone(stats),
+        Arc::clone(holdings),
+    )?;
     tracing::info!(
         target: "http",
         bound = %server.bound(),
@@ -178,7 +203,8 @@ impl HttpTransport {
         let cfg = Config::parse(ctx.instance(), ctx.config())?;
         let stats = Arc::new(Stats::default());
         let tls = tls::setup(&cfg)?;
-        let client = Client::new(&cfg, tls.client.clone(), Arc::clone(&stats))?;
+        let client = Arc::new(Client::new(&cfg, tls.client.clone(), Arc::clone(&stats))?);
+        let holdings = Arc::new(Holdings::new(cfg.relay.cache, cfg.relay.keep));
         let t = HttpTransport {
             ctx,
             cfg,
@@ -187,6 +213,8 @@ impl HttpTransport {
             tls,
             client,
             stats,
+            holdings,
+            relay_leaf_warned: AtomicBool::new(false),
         };
         if t.cfg.listen == Listen::Eager {
             t.serving()?;
@@ -204,7 +232,7 @@ impl HttpTransport {
         if let Some(s) = self.serving.get() {
             return Ok(s);
         }
-        match start(&self.cfg, &self.tls, &self.stats) {
+        match start(&self.cfg, &self.tls, &self.stats, &self.holdings) {
             Ok(s) => {
                 *last = None;
                 Ok(self.serving.get_or_init(|| s))
@@ -267,7 +295,136 @@ impl HttpTransport {
         let d = check_item(desc, meta, dst.len())?;
         let _span =
             tracing::debug_span!(target: "http", "fetch", shard = %d.id, owner = %d.addr).entered();
-        self.client.fetch_one(&d, dst)
+        self.fetch_one(&d, dst)
+    }
+
+    /// One shard: through its relay tree when relaying applies, else (or
+    /// when its owner does not relay it) straight from the owner.
+    fn fetch_one(&self, d: &Descriptor, dst: &mut [u8]) -> PluginResult<ImportInfo> {
+        if self.relays(d) {
+            if let Some(info) = self.client.fetch_relayed(d, dst, &self.relay_setup(d))? {
+                return Ok(info);
+            }
+        }
+        self.client.fetch_one(d, dst)
+    }
+
+    /// Whether a fetch of `d` goes through the owner's relay tree.
+    fn relays(&self, d: &Descriptor) -> bool {
+        self.cfg.relay.on && d.len > 0 && d.len >= self.cfg.relay.min_size
+    }
+
+    /// This node's part in relaying `d`: where it serves copies (starting
+    /// its server), or a leaf when it cannot serve the owner's peers.
+    fn relay_setup(&self, d: &Descriptor) -> RelaySetup<'_> {
+        let serves = match self.serving() {
+            Ok(s) if reaches_peers_of(s.server.advertised(), &d.addr) => Some(Serves {
+                addr: s.server.advertised().to_owned(),
+                tls: s.server.tls(),
+            }),
+            Ok(s) => {
+                self.warn_leaf(&format!(
+                    "it advertises the loopback address {} and the owner {} is on another \
+                     machine (set `bind`/`advertise`)",
+                    s.server.advertised(),
+                    d.addr
+                ));
+                None
+            }
+            Err(e) => {
+                self.warn_leaf(&format!("its server cannot start: {}", e.message));
+                None
+            }
+        };
+        RelaySetup {
+            serves,
+            holdings: &self.holdings,
+            stall: self.cfg.relay.stall_timeout,
+            min_piece: config::MIN_RELAY_PIECE,
+        }
+    }
+
+    fn warn_leaf(&self, why: &str) {
+        if !self.relay_leaf_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "http", "relay = \"on\" but this node fetches as a leaf and serves no relay copies: {why}");
+        }
+    }
+
+    /// Relay-eligible items, each through its tree, `RELAY_THREADS` at once.
+    fn fetch_relayed_items(
+        &self,
+        jobs: Vec<(usize, Descriptor, &mut [u8])>,
+    ) -> Vec<(usize, PluginResult<ImportInfo>)> {
+        let queue = Mutex::new(jobs);
+        let work = || {
+            let mut out = Vec::new();
+            loop {
+                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                let Some((index, d, dst)) = next else {
+                    break out;
+                };
+                out.push((index, self.fetch_one(&d, dst)));
+            }
+        };
+        let n = queue.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        std::thread::scope(|s| {
+            let helpers: Vec<_> = (1..n.min(RELAY_THREADS))
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("shardport-http-relay".into())
+                        .spawn_scoped(s, || tracing::dispatcher::with_default(&dispatch, work))
+                        .ok()
+                })
+                .collect();
+            let mut out = work();
+            for h in helpers {
+                match h.join() {
+                    Ok(v) => out.extend(v),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            out
+        })
+    }
+
+    /// Tells every relay holder of a removed shard to drop its copy, on a
+    /// thread of its own (`unexport` does not wait for the holders).
+    fn tell_holders(&self, id: ShardId, holders: Vec<Serves>) {
+        if holders.is_empty() {
+            return;
+        }
+        let client = Arc::clone(&self.client);
+        let stats = Arc::clone(&self.stats);
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let notices = move || {
+            tracing::dispatcher::with_default(&dispatch, || {
+                for group in holders.chunks(REMOVAL_FANOUT) {
+                    std::thread::scope(|s| {
+                        let sent: Vec<_> = group
+                            .iter()
+                            .map(|h| (h, s.spawn(|| client.drop_copy(h, id))))
+                            .collect();
+                        for (h, j) in sent {
+                            match j.join() {
+                                Ok(Ok(())) => stats.relay_removals_sent.inc(),
+                                Ok(Err(e)) => {
+                                    stats.relay_removal_failures.inc();
+                                    tracing::warn!(target: "http", shard = %id, holder = %h.addr, error = %e.message, "a relay holder was not told of a removal; its copy expires with relay-keep, and no consumer is sent to it any more");
+                                }
+                                Err(_) => stats.relay_removal_failures.inc(),
+                            }
+                        }
+                    });
+                }
+            });
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("shardport-http-relay-rm".into())
+            .spawn(notices)
+        {
+            tracing::warn!(target: "http", shard = %id, error = %e, "cannot start the thread that tells relay holders of a removal");
+        }
     }
 
     fn import_many(&self, items: &mut [ImportItem<'_>]) -> Vec<PluginResult<ImportInfo>> {
@@ -277,10 +434,12 @@ impl HttpTransport {
         // Group the valid items by owner, keeping request order within each.
         let mut owners: Vec<(Owner, Vec<Job<'_>>)> = Vec::new();
         let mut by_addr: HashMap<Owner, usize> = HashMap::new();
+        let mut relayed = Vec::new();
         for (index, item) in items.iter_mut().enumerate() {
             let dst = item.dst.as_mut_slice();
             match check_item(item.desc.as_slice(), item.meta, dst.len()) {
                 Err(e) => results[index] = Some(Err(e)),
+                Ok(d) if self.relays(&d) => relayed.push((index, d, dst)),
                 Ok(d) => {
                     let owner = Owner::of(&d);
                     let slot = *by_addr.entry(owner.clone()).or_insert_with(|| {
@@ -295,7 +454,26 @@ impl HttpTransport {
                 }
             }
         }
-        for (index, r) in self.client.fetch_many(owners) {
+        // Relayed shards on their own threads, the batches meanwhile.
+        let done = std::thread::scope(|s| {
+            let relaying = (!relayed.is_empty()).then(|| {
+                let dispatch = tracing::dispatcher::get_default(Clone::clone);
+                s.spawn(move || {
+                    tracing::dispatcher::with_default(&dispatch, || {
+                        self.fetch_relayed_items(relayed)
+                    })
+                })
+            });
+            let mut done = self.client.fetch_many(owners);
+            if let Some(j) = relaying {
+                match j.join() {
+                    Ok(v) => done.extend(v),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            done
+        });
+        for (index, r) in done {
             results[index] = Some(r);
         }
         results
@@ -354,6 +532,19 @@ fn info() -> TransportInfo {
     }
 }
 
+/// Whether a node advertising `advertised` can serve the peers of the owner
+/// at `owner`: always, unless it advertises a loopback address and the
+/// owner is not on loopback (its other consumers are on other machines).
+fn reaches_peers_of(advertised: &str, owner: &str) -> bool {
+    let loopback = |a: &str| {
+        descriptor::parse_host_port(a)
+            .ok()
+            .and_then(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+            .is_some_and(|ip| ip.is_loopback())
+    };
+    !loopback(advertised) || loopback(owner)
+}
+
 /// Validates one import: destination length against the metadata, the
 /// descriptor, and the descriptor's length against the metadata.
 fn check_item(desc: &[u8], meta: &ShardMeta, dst_len: usize) -> PluginResult<Descriptor> {
@@ -406,7 +597,11 @@ impl PlainTransport for HttpTransport {
 
     fn unexport(&self, id: ShardId) -> PluginResult<()> {
         match self.serving.get() {
-            Some(s) => s.server.unexport(id),
+            Some(s) => {
+                let (r, holders) = s.server.unexport(id);
+                self.tell_holders(id, holders);
+                r
+            }
             None => Err(AbiError::not_found(format!(
                 "shard {id} is not exported by this http transport"
             ))),
@@ -425,7 +620,13 @@ impl PlainTransport for HttpTransport {
     fn stats(&self) -> Vec<Stat> {
         let serving = self.serving.get();
         let (shards, bytes) = serving.map_or((0, 0), |s| s.server.registry().totals());
-        let mut out = self.stats.snapshot(shards, bytes);
+        let (copies, copy_bytes) = self.holdings.totals();
+        let relay = RelayGauges {
+            trees: serving.map_or(0, |s| s.server.relay_trees() as u64),
+            copies,
+            copy_bytes,
+        };
+        let mut out = self.stats.snapshot(shards, bytes, relay);
         let staging = serving.map_or(0, |s| s.server.staging_buffers());
         out.push(Stat::gauge(
             "device_staging_bytes",

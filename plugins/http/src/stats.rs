@@ -12,6 +12,16 @@ pub(crate) use shardport_abi::kit::{Counter, Gauge};
 /// exit path (including a task dropped mid-way) gives it back.
 pub(crate) type Held = GaugeHold<Stats>;
 
+/// Relay gauges read from their owners' structures at snapshot time.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RelayGauges {
+    /// Owner: shards with a relay tree.
+    pub trees: u64,
+    /// Relay: copies held, and their bytes.
+    pub copies: u64,
+    pub copy_bytes: u64,
+}
+
 /// Every statistic `stats()` reports (see the README's table).
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -61,12 +71,36 @@ pub(crate) struct Stats {
     pub client_connections_reused: Counter,
     /// Outbound connections open now (in use or idle in the pool).
     pub client_connections_open: Gauge,
+    // Relays.
+    /// Owner: joins of a shard's relay tree answered.
+    pub relay_joins: Counter,
+    /// Owner: removal notices sent to relay holders / that failed.
+    pub relay_removals_sent: Counter,
+    pub relay_removal_failures: Counter,
+    /// Relay: bytes of relay copies served to other consumers.
+    pub relay_bytes_served: Counter,
+    /// Relay: copies dropped because their owner removed the shard.
+    pub relay_copies_dropped: Counter,
+    /// Consumer: fetches that went through a relay tree.
+    pub relay_fetches: Counter,
+    /// Consumer: bytes received from relays rather than from the owner.
+    pub relay_bytes_from_holders: Counter,
+    /// Consumer: rejoins after a relay failed (refused, closed, stalled,
+    /// or sent a piece with the wrong hash).
+    pub relay_failovers: Counter,
+    /// Consumer: pieces whose hash did not match the owner's.
+    pub relay_corrupt_pieces: Counter,
 }
 
 impl Stats {
     /// The stats in the order the README lists them, with owner-side gauges
     /// the caller supplies.
-    pub(crate) fn snapshot(&self, shards_exported: u64, bytes_exported: u64) -> Vec<Stat> {
+    pub(crate) fn snapshot(
+        &self,
+        shards_exported: u64,
+        bytes_exported: u64,
+        relay: RelayGauges,
+    ) -> Vec<Stat> {
         StatList::new()
             .gauge_value("shards_exported", shards_exported)
             .gauge_value("bytes_exported", bytes_exported)
@@ -91,6 +125,18 @@ impl Stats {
             .counter("client_connections_opened", &self.client_connections_opened)
             .counter("client_connections_reused", &self.client_connections_reused)
             .gauge("client_connections_open", &self.client_connections_open)
+            .counter("relay_joins", &self.relay_joins)
+            .gauge_value("relay_trees", relay.trees)
+            .counter("relay_removals_sent", &self.relay_removals_sent)
+            .counter("relay_removal_failures", &self.relay_removal_failures)
+            .counter("relay_bytes_served", &self.relay_bytes_served)
+            .counter("relay_copies_dropped", &self.relay_copies_dropped)
+            .gauge_value("relay_copies", relay.copies)
+            .gauge_value("relay_copy_bytes", relay.copy_bytes)
+            .counter("relay_fetches", &self.relay_fetches)
+            .counter("relay_bytes_from_holders", &self.relay_bytes_from_holders)
+            .counter("relay_failovers", &self.relay_failovers)
+            .counter("relay_corrupt_pieces", &self.relay_corrupt_pieces)
             .finish()
     }
 }

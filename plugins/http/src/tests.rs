@@ -21,6 +21,7 @@ use shardport_abi::{
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
 
+mod relay;
 mod tls;
 
 /// Deadline for anything a test waits on; far above what any step needs.

@@ -140,6 +140,7 @@ pub(super) enum What {
     Shard(ShardId),
     BatchHead,
     ErrorBody,
+    JoinReply,
 }
 
 impl fmt::Display for What {
@@ -148,6 +149,7 @@ impl fmt::Display for What {
             What::Shard(id) => write!(f, "shard {id}"),
             What::BatchHead => f.write_str("the batch header table"),
             What::ErrorBody => f.write_str("an error body"),
+            What::JoinReply => f.write_str("a relay join reply"),
         }
     }
 }

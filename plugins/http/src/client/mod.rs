@@ -66,11 +66,13 @@ use crate::{
 mod conn;
 mod connect;
 mod pool;
+mod relay;
 #[cfg(test)]
 mod tests;
 
 #[allow(clippy::wildcard_imports)]
 use self::{conn::*, pool::*};
+pub(crate) use relay::RelaySetup;
 
 /// Largest error body read from an owner (JSON, a few hundred bytes in
 /// practice); a larger one is cut off and its connection not reused.
@@ -124,6 +126,10 @@ struct Request<'r> {
     method: &'static str,
     path: &'r str,
     body: &'r [u8],
+    /// The socket's read timeout for this exchange, when not
+    /// `request-timeout` (a relay's `relay-stall-timeout`); the caller does
+    /// not pool a connection that carried one.
+    read_timeout: Option<Duration>,
 }
 
 /// Why an exchange failed before a response head was parsed.
@@ -294,6 +300,7 @@ impl Client {
             method: "GET",
             path: &path,
             body: &[],
+            read_timeout: None,
         };
         let (mut co, head) = self.exchange(&pool, &req)?;
         if head.status != 200 {
@@ -414,6 +421,7 @@ impl Client {
             method: "POST",
             path: wire::BATCH_PATH,
             body: &body,
+            read_timeout: None,
         };
         let (mut co, head) = match self.exchange(pool, &req) {
             Ok(r) => r,
@@ -628,6 +636,12 @@ impl Client {
             .and_then(|()| conn.stream.flush());
         conn.req = out;
         written.map_err(SendError::NoResponse)?;
+        if let Some(t) = req.read_timeout {
+            conn.stream
+                .tcp()
+                .set_read_timeout(Some(t))
+                .map_err(SendError::NoResponse)?;
+        }
         conn.pos = 0;
         conn.end = 0;
         await_bytes(conn.stream.tcp(), self.spin);

@@ -129,6 +129,12 @@ impl Frames {
         self.remaining
     }
 
+    /// Sets the length of a body whose parts arrive later (a stream of
+    /// relay pieces): what `content-length` says.
+    pub(super) fn set_len(&mut self, n: u64) {
+        self.remaining = n;
+    }
+
     /// Ties every chunk to `in_flight` (no copy: a chunk moves into the new
     /// `Bytes`' owner; staged chunks are tied as they come).
     pub(super) fn track(&mut self, in_flight: InFlight) {

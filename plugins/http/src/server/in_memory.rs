@@ -102,6 +102,10 @@ fn shared() -> Arc<Shared> {
             cfg.device_piece,
             cfg.device_buffers,
         )),
+        trackers: crate::relay::Trackers::new(cfg.relay.fanout, cfg.relay.piece, false),
+        holdings: Arc::new(crate::relay::Holdings::new(cfg.relay.cache, cfg.relay.keep)),
+        relay_stall: cfg.relay.stall_timeout,
+        relay_corrupt: false,
     })
 }
 

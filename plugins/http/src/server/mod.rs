@@ -95,6 +95,7 @@ const MAX_QUOTED_PATH: usize = 96;
 /// Response bodies: ready chunks, and GPU shards staged piece by piece.
 mod body;
 mod connection;
+mod relay;
 mod routes;
 
 #[allow(clippy::wildcard_imports)]
@@ -174,6 +175,14 @@ struct Shared {
     accept_error: Mutex<Option<(Instant, String)>>,
     /// Pinned buffers GPU shards are staged through.
     staging: Arc<PinnedPool>,
+    /// Owner: the relay tree of every shard consumers joined.
+    trackers: crate::relay::Trackers,
+    /// Relay: this node's copies of shards it fetched.
+    holdings: Arc<crate::relay::Holdings>,
+    /// `relay-stall-timeout`: how long a stream waits for the next piece.
+    relay_stall: Duration,
+    /// Tests only: corrupt every relayed piece.
+    relay_corrupt: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -202,6 +211,7 @@ impl Server {
         tls: Option<Arc<rustls::ServerConfig>>,
         rt: &tokio::runtime::Handle,
         stats: Arc<Stats>,
+        holdings: Arc<crate::relay::Holdings>,
     ) -> PluginResult<Server> {
         let listener = std::net::TcpListener::bind(cfg.bind).map_err(|e| {
             let mut err = AbiError::io(
@@ -251,7 +261,12 @@ impl Server {
                 cfg.instance
             )));
         }
+        let serves_tls = tls.is_some();
         let shared = Arc::new(Shared {
+            trackers: crate::relay::Trackers::new(cfg.relay.fanout, cfg.relay.piece, serves_tls),
+            holdings,
+            relay_stall: cfg.relay.stall_timeout,
+            relay_corrupt: cfg.relay.test_corrupt,
             registry: Arc::default(),
             stats,
             token: cfg.auth_token.clone(),
@@ -281,9 +296,18 @@ impl Server {
             Arc::clone(&shared),
             listener,
             Arc::new(Semaphore::new(cfg.max_connections)),
-            shutdown_rx,
+            shutdown_rx.clone(),
             Arc::clone(&accepting),
         ));
+        if cfg.relay.on {
+            let period =
+                (cfg.relay.keep / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+            rt.spawn(relay::prune_copies(
+                Arc::clone(&shared.holdings),
+                period,
+                shutdown_rx,
+            ));
+        }
         debug!(target: "http", bound = %bound, advertised = %shared.advertised, "serving");
         Ok(Server {
             shared,
@@ -305,6 +329,11 @@ impl Server {
     /// Whether the server speaks TLS.
     pub(crate) fn tls(&self) -> bool {
         self.shared.tls.is_some()
+    }
+
+    /// Shards with a relay tree at this owner.
+    pub(crate) fn relay_trees(&self) -> usize {
+        self.shared.trackers.len()
     }
 
     /// Pinned staging buffers made so far for GPU shards.
@@ -404,17 +433,31 @@ impl Server {
     }
 
     /// Withdraws a shard: new requests get 404 at once; then waits (up to
-    /// `request-timeout`) until no response reads its bytes any more.
-    pub(crate) fn unexport(&self, id: ShardId) -> PluginResult<()> {
+    /// `request-timeout`) until no response reads its bytes any more, and
+    /// forgets its relay tree. Returns where its relay holders serve (they
+    /// are to be told), with the outcome.
+    pub(crate) fn unexport(
+        &self,
+        id: ShardId,
+    ) -> (PluginResult<()>, Vec<crate::relay::wire::Serves>) {
         let registry = &self.shared.registry;
-        let lent = registry.write().remove(&id).ok_or_else(|| {
-            AbiError::not_found(format!("shard {id} is not exported by this http transport"))
-        })?;
+        let Some(lent) = registry.write().remove(&id) else {
+            let e =
+                AbiError::not_found(format!("shard {id} is not exported by this http transport"));
+            return (Err(e), Vec::new());
+        };
         registry
             .bytes
             .fetch_sub(lent.len() as u64, Ordering::Relaxed);
         let timeout = self.shared.request_timeout;
-        match lent.withdraw(timeout) {
+        let withdrawn = lent.withdraw(timeout);
+        // After the readers: a join holds one until its member is placed.
+        let holders = self.shared.trackers.forget(id);
+        (self.withdrawn(id, withdrawn, timeout), holders)
+    }
+
+    fn withdrawn(&self, id: ShardId, r: Result<(), usize>, timeout: Duration) -> PluginResult<()> {
+        match r {
             Ok(()) => {
                 debug!(target: "http", shard = %id, "unexported");
                 Ok(())

@@ -71,6 +71,10 @@ pub(super) async fn route(
         }
         return batch(shared, req).await;
     }
+    if let Some(rest) = path.strip_prefix(crate::relay::wire::PREFIX) {
+        let rest = rest.to_owned();
+        return super::relay::route(shared, req, &rest).await;
+    }
     if let Some(hex) = path.strip_prefix(wire::SHARD_PATH) {
         if req.method() != Method::GET {
             return method_not_allowed(req.method(), path, "GET");
@@ -92,7 +96,7 @@ pub(super) async fn route(
         "no_such_endpoint",
         &format!(
             "no endpoint {:?}; this owner serves GET /v1/shards/{{id}}, POST /v1/batch, \
-             GET /v1/health",
+             GET /v1/health, and the relay endpoints under /v1/relay/",
             quote(path)
         ),
     )
@@ -278,7 +282,11 @@ pub(super) fn json(status: StatusCode, body: String) -> Response<Frames> {
 
 /// A response with `body`, its `content-type` and its `content-length`
 /// (every body this server sends has a known length).
-fn framed(status: StatusCode, content_type: &'static str, body: Frames) -> Response<Frames> {
+pub(super) fn framed(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Frames,
+) -> Response<Frames> {
     let len = body.len();
     let mut r = Response::new(body);
     *r.status_mut() = status;

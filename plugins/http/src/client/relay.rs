@@ -1,0 +1,376 @@
+//! Consumer side of relaying (see `crate::relay`): join the shard's tree at
+//! its owner, stream it piece by piece from the parent the owner names,
+//! check every piece against the owner's hash, keep a copy for the
+//! consumer's own children, and fail over to another holder (or the owner)
+//! when a parent fails.
+
+use bytes::Bytes;
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::relay::{
+    wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
+    Holding, Holdings,
+};
+
+/// Rejoins one fetch makes before it takes the rest from the owner.
+const MAX_REJOINS: usize = 16;
+
+/// What a relayed fetch needs from the transport.
+pub(crate) struct RelaySetup<'a> {
+    /// Where this node serves its copies (`None`: it joins as a leaf).
+    pub serves: Option<Serves>,
+    pub holdings: &'a Holdings,
+    /// `relay-stall-timeout`.
+    pub stall: Duration,
+    /// The smallest piece size an owner may use.
+    pub min_piece: u64,
+}
+
+/// The owner's answer to a join.
+enum Joined {
+    Reply(JoinReply),
+    /// The owner does not relay this shard (a GPU shard, an empty one, or
+    /// an owner from before relays): fetch it plainly.
+    NotRelayable(String),
+}
+
+/// Where the bytes of one stream come from.
+struct Source<'s> {
+    addr: &'s str,
+    tls: bool,
+    owner: bool,
+}
+
+/// The pieces of one shard as the owner hashed them.
+struct Pieces {
+    size: u64,
+    hashes: Vec<u64>,
+}
+
+impl Client {
+    /// Fetches `desc`'s shard into `dst` through its relay tree. `Ok(None)`:
+    /// the owner does not relay it; fetch it plainly.
+    pub(crate) fn fetch_relayed(
+        &self,
+        desc: &Descriptor,
+        dst: &mut [u8],
+        setup: &RelaySetup<'_>,
+    ) -> PluginResult<Option<ImportInfo>> {
+        let holding = setup
+            .serves
+            .as_ref()
+            .and_then(|_| setup.holdings.reserve(desc.id, desc.len));
+        let serves = holding.as_ref().and(setup.serves.clone());
+        let r = self.relay_rounds(desc, dst, setup, serves, holding.as_deref());
+        if let Some(h) = &holding {
+            match &r {
+                Ok(Some(_)) => {}
+                Ok(None) => setup
+                    .holdings
+                    .drop_if_current(h, "its owner does not relay it"),
+                Err(e) => setup
+                    .holdings
+                    .drop_if_current(h, &format!("its fetch failed: {}", e.message)),
+            }
+        }
+        if matches!(r, Ok(Some(_))) {
+            self.stats.relay_fetches.inc();
+        }
+        r
+    }
+
+    fn relay_rounds(
+        &self,
+        desc: &Descriptor,
+        dst: &mut [u8],
+        setup: &RelaySetup<'_>,
+        serves: Option<Serves>,
+        holding: Option<&Holding>,
+    ) -> PluginResult<Option<ImportInfo>> {
+        let owner_pool = self.pool(&Owner::of(desc));
+        let member = member_id();
+        let mut at = 0u64;
+        let mut failed: Option<String> = None;
+        let mut pieces: Option<Pieces> = None;
+        let mut history: Vec<String> = Vec::new();
+        for round in 0..=MAX_REJOINS {
+            let join = JoinRequest {
+                member,
+                from: at,
+                serves: serves.clone(),
+                failed: failed.take(),
+            };
+            let reply = match self.join(&owner_pool, desc, &join, setup.min_piece)? {
+                Joined::Reply(r) => r,
+                Joined::NotRelayable(why) if pieces.is_none() => {
+                    debug!(target: "http", shard = %desc.id, owner = %desc.addr, %why, "not relayed");
+                    return Ok(None);
+                }
+                Joined::NotRelayable(why) => {
+                    return Err(AbiError::unavailable(format!(
+                        "owner {} stopped relaying shard {} mid-fetch: {why}",
+                        desc.addr, desc.id
+                    )))
+                }
+            };
+            match &pieces {
+                None => {
+                    if let Some(h) = holding {
+                        h.set_piece(u64::from(reply.piece));
+                    }
+                    pieces = Some(Pieces {
+                        size: u64::from(reply.piece),
+                        hashes: reply.hashes,
+                    });
+                }
+                Some(p) if p.size != u64::from(reply.piece) || p.hashes != reply.hashes => {
+                    return Err(AbiError::unavailable(format!(
+                        "owner {} changed the pieces of shard {} mid-fetch (did it restart?)",
+                        desc.addr, desc.id
+                    )))
+                }
+                Some(_) => {}
+            }
+            let pieces = pieces.as_ref().expect("set above");
+            // Out of rejoins: the rest comes from the owner.
+            let parent = if round == MAX_REJOINS {
+                Parent::Owner
+            } else {
+                reply.parent
+            };
+            let source = match &parent {
+                Parent::Owner => Source {
+                    addr: &desc.addr,
+                    tls: desc.tls,
+                    owner: true,
+                },
+                Parent::Holder(s) => Source {
+                    addr: &s.addr,
+                    tls: s.tls,
+                    owner: false,
+                },
+            };
+            if desc.tls && !source.tls {
+                // Never a plain holder for a TLS owner's shard.
+                history.push(format!("relay {} refused (plain HTTP)", source.addr));
+                failed = Some(source.addr.to_owned());
+                self.stats.relay_failovers.inc();
+                continue;
+            }
+            match self.stream_from(&source, desc, &mut at, dst, pieces, holding, setup.stall) {
+                Ok(()) => {
+                    let from = if source.owner {
+                        format!("from owner {} (relay tree root)", desc.addr)
+                    } else {
+                        format!("from relay {}, owner {}", source.addr, desc.addr)
+                    };
+                    let note = if history.is_empty() {
+                        from
+                    } else {
+                        format!("{from}; after {}", history.join(", "))
+                    };
+                    return Ok(Some(ImportInfo { note: note.into() }));
+                }
+                Err(e) if source.owner => return Err(e),
+                Err(e) => {
+                    debug!(target: "http", shard = %desc.id, relay = source.addr, error = %e.message, at, "relay failed, rejoining");
+                    self.stats.relay_failovers.inc();
+                    history.push(format!("relay {} failed at byte {at}", source.addr));
+                    failed = Some(source.addr.to_owned());
+                }
+            }
+        }
+        unreachable!("the last round streams from the owner, which returns")
+    }
+
+    /// `POST /v1/relay/{id}/join` at the owner.
+    fn join(
+        &self,
+        pool: &Arc<OwnerPool>,
+        desc: &Descriptor,
+        join: &JoinRequest,
+        min_piece: u64,
+    ) -> PluginResult<Joined> {
+        let path = rwire::join_path(desc.id);
+        let body = join.encode();
+        let req = Request {
+            method: "POST",
+            path: &path,
+            body: &body,
+            read_timeout: None,
+        };
+        let (mut co, head) = self.exchange(pool, &req)?;
+        if head.status != 200 {
+            let e = self.error_response(
+                pool,
+                &head,
+                &mut co,
+                &format!("a join of shard {}", desc.id),
+            );
+            let old_owner = head.status == 404 && e.message.contains("(no_such_endpoint)");
+            if head.status == 409 || old_owner {
+                return Ok(Joined::NotRelayable(e.message.into()));
+            }
+            return Err(e);
+        }
+        let max = 64 + 8 * crate::relay::piece_count(desc.len, min_piece) + 255;
+        let n = head.content_length.unwrap_or(u64::MAX);
+        if n > max {
+            return Err(AbiError::internal(format!(
+                "owner {} sent a join reply of {n} bytes for shard {}, more than its {max} \
+                 bytes of piece hashes can take",
+                pool.addr, desc.id
+            )));
+        }
+        let mut bytes = vec![0u8; n as usize];
+        let mut body = Body::new(co.conn(), &pool.addr, self.request_timeout, n);
+        body.read_exact(&mut bytes, What::JoinReply)?;
+        co.reusable = body.complete() && !head.close;
+        JoinReply::decode(&bytes, desc.len, min_piece)
+            .map(Joined::Reply)
+            .map_err(|why| {
+                AbiError::internal(format!(
+                    "owner {} sent a malformed join reply for shard {}: {why}",
+                    pool.addr, desc.id
+                ))
+            })
+    }
+
+    /// Streams the shard from `at` to its end from `source`, checking each
+    /// piece; `at` advances past every piece verified, so a failure leaves
+    /// it where the next source resumes.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_from(
+        &self,
+        source: &Source<'_>,
+        desc: &Descriptor,
+        at: &mut u64,
+        dst: &mut [u8],
+        pieces: &Pieces,
+        holding: Option<&Holding>,
+        stall: Duration,
+    ) -> PluginResult<()> {
+        let pool = self.pool(&Owner {
+            addr: source.addr.to_owned(),
+            tls: source.tls,
+        });
+        let path = rwire::stream_path(desc.id, *at);
+        // A relay gets `relay-stall-timeout` per read; the owner the usual.
+        let timeout = if source.owner {
+            self.request_timeout
+        } else {
+            stall
+        };
+        let req = Request {
+            method: "GET",
+            path: &path,
+            body: &[],
+            read_timeout: (!source.owner).then_some(stall),
+        };
+        let (mut co, head) = self.exchange(&pool, &req)?;
+        if head.status != 200 {
+            return Err(self.error_response(
+                &pool,
+                &head,
+                &mut co,
+                &format!("the relay stream of shard {} from byte {at}", desc.id),
+            ));
+        }
+        let want = desc.len - *at;
+        if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
+            return Err(AbiError::internal(format!(
+                "{} answered {} bytes of a {}-byte shard {} from byte {at}: expected {want} of \
+                 {}",
+                source.addr,
+                head.content_length.unwrap_or_default(),
+                head.shard_len.unwrap_or_default(),
+                desc.id,
+                desc.len
+            )));
+        }
+        let mut body = Body::new(co.conn(), &pool.addr, timeout, want);
+        while *at < desc.len {
+            let n = pieces.size.min(desc.len - *at) as usize;
+            let k = (*at / pieces.size) as usize;
+            let start = *at as usize;
+            let out = &mut dst[start..start + n];
+            // A relay reads into a piece of its own (kept for its children);
+            // a leaf straight into the destination.
+            let kept = match holding {
+                Some(_) => {
+                    let mut buf = vec![0u8; n];
+                    body.read_exact(&mut buf, What::Shard(desc.id))?;
+                    Some(buf)
+                }
+                None => {
+                    body.read_exact(out, What::Shard(desc.id))?;
+                    None
+                }
+            };
+            let got = kept.as_deref().unwrap_or(out);
+            if xxhash_rust::xxh3::xxh3_64(got) != pieces.hashes[k] {
+                self.stats.relay_corrupt_pieces.inc();
+                return Err(AbiError::new(
+                    ErrorKind::IO,
+                    format!(
+                        "{} sent piece {k} of shard {} (bytes {start}..{}) with a hash other \
+                         than the owner's",
+                        source.addr,
+                        desc.id,
+                        start + n
+                    ),
+                ));
+            }
+            if let (Some(buf), Some(h)) = (kept, holding) {
+                out.copy_from_slice(&buf);
+                h.push(Bytes::from(buf));
+            }
+            if !source.owner {
+                self.stats.relay_bytes_from_holders.add(n as u64);
+            }
+            *at += n as u64;
+        }
+        // Connections that carried a relay's shorter timeout are not pooled.
+        co.reusable = source.owner && body.complete() && !head.close;
+        Ok(())
+    }
+
+    /// Tells the holder at `at` that its copy of `id` is removed.
+    pub(crate) fn drop_copy(&self, at: &Serves, id: ShardId) -> PluginResult<()> {
+        let pool = self.pool(&Owner {
+            addr: at.addr.clone(),
+            tls: at.tls,
+        });
+        let path = rwire::copy_path(id);
+        let req = Request {
+            method: "DELETE",
+            path: &path,
+            body: &[],
+            read_timeout: Some(self.connect_timeout),
+        };
+        let (mut co, head) = self.exchange(&pool, &req)?;
+        let r = if head.status == 200 {
+            Ok(())
+        } else {
+            Err(self.error_response(&pool, &head, &mut co, &format!("the removal of {id}")))
+        };
+        // Its body is a few bytes of JSON: not worth reading to pool it.
+        co.reusable = false;
+        r
+    }
+}
+
+/// A fetch's member id: unique enough among one shard's joiners.
+fn member_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut key = [0u8; 24];
+    key[..8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    key[8..16].copy_from_slice(&nanos.to_le_bytes());
+    key[16..].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&key)
+}

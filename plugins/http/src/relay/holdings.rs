@@ -1,0 +1,350 @@
+//! A relay's copies: the verified pieces of the shards this consumer
+//! fetched (or is fetching), served onward by its server as they arrive.
+//!
+//! One thread fills a [`Holding`] (the fetch), appending pieces it has
+//! verified; any number of server tasks stream them, waiting for the next
+//! one. Copies are bounded by `relay-cache` bytes (a copy that does not
+//! fit is not made: its fetch joins as a leaf) and kept `relay-keep` after
+//! they complete; complete copies are dropped oldest first to make room.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use shardport_abi::ShardId;
+
+/// How a copy stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Pieces still arriving.
+    Filling,
+    /// Every piece is here (since then).
+    Complete(Instant),
+    /// It will never complete; readers stop with this reason.
+    Failed(String),
+}
+
+#[derive(Debug)]
+struct State {
+    /// Bytes per piece, 0 until the owner said.
+    piece: u64,
+    pieces: Vec<Bytes>,
+    end: End,
+}
+
+/// One shard's copy.
+#[derive(Debug)]
+pub(crate) struct Holding {
+    pub id: ShardId,
+    pub len: u64,
+    state: Mutex<State>,
+    changed: tokio::sync::Notify,
+}
+
+/// What a reader waiting for piece `k` gets.
+#[derive(Debug)]
+pub(crate) enum Next {
+    Piece(Bytes),
+    /// Nothing past the last piece.
+    Done,
+    Failed(String),
+    /// Not yet: wait for a change.
+    Wait,
+}
+
+impl Holding {
+    fn new(id: ShardId, len: u64) -> Holding {
+        Holding {
+            id,
+            len,
+            state: Mutex::new(State {
+                piece: 0,
+                pieces: Vec::new(),
+                end: End::Filling,
+            }),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets the piece size (from the owner's join reply).
+    pub(crate) fn set_piece(&self, piece: u64) {
+        let mut st = self.state();
+        if st.piece == 0 {
+            st.piece = piece;
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Appends the next verified piece.
+    pub(crate) fn push(&self, piece: Bytes) {
+        let mut st = self.state();
+        st.pieces.push(piece);
+        if st.piece > 0 && st.pieces.len() as u64 == super::piece_count(self.len, st.piece) {
+            st.end = End::Complete(Instant::now());
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Ends the copy for good; readers stop with `why`.
+    pub(crate) fn fail(&self, why: &str) {
+        let mut st = self.state();
+        if !matches!(st.end, End::Failed(_)) {
+            st.end = End::Failed(why.to_owned());
+            st.pieces = Vec::new();
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Pieces held so far, and the piece size (0: not known yet).
+    pub(crate) fn progress(&self) -> (u64, u64) {
+        let st = self.state();
+        (st.pieces.len() as u64, st.piece)
+    }
+
+    pub(crate) fn end(&self) -> End {
+        self.state().end.clone()
+    }
+
+    /// Piece `k`, if here.
+    pub(crate) fn next(&self, k: u64) -> Next {
+        let st = self.state();
+        if let End::Failed(why) = &st.end {
+            return Next::Failed(why.clone());
+        }
+        if let Some(p) = st.pieces.get(k as usize) {
+            return Next::Piece(p.clone());
+        }
+        if st.piece > 0 && k >= super::piece_count(self.len, st.piece) {
+            return Next::Done;
+        }
+        Next::Wait
+    }
+
+    /// Waits (async) until `check` gives an answer, or `stall` passes with
+    /// no change; `None` on the timeout.
+    pub(crate) async fn wait_for<T>(
+        &self,
+        stall: Duration,
+        mut check: impl FnMut(&Holding) -> Option<T>,
+    ) -> Option<T> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check, so a change in between wakes us.
+            changed.as_mut().enable();
+            if let Some(t) = check(self) {
+                return Some(t);
+            }
+            if tokio::time::timeout(stall, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// Every copy this consumer holds.
+#[derive(Debug)]
+pub(crate) struct Holdings {
+    map: Mutex<HashMap<ShardId, Arc<Holding>>>,
+    budget: u64,
+    keep: Duration,
+}
+
+impl Holdings {
+    pub(crate) fn new(budget: u64, keep: Duration) -> Holdings {
+        Holdings {
+            map: Mutex::default(),
+            budget,
+            keep,
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<ShardId, Arc<Holding>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new, empty copy of `id` (`len` bytes), or `None` when one exists
+    /// already or it cannot fit in the budget even after dropping complete
+    /// copies (oldest first) and expired ones.
+    pub(crate) fn reserve(&self, id: ShardId, len: u64) -> Option<Arc<Holding>> {
+        let mut map = self.map();
+        Self::prune_locked(&mut map, self.keep);
+        if map.contains_key(&id) || len > self.budget {
+            return None;
+        }
+        let mut used: u64 = map.values().map(|h| h.len).sum();
+        if used + len > self.budget {
+            let mut complete: Vec<(Instant, ShardId, u64)> = map
+                .values()
+                .filter_map(|h| match h.end() {
+                    End::Complete(at) => Some((at, h.id, h.len)),
+                    _ => None,
+                })
+                .collect();
+            complete.sort();
+            for (_, old, n) in complete {
+                if used + len <= self.budget {
+                    break;
+                }
+                if let Some(h) = map.remove(&old) {
+                    h.fail("dropped to make room (relay-cache)");
+                }
+                used -= n;
+            }
+            if used + len > self.budget {
+                return None;
+            }
+        }
+        let h = Arc::new(Holding::new(id, len));
+        map.insert(id, Arc::clone(&h));
+        Some(h)
+    }
+
+    /// The copy of `id`, if held.
+    pub(crate) fn get(&self, id: ShardId) -> Option<Arc<Holding>> {
+        self.map().get(&id).cloned()
+    }
+
+    /// Drops the copy of `id` (its owner removed the shard, or its fetch
+    /// failed): readers stop with `why`. Whether there was one.
+    pub(crate) fn drop_copy(&self, id: ShardId, why: &str) -> bool {
+        let h = self.map().remove(&id);
+        h.map(|h| h.fail(why)).is_some()
+    }
+
+    /// Drops `h` if it is still the copy of its shard.
+    pub(crate) fn drop_if_current(&self, h: &Arc<Holding>, why: &str) {
+        let mut map = self.map();
+        if map.get(&h.id).is_some_and(|cur| Arc::ptr_eq(cur, h)) {
+            map.remove(&h.id);
+        }
+        drop(map);
+        h.fail(why);
+    }
+
+    /// Drops complete copies older than `relay-keep`.
+    pub(crate) fn prune(&self) {
+        Self::prune_locked(&mut self.map(), self.keep);
+    }
+
+    fn prune_locked(map: &mut HashMap<ShardId, Arc<Holding>>, keep: Duration) {
+        map.retain(|_, h| match h.end() {
+            End::Complete(at) if at.elapsed() >= keep => {
+                h.fail("kept for relay-keep");
+                false
+            }
+            End::Failed(_) => false,
+            _ => true,
+        });
+    }
+
+    /// Copies held and their bytes.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let map = self.map();
+        (map.len() as u64, map.values().map(|h| h.len).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> ShardId {
+        ShardId::from_u128(n)
+    }
+
+    fn fill(h: &Holding, piece: u64) {
+        h.set_piece(piece);
+        let n = super::super::piece_count(h.len, piece);
+        for _ in 0..n {
+            h.push(Bytes::from_static(b"x"));
+        }
+    }
+
+    #[test]
+    fn a_copy_completes_with_its_last_piece_and_readers_see_each_piece() {
+        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let h = hs.reserve(id(1), 300).unwrap();
+        assert!(hs.reserve(id(1), 300).is_none(), "one copy per shard");
+        assert!(matches!(h.next(0), Next::Wait));
+        h.set_piece(128);
+        h.push(Bytes::from_static(b"a"));
+        assert!(matches!(h.next(0), Next::Piece(_)));
+        assert!(matches!(h.next(1), Next::Wait));
+        h.push(Bytes::from_static(b"b"));
+        h.push(Bytes::from_static(b"c"));
+        assert!(matches!(h.end(), End::Complete(_)));
+        assert!(matches!(h.next(3), Next::Done));
+        assert_eq!(h.progress(), (3, 128));
+    }
+
+    #[test]
+    fn the_budget_drops_complete_copies_oldest_first_never_filling_ones() {
+        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let a = hs.reserve(id(1), 400).unwrap();
+        fill(&a, 400);
+        let b = hs.reserve(id(2), 400).unwrap(); // filling
+        assert!(hs.reserve(id(3), 1001).is_none(), "over the whole budget");
+        let c = hs
+            .reserve(id(3), 500)
+            .expect("room made by dropping the complete copy");
+        assert!(hs.get(id(1)).is_none());
+        assert!(matches!(a.next(0), Next::Failed(_)), "its readers stop");
+        assert!(
+            hs.reserve(id(4), 200).is_none(),
+            "filling copies are never dropped"
+        );
+        assert_eq!(hs.totals(), (2, 900));
+        drop((b, c));
+    }
+
+    #[test]
+    fn removal_and_expiry_stop_readers() {
+        let hs = Holdings::new(1000, Duration::ZERO);
+        let a = hs.reserve(id(1), 10).unwrap();
+        assert!(hs.drop_copy(id(1), "removed by its owner"));
+        assert!(matches!(a.next(0), Next::Failed(w) if w.contains("removed")));
+        assert!(!hs.drop_copy(id(1), "again"));
+        let b = hs.reserve(id(2), 10).unwrap();
+        fill(&b, 16);
+        hs.prune();
+        assert_eq!(hs.totals(), (0, 0), "kept for relay-keep = 0");
+    }
+
+    #[tokio::test]
+    async fn waiters_wake_on_each_change_and_time_out_without_one() {
+        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let h = hs.reserve(id(1), 10).unwrap();
+        let none = h
+            .wait_for(Duration::from_millis(20), |h| match h.next(0) {
+                Next::Wait => None,
+                n => Some(n),
+            })
+            .await;
+        assert!(none.is_none());
+        let h2 = Arc::clone(&h);
+        let pusher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            h2.set_piece(16);
+            h2.push(Bytes::from_static(b"z"));
+        });
+        let got = h
+            .wait_for(Duration::from_secs(10), |h| match h.next(0) {
+                Next::Wait => None,
+                n => Some(n),
+            })
+            .await;
+        assert!(matches!(got, Some(Next::Piece(b)) if &b[..] == b"z"));
+        pusher.await.unwrap();
+    }
+}

@@ -1,0 +1,71 @@
+//! Relays: consumers that serve a shard onward while they fetch it, so a
+//! broadcast of S bytes to N nodes takes about one link's time S/B rather
+//! than N·S/B on the owner's link.
+//!
+//! # Protocol (the README has the operator's view)
+//! 1. A consumer with `relay = "on"` fetching a shard of at least
+//!    `relay-min-size` first sets aside a [`Holding`] for it (so peers
+//!    sent to it find it at once), then **joins** the shard's tree at its
+//!    owner: `POST /v1/relay/{id}/join` ([`wire::JoinRequest`]: a random
+//!    member id kept across rejoins, the bytes it already holds, the
+//!    address it serves on, the holder that failed it, if any).
+//! 2. The owner answers ([`wire::JoinReply`]) with the piece size, the
+//!    xxh3-64 hash of every piece of the shard (computed once, from its own
+//!    bytes), and the member's **parent**: itself, or the shallowest holder
+//!    with fewer than `relay-fanout` children ([`tree`]; with fanout 1 the
+//!    tree is a chain).
+//! 3. The consumer reads `GET /v1/relay/{id}/{from}` from its parent, piece
+//!    by piece; checks every piece against the owner's hash; copies it into
+//!    the host's destination and appends it to its holding, which streams it
+//!    to the consumer's own children at once (cut-through: a relay forwards
+//!    piece k while it receives piece k + 1).
+//! 4. A parent that fails (refused, closed, silent for
+//!    `relay-stall-timeout`, a piece with the wrong hash) is reported at the
+//!    next join, which gives another parent; the consumer resumes at the
+//!    first piece it lacks. Only the owner failing fails the fetch.
+//! 5. `unexport` at the owner forgets the tree and sends
+//!    `DELETE /v1/relay/{id}` to every holder, which drops its copy and
+//!    cuts the streams it serves. A consumer only ever reaches a holder
+//!    through a join at the owner, which answers 404 once the shard is gone.
+//!
+//! Integrity is end to end: hashes come from the owner over the owner's
+//! connection (TLS and token included), and a relay keeps (so serves) only
+//! pieces it verified. Relays serve with the same token and TLS settings as
+//! every endpoint of the plugin; a TLS owner never sends a consumer to a
+//! plain-HTTP holder.
+
+pub(crate) mod holdings;
+pub(crate) mod tree;
+pub(crate) mod wire;
+
+pub(crate) use holdings::{Holding, Holdings};
+pub(crate) use tree::Trackers;
+
+/// xxh3-64 of every `piece`-byte piece of `bytes` (the last may be shorter).
+pub(crate) fn piece_hashes(bytes: &[u8], piece: u64) -> Vec<u64> {
+    bytes
+        .chunks(piece as usize)
+        .map(xxhash_rust::xxh3::xxh3_64)
+        .collect()
+}
+
+/// Pieces of a shard of `len` bytes.
+pub(crate) fn piece_count(len: u64, piece: u64) -> u64 {
+    len.div_ceil(piece)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_shard_the_last_one_short() {
+        let bytes: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        let h = piece_hashes(&bytes, 300);
+        assert_eq!(h.len() as u64, piece_count(1000, 300));
+        assert_eq!(h[3], xxhash_rust::xxh3::xxh3_64(&bytes[900..]));
+        assert_ne!(h[0], h[1]);
+        assert_eq!(piece_count(0, 300), 0);
+        assert_eq!(piece_count(600, 300), 2);
+    }
+}

@@ -1,0 +1,396 @@
+//! The owner's side of relaying: one tree per shard that consumers joined,
+//! and the piece hashes of that shard.
+//!
+//! Members are the fetches that joined; the owner is the root. A joiner is
+//! attached under the shallowest live member that serves and has fewer
+//! than `fanout` children (ties: the earliest joined), never under itself
+//! or its own descendants (a rejoining relay keeps its subtree, and a
+//! cycle would starve it). A member reported failed by a child is marked
+//! dead and frees its slot at its parent; it comes back to life when it
+//! rejoins itself (a relay whose own parent stalled is alive, only late).
+//! When no live member has a free slot the owner takes the joiner beyond
+//! its fanout: a tree never refuses anyone.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use shardport_abi::ShardId;
+
+use super::wire::{JoinRequest, Parent, Serves};
+
+/// Members one tree records at most; later joiners fetch from the owner
+/// without being recorded (bounds the owner's memory per shard).
+pub(crate) const MAX_MEMBERS: usize = 4096;
+
+/// One joined fetch.
+#[derive(Debug, Clone)]
+struct Member {
+    id: u64,
+    serves: Option<Serves>,
+    /// Index of the parent in `members`; `ROOT` for the owner (and while
+    /// detached, when `depth` is 0).
+    parent: usize,
+    children: u32,
+    depth: u32,
+    alive: bool,
+}
+
+const ROOT: usize = usize::MAX;
+
+/// The tree of one shard.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    fanout: u32,
+    root_children: u32,
+    members: Vec<Member>,
+    by_id: HashMap<u64, usize>,
+    /// The owner serves TLS: plain holders never get children.
+    tls: bool,
+}
+
+impl Tree {
+    pub(crate) fn new(fanout: u32, tls: bool) -> Tree {
+        Tree {
+            fanout: fanout.max(1),
+            root_children: 0,
+            members: Vec::new(),
+            by_id: HashMap::new(),
+            tls,
+        }
+    }
+
+    /// Records a join and answers whom the member fetches from.
+    pub(crate) fn join(&mut self, req: &JoinRequest) -> Parent {
+        if let Some(failed) = &req.failed {
+            self.mark_failed(failed, req.member);
+        }
+        let me = match self.by_id.get(&req.member) {
+            Some(&i) => {
+                self.detach(i);
+                self.members[i].alive = true;
+                i
+            }
+            None if self.members.len() >= MAX_MEMBERS => return Parent::Owner,
+            None => {
+                // A plain holder under a TLS owner stays a leaf.
+                let serves = req.serves.clone().filter(|s| s.tls || !self.tls);
+                self.members.push(Member {
+                    id: req.member,
+                    serves,
+                    parent: ROOT,
+                    children: 0,
+                    // Not attached yet.
+                    depth: 0,
+                    alive: true,
+                });
+                self.by_id.insert(req.member, self.members.len() - 1);
+                self.members.len() - 1
+            }
+        };
+        let parent = self.choose(me);
+        self.attach(me, parent);
+        match parent {
+            ROOT => Parent::Owner,
+            p => Parent::Holder(
+                self.members[p]
+                    .serves
+                    .clone()
+                    .expect("only serving members are chosen"),
+            ),
+        }
+    }
+
+    /// Every address a member serves a copy on (where removals go).
+    pub(crate) fn holders(&self) -> Vec<Serves> {
+        let mut out: Vec<Serves> = self
+            .members
+            .iter()
+            .filter_map(|m| m.serves.clone())
+            .collect();
+        out.sort_by(|a, b| a.addr.cmp(&b.addr));
+        out.dedup();
+        out
+    }
+
+    fn mark_failed(&mut self, addr: &str, reporter: u64) {
+        let failed: Vec<usize> = (0..self.members.len())
+            .filter(|&i| {
+                let m = &self.members[i];
+                m.alive && m.id != reporter && m.serves.as_ref().is_some_and(|s| s.addr == addr)
+            })
+            .collect();
+        for i in failed {
+            self.members[i].alive = false;
+            self.detach(i);
+        }
+    }
+
+    fn detach(&mut self, i: usize) {
+        let p = std::mem::replace(&mut self.members[i].parent, ROOT);
+        match p {
+            ROOT if self.members[i].depth == 0 => {}
+            ROOT => self.root_children = self.root_children.saturating_sub(1),
+            p => self.members[p].children = self.members[p].children.saturating_sub(1),
+        }
+        // Detached: not counted at the root either until attached again.
+        self.members[i].depth = 0;
+    }
+
+    fn attach(&mut self, i: usize, parent: usize) {
+        self.members[i].parent = parent;
+        self.members[i].depth = match parent {
+            ROOT => {
+                self.root_children += 1;
+                1
+            }
+            p => {
+                self.members[p].children += 1;
+                self.members[p].depth + 1
+            }
+        };
+    }
+
+    /// The shallowest live serving member with a free slot that is not
+    /// `me` or below it; the owner when it has a free slot at depth 0, or
+    /// when nobody else does.
+    fn choose(&self, me: usize) -> usize {
+        if self.root_children < self.fanout {
+            return ROOT;
+        }
+        let mut best: Option<(u32, usize)> = None;
+        for (i, m) in self.members.iter().enumerate() {
+            if i == me
+                || !m.alive
+                || m.serves.is_none()
+                || m.depth == 0
+                || m.children >= self.fanout
+                || best.is_some_and(|(d, _)| d <= m.depth)
+                || self.is_below(i, me)
+            {
+                continue;
+            }
+            best = Some((m.depth, i));
+        }
+        best.map_or(ROOT, |(_, i)| i)
+    }
+
+    /// Whether `i` is `ancestor` or in its subtree.
+    fn is_below(&self, mut i: usize, ancestor: usize) -> bool {
+        for _ in 0..=self.members.len() {
+            if i == ancestor {
+                return true;
+            }
+            if i == ROOT {
+                return false;
+            }
+            i = self.members[i].parent;
+        }
+        true // a cycle (never built): treat as below, never chosen
+    }
+}
+
+/// One shard's relay state at its owner.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    /// The piece hashes, computed once by the first join.
+    pub hashes: tokio::sync::OnceCell<Arc<Vec<u64>>>,
+    pub piece: u64,
+    tree: Mutex<Tree>,
+}
+
+impl Tracked {
+    pub(crate) fn join(&self, req: &JoinRequest) -> Parent {
+        self.tree
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .join(req)
+    }
+}
+
+/// Every shard's tree at this owner.
+#[derive(Debug)]
+pub(crate) struct Trackers {
+    map: Mutex<HashMap<ShardId, Arc<Tracked>>>,
+    fanout: u32,
+    piece: u64,
+    tls: bool,
+}
+
+impl Trackers {
+    pub(crate) fn new(fanout: u32, piece: u64, tls: bool) -> Trackers {
+        Trackers {
+            map: Mutex::default(),
+            fanout,
+            piece,
+            tls,
+        }
+    }
+
+    /// The tree of `id`, made now if it is the first join. The caller holds
+    /// a reader of the export, so an `unexport` cannot have forgotten the
+    /// tree yet (it forgets after its readers are gone).
+    pub(crate) fn tracked(&self, id: ShardId) -> Arc<Tracked> {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(map.entry(id).or_insert_with(|| {
+            Arc::new(Tracked {
+                hashes: tokio::sync::OnceCell::new(),
+                piece: self.piece,
+                tree: Mutex::new(Tree::new(self.fanout, self.tls)),
+            })
+        }))
+    }
+
+    /// Forgets `id`'s tree; returns where its holders serve.
+    pub(crate) fn forget(&self, id: ShardId) -> Vec<Serves> {
+        let t = self
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        t.map(|t| {
+            t.tree
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .holders()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Shards with a tree now.
+    pub(crate) fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(n: u8) -> Serves {
+        Serves {
+            addr: format!("10.0.0.{n}:7071"),
+            tls: false,
+        }
+    }
+
+    fn join(t: &mut Tree, member: u64, failed: Option<u8>) -> Parent {
+        t.join(&JoinRequest {
+            member,
+            from: 0,
+            serves: Some(holder(member as u8)),
+            failed: failed.map(|f| holder(f).addr),
+        })
+    }
+
+    fn via(n: u8) -> Parent {
+        Parent::Holder(holder(n))
+    }
+
+    #[test]
+    fn fanout_one_is_a_chain_in_join_order() {
+        let mut t = Tree::new(1, false);
+        assert_eq!(join(&mut t, 1, None), Parent::Owner);
+        for m in 2..=6 {
+            assert_eq!(join(&mut t, m, None), via(m as u8 - 1));
+        }
+    }
+
+    #[test]
+    fn fanout_two_fills_the_shallowest_level_first() {
+        let mut t = Tree::new(2, false);
+        let parents: Vec<Parent> = (1..=8).map(|m| join(&mut t, m, None)).collect();
+        assert_eq!(
+            parents,
+            vec![
+                Parent::Owner,
+                Parent::Owner,
+                via(1),
+                via(1),
+                via(2),
+                via(2),
+                via(3),
+                via(3)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
+        let mut t = Tree::new(1, false);
+        for m in 1..=4 {
+            join(&mut t, m, None);
+        }
+        // 1 <- 2 <- 3 <- 4; 2 dies; 3 reports it and takes 2's slot under 1.
+        assert_eq!(join(&mut t, 3, Some(2)), via(1));
+        // 4 keeps 3 as its parent (3 kept its subtree); a new joiner goes to
+        // the deepest free slot: under 4.
+        assert_eq!(join(&mut t, 5, None), via(4));
+        // 2 was only late: it rejoins, alive again, below 5.
+        assert_eq!(join(&mut t, 2, None), via(5));
+    }
+
+    #[test]
+    fn a_rejoining_relay_is_never_put_below_itself() {
+        let mut t = Tree::new(1, false);
+        for m in 1..=3 {
+            join(&mut t, m, None);
+        }
+        // 1 <- 2 <- 3; 2 reports 1 failed: 3 (below 2) has a free slot but
+        // is 2's own child; the owner's slot (freed by 1) is taken instead.
+        assert_eq!(join(&mut t, 2, Some(1)), Parent::Owner);
+    }
+
+    #[test]
+    fn leaves_take_slots_but_get_no_children() {
+        let mut t = Tree::new(1, false);
+        let leaf = JoinRequest {
+            member: 9,
+            from: 0,
+            serves: None,
+            failed: None,
+        };
+        assert_eq!(t.join(&leaf), Parent::Owner);
+        // The owner's only slot is the leaf's; nobody else serves: the owner
+        // takes the next joiner beyond its fanout.
+        assert_eq!(join(&mut t, 1, None), Parent::Owner);
+        assert_eq!(join(&mut t, 2, None), via(1));
+        assert_eq!(t.holders(), vec![holder(1), holder(2)]);
+    }
+
+    #[test]
+    fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
+        let mut t = Tree::new(1, true);
+        assert_eq!(join(&mut t, 1, None), Parent::Owner);
+        assert_eq!(join(&mut t, 2, None), Parent::Owner);
+        let tls = Serves {
+            addr: "10.0.0.3:7071".into(),
+            tls: true,
+        };
+        t.join(&JoinRequest {
+            member: 3,
+            from: 0,
+            serves: Some(tls.clone()),
+            failed: None,
+        });
+        assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
+    }
+
+    #[test]
+    fn trees_are_bounded() {
+        let mut t = Tree::new(1, false);
+        for m in 0..MAX_MEMBERS as u64 + 10 {
+            t.join(&JoinRequest {
+                member: m,
+                from: 0,
+                serves: None,
+                failed: None,
+            });
+        }
+        assert_eq!(t.members.len(), MAX_MEMBERS);
+    }
+}

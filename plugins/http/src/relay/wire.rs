@@ -1,0 +1,452 @@
+//! The relay endpoints' paths and binary bodies. Pure functions, no I/O;
+//! integers big-endian like the rest of the wire protocol.
+//!
+//! ```text
+//! POST /v1/relay/{id}/join request          200 reply
+//!   0  1  version (1)                         0  1  version (1)
+//!   1  8  member id (random, per fetch)       1  8  shard length
+//!   9  8  from: bytes held (piece-aligned)    9  4  piece size
+//!  17  1  flags: 1 serves, 2 serves TLS      13  1  parent: 1 the owner, 2 TLS
+//!  18  1  a = address length (0: none)       14  1  p = parent address length
+//!  19  a  address it serves on               15  p  parent address (none: owner)
+//!   .  1  f = failed holder's length (0)      .  4  k = piece count
+//!   .  f  the holder that failed it           .  8k xxh3-64 of every piece
+//!
+//! GET /v1/relay/{id}/{from}   the shard's bytes from `from` (decimal,
+//!                             piece-aligned) to its end, piece by piece
+//! DELETE /v1/relay/{id}       a holder drops its copy (sent by the owner)
+//! ```
+
+use shardport_abi::ShardId;
+
+use crate::descriptor::{parse_host_port, MAX_ADDR_LEN};
+
+/// Version byte of the join framings.
+pub(crate) const VERSION: u8 = 1;
+/// Path prefix of every relay endpoint.
+pub(crate) const PREFIX: &str = "/v1/relay/";
+/// Longest join request: both addresses at their longest.
+pub(crate) const MAX_JOIN_REQUEST: usize = 19 + 1 + 2 * MAX_ADDR_LEN;
+const FLAG_SERVES: u8 = 1;
+const FLAG_TLS: u8 = 2;
+const PARENT_OWNER: u8 = 1;
+const PARENT_TLS: u8 = 2;
+
+/// Which relay endpoint a path names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `/v1/relay/{id}/join`.
+    Join(ShardId),
+    /// `/v1/relay/{id}/{from}`.
+    Stream(ShardId, u64),
+    /// `/v1/relay/{id}`.
+    Copy(ShardId),
+}
+
+/// Parses the part of a path after [`PREFIX`].
+pub(crate) fn parse_path(rest: &str) -> Result<Endpoint, String> {
+    let (hex, tail) = match rest.split_once('/') {
+        Some((h, t)) => (h, Some(t)),
+        None => (rest, None),
+    };
+    let id = crate::wire::parse_shard_id(hex)
+        .ok_or_else(|| format!("malformed shard id {hex:?}: expected 32 hex digits"))?;
+    match tail {
+        None => Ok(Endpoint::Copy(id)),
+        Some("join") => Ok(Endpoint::Join(id)),
+        Some(t) if !t.is_empty() && t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit()) => t
+            .parse()
+            .map(|from| Endpoint::Stream(id, from))
+            .map_err(|_| format!("offset {t:?} does not fit in 64 bits")),
+        Some(t) => Err(format!(
+            "expected `join` or a decimal byte offset after the shard id, found {t:?}"
+        )),
+    }
+}
+
+/// The path of the join endpoint of `id`.
+pub(crate) fn join_path(id: ShardId) -> String {
+    format!("{PREFIX}{id}/join")
+}
+
+/// The path streaming `id` from byte `from`.
+pub(crate) fn stream_path(id: ShardId, from: u64) -> String {
+    format!("{PREFIX}{id}/{from}")
+}
+
+/// The path of a holder's copy of `id`.
+pub(crate) fn copy_path(id: ShardId) -> String {
+    format!("{PREFIX}{id}")
+}
+
+/// Where a member serves its copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Serves {
+    /// `host:port`.
+    pub addr: String,
+    /// Over TLS.
+    pub tls: bool,
+}
+
+/// A join (or rejoin) of a shard's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JoinRequest {
+    /// The fetch's random id, the same on every rejoin.
+    pub member: u64,
+    /// Bytes of the shard the member holds already (a piece boundary).
+    pub from: u64,
+    /// Where it serves what it receives; `None`: a leaf.
+    pub serves: Option<Serves>,
+    /// The holder that just failed it, if any.
+    pub failed: Option<String>,
+}
+
+impl JoinRequest {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(MAX_JOIN_REQUEST);
+        v.push(VERSION);
+        v.extend_from_slice(&self.member.to_be_bytes());
+        v.extend_from_slice(&self.from.to_be_bytes());
+        let flags = match &self.serves {
+            None => 0,
+            Some(s) => FLAG_SERVES | if s.tls { FLAG_TLS } else { 0 },
+        };
+        v.push(flags);
+        push_addr(&mut v, self.serves.as_ref().map(|s| s.addr.as_str()));
+        push_addr(&mut v, self.failed.as_deref());
+        v
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<JoinRequest, String> {
+        let mut r = Reader { b, at: 0 };
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(format!(
+                "join request version {version} (this owner reads {VERSION})"
+            ));
+        }
+        let member = r.u64("member id")?;
+        let from = r.u64("offset")?;
+        let flags = r.u8("flags")?;
+        if flags & !(FLAG_SERVES | FLAG_TLS) != 0 {
+            return Err(format!("unknown join flags {flags:#04x}"));
+        }
+        let addr = r.addr("serving address")?;
+        let serves = match (flags & FLAG_SERVES != 0, addr) {
+            (true, Some(addr)) => Some(Serves {
+                addr,
+                tls: flags & FLAG_TLS != 0,
+            }),
+            (false, None) => None,
+            (true, None) => return Err("the serves flag is set without an address".into()),
+            (false, Some(_)) => return Err("an address is given without the serves flag".into()),
+        };
+        let failed = r.addr("failed holder's address")?;
+        r.end("join request")?;
+        Ok(JoinRequest {
+            member,
+            from,
+            serves,
+            failed,
+        })
+    }
+}
+
+/// Whom a member fetches from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Parent {
+    /// The owner itself.
+    Owner,
+    /// A holder.
+    Holder(Serves),
+}
+
+/// The owner's answer to a join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JoinReply {
+    pub len: u64,
+    pub piece: u32,
+    pub parent: Parent,
+    pub hashes: Vec<u64>,
+}
+
+impl JoinReply {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(15 + MAX_ADDR_LEN + 4 + 8 * self.hashes.len());
+        v.push(VERSION);
+        v.extend_from_slice(&self.len.to_be_bytes());
+        v.extend_from_slice(&self.piece.to_be_bytes());
+        match &self.parent {
+            Parent::Owner => {
+                v.push(PARENT_OWNER);
+                push_addr(&mut v, None);
+            }
+            Parent::Holder(s) => {
+                v.push(if s.tls { PARENT_TLS } else { 0 });
+                push_addr(&mut v, Some(&s.addr));
+            }
+        }
+        v.extend_from_slice(&(self.hashes.len() as u32).to_be_bytes());
+        for h in &self.hashes {
+            v.extend_from_slice(&h.to_be_bytes());
+        }
+        v
+    }
+
+    /// Decodes a reply for a shard of `len` bytes, checking that its pieces
+    /// cover exactly that length with pieces of at least `min_piece` bytes.
+    pub(crate) fn decode(b: &[u8], len: u64, min_piece: u64) -> Result<JoinReply, String> {
+        let mut r = Reader { b, at: 0 };
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(format!(
+                "join reply version {version} (this consumer reads {VERSION})"
+            ));
+        }
+        let got_len = r.u64("length")?;
+        if got_len != len {
+            return Err(format!(
+                "the reply is for {got_len} bytes, the descriptor says {len}"
+            ));
+        }
+        let piece = r.u32("piece size")?;
+        if u64::from(piece) < min_piece {
+            return Err(format!("piece size {piece} is under {min_piece} bytes"));
+        }
+        let flags = r.u8("parent flags")?;
+        let addr = r.addr("parent address")?;
+        let parent = match (flags, addr) {
+            (PARENT_OWNER, None) => Parent::Owner,
+            (0 | PARENT_TLS, Some(addr)) => Parent::Holder(Serves {
+                addr,
+                tls: flags == PARENT_TLS,
+            }),
+            (f, a) => {
+                return Err(format!(
+                    "parent flags {f:#04x} do not fit {}",
+                    if a.is_some() {
+                        "an address"
+                    } else {
+                        "a missing address"
+                    }
+                ))
+            }
+        };
+        let k = r.u32("piece count")?;
+        let want = super::piece_count(len, u64::from(piece));
+        if u64::from(k) != want {
+            return Err(format!(
+                "{k} piece hashes for {len} bytes in pieces of {piece} (expected {want})"
+            ));
+        }
+        let mut hashes = Vec::with_capacity(k as usize);
+        for _ in 0..k {
+            hashes.push(r.u64("piece hash")?);
+        }
+        r.end("join reply")?;
+        Ok(JoinReply {
+            len,
+            piece,
+            parent,
+            hashes,
+        })
+    }
+}
+
+fn push_addr(v: &mut Vec<u8>, addr: Option<&str>) {
+    let a = addr.unwrap_or("");
+    debug_assert!(a.len() <= MAX_ADDR_LEN);
+    v.push(a.len() as u8);
+    v.extend_from_slice(a.as_bytes());
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+        let end = self.at + n;
+        if end > self.b.len() {
+            return Err(format!(
+                "cut short: {} bytes end inside the {what}",
+                self.b.len()
+            ));
+        }
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_be_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_be_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// A length-prefixed `host:port`; length 0 is `None`.
+    fn addr(&mut self, what: &str) -> Result<Option<String>, String> {
+        let n = self.u8(what)? as usize;
+        if n == 0 {
+            return Ok(None);
+        }
+        let raw = self.take(n, what)?;
+        let s = std::str::from_utf8(raw).map_err(|_| format!("the {what} is not UTF-8"))?;
+        parse_host_port(s).map_err(|why| format!("the {what} {s:?}: {why}"))?;
+        Ok(Some(s.to_owned()))
+    }
+
+    fn end(&self, what: &str) -> Result<(), String> {
+        if self.at != self.b.len() {
+            return Err(format!(
+                "{} bytes after the end of the {what}",
+                self.b.len() - self.at
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> ShardId {
+        ShardId::from_u128(0xabc)
+    }
+
+    #[test]
+    fn paths_round_trip_and_refuse_what_is_not_theirs() {
+        let rest = |p: &str| p.strip_prefix(PREFIX).unwrap().to_owned();
+        assert_eq!(
+            parse_path(&rest(&join_path(id()))),
+            Ok(Endpoint::Join(id()))
+        );
+        assert_eq!(
+            parse_path(&rest(&stream_path(id(), 262_144))),
+            Ok(Endpoint::Stream(id(), 262_144))
+        );
+        assert_eq!(
+            parse_path(&rest(&copy_path(id()))),
+            Ok(Endpoint::Copy(id()))
+        );
+        for bad in [
+            "xyz",
+            "00000000000000000000000000000abc/",
+            "00000000000000000000000000000abc/-1",
+            "00000000000000000000000000000abc/1/2",
+            "00000000000000000000000000000abc/99999999999999999999",
+        ] {
+            assert!(parse_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn join_requests_round_trip() {
+        for req in [
+            JoinRequest {
+                member: 7,
+                from: 0,
+                serves: None,
+                failed: None,
+            },
+            JoinRequest {
+                member: u64::MAX,
+                from: 1 << 30,
+                serves: Some(Serves {
+                    addr: "10.0.0.3:7071".into(),
+                    tls: true,
+                }),
+                failed: Some("node9.example:7071".into()),
+            },
+        ] {
+            assert_eq!(JoinRequest::decode(&req.encode()), Ok(req));
+        }
+    }
+
+    #[test]
+    fn malformed_join_requests_are_refused_with_the_reason() {
+        let good = JoinRequest {
+            member: 1,
+            from: 0,
+            serves: Some(Serves {
+                addr: "10.0.0.3:7071".into(),
+                tls: false,
+            }),
+            failed: None,
+        }
+        .encode();
+        let mut v = good.clone();
+        v[0] = 2;
+        assert!(JoinRequest::decode(&v).unwrap_err().contains("version 2"));
+        assert!(JoinRequest::decode(&good[..10])
+            .unwrap_err()
+            .contains("cut short"));
+        let mut v = good.clone();
+        v.push(0);
+        assert!(JoinRequest::decode(&v)
+            .unwrap_err()
+            .contains("after the end"));
+        let mut v = good.clone();
+        v[17] = 0;
+        assert!(JoinRequest::decode(&v)
+            .unwrap_err()
+            .contains("without the serves flag"));
+        let mut v = good.clone();
+        v[17] = 0x80 | FLAG_SERVES;
+        assert!(JoinRequest::decode(&v)
+            .unwrap_err()
+            .contains("unknown join flags"));
+        let mut v = good;
+        v[19] = b' ';
+        assert!(JoinRequest::decode(&v)
+            .unwrap_err()
+            .contains("serving address"));
+    }
+
+    #[test]
+    fn join_replies_round_trip_and_must_cover_the_shard() {
+        let reply = JoinReply {
+            len: 600,
+            piece: 256,
+            parent: Parent::Holder(Serves {
+                addr: "10.0.0.4:7071".into(),
+                tls: false,
+            }),
+            hashes: vec![1, 2, 3],
+        };
+        let b = reply.encode();
+        assert_eq!(JoinReply::decode(&b, 600, 16), Ok(reply.clone()));
+        assert!(JoinReply::decode(&b, 601, 16)
+            .unwrap_err()
+            .contains("descriptor says 601"));
+        assert!(JoinReply::decode(&b, 600, 512)
+            .unwrap_err()
+            .contains("under 512"));
+        let short = JoinReply {
+            hashes: vec![1, 2],
+            ..reply
+        };
+        assert!(JoinReply::decode(&short.encode(), 600, 16)
+            .unwrap_err()
+            .contains("expected 3"));
+        let owner = JoinReply {
+            len: 0,
+            piece: 256,
+            parent: Parent::Owner,
+            hashes: vec![],
+        };
+        assert_eq!(JoinReply::decode(&owner.encode(), 0, 16), Ok(owner));
+    }
+}

@@ -1,0 +1,327 @@
+//! The relay endpoints (see `crate::relay`): joins at the owner, streams
+//! of a shard from the owner's export or a holder's copy, and removals
+//! sent to holders.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::relay::{
+    holdings::Next,
+    wire::{self as rwire, Endpoint, JoinReply, JoinRequest},
+    Holding,
+};
+
+/// Pieces streamed ahead of the connection per response.
+const STREAM_AHEAD: usize = 2;
+
+pub(super) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -> Response<Frames> {
+    let endpoint = match rwire::parse_path(rest) {
+        Ok(e) => e,
+        Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
+    };
+    let path = req.uri().path().to_owned();
+    match endpoint {
+        Endpoint::Join(id) if req.method() == Method::POST => join(shared, id, req).await,
+        Endpoint::Join(_) => method_not_allowed(req.method(), &path, "POST"),
+        Endpoint::Stream(id, from) if req.method() == Method::GET => stream(shared, id, from).await,
+        Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
+        Endpoint::Copy(id) if req.method() == Method::DELETE => drop_copy(shared, id),
+        Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE"),
+    }
+}
+
+fn not_exported(shared: &Shared, id: ShardId) -> Response<Frames> {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!(
+            "shard {id} is not exported by owner {} (it was removed, or never existed here)",
+            shared.advertised
+        ),
+    )
+}
+
+/// `POST /v1/relay/{id}/join`: the owner places the member in the shard's
+/// tree and answers with the piece hashes and its parent.
+async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<Frames> {
+    let body = match read_body(shared, req, rwire::MAX_JOIN_REQUEST).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let join = match JoinRequest::decode(&body) {
+        Ok(j) => j,
+        Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
+    };
+    // Held until the member is placed: `unexport` forgets the tree only
+    // after its readers are gone, so no tree outlives its export.
+    let Some(reader) = shared.registry.reader(id) else {
+        return not_exported(shared, id);
+    };
+    if reader.device().is_some() {
+        return error(
+            StatusCode::CONFLICT,
+            "not_relayable",
+            &format!("shard {id} lives in GPU memory: it is served by its owner alone"),
+        );
+    }
+    let len = reader.len() as u64;
+    if len == 0 {
+        return error(
+            StatusCode::CONFLICT,
+            "not_relayable",
+            &format!("shard {id} is empty: there is nothing to relay"),
+        );
+    }
+    // The bytes own the reader.
+    let bytes = reader.into_bytes();
+    if join.from > len {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            &format!(
+                "offset {} is past the end of shard {id} ({len} bytes)",
+                join.from
+            ),
+        );
+    }
+    let tracked = shared.trackers.tracked(id);
+    let piece = tracked.piece;
+    let hashes = tracked
+        .hashes
+        .get_or_try_init(|| async {
+            let bytes = bytes.clone();
+            tokio::task::spawn_blocking(move || Arc::new(crate::relay::piece_hashes(&bytes, piece)))
+                .await
+        })
+        .await;
+    let hashes = match hashes {
+        Ok(h) => Arc::clone(h),
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                &format!("hashing shard {id} failed: {e}"),
+            )
+        }
+    };
+    let parent = tracked.join(&join);
+    drop(bytes);
+    shared.stats.relay_joins.inc();
+    let reply = JoinReply {
+        len,
+        piece: piece as u32,
+        parent,
+        hashes: hashes.to_vec(),
+    };
+    framed(
+        StatusCode::OK,
+        "application/octet-stream",
+        Frames::new([Bytes::from(reply.encode())]),
+    )
+}
+
+/// Reads a small request body whole, within `request-timeout`.
+async fn read_body(
+    shared: &Shared,
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<Bytes, Response<Frames>> {
+    let collected = tokio::time::timeout(
+        shared.request_timeout,
+        Limited::new(req.into_body(), limit).collect(),
+    )
+    .await;
+    match collected {
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            &format!(
+                "the request body did not arrive within request-timeout ({})",
+                format_duration(shared.request_timeout)
+            ),
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("a join request is at most {limit} bytes"),
+        )),
+        Ok(Err(e)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            &format!("cannot read the request body: {e}"),
+        )),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
+/// `GET /v1/relay/{id}/{from}`: the owner's own bytes, or this node's
+/// relay copy streamed as its verified pieces arrive.
+async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
+    if let Some(reader) = shared.registry.reader(id) {
+        if reader.device().is_some() {
+            return error(
+                StatusCode::CONFLICT,
+                "not_relayable",
+                &format!("shard {id} lives in GPU memory: fetch it with GET /v1/shards/{id}"),
+            );
+        }
+        let len = reader.len() as u64;
+        if from > len {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &format!("offset {from} is past the end of shard {id} ({len} bytes)"),
+            );
+        }
+        let bytes = reader.into_bytes().slice(from as usize..);
+        shared.stats.bytes_served.add(bytes.len() as u64);
+        return relay_response(Frames::new([bytes]), len);
+    }
+    let Some(holding) = shared.holdings.get(id) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!(
+                "{} holds no relay copy of shard {id} (it was dropped, or never fetched here)",
+                shared.advertised
+            ),
+        );
+    };
+    // The piece size arrives with this node's own join reply, moments
+    // after a peer may have been sent here.
+    let stall = shared.relay_stall;
+    let piece = holding
+        .wait_for(stall, |h| match (h.progress().1, h.next(0)) {
+            (_, Next::Failed(why)) => Some(Err(why)),
+            (0, _) => None,
+            (p, _) => Some(Ok(p)),
+        })
+        .await;
+    let piece = match piece {
+        Some(Ok(p)) => p,
+        Some(Err(why)) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!(
+                    "{}'s relay copy of shard {id} is gone: {why}",
+                    shared.advertised
+                ),
+            )
+        }
+        None => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stalled",
+                &format!(
+                    "{}'s relay copy of shard {id} has not started within relay-stall-timeout",
+                    shared.advertised
+                ),
+            )
+        }
+    };
+    if from > holding.len || (from % piece != 0 && from != holding.len) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            &format!(
+                "offset {from} is not a piece boundary of shard {id} ({} bytes in pieces of \
+                 {piece})",
+                holding.len
+            ),
+        );
+    }
+    let len = holding.len;
+    let rx = spawn_stream(shared, holding, from / piece);
+    let mut frames = Frames::of([Part::Staging(rx)]);
+    frames.set_len(len - from);
+    relay_response(frames, len)
+}
+
+fn relay_response(frames: Frames, len: u64) -> Response<Frames> {
+    let mut r = framed(StatusCode::OK, "application/octet-stream", frames);
+    r.headers_mut()
+        .insert(wire::LEN_HEADER, HeaderValue::from(len));
+    r
+}
+
+/// Sends the copy's pieces from `first` on, each as soon as it is held;
+/// ends the body with an error (a short body for the peer) when the copy
+/// fails or no piece comes for `relay-stall-timeout`.
+fn spawn_stream(
+    shared: &Shared,
+    holding: Arc<Holding>,
+    first: u64,
+) -> tokio::sync::mpsc::Receiver<Result<Bytes, String>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(STREAM_AHEAD);
+    let stats = Arc::clone(&shared.stats);
+    let stall = shared.relay_stall;
+    let corrupt = shared.relay_corrupt;
+    tokio::spawn(async move {
+        let mut k = first;
+        loop {
+            let next = holding
+                .wait_for(stall, |h| match h.next(k) {
+                    Next::Wait => None,
+                    n => Some(n),
+                })
+                .await;
+            let piece = match next {
+                Some(Next::Piece(p)) => p,
+                Some(Next::Done) => return,
+                Some(Next::Failed(why)) => {
+                    let _ = tx.send(Err(format!("the relay copy failed: {why}"))).await;
+                    return;
+                }
+                Some(Next::Wait) | None => {
+                    let _ = tx
+                        .send(Err("no piece arrived within relay-stall-timeout".into()))
+                        .await;
+                    return;
+                }
+            };
+            let piece = if corrupt {
+                flip_first_bit(&piece)
+            } else {
+                piece
+            };
+            stats.relay_bytes_served.add(piece.len() as u64);
+            if tx.send(Ok(piece)).await.is_err() {
+                return; // the peer went away
+            }
+            k += 1;
+        }
+    });
+    rx
+}
+
+/// Tests only (`test-corrupt-relay`): a piece with its first bit flipped.
+fn flip_first_bit(p: &Bytes) -> Bytes {
+    let mut v = p.to_vec();
+    if let Some(b) = v.first_mut() {
+        *b ^= 1;
+    }
+    Bytes::from(v)
+}
+
+/// `DELETE /v1/relay/{id}`: the owner removed the shard; drop the copy.
+fn drop_copy(shared: &Shared, id: ShardId) -> Response<Frames> {
+    let had = shared.holdings.drop_copy(id, "its owner removed the shard");
+    if had {
+        shared.stats.relay_copies_dropped.inc();
+    }
+    json(StatusCode::OK, format!("{{\"dropped\":{had}}}"))
+}
+
+/// Drops expired relay copies every `period` until shutdown.
+pub(super) async fn prune_copies(
+    holdings: Arc<crate::relay::Holdings>,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => holdings.prune(),
+            _ = shutdown.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Relays between transport instances on 127.0.0.1: a consumer's copy
+//! served onward, every piece checked, failover from holders that corrupt,
+//! refuse or stall, and removals that reach every copy.
+
+use std::net::TcpListener;
+
+use super::*;
+use crate::relay::wire::{JoinRequest, Serves};
+
+/// Owners hash pieces of 16 KiB here, so a small shard has many.
+const OWNER: &str = "relay-piece = \"16KiB\"";
+const LEN: usize = (1 << 20) + 13;
+
+fn relay_node(extra: &str) -> Node {
+    node(&format!(
+        "relay = \"on\"\nrelay-min-size = \"64KiB\"\n{extra}"
+    ))
+}
+
+/// Fetches through `t`; the bytes and the transport's note.
+fn fetch_noted(
+    t: &SharedTransport,
+    desc: &[u8],
+    len: usize,
+) -> Result<(Vec<u8>, String), AbiError> {
+    let mut dst = vec![0u8; len];
+    t.import_into(
+        RSlice::from_slice(desc),
+        &ShardMeta::bytes(len as u64),
+        RSliceMut::from_mut_slice(&mut dst),
+    )
+    .into_result()
+    .map(|i| (dst, i.note.into()))
+}
+
+/// Places a member at `serves` in the owner's tree of `id`, as a join
+/// would (with the owner's token, when it has one).
+fn forge_member(owner: &Node, id: u128, serves: SocketAddr, auth: Option<&str>) {
+    let body = JoinRequest {
+        member: 0xf0f0,
+        from: 0,
+        serves: Some(Serves {
+            addr: serves.to_string(),
+            tls: false,
+        }),
+        failed: None,
+    }
+    .encode();
+    let path = crate::relay::wire::join_path(ShardId::from_u128(id));
+    let r = post(owner.addr, &path, &body, auth);
+    assert_eq!(r.status, 200, "{:?}", r.json());
+}
+
+#[test]
+fn consumers_after_the_first_get_the_shard_from_relays() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 3);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let consumers: Vec<Node> = (0..3).map(|_| relay_node("")).collect();
+    let mut notes = Vec::new();
+    for c in &consumers {
+        let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+        assert!(got == data, "the bytes are the owner's");
+        notes.push(note);
+    }
+    // A chain in join order: owner -> c0 -> c1 -> c2.
+    assert!(notes[0].starts_with("from owner"), "{}", notes[0]);
+    assert!(
+        notes[1].contains(&format!("from relay {}", consumers[0].addr)),
+        "{}",
+        notes[1]
+    );
+    assert!(notes[2].contains(&format!("from relay {}", consumers[1].addr)));
+    assert_eq!(
+        stat(&owner.t, "bytes_served"),
+        LEN as u64,
+        "the owner sent one copy"
+    );
+    assert_eq!(stat(&owner.t, "relay_joins"), 3);
+    assert_eq!(stat(&consumers[0].t, "relay_bytes_served"), LEN as u64);
+    assert_eq!(stat(&consumers[0].t, "relay_bytes_from_holders"), 0);
+    for c in &consumers[1..] {
+        assert_eq!(stat(&c.t, "relay_bytes_from_holders"), LEN as u64);
+    }
+    for c in &consumers {
+        assert_eq!(stat(&c.t, "relay_fetches"), 1);
+        assert_eq!(stat(&c.t, "relay_copies"), 1);
+        assert_eq!(stat(&c.t, "relay_copy_bytes"), LEN as u64);
+    }
+    // Removal reaches every copy; a later consumer is told the shard is gone.
+    owner
+        .t
+        .unexport(ShardId::from_u128(1))
+        .into_result()
+        .unwrap();
+    for c in &consumers {
+        let start = std::time::Instant::now();
+        while stat(&c.t, "relay_copies") > 0 {
+            assert!(start.elapsed() < GENEROUS, "{c:?} kept its copy");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(stat(&c.t, "relay_copies_dropped"), 1);
+    }
+    wait_for_stat(&owner.t, "relay_removals_sent", 3);
+    assert_eq!(stat(&owner.t, "relay_trees"), 0);
+    let late = relay_node("");
+    assert_kind(
+        fetch(&late.t, &desc, LEN),
+        ErrorKind::NOT_FOUND,
+        "not exported",
+    );
+}
+
+#[test]
+fn a_concurrent_broadcast_gives_everyone_the_right_bytes() {
+    let owner = node(OWNER);
+    let data = pattern(3 << 20, 9);
+    let desc = export(&owner.t, 2, &data).unwrap();
+    let consumers: Vec<Node> = (0..4).map(|_| relay_node("")).collect();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter()
+            .map(|c| s.spawn(|| fetch(&c.t, &desc, data.len()).unwrap()))
+            .collect();
+        for j in joins {
+            assert!(j.join().unwrap() == data);
+        }
+    });
+    let relayed: u64 = consumers
+        .iter()
+        .map(|c| stat(&c.t, "relay_bytes_from_holders"))
+        .sum();
+    let served = stat(&owner.t, "bytes_served");
+    assert_eq!(
+        relayed + served,
+        4 * data.len() as u64,
+        "every byte came from the owner or a relay"
+    );
+    assert!(relayed > 0, "relays served part of the broadcast");
+}
+
+#[test]
+fn a_relay_that_corrupts_pieces_is_left_and_the_bytes_stay_right() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 5);
+    let desc = export(&owner.t, 3, &data).unwrap();
+    let bad = relay_node("test-corrupt-relay = true");
+    assert!(fetch(&bad.t, &desc, LEN).unwrap() == data);
+    let c = relay_node("");
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == data, "never the corrupted bytes");
+    assert!(stat(&c.t, "relay_corrupt_pieces") >= 1);
+    assert!(stat(&c.t, "relay_failovers") >= 1);
+    assert!(
+        note.contains(&format!("after relay {} failed at byte 0", bad.addr)),
+        "{note}"
+    );
+}
+
+#[test]
+fn a_holder_without_the_token_is_refused_and_the_fetch_goes_on() {
+    let token = "auth-token = \"s3cret\"";
+    let owner = node(&format!("{OWNER}\n{token}"));
+    let data = pattern(LEN, 7);
+    let desc = export(&owner.t, 4, &data).unwrap();
+    let first = relay_node(token);
+    assert!(fetch(&first.t, &desc, LEN).unwrap() == data);
+    // A holder that does not know the token, forged into the tree.
+    let stranger = relay_node("auth-token = \"other\"");
+    forge_member(&owner, 4, stranger.addr, Some("Bearer s3cret"));
+    // Joins without the token are refused by the owner itself.
+    let r = post(
+        owner.addr,
+        &crate::relay::wire::join_path(ShardId::from_u128(4)),
+        b"",
+        None,
+    );
+    assert_eq!(r.status, 401);
+    let c = relay_node(token);
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(
+        stat(&stranger.t, "auth_failures") >= 1,
+        "the stranger refused it"
+    );
+    assert!(
+        note.contains(&format!("relay {} failed", stranger.addr)),
+        "{note}"
+    );
+    assert!(
+        note.contains(&format!("from relay {}", first.addr)),
+        "{note}"
+    );
+}
+
+#[test]
+fn a_stalled_holder_is_abandoned_after_the_stall_timeout() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 11);
+    let desc = export(&owner.t, 5, &data).unwrap();
+    // Accepts connections and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    forge_member(&owner, 5, silent.local_addr().unwrap(), None);
+    let c = relay_node("relay-stall-timeout = \"200ms\"");
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(
+        note.contains(&format!("relay {} failed", silent.local_addr().unwrap())),
+        "{note}"
+    );
+    drop(silent);
+}
+
+#[test]
+fn what_the_owner_does_not_relay_is_fetched_plainly() {
+    // Under relay-min-size: no join at all.
+    let owner = node(OWNER);
+    let small = pattern(1000, 1);
+    let desc = export(&owner.t, 6, &small).unwrap();
+    let c = relay_node("");
+    let (got, note) = fetch_noted(&c.t, &desc, 1000).unwrap();
+    assert!(got == small);
+    assert!(note.starts_with("GET /v1/shards/"), "{note}");
+    assert_eq!(stat(&owner.t, "relay_joins"), 0);
+    // A GPU shard: the owner refuses the join (409), the consumer fetches
+    // it from the owner as before.
+    let gpu_owner = node(&format!("{OWNER}\ntest-device-is-host = true"));
+    let data = pattern(LEN, 2);
+    let gdesc = export_gpu(&gpu_owner.t, 7, &data);
+    let (got, note) = fetch_noted(&c.t, &gdesc, LEN).unwrap();
+    assert!(got == data);
+    assert!(note.starts_with("GET /v1/shards/"), "{note}");
+    assert_eq!(stat(&c.t, "relay_copies"), 0, "no copy kept");
+}
+
+#[test]
+fn relay_endpoints_refuse_malformed_requests() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 4);
+    export(&owner.t, 8, &data).unwrap();
+    let id = ShardId::from_u128(8);
+    let join = crate::relay::wire::join_path(id);
+    let r = post(owner.addr, &join, b"\x01short", None);
+    assert_eq!(r.status, 400);
+    assert!(r.json().1.contains("cut short"), "{:?}", r.json());
+    let r = post(owner.addr, &join, &[0u8; 4096], None);
+    assert_eq!(r.status, 413);
+    let r = get(owner.addr, &format!("/v1/relay/{id}/{}", LEN + 1), None);
+    assert_eq!(r.status, 400);
+    assert!(r.json().1.contains("past the end"));
+    let r = get(owner.addr, "/v1/relay/nothex/0", None);
+    assert_eq!(r.status, 400);
+    let r = get(owner.addr, &join, None);
+    assert_eq!(r.status, 405);
+    // A holder asked for a copy it does not have.
+    let c = relay_node("");
+    let r = get(c.addr, &format!("/v1/relay/{id}/0"), None);
+    assert_eq!(r.status, 404);
+    assert!(r.json().1.contains("holds no relay copy"));
+    // The owner streams from any byte; a holder only from piece boundaries.
+    let desc = export(&owner.t, 9, &data).unwrap();
+    fetch(&c.t, &desc, LEN).unwrap();
+    let id9 = ShardId::from_u128(9);
+    let r = get(c.addr, &format!("/v1/relay/{id9}/100"), None);
+    assert_eq!(r.status, 400);
+    assert!(r.json().1.contains("piece boundary"));
+    let r = get(c.addr, &format!("/v1/relay/{id9}/{}", 16 << 10), None);
+    assert_eq!(r.status, 200);
+    assert!(r.body[..] == data[16 << 10..]);
+    let r = get(owner.addr, &format!("/v1/relay/{id9}/100"), None);
+    assert_eq!(r.status, 200);
+    assert!(r.body[..] == data[100..]);
+}
