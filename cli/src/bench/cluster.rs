@@ -50,6 +50,9 @@ pub struct ClusterOptions {
     pub rate_bps: u64,
     /// The fan-in consumer's link is this many times faster.
     pub fanin_factor: u64,
+    /// After the other runs of each N, a relayed broadcast of the largest
+    /// size in which the chain's first relay is killed mid-way.
+    pub kill_relay: bool,
     /// The `shardport` executable the workers run.
     pub exe: PathBuf,
     /// Where the http plugin library is.
@@ -89,6 +92,23 @@ pub struct ClusterRow {
     pub fanin_cpu_share: f64,
     /// Every copy verified against the owner's pattern.
     pub verified: bool,
+    /// With `kill_relay` (the last size of each N): the relayed broadcast
+    /// whose first relay was killed a third of the way through the floor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_relay: Option<KilledRelay>,
+}
+
+/// A broadcast that lost a relay mid-way.
+#[derive(Debug, Clone, Serialize)]
+pub struct KilledRelay {
+    /// From the first request to the last survivor's verified copy, seconds.
+    pub survivors_s: f64,
+    /// Every survivor's copy is the owner's.
+    pub survivors_verified: bool,
+    /// Survivors' rejoins after a relay failed.
+    pub failovers: u64,
+    /// When the relay was killed, seconds after the first request.
+    pub killed_at_s: f64,
 }
 
 /// A worker in one node of the testbed.
@@ -113,7 +133,8 @@ impl NodeWorker {
              [[plugin]]\nname = \"http\"\npath = \"{lib}\"\nrequired = true\n\
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n\
              relay = \"{relay}\"\nrelay-stall-timeout = \"5s\"\n\
-             [[plugin]]\nname = \"direct\"\npath = \"{lib}\"\nrequired = true\n\
+             [[plugin]]\nname = \"direct\"\ntransport = \"http\"\npath = \"{lib}\"\n\
+             required = true\n\
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n",
             addr = node.addr,
             lib = opts.plugin_dir.join("libshardport_http.so").display()
@@ -192,6 +213,78 @@ fn broadcast(
     Ok((wall, busiest_share(&before, &after, wall), verified))
 }
 
+/// A relayed broadcast of `size` bytes in which node 1, the chain's first
+/// relay (it joins 100 ms before the others), is killed a third of the
+/// way through the floor time. Node 1 is dead afterwards.
+fn killed_relay(
+    workers: &mut [NodeWorker],
+    n: usize,
+    size: u64,
+    rate_bps: u64,
+) -> Result<KilledRelay, String> {
+    let seed = 7000 + n as u64;
+    let put = workers[0].call(&Request::Put {
+        len: size,
+        seed,
+        dtype: None,
+        tags: Default::default(),
+    })?;
+    let handle = put.handle.ok_or("the owner's put gave no handle")?;
+    let failovers = |ws: &mut [NodeWorker]| -> Result<u64, String> {
+        ws[2..=n].iter_mut().try_fold(0u64, |t, w| {
+            Ok(t + w.plugin_stat("http", "relay_failovers_total")?)
+        })
+    };
+    let before = failovers(workers)?;
+    let victim = workers[1].w.pid();
+    let kill_after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
+    let fetch = |w: &mut NodeWorker| {
+        w.call(&Request::FetchBuffer {
+            handle: handle.clone(),
+            only: Some("http".to_owned()),
+            seed: Some(seed),
+        })
+    };
+    let start = Instant::now();
+    let (first, rest) = workers[1..=n].split_at_mut(1);
+    let (wall, verified, killed_at) = std::thread::scope(|s| {
+        let doomed = s.spawn(|| fetch(&mut first[0]));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let joins: Vec<_> = rest
+            .iter_mut()
+            .map(|w| s.spawn(|| (fetch(w), start.elapsed().as_secs_f64())))
+            .collect();
+        std::thread::sleep(kill_after.saturating_sub(start.elapsed()));
+        let killed_at = start.elapsed().as_secs_f64();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &victim.to_string()])
+            .status();
+        let _ = doomed.join();
+        let mut wall = 0f64;
+        let mut verified = true;
+        for j in joins {
+            match j.join() {
+                Ok((Ok(r), t)) => {
+                    verified &= r.verified == Some(true);
+                    wall = wall.max(t);
+                }
+                _ => verified = false,
+            }
+        }
+        (wall, verified, killed_at)
+    });
+    let after = failovers(workers)?;
+    workers[0].call(&Request::Remove {
+        ids: vec![put.id.unwrap_or_default()],
+    })?;
+    Ok(KilledRelay {
+        survivors_s: wall,
+        survivors_verified: verified,
+        failovers: after - before,
+        killed_at_s: killed_at,
+    })
+}
+
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken
 /// before and after.
 fn busiest_share(before: &[f64], after: &[f64], wall: f64) -> f64 {
@@ -252,6 +345,16 @@ pub fn run_cluster(
             progress(&format!("N = {n}, S = {size} bytes"));
             rows.push(one_row(&mut workers, n, size, opts)?);
         }
+        if opts.kill_relay && n >= 2 {
+            let size = opts.sizes.iter().copied().max().unwrap_or(0);
+            progress(&format!(
+                "N = {n}, S = {size} bytes: a relay killed mid-way"
+            ));
+            let k = killed_relay(&mut workers, n, size, opts.rate_bps)?;
+            if let Some(row) = rows.iter_mut().rev().find(|r| r.size == size) {
+                row.killed_relay = Some(k);
+            }
+        }
         for w in &mut workers {
             let _ = w.call(&Request::Exit);
         }
@@ -279,7 +382,7 @@ fn one_row(
     let (owner_only, owner_only_cpu, direct_ok) = broadcast(workers, n, &handle, seed, "direct")?;
     let from_relays = |ws: &mut [NodeWorker]| -> Result<u64, String> {
         ws[1..=n].iter_mut().try_fold(0u64, |t, w| {
-            Ok(t + w.plugin_stat("http", "relay_bytes_from_holders")?)
+            Ok(t + w.plugin_stat("http", "relay_bytes_from_holders_total")?)
         })
     };
     let relayed_before = from_relays(workers)?;
@@ -338,6 +441,7 @@ fn one_row(
         owner_only_cpu_share: owner_only_cpu,
         fanin_cpu_share: busiest_share(&before, &after, fanin),
         verified,
+        killed_relay: None,
     })
 }
 
@@ -366,6 +470,17 @@ pub fn table(rows: &[ClusterRow]) -> String {
             r.fanin_cpu_share * 100.0,
             r.verified
         ));
+        if let Some(k) = &r.killed_relay {
+            out.push_str(&format!(
+                "       a relay killed at {:.2} s: survivors done in {:.2} s ({:.2}x the floor), \
+                 {} failover(s), verified {}\n",
+                k.killed_at_s,
+                k.survivors_s,
+                k.survivors_s / r.floor_s,
+                k.failovers,
+                k.survivors_verified
+            ));
+        }
     }
     out
 }
@@ -438,6 +553,7 @@ mod tests {
             owner_only_cpu_share: 0.01,
             fanin_cpu_share: 0.2,
             verified: true,
+            killed_relay: None,
         }
     }
 

@@ -134,6 +134,11 @@ struct ClusterArgs {
     /// The fan-in consumer's link is this many times faster.
     #[arg(long, default_value_t = 4)]
     fanin_factor: u64,
+    /// After the other runs of each N, one more relayed broadcast in which
+    /// the first relay of the chain is killed (SIGKILL) a third of the way
+    /// through the floor time: the survivors' time and bytes.
+    #[arg(long)]
+    kill_relay: bool,
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -153,6 +158,7 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
         sizes: dedup(or(&args.sizes, &[64 << 20])),
         rate_bps: args.rate,
         fanin_factor: args.fanin_factor,
+        kill_relay: args.kill_relay,
         exe,
         plugin_dir,
     };

@@ -133,7 +133,7 @@ impl Node {
         handles: &[Handle],
         b: &mut Batch,
         i: usize,
-        r: Result<(Vec<u8>, String), AbiError>,
+        r: Result<Served, AbiError>,
         start: Instant,
     ) -> bool {
         let attempt = &b.plans[i].attempts[b.cursor[i]];
@@ -202,7 +202,7 @@ impl Node {
         plan: &Plan,
         attempt: &Attempt,
         failures: Vec<(TransportName, AbiError)>,
-        (buf, note): (Vec<u8>, String),
+        (buf, note): Served,
         start: Instant,
     ) -> Result<Fetched, HostError> {
         let len = handle.meta.byte_len;
@@ -233,7 +233,7 @@ impl Node {
         handles: &[Handle],
         plans: &[Plan],
         cursor: &[usize],
-    ) -> Vec<(usize, Result<(Vec<u8>, String), AbiError>)> {
+    ) -> Vec<(usize, Result<Served, AbiError>)> {
         let p = &g.plugins[pi];
         let mut bufs: Vec<(usize, Result<Vec<u8>, AbiError>)> = members
             .iter()
@@ -281,6 +281,9 @@ impl Node {
             .collect()
     }
 }
+
+/// A batch shard's bytes and its transport's note (how it served them).
+type Served = (Vec<u8>, String);
 
 /// The state of one copy batch, one slot per shard.
 struct Batch {
