@@ -287,7 +287,9 @@ pub struct OwnerClaim<'a> {
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, Default)]
 pub struct ImportInfo {
-    /// Free-form note (segment name, connection reuse...), for logs.
+    /// Free-form note on how the bytes came (segment name, connection
+    /// reuse, a relay...): the host appends it, in parentheses, to the
+    /// fetch's selection reason. Keep it short; empty adds nothing.
     pub note: RString,
 }
 

@@ -31,6 +31,9 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
         rate_bps: 40_000_000,
         fanin_factor: 4,
         kill_relay: true,
+        owner_only: true,
+        fanin: true,
+        relay_piece: None,
         exe: util::shardport_bin(),
         plugin_dir: util::plugin_lib("shardport-http")
             .parent()
@@ -81,4 +84,76 @@ fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
     drop(c);
     let left = existing_namespaces();
     assert!(names.iter().all(|n| !left.contains(n)), "{left:?}");
+}
+
+/// An owner killed mid-broadcast: every consumer, whether it was streaming
+/// from the owner or from a relay, fails with an error naming the owner,
+/// and none returns bytes.
+#[test]
+fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
+    use shardport_cli::worker::{Request, WorkerProcess};
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    // 4 MiB at 20 Mbit/s: 1.7 s per copy; the owner dies after 0.4 s.
+    let c = Cluster::create(&[20_000_000; 3]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = util::plugin_lib("shardport-http");
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|i| {
+            let addr = c.nodes[i].addr;
+            let cfg = dir.path().join(format!("n{i}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
+                     [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
+                     [plugin.config]\nbind = \"{addr}:0\"\nrelay = \"on\"\nconnect-timeout = \"1s\"\n",
+                    lib.display()
+                ),
+            )
+            .unwrap();
+            let mut cmd = c.command(i, &util::shardport_bin());
+            cmd.arg("worker").arg("--config").arg(&cfg);
+            WorkerProcess::spawn_command(&format!("node {i}"), cmd).unwrap()
+        })
+        .collect();
+    let put = workers[0]
+        .call(&Request::Put {
+            len: 4 << 20,
+            seed: 5,
+            dtype: None,
+            tags: Default::default(),
+        })
+        .unwrap();
+    let handle = put.handle.unwrap();
+    let owner_addr = c.nodes[0].addr.to_string();
+    let owner = workers.remove(0);
+    let replies = std::thread::scope(|s| {
+        let joins: Vec<_> = workers
+            .iter_mut()
+            .map(|w| {
+                let handle = handle.clone();
+                s.spawn(move || {
+                    w.call(&Request::FetchBuffer {
+                        handle,
+                        only: None,
+                        seed: Some(5),
+                    })
+                    .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        owner.kill().unwrap();
+        joins
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for r in replies {
+        let e = r.expect_err("a consumer returned bytes of a dead owner");
+        assert!(e.contains(&owner_addr), "the error names the owner: {e}");
+    }
 }

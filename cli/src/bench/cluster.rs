@@ -50,6 +50,12 @@ pub struct ClusterOptions {
     pub rate_bps: u64,
     /// The fan-in consumer's link is this many times faster.
     pub fanin_factor: u64,
+    /// Run the broadcast with the owner serving everyone too.
+    pub owner_only: bool,
+    /// Run the fan-in too.
+    pub fanin: bool,
+    /// `relay-piece` of every node (the owner's counts), if not the default.
+    pub relay_piece: Option<u64>,
     /// After the other runs of each N, a relayed broadcast of the largest
     /// size in which the chain's first relay is killed mid-way.
     pub kill_relay: bool,
@@ -132,12 +138,16 @@ impl NodeWorker {
              [put]\nstorage = \"heap\"\n\
              [[plugin]]\nname = \"http\"\npath = \"{lib}\"\nrequired = true\n\
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n\
-             relay = \"{relay}\"\nrelay-stall-timeout = \"5s\"\n\
+             relay = \"{relay}\"\nrelay-stall-timeout = \"5s\"\n{piece}\
              [[plugin]]\nname = \"direct\"\ntransport = \"http\"\npath = \"{lib}\"\n\
              required = true\n\
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n",
             addr = node.addr,
-            lib = opts.plugin_dir.join("libshardport_http.so").display()
+            lib = opts.plugin_dir.join("libshardport_http.so").display(),
+            piece = opts
+                .relay_piece
+                .map(|p| format!("relay-piece = {p}\n"))
+                .unwrap_or_default(),
         );
         std::fs::write(&cfg, text).map_err(|e| format!("writing {}: {e}", cfg.display()))?;
         let mut cmd = c.command(i, &opts.exe);
@@ -379,7 +389,11 @@ fn one_row(
         tags: Default::default(),
     })?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
-    let (owner_only, owner_only_cpu, direct_ok) = broadcast(workers, n, &handle, seed, "direct")?;
+    let (owner_only, owner_only_cpu, direct_ok) = if opts.owner_only {
+        broadcast(workers, n, &handle, seed, "direct")?
+    } else {
+        (f64::NAN, f64::NAN, true)
+    };
     let from_relays = |ws: &mut [NodeWorker]| -> Result<u64, String> {
         ws[1..=n].iter_mut().try_fold(0u64, |t, w| {
             Ok(t + w.plugin_stat("http", "relay_bytes_from_holders_total")?)
@@ -388,11 +402,49 @@ fn one_row(
     let relayed_before = from_relays(workers)?;
     let (relayed, relayed_cpu, relayed_ok) = broadcast(workers, n, &handle, seed, "http")?;
     let relay_bytes = from_relays(workers)? - relayed_before;
-    let mut verified = direct_ok && relayed_ok;
     let id = put.id.unwrap_or_default();
+    // The removal also drops the relays' copies before the fan-in.
     workers[0].call(&Request::Remove { ids: vec![id] })?;
+    let (fanin, fanin_cpu, fanin_ok) = if opts.fanin {
+        fan_in(workers, n, size, seed)?
+    } else {
+        (f64::NAN, f64::NAN, true)
+    };
+    let verified = direct_ok && relayed_ok && fanin_ok;
+    // What each link must carry, less what its full tbf bucket lets
+    // through at once, over its rate.
+    let link = |bytes: u64, rate_bps: u64| {
+        bytes.saturating_sub(burst_bytes(rate_bps)) as f64 * 8.0 / rate_bps as f64
+    };
+    let consumer_rate = opts.rate_bps.saturating_mul(opts.fanin_factor.max(1));
+    Ok(ClusterRow {
+        nodes: n,
+        size,
+        rate_bps: opts.rate_bps,
+        broadcast_s: relayed,
+        relays: true,
+        relay_share: relay_bytes as f64 / (size as f64 * n as f64),
+        owner_only_s: owner_only,
+        floor_s: link(size, opts.rate_bps),
+        fanin_s: fanin,
+        fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
+        broadcast_cpu_share: relayed_cpu,
+        owner_only_cpu_share: owner_only_cpu,
+        fanin_cpu_share: fanin_cpu,
+        verified,
+        killed_relay: None,
+    })
+}
 
-    // Fan-in: nodes 1..=n own one shard each; node n + 1 fetches them all.
+/// Fan-in: nodes 1..=n own one shard each; node n + 1 fetches them all in
+/// one `fetch_many`. The wall time, the busiest node's CPU share, and
+/// whether every shard was right.
+fn fan_in(
+    workers: &mut [NodeWorker],
+    n: usize,
+    size: u64,
+    seed: u64,
+) -> Result<(f64, f64, bool), String> {
     let mut handles = Vec::with_capacity(n);
     let mut seeds = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
@@ -416,58 +468,60 @@ fn one_row(
     })?;
     let fanin = start.elapsed().as_secs_f64();
     let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
-    verified &= r.verified == Some(true);
     for (w, id) in workers[1..=n].iter_mut().zip(ids) {
         w.call(&Request::Remove { ids: vec![id] })?;
     }
-    // What each link must carry, less what its full tbf bucket lets
-    // through at once, over its rate.
-    let link = |bytes: u64, rate_bps: u64| {
-        bytes.saturating_sub(burst_bytes(rate_bps)) as f64 * 8.0 / rate_bps as f64
-    };
-    let consumer_rate = opts.rate_bps.saturating_mul(opts.fanin_factor.max(1));
-    Ok(ClusterRow {
-        nodes: n,
-        size,
-        rate_bps: opts.rate_bps,
-        broadcast_s: relayed,
-        relays: true,
-        relay_share: relay_bytes as f64 / (size as f64 * n as f64),
-        owner_only_s: owner_only,
-        floor_s: link(size, opts.rate_bps),
-        fanin_s: fanin,
-        fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
-        broadcast_cpu_share: relayed_cpu,
-        owner_only_cpu_share: owner_only_cpu,
-        fanin_cpu_share: busiest_share(&before, &after, fanin),
-        verified,
-        killed_relay: None,
-    })
+    Ok((
+        fanin,
+        busiest_share(&before, &after, fanin),
+        r.verified == Some(true),
+    ))
 }
 
-/// The rows as a table.
+/// The rows as a table (`-`: a phase that was skipped).
 pub fn table(rows: &[ClusterRow]) -> String {
+    let secs = |v: f64| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{v:.2} s")
+        }
+    };
+    let times = |v: f64| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{v:.2}x")
+        }
+    };
+    let pct = |v: f64| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{:.1}%", v * 100.0)
+        }
+    };
     let mut out = String::from(
-        "nodes  size          rate         relays    ratio  from relays  owner only    ratio     floor    fan-in     floor   ratio  busiest CPU (r / o / f)  verified\n",
+        "nodes  size          rate          relays    ratio  from relays  owner only    ratio     floor    fan-in     floor   ratio  busiest CPU (r / o / f)  verified\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<6} {:<13} {:<11} {:>7.2} s {:>7.2}x {:>10.0}%  {:>8.2} s {:>7.2}x {:>7.2} s {:>7.2} s {:>7.2} s {:>6.2}x  {:>5.1}% / {:>5.1}% / {:>5.1}%   {}\n",
+            "{:<6} {:<13} {:<11} {:>9} {:>8} {:>11.0}%  {:>10} {:>8} {:>9} {:>9} {:>9} {:>7}  {:>6} / {:>6} / {:>6}   {}\n",
             r.nodes,
             shardport_abi::format_byte_size(r.size),
             format!("{} Mbit/s", r.rate_bps / 1_000_000),
-            r.broadcast_s,
-            r.broadcast_s / r.floor_s,
+            secs(r.broadcast_s),
+            times(r.broadcast_s / r.floor_s),
             r.relay_share * 100.0,
-            r.owner_only_s,
-            r.owner_only_s / r.floor_s,
-            r.floor_s,
-            r.fanin_s,
-            r.fanin_floor_s,
-            r.fanin_s / r.fanin_floor_s,
-            r.broadcast_cpu_share * 100.0,
-            r.owner_only_cpu_share * 100.0,
-            r.fanin_cpu_share * 100.0,
+            secs(r.owner_only_s),
+            times(r.owner_only_s / r.floor_s),
+            secs(r.floor_s),
+            secs(r.fanin_s),
+            secs(r.fanin_floor_s),
+            times(r.fanin_s / r.fanin_floor_s),
+            pct(r.broadcast_cpu_share),
+            pct(r.owner_only_cpu_share),
+            pct(r.fanin_cpu_share),
             r.verified
         ));
         if let Some(k) = &r.killed_relay {
@@ -500,6 +554,7 @@ pub fn svg(rows: &[ClusterRow]) -> String {
                 r.fanin_s / r.fanin_floor_s,
             ]
         })
+        .filter(|v| v.is_finite())
         .fold(2.0, f64::max);
     let x = |n: usize| pad + (n as f64).log2() / max_n.log2() * (w - 2.0 * pad);
     let y = |v: f64| h - pad - v / max_ratio * (h - 2.0 * pad);
@@ -521,7 +576,7 @@ pub fn svg(rows: &[ClusterRow]) -> String {
         for (color, ratio) in ratios {
             let points = rows
                 .iter()
-                .filter(|r| r.size == size)
+                .filter(|r| r.size == size && ratio(r).is_finite())
                 .map(|r| (x(r.nodes), y(ratio(r))));
             lines.push_str(&super::plot::polyline(color, points));
         }

@@ -139,6 +139,15 @@ struct ClusterArgs {
     /// through the floor time: the survivors' time and bytes.
     #[arg(long)]
     kill_relay: bool,
+    /// Phases to leave out, comma separated: `owner-only` (the broadcast
+    /// with the owner serving everyone), `fan-in`. The broadcast with
+    /// relays always runs.
+    #[arg(long, value_delimiter = ',', value_parser = ["owner-only", "fan-in"])]
+    skip: Vec<String>,
+    /// The owner's `relay-piece` (bytes per verified piece) [default: the
+    /// http plugin's, 256KiB].
+    #[arg(long, value_parser = bench::spec::parse_size)]
+    piece: Option<u64>,
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -159,6 +168,9 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
         rate_bps: args.rate,
         fanin_factor: args.fanin_factor,
         kill_relay: args.kill_relay,
+        owner_only: !args.skip.iter().any(|p| p == "owner-only"),
+        fanin: !args.skip.iter().any(|p| p == "fan-in"),
+        relay_piece: args.piece,
         exe,
         plugin_dir,
     };

@@ -239,7 +239,7 @@ impl Body for Frames {
                     Poll::Ready(Some(Err(why))) => {
                         this.parts.clear();
                         this.in_flight = None;
-                        tracing::warn!(target: "http", error = %why, "staging a GPU shard failed; the response is cut short");
+                        tracing::warn!(target: "http", error = %why, "a streamed response (a GPU shard's staging, a relay copy) failed; it is cut short");
                         return Poll::Ready(Some(Err(std::io::Error::other(why))));
                     }
                     Poll::Ready(Some(Ok(c))) => {
