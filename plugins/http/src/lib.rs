@@ -279,7 +279,17 @@ impl HttpTransport {
         let _span =
             tracing::debug_span!(target: "http", "fetch_device", shard = %d.id, owner = %d.addr)
                 .entered();
-        let r = self.client.fetch_one_device(&d, ordinal, dst, &ring);
+        let relayed = if self.relays(&d) {
+            self.client
+                .fetch_relayed_device(&d, ordinal, dst, &ring, &self.relay_setup(&d))
+        } else {
+            Ok(None)
+        };
+        let r = match relayed {
+            Ok(Some(info)) => Ok(info),
+            Ok(None) => self.client.fetch_one_device(&d, ordinal, dst, &ring),
+            Err(e) => Err(e),
+        };
         self.count(&r, meta.byte_len);
         r.map(|i| ImportInfo {
             note: format!("{} staged into cuda:{ordinal}", i.note).into(),

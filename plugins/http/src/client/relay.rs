@@ -8,9 +8,12 @@ use bytes::Bytes;
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
-use crate::relay::{
-    wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
-    Holding, Holdings,
+use crate::{
+    relay::{
+        wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
+        Holding, Holdings,
+    },
+    stats::Stats,
 };
 
 /// Rejoins one fetch makes before it takes the rest from the owner.
@@ -42,6 +45,67 @@ struct Source<'s> {
     owner: bool,
 }
 
+/// Where verified pieces go.
+trait Sink {
+    /// Memory to read piece bytes `start..start + n` into directly, when
+    /// there is such memory (host memory; not a device).
+    fn direct(&mut self, start: usize, n: usize) -> Option<&mut [u8]>;
+    /// Takes a verified piece read elsewhere.
+    fn put(&mut self, start: usize, piece: &[u8]) -> PluginResult<()>;
+}
+
+/// The host's destination buffer.
+struct HostSink<'a>(&'a mut [u8]);
+
+impl Sink for HostSink<'_> {
+    fn direct(&mut self, start: usize, n: usize) -> Option<&mut [u8]> {
+        Some(&mut self.0[start..start + n])
+    }
+
+    fn put(&mut self, start: usize, piece: &[u8]) -> PluginResult<()> {
+        self.0[start..start + piece.len()].copy_from_slice(piece);
+        Ok(())
+    }
+}
+
+/// Device memory at `base`, reached through a ring of pinned buffers.
+struct DeviceSink<'a> {
+    up: &'a mut crate::gpu::Uploader,
+    base: u64,
+    ordinal: u32,
+}
+
+impl Sink for DeviceSink<'_> {
+    fn direct(&mut self, _: usize, _: usize) -> Option<&mut [u8]> {
+        None
+    }
+
+    fn put(&mut self, start: usize, piece: &[u8]) -> PluginResult<()> {
+        let failed = |why: String| {
+            AbiError::new(
+                ErrorKind::IO,
+                format!(
+                    "http: copying a relayed piece into cuda:{}: {why}",
+                    self.ordinal
+                ),
+            )
+        };
+        // Ring buffers are `device-piece` bytes, relay pieces at most that
+        // (or split across buffers when larger).
+        let mut done = 0;
+        while done < piece.len() {
+            let buf = self.up.next_buffer().map_err(failed)?;
+            let n = buf.len().min(piece.len() - done);
+            buf[..n].copy_from_slice(&piece[done..done + n]);
+            self.up
+                .submit(self.base + (start + done) as u64, n)
+                .map_err(failed)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
 /// The pieces of one shard as the owner hashed them.
 struct Pieces {
     size: u64,
@@ -55,6 +119,51 @@ impl Client {
         &self,
         desc: &Descriptor,
         dst: &mut [u8],
+        setup: &RelaySetup<'_>,
+    ) -> PluginResult<Option<ImportInfo>> {
+        self.fetch_relayed_into(desc, &mut HostSink(dst), setup)
+    }
+
+    /// [`fetch_relayed`](Self::fetch_relayed) of a GPU shard into device
+    /// memory at `dst` on device `ordinal`, through the ring of pinned
+    /// buffers GPU fetches use.
+    pub(crate) fn fetch_relayed_device(
+        &self,
+        desc: &Descriptor,
+        ordinal: u32,
+        dst: u64,
+        ring: &DeviceRing,
+        setup: &RelaySetup<'_>,
+    ) -> PluginResult<Option<ImportInfo>> {
+        let mut up = self
+            .uploaders
+            .take(ring.staging, ordinal, ring.buffers, ring.piece)
+            .map_err(|why| {
+                AbiError::unavailable(format!("http cannot copy into cuda:{ordinal} here: {why}"))
+            })?;
+        let mut sink = DeviceSink {
+            up: &mut up,
+            base: dst,
+            ordinal,
+        };
+        let r = self.fetch_relayed_into(desc, &mut sink, setup);
+        let r = match r {
+            Ok(Some(info)) => up
+                .finish()
+                .map(|()| Some(info))
+                .map_err(|why| AbiError::new(ErrorKind::IO, format!("http: {why}"))),
+            other => other,
+        };
+        if r.is_ok() {
+            self.uploaders.give_back(up);
+        }
+        r
+    }
+
+    fn fetch_relayed_into(
+        &self,
+        desc: &Descriptor,
+        dst: &mut dyn Sink,
         setup: &RelaySetup<'_>,
     ) -> PluginResult<Option<ImportInfo>> {
         let holding = setup
@@ -83,7 +192,7 @@ impl Client {
     fn relay_rounds(
         &self,
         desc: &Descriptor,
-        dst: &mut [u8],
+        dst: &mut dyn Sink,
         setup: &RelaySetup<'_>,
         serves: Option<Serves>,
         holding: Option<&Holding>,
@@ -246,7 +355,7 @@ impl Client {
         source: &Source<'_>,
         desc: &Descriptor,
         at: &mut u64,
-        dst: &mut [u8],
+        dst: &mut dyn Sink,
         pieces: &Pieces,
         holding: Option<&Holding>,
         stall: Duration,
@@ -294,24 +403,9 @@ impl Client {
             let n = pieces.size.min(desc.len - *at) as usize;
             let k = (*at / pieces.size) as usize;
             let start = *at as usize;
-            let out = &mut dst[start..start + n];
-            // A relay reads into a piece of its own (kept for its children);
-            // a leaf straight into the destination.
-            let kept = match holding {
-                Some(_) => {
-                    let mut buf = vec![0u8; n];
-                    body.read_exact(&mut buf, What::Shard(desc.id))?;
-                    Some(buf)
-                }
-                None => {
-                    body.read_exact(out, What::Shard(desc.id))?;
-                    None
-                }
-            };
-            let got = kept.as_deref().unwrap_or(out);
-            if xxhash_rust::xxh3::xxh3_64(got) != pieces.hashes[k] {
-                self.stats.relay_corrupt_pieces.inc();
-                return Err(AbiError::new(
+            let corrupt = |stats: &Stats| {
+                stats.relay_corrupt_pieces.inc();
+                AbiError::new(
                     ErrorKind::IO,
                     format!(
                         "{} sent piece {k} of shard {} (bytes {start}..{}) with a hash other \
@@ -320,11 +414,28 @@ impl Client {
                         desc.id,
                         start + n
                     ),
-                ));
-            }
-            if let (Some(buf), Some(h)) = (kept, holding) {
-                out.copy_from_slice(&buf);
-                h.push(Bytes::from(buf));
+                )
+            };
+            // A leaf reads straight into host memory; a relay into a piece
+            // of its own (kept for its children), as does a device fetch.
+            match (holding, dst.direct(start, n)) {
+                (None, Some(out)) => {
+                    body.read_exact(out, What::Shard(desc.id))?;
+                    if xxhash_rust::xxh3::xxh3_64(out) != pieces.hashes[k] {
+                        return Err(corrupt(&self.stats));
+                    }
+                }
+                (holding, _) => {
+                    let mut buf = vec![0u8; n];
+                    body.read_exact(&mut buf, What::Shard(desc.id))?;
+                    if xxhash_rust::xxh3::xxh3_64(&buf) != pieces.hashes[k] {
+                        return Err(corrupt(&self.stats));
+                    }
+                    dst.put(start, &buf)?;
+                    if let Some(h) = holding {
+                        h.push(Bytes::from(buf));
+                    }
+                }
             }
             if !source.owner {
                 self.stats.relay_bytes_from_holders.add(n as u64);

@@ -28,6 +28,10 @@
 //!    cuts the streams it serves. A consumer only ever reaches a holder
 //!    through a join at the owner, which answers 404 once the shard is gone.
 //!
+//! GPU shards take the same path: the owner hashes and streams them staged
+//! through its pinned pool; relays hold host copies; a device fetch copies
+//! each verified piece to the GPU through the consumer's pinned ring.
+//!
 //! Integrity is end to end: hashes come from the owner over the owner's
 //! connection (TLS and token included), and a relay keeps (so serves) only
 //! pieces it verified. Relays serve with the same token and TLS settings as
@@ -49,6 +53,47 @@ pub(crate) fn piece_hashes(bytes: &[u8], piece: u64) -> Vec<u64> {
         .collect()
 }
 
+/// [`piece_hashes`] over bytes that arrive in chunks of any size (a GPU
+/// shard staged through host memory).
+pub(crate) struct PieceHasher {
+    piece: u64,
+    in_piece: u64,
+    state: xxhash_rust::xxh3::Xxh3,
+    hashes: Vec<u64>,
+}
+
+impl PieceHasher {
+    pub(crate) fn new(piece: u64) -> PieceHasher {
+        PieceHasher {
+            piece,
+            in_piece: 0,
+            state: xxhash_rust::xxh3::Xxh3::new(),
+            hashes: Vec::new(),
+        }
+    }
+
+    pub(crate) fn update(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let take = ((self.piece - self.in_piece) as usize).min(bytes.len());
+            self.state.update(&bytes[..take]);
+            self.in_piece += take as u64;
+            bytes = &bytes[take..];
+            if self.in_piece == self.piece {
+                self.hashes.push(self.state.digest());
+                self.state.reset();
+                self.in_piece = 0;
+            }
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> Vec<u64> {
+        if self.in_piece > 0 {
+            self.hashes.push(self.state.digest());
+        }
+        self.hashes
+    }
+}
+
 /// Pieces of a shard of `len` bytes.
 pub(crate) fn piece_count(len: u64, piece: u64) -> u64 {
     len.div_ceil(piece)
@@ -67,5 +112,18 @@ mod tests {
         assert_ne!(h[0], h[1]);
         assert_eq!(piece_count(0, 300), 0);
         assert_eq!(piece_count(600, 300), 2);
+    }
+
+    #[test]
+    fn hashing_in_chunks_of_any_size_gives_the_same_pieces() {
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let whole = piece_hashes(&bytes, 1024);
+        for chunk in [1, 100, 1024, 3000, 10_000] {
+            let mut h = PieceHasher::new(1024);
+            for c in bytes.chunks(chunk) {
+                h.update(c);
+            }
+            assert_eq!(h.finish(), whole, "chunks of {chunk}");
+        }
     }
 }

@@ -83,6 +83,8 @@ pub(super) enum Part {
         reader: Reader,
         pool: Arc<PinnedPool>,
         wait: Duration,
+        /// The first byte sent (a relay stream resumes mid-shard).
+        from: usize,
     },
     /// A GPU shard being staged.
     Staging(mpsc::Receiver<Result<Bytes, String>>),
@@ -108,13 +110,13 @@ impl Frames {
         let parts: VecDeque<Part> = parts
             .into_iter()
             .filter(|p| !matches!(p, Part::Ready(c) if c.is_empty()))
-            .filter(|p| !matches!(p, Part::Device { reader, .. } if reader.len() == 0))
+            .filter(|p| !matches!(p, Part::Device { reader, from, .. } if reader.len() <= *from))
             .collect();
         let remaining = parts
             .iter()
             .map(|p| match p {
                 Part::Ready(c) => c.len() as u64,
-                Part::Device { reader, .. } => reader.len() as u64,
+                Part::Device { reader, from, .. } => (reader.len() - from) as u64,
                 Part::Staging(_) => 0,
             })
             .sum();
@@ -162,11 +164,13 @@ fn tie(bytes: Bytes, in_flight: &Arc<InFlight>) -> Bytes {
     })
 }
 
-/// Starts copying `reader`'s device memory out, piece by piece.
+/// Starts copying `reader`'s device memory out, piece by piece, from byte
+/// `from`.
 fn stage(
     reader: Reader,
     pool: Arc<PinnedPool>,
     wait: Duration,
+    from: usize,
 ) -> mpsc::Receiver<Result<Bytes, String>> {
     let (tx, rx) = mpsc::channel(STAGED_AHEAD);
     tokio::task::spawn_blocking(move || {
@@ -176,7 +180,7 @@ fn stage(
         };
         let len = reader.len();
         let mut reader = Some(reader);
-        let mut at = 0usize;
+        let mut at = from;
         while at < len {
             let n = pool.piece().min(len - at);
             let piece = pool
@@ -225,11 +229,17 @@ impl Body for Frames {
                     return Poll::Ready(Some(Ok(Frame::data(c))));
                 }
                 Part::Device { .. } => {
-                    let Some(Part::Device { reader, pool, wait }) = this.parts.pop_front() else {
+                    let Some(Part::Device {
+                        reader,
+                        pool,
+                        wait,
+                        from,
+                    }) = this.parts.pop_front()
+                    else {
                         unreachable!("matched above");
                     };
                     this.parts
-                        .push_front(Part::Staging(stage(reader, pool, wait)));
+                        .push_front(Part::Staging(stage(reader, pool, wait, from)));
                 }
                 Part::Staging(rx) => match rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,

@@ -56,13 +56,6 @@ async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<
     let Some(reader) = shared.registry.reader(id) else {
         return not_exported(shared, id);
     };
-    if reader.device().is_some() {
-        return error(
-            StatusCode::CONFLICT,
-            "not_relayable",
-            &format!("shard {id} lives in GPU memory: it is served by its owner alone"),
-        );
-    }
     let len = reader.len() as u64;
     if len == 0 {
         return error(
@@ -71,8 +64,6 @@ async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<
             &format!("shard {id} is empty: there is nothing to relay"),
         );
     }
-    // The bytes own the reader.
-    let bytes = reader.into_bytes();
     if join.from > len {
         return error(
             StatusCode::BAD_REQUEST,
@@ -88,9 +79,17 @@ async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<
     let hashes = tracked
         .hashes
         .get_or_try_init(|| async {
-            let bytes = bytes.clone();
-            tokio::task::spawn_blocking(move || Arc::new(crate::relay::piece_hashes(&bytes, piece)))
+            // A reader of its own for the hashing task (a GPU shard is
+            // staged through the pinned pool to be read).
+            let Some(r) = shared.registry.reader(id) else {
+                return Err(format!("shard {id} was removed while it was being hashed"));
+            };
+            let pool = Arc::clone(&shared.staging);
+            let wait = shared.request_timeout;
+            tokio::task::spawn_blocking(move || hash_pieces(r, &pool, piece, wait))
                 .await
+                .map_err(|e| e.to_string())?
+                .map(Arc::new)
         })
         .await;
     let hashes = match hashes {
@@ -104,7 +103,7 @@ async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<
         }
     };
     let parent = tracked.join(&join);
-    drop(bytes);
+    drop(reader);
     shared.stats.relay_joins.inc();
     let reply = JoinReply {
         len,
@@ -117,6 +116,31 @@ async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<
         "application/octet-stream",
         Frames::new([Bytes::from(reply.encode())]),
     )
+}
+
+/// The xxh3-64 of every `piece`-byte piece of the shard `reader` reads:
+/// its host bytes in place, or a GPU shard staged through `pool` one
+/// staging piece at a time.
+fn hash_pieces(
+    reader: Reader,
+    pool: &Arc<PinnedPool>,
+    piece: u64,
+    wait: Duration,
+) -> Result<Vec<u64>, String> {
+    let Some((ordinal, addr)) = reader.device() else {
+        return Ok(crate::relay::piece_hashes(&reader.into_bytes(), piece));
+    };
+    let len = reader.len();
+    let mut pieces = crate::relay::PieceHasher::new(piece);
+    let mut at = 0usize;
+    while at < len {
+        let n = pool.piece().min(len - at);
+        let mut staged = pool.take(ordinal, wait)?;
+        staged.fill(ordinal, addr + at as u64, n)?;
+        pieces.update(staged.as_ref());
+        at += n;
+    }
+    Ok(pieces.finish())
 }
 
 /// Reads a small request body whole, within `request-timeout`.
@@ -157,13 +181,6 @@ async fn read_body(
 /// relay copy streamed as its verified pieces arrive.
 async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
     if let Some(reader) = shared.registry.reader(id) {
-        if reader.device().is_some() {
-            return error(
-                StatusCode::CONFLICT,
-                "not_relayable",
-                &format!("shard {id} lives in GPU memory: fetch it with GET /v1/shards/{id}"),
-            );
-        }
         let len = reader.len() as u64;
         if from > len {
             return error(
@@ -172,9 +189,9 @@ async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
                 &format!("offset {from} is past the end of shard {id} ({len} bytes)"),
             );
         }
-        let bytes = reader.into_bytes().slice(from as usize..);
-        shared.stats.bytes_served.add(bytes.len() as u64);
-        return relay_response(Frames::new([bytes]), len);
+        shared.stats.bytes_served.add(len - from);
+        let body = Frames::of([part_from(shared, reader, from as usize)]);
+        return relay_response(body, len);
     }
     let Some(holding) = shared.holdings.get(id) else {
         return error(

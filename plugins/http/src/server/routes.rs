@@ -210,14 +210,20 @@ pub(super) async fn batch(shared: &Shared, req: Request<Incoming>) -> Response<F
 /// The body part of one exported shard: its host bytes in place, or a GPU
 /// shard to stage.
 pub(super) fn part(shared: &Shared, reader: Reader) -> Part {
+    part_from(shared, reader, 0)
+}
+
+/// [`part`] from byte `from` on (`from` <= the shard's length).
+pub(super) fn part_from(shared: &Shared, reader: Reader, from: usize) -> Part {
     if reader.device().is_some() {
         Part::Device {
             reader,
             pool: Arc::clone(&shared.staging),
             wait: shared.request_timeout,
+            from,
         }
     } else {
-        Part::Ready(reader.into_bytes())
+        Part::Ready(reader.into_bytes().slice(from..))
     }
 }
 

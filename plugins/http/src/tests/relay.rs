@@ -222,15 +222,56 @@ fn what_the_owner_does_not_relay_is_fetched_plainly() {
     assert!(got == small);
     assert!(note.starts_with("GET /v1/shards/"), "{note}");
     assert_eq!(stat(&owner.t, "relay_joins"), 0);
-    // A GPU shard: the owner refuses the join (409), the consumer fetches
-    // it from the owner as before.
-    let gpu_owner = node(&format!("{OWNER}\ntest-device-is-host = true"));
-    let data = pattern(LEN, 2);
-    let gdesc = export_gpu(&gpu_owner.t, 7, &data);
-    let (got, note) = fetch_noted(&c.t, &gdesc, LEN).unwrap();
-    assert!(got == data);
-    assert!(note.starts_with("GET /v1/shards/"), "{note}");
+    // An empty shard is never joined; a forged join of one is refused.
+    export(&owner.t, 7, &[]).unwrap();
+    let body = JoinRequest {
+        member: 1,
+        from: 0,
+        serves: None,
+        failed: None,
+    }
+    .encode();
+    let r = post(
+        owner.addr,
+        &crate::relay::wire::join_path(ShardId::from_u128(7)),
+        &body,
+        None,
+    );
+    assert_eq!(r.status, 409);
+    assert_eq!(r.json().0, "not_relayable");
     assert_eq!(stat(&c.t, "relay_copies"), 0, "no copy kept");
+}
+
+#[test]
+fn gpu_shards_are_relayed_to_host_and_device_destinations() {
+    // Host memory stands in for the device (the staging protocol runs for
+    // real): the owner hashes the shard through its staging pool, streams
+    // it staged from any offset, and relays hand it on from host copies.
+    let stand_in = "test-device-is-host = true\ndevice-piece = \"64KiB\"";
+    let owner = node(&format!("{OWNER}\n{stand_in}"));
+    let data = pattern(LEN, 2);
+    let desc = export_gpu(&owner.t, 10, &data);
+    let first = relay_node(stand_in);
+    let (got, note) = fetch_noted(&first.t, &desc, LEN).unwrap();
+    assert!(got == data, "a host fetch of the GPU shard");
+    assert!(note.starts_with("from owner"), "{note}");
+    let second = relay_node(stand_in);
+    let dev = fetch_device(&second.t, &desc, LEN).unwrap();
+    assert!(dev == data, "into the second consumer's \"device\" memory");
+    assert_eq!(stat(&second.t, "relay_bytes_from_holders"), LEN as u64);
+    let third = relay_node(stand_in);
+    assert!(fetch_device(&third.t, &desc, LEN).unwrap() == data);
+    assert_eq!(stat(&second.t, "relay_bytes_served"), LEN as u64);
+    assert_eq!(
+        stat(&owner.t, "bytes_served"),
+        LEN as u64,
+        "one staged copy"
+    );
+    // A stream resumed mid-shard is staged from that offset.
+    let id = ShardId::from_u128(10);
+    let r = get(owner.addr, &format!("/v1/relay/{id}/{}", 100_000), None);
+    assert_eq!(r.status, 200);
+    assert!(r.body[..] == data[100_000..]);
 }
 
 #[test]
