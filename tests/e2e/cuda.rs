@@ -619,6 +619,54 @@ fn gpu_a_gpu_shard_reaches_a_process_without_cuda_ipc_through_http() {
     }
 }
 
+/// A GPU shard broadcast through relays: two consumers without cuda-ipc
+/// (other machines, as far as the owner's shard is concerned) with
+/// `relay = "on"`; the second gets its device and host copies with the
+/// first as its relay. Every piece is checked against the owner's hashes
+/// on the way; the bytes are checked against the pattern at the end.
+#[test]
+fn gpu_a_gpu_shard_is_relayed_between_consumers_without_cuda_ipc() {
+    if !gpu_or_skip("gpu_a_gpu_shard_is_relayed_between_consumers_without_cuda_ipc") {
+        return;
+    }
+    let dir = util::temp_dir("cuda-relay");
+    let mut owner = Peer::start_text(
+        "owner",
+        &dir.path().join("owner.toml"),
+        &format!(
+            "[node]\nname = \"owner\"\n{}{}{}device-piece = \"1MiB\"\nrelay-piece = \"64KiB\"\n",
+            util::shm_plugin("pool-size = \"8MiB\""),
+            util::cuda_plugin().replace("required = false", "required = true"),
+            util::http_plugin()
+        ),
+    );
+    let relay_consumer = |name: &str| {
+        Peer::start_text(
+            "consumer",
+            &dir.path().join(format!("{name}.toml")),
+            &format!(
+                "[node]\nname = \"{name}\"\n{}relay = \"on\"\n",
+                util::http_plugin()
+            ),
+        )
+    };
+    let mut first = relay_consumer("first");
+    let mut second = relay_consumer("second");
+    for (len, seed, alloc) in [
+        ((9u64 << 20) + 3, 71u64, "vmm"),
+        ((2 << 20) + 1, 72, "plain"),
+    ] {
+        let h = handle_of(&owner.call(&format!("PUT {len} {seed} 0 {alloc}")));
+        for c in [&mut first, &mut second] {
+            let r = c.call(&format!("COPYFETCH {h} {seed}"));
+            assert_eq!(
+                r, "OK transport=http host_transport=http",
+                "{alloc}, {len} bytes"
+            );
+        }
+    }
+}
+
 /// A consumer killed (SIGKILL) while it holds a zero-copy view: the owner
 /// takes its lease back once the death is proved (the process is reaped),
 /// so the caller's memory may be freed; a live consumer's lease is never
