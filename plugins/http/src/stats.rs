@@ -74,6 +74,9 @@ pub(crate) struct Stats {
     // Relays.
     /// Owner: joins of a shard's relay tree answered.
     pub relay_joins: Counter,
+    /// Owner: joiners made leaves because the address they serve on is not
+    /// the one they joined from.
+    pub relay_addresses_refused: Counter,
     /// Owner: removal notices sent to relay holders / that failed.
     pub relay_removals_sent: Counter,
     pub relay_removal_failures: Counter,
@@ -126,6 +129,7 @@ impl Stats {
             .counter("client_connections_reused", &self.client_connections_reused)
             .gauge("client_connections_open", &self.client_connections_open)
             .counter("relay_joins", &self.relay_joins)
+            .counter("relay_addresses_refused", &self.relay_addresses_refused)
             .gauge_value("relay_trees", relay.trees)
             .counter("relay_removals_sent", &self.relay_removals_sent)
             .counter("relay_removal_failures", &self.relay_removal_failures)

@@ -33,6 +33,7 @@ pub(super) async fn accept_loop(
                 let pending = Pending {
                     evict,
                     ticket: Arc::new(Mutex::new(Some(ticket))),
+                    peer: Some(peer.ip()),
                 };
                 tokio::spawn(serve_connection(
                     Arc::clone(&shared),
@@ -121,6 +122,9 @@ impl Close for Evict {
 pub(super) struct Pending {
     pub(super) evict: Evict,
     pub(super) ticket: Arc<Mutex<Option<Ticket<Evict>>>>,
+    /// The connection's peer (`None`: the fuzz target's in-memory one):
+    /// where a relay that joins must serve from.
+    pub(super) peer: Option<std::net::IpAddr>,
 }
 
 impl Pending {
@@ -129,6 +133,7 @@ impl Pending {
         Pending {
             evict: Evict::default(),
             ticket: Arc::new(Mutex::new(None)),
+            peer: None,
         }
     }
 

@@ -13,14 +13,22 @@ use crate::relay::{
 /// Pieces streamed ahead of the connection per response.
 const STREAM_AHEAD: usize = 2;
 
-pub(super) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -> Response<Frames> {
+/// How long an owner waits to resolve the name a joining relay serves on.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(super) async fn route(
+    shared: &Shared,
+    req: Request<Incoming>,
+    rest: &str,
+    peer: Option<std::net::IpAddr>,
+) -> Response<Frames> {
     let endpoint = match rwire::parse_path(rest) {
         Ok(e) => e,
         Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
     };
     let path = req.uri().path().to_owned();
     match endpoint {
-        Endpoint::Join(id) if req.method() == Method::POST => join(shared, id, req).await,
+        Endpoint::Join(id) if req.method() == Method::POST => join(shared, id, req, peer).await,
         Endpoint::Join(_) => method_not_allowed(req.method(), &path, "POST"),
         Endpoint::Stream(id, from) if req.method() == Method::GET => stream(shared, id, from).await,
         Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
@@ -42,15 +50,30 @@ fn not_exported(shared: &Shared, id: ShardId) -> Response<Frames> {
 
 /// `POST /v1/relay/{id}/join`: the owner places the member in the shard's
 /// tree and answers with the piece hashes and its parent.
-async fn join(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Response<Frames> {
+async fn join(
+    shared: &Shared,
+    id: ShardId,
+    req: Request<Incoming>,
+    peer: Option<std::net::IpAddr>,
+) -> Response<Frames> {
     let body = match read_body(shared, req, rwire::MAX_JOIN_REQUEST).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let join = match JoinRequest::decode(&body) {
+    let mut join = match JoinRequest::decode(&body) {
         Ok(j) => j,
         Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
     };
+    // A member serves on its own address: other consumers are sent there
+    // with their token, so an address elsewhere (another host, anything a
+    // client could name) makes it a leaf.
+    if let Some(s) = &join.serves {
+        if let Err(why) = serves_from(&s.addr, peer).await {
+            shared.stats.relay_addresses_refused.inc();
+            debug!(target: "http", shard = %id, relay = %s.addr, ?peer, %why, "joins as a leaf");
+            join.serves = None;
+        }
+    }
     // Held until the member is placed: `unexport` forgets the tree only
     // after its readers are gone, so no tree outlives its export.
     let Some(reader) = shared.registry.reader(id) else {
@@ -141,6 +164,35 @@ fn hash_pieces(
         at += n;
     }
     Ok(pieces.finish())
+}
+
+/// Whether `addr` (`host:port`, checked by the decoder) names the peer the
+/// join came from: an IP equal to it, or a name that resolves to it.
+async fn serves_from(addr: &str, peer: Option<std::net::IpAddr>) -> Result<(), String> {
+    let canonical = |ip: std::net::IpAddr| ip.to_canonical();
+    let Some(peer) = peer.map(canonical) else {
+        return Err("the join's peer is unknown".into());
+    };
+    let (host, port) = crate::descriptor::parse_host_port(addr)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return if canonical(ip) == peer {
+            Ok(())
+        } else {
+            Err(format!("it joined from {peer}"))
+        };
+    }
+    let found = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port)))
+        .await
+        .map_err(|_| format!("{host} did not resolve within {RESOLVE_TIMEOUT:?}"))?
+        .map_err(|e| format!("{host} does not resolve: {e}"))?;
+    if found.map(|a| canonical(a.ip())).any(|ip| ip == peer) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{host} does not resolve to {peer}, where it joined from"
+        ))
+    }
 }
 
 /// Reads a small request body whole, within `request-timeout`.

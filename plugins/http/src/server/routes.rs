@@ -73,7 +73,7 @@ pub(super) async fn route(
     }
     if let Some(rest) = path.strip_prefix(crate::relay::wire::PREFIX) {
         let rest = rest.to_owned();
-        return super::relay::route(shared, req, &rest).await;
+        return super::relay::route(shared, req, &rest, pending.peer).await;
     }
     if let Some(hex) = path.strip_prefix(wire::SHARD_PATH) {
         if req.method() != Method::GET {

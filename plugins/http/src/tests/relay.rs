@@ -312,3 +312,18 @@ fn relay_endpoints_refuse_malformed_requests() {
     assert_eq!(r.status, 200);
     assert!(r.body[..] == data[100..]);
 }
+
+#[test]
+fn a_joiner_serving_elsewhere_than_where_it_joined_from_is_a_leaf() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 12);
+    let desc = export(&owner.t, 11, &data).unwrap();
+    // Claims to serve on another host: nobody is ever sent there.
+    forge_member(&owner, 11, "10.255.0.9:7071".parse().unwrap(), None);
+    assert_eq!(stat(&owner.t, "relay_addresses_refused"), 1);
+    let c = relay_node("relay-stall-timeout = \"60s\"");
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(!note.contains("10.255.0.9"), "{note}");
+    assert_eq!(stat(&c.t, "relay_failovers"), 0);
+}
