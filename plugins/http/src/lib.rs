@@ -94,10 +94,16 @@ const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 /// Blocking threads of the server's runtime (GPU staging and the hashing
 /// of relayed shards; this bounds what they can start).
 const MAX_BLOCKING_THREADS: usize = 4;
-/// Relayed shards of one `import_many` fetched at once.
+/// Relayed shards of one `import_many` fetched at once (at most
+/// `max-connections-per-owner`: each may hold a connection to the owner
+/// for its whole stream, and the others' joins need one).
 const RELAY_THREADS: usize = 8;
 /// Removal notices to relay holders sent at once.
 const REMOVAL_FANOUT: usize = 16;
+/// Removals waiting for their notices to be sent; beyond it a removal's
+/// holders are not told (their copies expire with `relay-keep`, and no
+/// consumer is sent to them: joins answer 404).
+const REMOVAL_QUEUE: usize = 4096;
 
 thread_local! {
     /// The host's log forwarding, installed on every runtime thread so
@@ -124,7 +130,13 @@ struct HttpTransport {
     holdings: Arc<Holdings>,
     /// Warned once that this node cannot serve relay copies.
     relay_leaf_warned: AtomicBool,
+    /// The queue of removals to tell relay holders of (its thread starts
+    /// with the first; `None` if it could not start).
+    notices: OnceLock<Option<std::sync::mpsc::SyncSender<Removal>>>,
 }
+
+/// A removed shard and the relay holders to tell.
+type Removal = (ShardId, Vec<Serves>);
 
 /// The owner side once started.
 struct Serving {
@@ -215,6 +227,7 @@ impl HttpTransport {
             stats,
             holdings,
             relay_leaf_warned: AtomicBool::new(false),
+            notices: OnceLock::new(),
         };
         if t.cfg.listen == Listen::Eager {
             t.serving()?;
@@ -377,9 +390,10 @@ impl HttpTransport {
             }
         };
         let n = queue.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let threads = n.min(RELAY_THREADS).min(self.cfg.max_connections_per_owner);
         let dispatch = tracing::dispatcher::get_default(Clone::clone);
         std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..n.min(RELAY_THREADS))
+            let helpers: Vec<_> = (1..threads)
                 .filter_map(|_| {
                     std::thread::Builder::new()
                         .name("shardport-http-relay".into())
@@ -398,42 +412,41 @@ impl HttpTransport {
         })
     }
 
-    /// Tells every relay holder of a removed shard to drop its copy, on a
-    /// thread of its own (`unexport` does not wait for the holders).
+    /// Queues a removal for the relay holders of `id`: one long-lived
+    /// thread per transport sends the notices (`unexport` does not wait for
+    /// the holders), `REMOVAL_FANOUT` at a time.
     fn tell_holders(&self, id: ShardId, holders: Vec<Serves>) {
         if holders.is_empty() {
             return;
         }
-        let client = Arc::clone(&self.client);
-        let stats = Arc::clone(&self.stats);
-        let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        let notices = move || {
-            tracing::dispatcher::with_default(&dispatch, || {
-                for group in holders.chunks(REMOVAL_FANOUT) {
-                    std::thread::scope(|s| {
-                        let sent: Vec<_> = group
-                            .iter()
-                            .map(|h| (h, s.spawn(|| client.drop_copy(h, id))))
-                            .collect();
-                        for (h, j) in sent {
-                            match j.join() {
-                                Ok(Ok(())) => stats.relay_removals_sent.inc(),
-                                Ok(Err(e)) => {
-                                    stats.relay_removal_failures.inc();
-                                    tracing::warn!(target: "http", shard = %id, holder = %h.addr, error = %e.message, "a relay holder was not told of a removal; its copy expires with relay-keep, and no consumer is sent to it any more");
-                                }
-                                Err(_) => stats.relay_removal_failures.inc(),
-                            }
-                        }
-                    });
+        let notices = self.notices.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Removal>(REMOVAL_QUEUE);
+            let client = Arc::clone(&self.client);
+            let stats = Arc::clone(&self.stats);
+            let dispatch = tracing::dispatcher::get_default(Clone::clone);
+            let sender = move || {
+                tracing::dispatcher::with_default(&dispatch, || {
+                    for (id, holders) in rx {
+                        send_removals(&client, &stats, id, &holders);
+                    }
+                });
+            };
+            match std::thread::Builder::new()
+                .name("shardport-http-relay-rm".into())
+                .spawn(sender)
+            {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(target: "http", error = %e, "cannot start the thread that tells relay holders of removals; their copies expire with relay-keep");
+                    None
                 }
-            });
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("shardport-http-relay-rm".into())
-            .spawn(notices)
-        {
-            tracing::warn!(target: "http", shard = %id, error = %e, "cannot start the thread that tells relay holders of a removal");
+            }
+        });
+        let queued = notices
+            .as_ref()
+            .is_some_and(|tx| tx.try_send((id, holders)).is_ok());
+        if !queued {
+            self.stats.relay_removal_failures.inc();
         }
     }
 
@@ -539,6 +552,28 @@ fn info() -> TransportInfo {
         version: env!("CARGO_PKG_VERSION").into(),
         capabilities: Capabilities::CPU.with(Capabilities::CUDA),
         needs_identity: IdentityParts::default(),
+    }
+}
+
+/// Tells each of `holders` that `id` is removed, `REMOVAL_FANOUT` at once.
+fn send_removals(client: &Client, stats: &Stats, id: ShardId, holders: &[Serves]) {
+    for group in holders.chunks(REMOVAL_FANOUT) {
+        std::thread::scope(|s| {
+            let sent: Vec<_> = group
+                .iter()
+                .map(|h| (h, s.spawn(|| client.drop_copy(h, id))))
+                .collect();
+            for (h, j) in sent {
+                match j.join() {
+                    Ok(Ok(())) => stats.relay_removals_sent.inc(),
+                    Ok(Err(e)) => {
+                        stats.relay_removal_failures.inc();
+                        tracing::warn!(target: "http", shard = %id, holder = %h.addr, error = %e.message, "a relay holder was not told of a removal; its copy expires with relay-keep, and no consumer is sent to it any more");
+                    }
+                    Err(_) => stats.relay_removal_failures.inc(),
+                }
+            }
+        });
     }
 }
 

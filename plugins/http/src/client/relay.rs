@@ -11,7 +11,7 @@ use super::*;
 use crate::{
     relay::{
         wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
-        Holding, Holdings,
+        Filling, Holding, Holdings,
     },
     stats::Stats,
 };
@@ -166,22 +166,16 @@ impl Client {
         dst: &mut dyn Sink,
         setup: &RelaySetup<'_>,
     ) -> PluginResult<Option<ImportInfo>> {
-        let holding = setup
+        let mut filling = setup
             .serves
             .as_ref()
-            .and_then(|_| setup.holdings.reserve(desc.id, desc.len));
-        let serves = holding.as_ref().and(setup.serves.clone());
-        let r = self.relay_rounds(desc, dst, setup, serves, holding.as_deref());
-        if let Some(h) = &holding {
-            match &r {
-                Ok(Some(_)) => {}
-                Ok(None) => setup
-                    .holdings
-                    .drop_if_current(h, "its owner does not relay it"),
-                Err(e) => setup
-                    .holdings
-                    .drop_if_current(h, &format!("its fetch failed: {}", e.message)),
-            }
+            .and_then(|_| setup.holdings.fill(desc.id, desc.len));
+        let r = self.relay_rounds(desc, dst, setup, &mut filling);
+        match (filling, &r) {
+            (Some(f), Ok(Some(_))) => f.complete(),
+            (Some(f), Ok(None)) => f.fail("its owner does not relay it"),
+            (Some(f), Err(e)) => f.fail(&format!("its fetch failed: {}", e.message)),
+            (None, _) => {}
         }
         if matches!(r, Ok(Some(_))) {
             self.stats.relay_fetches.inc();
@@ -194,8 +188,7 @@ impl Client {
         desc: &Descriptor,
         dst: &mut dyn Sink,
         setup: &RelaySetup<'_>,
-        serves: Option<Serves>,
-        holding: Option<&Holding>,
+        filling: &mut Option<Filling<'_>>,
     ) -> PluginResult<Option<ImportInfo>> {
         let owner_pool = self.pool(&Owner::of(desc));
         let member = member_id();
@@ -207,7 +200,8 @@ impl Client {
             let join = JoinRequest {
                 member,
                 from: at,
-                serves: serves.clone(),
+                // Only a member that keeps a copy serves.
+                serves: filling.as_ref().and(setup.serves.clone()),
                 failed: failed.take(),
             };
             let reply = match self.join(&owner_pool, desc, &join, setup.min_piece)? {
@@ -223,6 +217,13 @@ impl Client {
                     )))
                 }
             };
+            if reply.no_copy {
+                // The owner's tree is full: no removal would reach a copy.
+                if let Some(f) = filling.take() {
+                    f.fail("its owner keeps no record of this consumer (a full tree)");
+                }
+            }
+            let holding = filling.as_ref().map(|f| &*f.holding);
             match &pieces {
                 None => {
                     if let Some(h) = holding {
@@ -274,10 +275,15 @@ impl Client {
                     } else {
                         format!("from relay {}, owner {}", source.addr, desc.addr)
                     };
-                    let note = if history.is_empty() {
-                        from
-                    } else {
-                        format!("{from}; after {}", history.join(", "))
+                    // Short, whatever happened: it ends up in the fetch's reason.
+                    let note = match history.len() {
+                        0 => from,
+                        1..=3 => format!("{from}; after {}", history.join(", ")),
+                        n => format!(
+                            "{from}; after {}, and {} more",
+                            history[..3].join(", "),
+                            n - 3
+                        ),
                     };
                     return Ok(Some(ImportInfo { note: note.into() }));
                 }
@@ -379,12 +385,15 @@ impl Client {
         };
         let (mut co, head) = self.exchange(&pool, &req)?;
         if head.status != 200 {
-            return Err(self.error_response(
+            let e = self.error_response(
                 &pool,
                 &head,
                 &mut co,
                 &format!("the relay stream of shard {} from byte {at}", desc.id),
-            ));
+            );
+            // It carried a relay's read timeout: never pooled.
+            co.reusable = source.owner && co.reusable;
+            return Err(e);
         }
         let want = desc.len - *at;
         if head.content_length != Some(want) || head.shard_len != Some(desc.len) {

@@ -83,9 +83,13 @@ impl Holding {
         self.changed.notify_waiters();
     }
 
-    /// Appends the next verified piece.
+    /// Appends the next verified piece (nothing once the copy failed: it
+    /// was dropped, and holds no memory any more).
     pub(crate) fn push(&self, piece: Bytes) {
         let mut st = self.state();
+        if matches!(st.end, End::Failed(_)) {
+            return;
+        }
         st.pieces.push(piece);
         if st.piece > 0 && st.pieces.len() as u64 == super::piece_count(self.len, st.piece) {
             st.end = End::Complete(Instant::now());
@@ -152,6 +156,39 @@ impl Holding {
     }
 }
 
+/// A fetch's hold on the copy it fills: unless the fetch marks it
+/// [`complete`](Filling::complete), dropping it (a failed fetch, a panic)
+/// fails the copy and drops it from the store, so a copy never stays
+/// half-filled, its readers waiting and its budget taken.
+pub(crate) struct Filling<'a> {
+    pub holding: Arc<Holding>,
+    holdings: &'a Holdings,
+    done: bool,
+}
+
+impl Filling<'_> {
+    /// The copy has every piece: it stays in the store.
+    pub(crate) fn complete(mut self) {
+        self.done = true;
+    }
+
+    /// The fetch failed (or will not fill the copy): drop it, readers stop
+    /// with `why`.
+    pub(crate) fn fail(mut self, why: &str) {
+        self.done = true;
+        self.holdings.drop_if_current(&self.holding, why);
+    }
+}
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.holdings
+                .drop_if_current(&self.holding, "its fetch ended without completing it");
+        }
+    }
+}
+
 /// Every copy this consumer holds.
 #[derive(Debug)]
 pub(crate) struct Holdings {
@@ -173,10 +210,18 @@ impl Holdings {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new, empty copy of `id` (`len` bytes), or `None` when one exists
-    /// already or it cannot fit in the budget even after dropping complete
-    /// copies (oldest first) and expired ones.
-    pub(crate) fn reserve(&self, id: ShardId, len: u64) -> Option<Arc<Holding>> {
+    /// A new, empty copy of `id` (`len` bytes) for a fetch to fill, or
+    /// `None` when one exists already or it cannot fit in the budget even
+    /// after dropping complete copies (oldest first) and expired ones.
+    pub(crate) fn fill(&self, id: ShardId, len: u64) -> Option<Filling<'_>> {
+        self.reserve(id, len).map(|holding| Filling {
+            holding,
+            holdings: self,
+            done: false,
+        })
+    }
+
+    fn reserve(&self, id: ShardId, len: u64) -> Option<Arc<Holding>> {
         let mut map = self.map();
         Self::prune_locked(&mut map, self.keep);
         if map.contains_key(&id) || len > self.budget {
@@ -306,6 +351,25 @@ mod tests {
         );
         assert_eq!(hs.totals(), (2, 900));
         drop((b, c));
+    }
+
+    #[test]
+    fn a_fetch_that_ends_without_completing_drops_its_copy() {
+        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let f = hs.fill(id(1), 10).unwrap();
+        let h = Arc::clone(&f.holding);
+        drop(f);
+        assert!(hs.get(id(1)).is_none());
+        assert!(matches!(h.next(0), Next::Failed(w) if w.contains("without completing")));
+        h.push(Bytes::from_static(b"late"));
+        assert!(
+            matches!(h.next(0), Next::Failed(_)),
+            "a failed copy takes no pieces"
+        );
+        let f = hs.fill(id(2), 10).unwrap();
+        fill(&f.holding, 16);
+        f.complete();
+        assert!(hs.get(id(2)).is_some(), "a complete copy stays");
     }
 
     #[test]

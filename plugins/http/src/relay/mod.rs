@@ -42,7 +42,7 @@ pub(crate) mod holdings;
 pub(crate) mod tree;
 pub(crate) mod wire;
 
-pub(crate) use holdings::{Holding, Holdings};
+pub(crate) use holdings::{Filling, Holding, Holdings};
 pub(crate) use tree::Trackers;
 
 /// xxh3-64 of every `piece`-byte piece of `bytes` (the last may be shorter).

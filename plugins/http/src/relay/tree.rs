@@ -14,6 +14,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
 };
 
 use shardport_abi::ShardId;
@@ -27,7 +28,6 @@ pub(crate) const MAX_MEMBERS: usize = 4096;
 /// One joined fetch.
 #[derive(Debug, Clone)]
 struct Member {
-    id: u64,
     serves: Option<Serves>,
     /// Index of the parent in `members`; `ROOT` for the owner (and while
     /// detached, when `depth` is 0).
@@ -35,9 +35,20 @@ struct Member {
     children: u32,
     depth: u32,
     alive: bool,
+    /// Its last join: after `keep` its copy may be gone.
+    joined: Instant,
 }
 
 const ROOT: usize = usize::MAX;
+
+/// Where a joiner fetches from, and whether it was recorded (a member the
+/// owner does not record is never told of a removal, so it must keep no
+/// copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub parent: Parent,
+    pub recorded: bool,
+}
 
 /// The tree of one shard.
 #[derive(Debug)]
@@ -48,21 +59,24 @@ pub(crate) struct Tree {
     by_id: HashMap<u64, usize>,
     /// The owner serves TLS: plain holders never get children.
     tls: bool,
+    /// `relay-keep`: how long a member's copy is assumed to last.
+    keep: Duration,
 }
 
 impl Tree {
-    pub(crate) fn new(fanout: u32, tls: bool) -> Tree {
+    pub(crate) fn new(fanout: u32, tls: bool, keep: Duration) -> Tree {
         Tree {
             fanout: fanout.max(1),
             root_children: 0,
             members: Vec::new(),
             by_id: HashMap::new(),
             tls,
+            keep,
         }
     }
 
     /// Records a join and answers whom the member fetches from.
-    pub(crate) fn join(&mut self, req: &JoinRequest) -> Parent {
+    pub(crate) fn join(&mut self, req: &JoinRequest) -> Placement {
         if let Some(failed) = &req.failed {
             self.mark_failed(failed, req.member);
         }
@@ -70,20 +84,26 @@ impl Tree {
             Some(&i) => {
                 self.detach(i);
                 self.members[i].alive = true;
+                self.members[i].joined = Instant::now();
                 i
             }
-            None if self.members.len() >= MAX_MEMBERS => return Parent::Owner,
+            None if self.members.len() >= MAX_MEMBERS => {
+                return Placement {
+                    parent: Parent::Owner,
+                    recorded: false,
+                }
+            }
             None => {
                 // A plain holder under a TLS owner stays a leaf.
                 let serves = req.serves.clone().filter(|s| s.tls || !self.tls);
                 self.members.push(Member {
-                    id: req.member,
                     serves,
                     parent: ROOT,
                     children: 0,
                     // Not attached yet.
                     depth: 0,
                     alive: true,
+                    joined: Instant::now(),
                 });
                 self.by_id.insert(req.member, self.members.len() - 1);
                 self.members.len() - 1
@@ -91,7 +111,7 @@ impl Tree {
         };
         let parent = self.choose(me);
         self.attach(me, parent);
-        match parent {
+        let parent = match parent {
             ROOT => Parent::Owner,
             p => Parent::Holder(
                 self.members[p]
@@ -99,6 +119,10 @@ impl Tree {
                     .clone()
                     .expect("only serving members are chosen"),
             ),
+        };
+        Placement {
+            parent,
+            recorded: true,
         }
     }
 
@@ -114,16 +138,20 @@ impl Tree {
         out
     }
 
+    /// Marks `addr` dead when it is the reporter's own parent (a child is
+    /// the one that knows; a report about anyone else changes nothing).
     fn mark_failed(&mut self, addr: &str, reporter: u64) {
-        let failed: Vec<usize> = (0..self.members.len())
-            .filter(|&i| {
-                let m = &self.members[i];
-                m.alive && m.id != reporter && m.serves.as_ref().is_some_and(|s| s.addr == addr)
-            })
-            .collect();
-        for i in failed {
-            self.members[i].alive = false;
-            self.detach(i);
+        let Some(&r) = self.by_id.get(&reporter) else {
+            return;
+        };
+        let p = self.members[r].parent;
+        if p == ROOT || self.members[r].depth == 0 {
+            return;
+        }
+        let parent = &self.members[p];
+        if parent.alive && parent.serves.as_ref().is_some_and(|s| s.addr == addr) {
+            self.members[p].alive = false;
+            self.detach(p);
         }
     }
 
@@ -164,6 +192,7 @@ impl Tree {
             if i == me
                 || !m.alive
                 || m.serves.is_none()
+                || m.joined.elapsed() > self.keep
                 || m.depth == 0
                 || m.children >= self.fanout
                 || best.is_some_and(|(d, _)| d <= m.depth)
@@ -194,14 +223,15 @@ impl Tree {
 /// One shard's relay state at its owner.
 #[derive(Debug)]
 pub(crate) struct Tracked {
-    /// The piece hashes, computed once by the first join.
-    pub hashes: tokio::sync::OnceCell<Arc<Vec<u64>>>,
+    /// The piece hashes as a join reply carries them (count, then each),
+    /// computed and encoded once, by the first join.
+    pub hashes: tokio::sync::OnceCell<bytes::Bytes>,
     pub piece: u64,
     tree: Mutex<Tree>,
 }
 
 impl Tracked {
-    pub(crate) fn join(&self, req: &JoinRequest) -> Parent {
+    pub(crate) fn join(&self, req: &JoinRequest) -> Placement {
         self.tree
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -216,15 +246,17 @@ pub(crate) struct Trackers {
     fanout: u32,
     piece: u64,
     tls: bool,
+    keep: Duration,
 }
 
 impl Trackers {
-    pub(crate) fn new(fanout: u32, piece: u64, tls: bool) -> Trackers {
+    pub(crate) fn new(fanout: u32, piece: u64, tls: bool, keep: Duration) -> Trackers {
         Trackers {
             map: Mutex::default(),
             fanout,
             piece,
             tls,
+            keep,
         }
     }
 
@@ -237,7 +269,7 @@ impl Trackers {
             Arc::new(Tracked {
                 hashes: tokio::sync::OnceCell::new(),
                 piece: self.piece,
-                tree: Mutex::new(Tree::new(self.fanout, self.tls)),
+                tree: Mutex::new(Tree::new(self.fanout, self.tls, self.keep)),
             })
         }))
     }
@@ -278,6 +310,8 @@ mod tests {
         }
     }
 
+    const KEEP: Duration = Duration::from_secs(3600);
+
     fn join(t: &mut Tree, member: u64, failed: Option<u8>) -> Parent {
         t.join(&JoinRequest {
             member,
@@ -285,6 +319,7 @@ mod tests {
             serves: Some(holder(member as u8)),
             failed: failed.map(|f| holder(f).addr),
         })
+        .parent
     }
 
     fn via(n: u8) -> Parent {
@@ -293,7 +328,7 @@ mod tests {
 
     #[test]
     fn fanout_one_is_a_chain_in_join_order() {
-        let mut t = Tree::new(1, false);
+        let mut t = Tree::new(1, false, KEEP);
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
         for m in 2..=6 {
             assert_eq!(join(&mut t, m, None), via(m as u8 - 1));
@@ -302,7 +337,7 @@ mod tests {
 
     #[test]
     fn fanout_two_fills_the_shallowest_level_first() {
-        let mut t = Tree::new(2, false);
+        let mut t = Tree::new(2, false, KEEP);
         let parents: Vec<Parent> = (1..=8).map(|m| join(&mut t, m, None)).collect();
         assert_eq!(
             parents,
@@ -321,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
-        let mut t = Tree::new(1, false);
+        let mut t = Tree::new(1, false, KEEP);
         for m in 1..=4 {
             join(&mut t, m, None);
         }
@@ -336,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_rejoining_relay_is_never_put_below_itself() {
-        let mut t = Tree::new(1, false);
+        let mut t = Tree::new(1, false, KEEP);
         for m in 1..=3 {
             join(&mut t, m, None);
         }
@@ -347,14 +382,14 @@ mod tests {
 
     #[test]
     fn leaves_take_slots_but_get_no_children() {
-        let mut t = Tree::new(1, false);
+        let mut t = Tree::new(1, false, KEEP);
         let leaf = JoinRequest {
             member: 9,
             from: 0,
             serves: None,
             failed: None,
         };
-        assert_eq!(t.join(&leaf), Parent::Owner);
+        assert_eq!(t.join(&leaf).parent, Parent::Owner);
         // The owner's only slot is the leaf's; nobody else serves: the owner
         // takes the next joiner beyond its fanout.
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
@@ -364,7 +399,7 @@ mod tests {
 
     #[test]
     fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
-        let mut t = Tree::new(1, true);
+        let mut t = Tree::new(1, true, KEEP);
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
         assert_eq!(join(&mut t, 2, None), Parent::Owner);
         let tls = Serves {
@@ -377,20 +412,44 @@ mod tests {
             serves: Some(tls.clone()),
             failed: None,
         });
+        let _ = &t;
         assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
     }
 
     #[test]
     fn trees_are_bounded() {
-        let mut t = Tree::new(1, false);
+        let mut t = Tree::new(1, false, KEEP);
         for m in 0..MAX_MEMBERS as u64 + 10 {
-            t.join(&JoinRequest {
+            let p = t.join(&JoinRequest {
                 member: m,
                 from: 0,
                 serves: None,
                 failed: None,
             });
+            assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
         }
         assert_eq!(t.members.len(), MAX_MEMBERS);
+    }
+
+    #[test]
+    fn only_a_child_can_report_its_parent_failed() {
+        let mut t = Tree::new(1, false, KEEP);
+        for m in 1..=3 {
+            join(&mut t, m, None);
+        }
+        // 1 <- 2 <- 3; 3 accuses 1 (not its parent): nothing changes, 3
+        // stays under 2.
+        assert_eq!(join(&mut t, 3, Some(1)), via(2));
+        // A stranger's report changes nothing either.
+        assert_eq!(join(&mut t, 9, Some(2)), via(3));
+    }
+
+    #[test]
+    fn members_older_than_relay_keep_are_never_parents() {
+        let mut t = Tree::new(1, false, Duration::ZERO);
+        assert_eq!(join(&mut t, 1, None), Parent::Owner);
+        std::thread::sleep(Duration::from_millis(2));
+        // 1's copy may be gone: 2 goes to the owner beyond its fanout.
+        assert_eq!(join(&mut t, 2, None), Parent::Owner);
     }
 }

@@ -6,7 +6,9 @@
 //!   0  1  version (1)                         0  1  version (1)
 //!   1  8  member id (random, per fetch)       1  8  shard length
 //!   9  8  from: bytes held (piece-aligned)    9  4  piece size
-//!  17  1  flags: 1 serves, 2 serves TLS      13  1  parent: 1 the owner, 2 TLS
+//!  17  1  flags: 1 serves, 2 serves TLS      13  1  flags: 1 parent is the owner,
+//!                                                    2 parent serves TLS, 4 keep
+//!                                                    no copy (not recorded)
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
 //!  19  a  address it serves on               15  p  parent address (none: owner)
 //!   .  1  f = failed holder's length (0)      .  4  k = piece count
@@ -31,6 +33,7 @@ const FLAG_SERVES: u8 = 1;
 const FLAG_TLS: u8 = 2;
 const PARENT_OWNER: u8 = 1;
 const PARENT_TLS: u8 = 2;
+const NO_COPY: u8 = 4;
 
 /// Which relay endpoint a path names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,28 +170,39 @@ pub(crate) struct JoinReply {
     pub len: u64,
     pub piece: u32,
     pub parent: Parent,
+    /// The owner did not record the member (its tree is full): it must
+    /// keep no copy, since no removal would reach it.
+    pub no_copy: bool,
     pub hashes: Vec<u64>,
 }
 
 impl JoinReply {
+    /// The whole reply (the owner sends [`encode_head`](Self::encode_head)
+    /// and the shard's hashes, encoded once).
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(15 + MAX_ADDR_LEN + 4 + 8 * self.hashes.len());
+        let mut v = self.encode_head();
+        v.extend_from_slice(&encode_hashes(&self.hashes));
+        v
+    }
+
+    /// Everything but the hashes (the owner sends the shard's encoded
+    /// hashes, made once, after it).
+    pub(crate) fn encode_head(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(15 + MAX_ADDR_LEN);
         v.push(VERSION);
         v.extend_from_slice(&self.len.to_be_bytes());
         v.extend_from_slice(&self.piece.to_be_bytes());
+        let no_copy = if self.no_copy { NO_COPY } else { 0 };
         match &self.parent {
             Parent::Owner => {
-                v.push(PARENT_OWNER);
+                v.push(PARENT_OWNER | no_copy);
                 push_addr(&mut v, None);
             }
             Parent::Holder(s) => {
-                v.push(if s.tls { PARENT_TLS } else { 0 });
+                v.push(if s.tls { PARENT_TLS } else { 0 } | no_copy);
                 push_addr(&mut v, Some(&s.addr));
             }
-        }
-        v.extend_from_slice(&(self.hashes.len() as u32).to_be_bytes());
-        for h in &self.hashes {
-            v.extend_from_slice(&h.to_be_bytes());
         }
         v
     }
@@ -214,6 +228,8 @@ impl JoinReply {
             return Err(format!("piece size {piece} is under {min_piece} bytes"));
         }
         let flags = r.u8("parent flags")?;
+        let no_copy = flags & NO_COPY != 0;
+        let flags = flags & !NO_COPY;
         let addr = r.addr("parent address")?;
         let parent = match (flags, addr) {
             (PARENT_OWNER, None) => Parent::Owner,
@@ -248,9 +264,20 @@ impl JoinReply {
             len,
             piece,
             parent,
+            no_copy,
             hashes,
         })
     }
+}
+
+/// The hash part of a join reply: the piece count and every hash.
+pub(crate) fn encode_hashes(hashes: &[u64]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + 8 * hashes.len());
+    v.extend_from_slice(&(hashes.len() as u32).to_be_bytes());
+    for h in hashes {
+        v.extend_from_slice(&h.to_be_bytes());
+    }
+    v
 }
 
 fn push_addr(v: &mut Vec<u8>, addr: Option<&str>) {
@@ -424,6 +451,7 @@ mod tests {
                 addr: "10.0.0.4:7071".into(),
                 tls: false,
             }),
+            no_copy: false,
             hashes: vec![1, 2, 3],
         };
         let b = reply.encode();
@@ -445,6 +473,7 @@ mod tests {
             len: 0,
             piece: 256,
             parent: Parent::Owner,
+            no_copy: true,
             hashes: vec![],
         };
         assert_eq!(JoinReply::decode(&owner.encode(), 0, 16), Ok(owner));

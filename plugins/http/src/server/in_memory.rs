@@ -102,7 +102,12 @@ fn shared() -> Arc<Shared> {
             cfg.device_piece,
             cfg.device_buffers,
         )),
-        trackers: crate::relay::Trackers::new(cfg.relay.fanout, cfg.relay.piece, false),
+        trackers: crate::relay::Trackers::new(
+            cfg.relay.fanout,
+            cfg.relay.piece,
+            false,
+            cfg.relay.keep,
+        ),
         holdings: Arc::new(crate::relay::Holdings::new(cfg.relay.cache, cfg.relay.keep)),
         relay_stall: cfg.relay.stall_timeout,
         relay_corrupt: false,

@@ -263,7 +263,12 @@ impl Server {
         }
         let serves_tls = tls.is_some();
         let shared = Arc::new(Shared {
-            trackers: crate::relay::Trackers::new(cfg.relay.fanout, cfg.relay.piece, serves_tls),
+            trackers: crate::relay::Trackers::new(
+                cfg.relay.fanout,
+                cfg.relay.piece,
+                serves_tls,
+                cfg.relay.keep,
+            ),
             holdings,
             relay_stall: cfg.relay.stall_timeout,
             relay_corrupt: cfg.relay.test_corrupt,

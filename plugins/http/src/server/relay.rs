@@ -5,7 +5,7 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 use crate::relay::{
-    holdings::Next,
+    holdings::{End, Next},
     wire::{self as rwire, Endpoint, JoinReply, JoinRequest},
     Holding,
 };
@@ -109,14 +109,15 @@ async fn join(
             };
             let pool = Arc::clone(&shared.staging);
             let wait = shared.request_timeout;
+            // Encoded once: every join of the shard sends the same bytes.
             tokio::task::spawn_blocking(move || hash_pieces(r, &pool, piece, wait))
                 .await
                 .map_err(|e| e.to_string())?
-                .map(Arc::new)
+                .map(|h| Bytes::from(rwire::encode_hashes(&h)))
         })
         .await;
     let hashes = match hashes {
-        Ok(h) => Arc::clone(h),
+        Ok(h) => h.clone(),
         Err(e) => {
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -125,19 +126,21 @@ async fn join(
             )
         }
     };
-    let parent = tracked.join(&join);
+    let placed = tracked.join(&join);
     drop(reader);
     shared.stats.relay_joins.inc();
-    let reply = JoinReply {
+    let head = JoinReply {
         len,
         piece: piece as u32,
-        parent,
-        hashes: hashes.to_vec(),
-    };
+        parent: placed.parent,
+        no_copy: !placed.recorded,
+        hashes: Vec::new(),
+    }
+    .encode_head();
     framed(
         StatusCode::OK,
         "application/octet-stream",
-        Frames::new([Bytes::from(reply.encode())]),
+        Frames::new([Bytes::from(head), hashes]),
     )
 }
 
@@ -313,9 +316,29 @@ fn relay_response(frames: Frames, len: u64) -> Response<Frames> {
     r
 }
 
+/// Waits until `check` answers, for as long as the copy is being filled
+/// (checking every `period`); a copy that ended without an answer is an
+/// error.
+async fn until_filled<T>(
+    holding: &Holding,
+    period: Duration,
+    mut check: impl FnMut(&Holding) -> Option<Result<T, String>>,
+) -> Result<T, String> {
+    loop {
+        if let Some(r) = holding.wait_for(period, &mut check).await {
+            return r;
+        }
+        if let End::Failed(why) = holding.end() {
+            return Err(why);
+        }
+    }
+}
+
 /// Sends the copy's pieces from `first` on, each as soon as it is held;
 /// ends the body with an error (a short body for the peer) when the copy
-/// fails or no piece comes for `relay-stall-timeout`.
+/// fails. It waits as long as the copy is being filled: a relay whose own
+/// parent stalls does not cut its children off (they would blame it); its
+/// fetch rejoins or fails within its own timeouts.
 fn spawn_stream(
     shared: &Shared,
     holding: Arc<Holding>,
@@ -328,23 +351,18 @@ fn spawn_stream(
     tokio::spawn(async move {
         let mut k = first;
         loop {
-            let next = holding
-                .wait_for(stall, |h| match h.next(k) {
-                    Next::Wait => None,
-                    n => Some(n),
-                })
-                .await;
+            let next = until_filled(&holding, stall, |h| match h.next(k) {
+                Next::Wait => None,
+                Next::Piece(p) => Some(Ok(Some(p))),
+                Next::Done => Some(Ok(None)),
+                Next::Failed(why) => Some(Err(why)),
+            })
+            .await;
             let piece = match next {
-                Some(Next::Piece(p)) => p,
-                Some(Next::Done) => return,
-                Some(Next::Failed(why)) => {
+                Ok(Some(p)) => p,
+                Ok(None) => return,
+                Err(why) => {
                     let _ = tx.send(Err(format!("the relay copy failed: {why}"))).await;
-                    return;
-                }
-                Some(Next::Wait) | None => {
-                    let _ = tx
-                        .send(Err("no piece arrived within relay-stall-timeout".into()))
-                        .await;
                     return;
                 }
             };
