@@ -64,16 +64,6 @@ async fn join(
         Ok(j) => j,
         Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
     };
-    // A member serves on its own address: other consumers are sent there
-    // with their token, so an address elsewhere (another host, anything a
-    // client could name) makes it a leaf.
-    if let Some(s) = &join.serves {
-        if let Err(why) = serves_from(&s.addr, peer).await {
-            shared.stats.relay_addresses_refused.inc();
-            debug!(target: "http", shard = %id, relay = %s.addr, ?peer, %why, "joins as a leaf");
-            join.serves = None;
-        }
-    }
     // Held until the member is placed: `unexport` forgets the tree only
     // after its readers are gone, so no tree outlives its export.
     let Some(reader) = shared.registry.reader(id) else {
@@ -96,6 +86,17 @@ async fn join(
                 join.from
             ),
         );
+    }
+    // A member serves on its own address: other consumers are sent there
+    // with their token, so an address elsewhere (another host, anything a
+    // client could name) makes it a leaf. (After the export check: a name
+    // is resolved only for a shard that exists.)
+    if let Some(s) = &join.serves {
+        if let Err(why) = serves_from(&s.addr, peer).await {
+            shared.stats.relay_addresses_refused.inc();
+            debug!(target: "http", shard = %id, relay = %s.addr, ?peer, %why, "joins as a leaf");
+            join.serves = None;
+        }
     }
     let tracked = shared.trackers.tracked(id);
     let piece = tracked.piece;
