@@ -43,10 +43,12 @@ pub const TARGETS: &[Target] = &[
 ];
 
 // ---------------------------------------------------------------------------
-// Handles (host/src/handle.rs)
+// Handles (host/src/handle/)
 
-/// Binary handles: a decoded handle re-encodes to bytes that decode equal,
-/// no longer than the input (duplicate tags collapse), and converts to a
+/// Binary handles: a decoded handle re-encodes to bytes that decode equal
+/// (version 2), no longer than a version 1 input (duplicate tags collapse;
+/// a version 2 input may pack its descriptors more tightly than the
+/// encoder's greedy packing, so it is not compared), and converts to a
 /// JSON handle that decodes equal; a refusal points inside the input.
 pub fn handle_bytes(data: &[u8]) {
     let h = match Handle::from_bytes(data) {
@@ -62,7 +64,9 @@ pub fn handle_bytes(data: &[u8]) {
         }
     };
     let bytes = h.to_bytes();
-    assert!(bytes.len() <= data.len(), "re-encoding grew");
+    if data.starts_with(b"SPHD") {
+        assert!(bytes.len() <= data.len(), "re-encoding a version 1 handle grew");
+    }
     let again = Handle::from_bytes(&bytes).expect("a re-encoded handle decodes");
     assert_eq!(again, h);
     check_json_form(&h);
