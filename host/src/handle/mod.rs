@@ -829,6 +829,25 @@ mod fuzz_regressions {
         }
     }
 
+    proptest::proptest! {
+        /// Random damage to a version 2 handle with packed descriptors:
+        /// never a panic; what decodes is valid and re-encodes to itself.
+        #[test]
+        fn damaged_version_2_handles_decode_to_valid_or_error(
+            edits in proptest::collection::vec((0usize..400, proptest::prelude::any::<u8>()), 1..6)
+        ) {
+            let mut b = realistic().to_bytes();
+            for (i, v) in edits {
+                let i = i % b.len();
+                b[i] = v;
+            }
+            if let Ok(h) = Handle::from_bytes(&b) {
+                proptest::prop_assert!(h.validate().is_ok());
+                proptest::prop_assert_eq!(Handle::from_bytes(&h.to_bytes()).unwrap(), h);
+            }
+        }
+    }
+
     #[test]
     fn every_truncation_of_a_version_2_handle_is_refused() {
         let b = realistic().to_bytes();
