@@ -135,6 +135,15 @@ pub enum Request {
     },
     /// Run every transport's sweep now.
     Sweep,
+    /// Reload the node's config through `Node::reload_file` (the path a
+    /// running node's control endpoint and SIGHUP take): `config_path`, or
+    /// the file the running config came from. A refusal is an error reply
+    /// with `error_kind` `reload_refused`; the running config stays.
+    Reload {
+        /// Config file to apply (default: the one the node started from).
+        #[serde(default)]
+        config_path: Option<String>,
+    },
     /// Node stats.
     Stats,
     /// Exit cleanly.
@@ -203,6 +212,13 @@ pub struct Reply {
     /// Sweep: per transport, what was reclaimed (or the error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swept: Option<serde_json::Value>,
+    /// Failed fetch or reload: a short class of the error (`not_found`,
+    /// `unavailable`, `reload_refused`...), for counting errors by kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
+    /// Reload: what the reload changed (`ReloadReport`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reloaded: Option<serde_json::Value>,
 }
 
 /// This process's peak resident set size in bytes (`VmHWM`), if readable.
@@ -238,6 +254,42 @@ impl Reply {
             ..Reply::default()
         }
     }
+
+    /// A failed fetch or reload, with the class of its error.
+    fn host_err(e: &shardport_host::HostError) -> Self {
+        Reply {
+            error_kind: Some(error_kind(e)),
+            ..Reply::err(e)
+        }
+    }
+}
+
+/// A short class of a host error: for a fetch every transport failed, the
+/// transports' error kinds (`not_found`, `unavailable`...), deduplicated and
+/// joined by `+`; otherwise the error's variant in snake case
+/// (`reload_refused`, `checksum_mismatch`...).
+pub fn error_kind(e: &shardport_host::HostError) -> String {
+    if let shardport_host::HostError::FetchFailed { failures, .. } = e {
+        let mut kinds: Vec<String> = failures.iter().map(|(_, f)| f.kind.to_string()).collect();
+        kinds.sort();
+        kinds.dedup();
+        if !kinds.is_empty() {
+            return kinds.join("+");
+        }
+    }
+    let debug = format!("{e:?}");
+    let variant = debug
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("Other");
+    let mut out = String::new();
+    for (i, c) in variant.chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
 }
 
 /// Fills `buf` with the deterministic pattern for `seed`.
@@ -398,7 +450,7 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                         ..Reply::ok()
                     }
                 }
-                Err(e) => Reply::err(e),
+                Err(e) => Reply::host_err(&e),
             }
         }
         Request::Load(spec) => match crate::bench::load::run_loop(node, &spec) {
@@ -488,7 +540,7 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                     ns: Some(start.elapsed().as_nanos() as u64),
                     ..Reply::ok()
                 },
-                Err(e) => Reply::err(e),
+                Err(e) => Reply::host_err(&e),
             }
         }
         Request::Fetch {
@@ -521,7 +573,7 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                         ..Reply::ok()
                     }
                 }
-                Err(e) => Reply::err(e),
+                Err(e) => Reply::host_err(&e),
             }
         }
         Request::Check { id, seed } => match parse_id(&id) {
@@ -588,6 +640,15 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             swept: Some(node.sweep_json()),
             ..Reply::ok()
         },
+        Request::Reload { config_path } => {
+            match node.reload_file(config_path.as_deref().map(std::path::Path::new)) {
+                Ok(r) => Reply {
+                    reloaded: serde_json::to_value(r).ok(),
+                    ..Reply::ok()
+                },
+                Err(e) => Reply::host_err(&e),
+            }
+        }
         Request::Stats => match serde_json::to_value(node.stats()) {
             Ok(v) => Reply {
                 stats: Some(v),

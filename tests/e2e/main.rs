@@ -8,6 +8,7 @@
 mod util;
 
 mod backpressure;
+mod chaos;
 mod cluster;
 mod conformance;
 mod control_hostile;

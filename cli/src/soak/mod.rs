@@ -2,6 +2,12 @@
 //! drain -> remove, with the owner's and the consumer's RSS and the number of
 //! `/dev/shm` entries at the start and at the end. Nothing may grow: a leak
 //! of a cache entry, a lease, a segment or a mapping per step shows up here.
+//!
+//! [`chaos`] is `shardport soak --chaos`: many owners and consumers, killed
+//! and restarted at random, with reloads, drains and sweeps, for a duration.
+
+pub mod chaos;
+mod plot;
 
 use std::{ffi::OsString, fmt, path::PathBuf};
 
