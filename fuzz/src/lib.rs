@@ -65,7 +65,10 @@ pub fn handle_bytes(data: &[u8]) {
     };
     let bytes = h.to_bytes();
     if data.starts_with(b"SPHD") {
-        assert!(bytes.len() <= data.len(), "re-encoding a version 1 handle grew");
+        assert!(
+            bytes.len() <= data.len(),
+            "re-encoding a version 1 handle grew"
+        );
     }
     let again = Handle::from_bytes(&bytes).expect("a re-encoded handle decodes");
     assert_eq!(again, h);
