@@ -489,3 +489,72 @@ fn a_large_batch_request_crosses_tls() {
     assert_eq!(bufs, data);
     assert_eq!(stat(&consumer.t, "batch_requests"), 1);
 }
+
+/// Relays under TLS: every holder serves HTTPS with its own certificate
+/// from the consumers' CA, and the token applies inside. The second
+/// consumer gets the shard from the first, over TLS.
+#[test]
+fn relays_serve_over_tls_with_the_token() {
+    let files = Files::new();
+    let ca = Ca::new("relay CA");
+    let ca_file = files.ca(&ca, "ca");
+    let tls = |name: &str| {
+        format!(
+            "{}tls-ca = \"{}\"\nauth-token = \"tok\"\nrelay = \"on\"\nrelay-min-size = \"64KiB\"\n",
+            owner_cfg(&files.issue(&ca, name)),
+            p(&ca_file)
+        )
+    };
+    let owner = node(&format!("{}relay-piece = \"16KiB\"", tls("owner")));
+    let data = pattern((1 << 20) + 9, 8);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let first = node(&tls("first"));
+    let second = node(&tls("second"));
+    assert_eq!(fetch(&first.t, &desc, data.len()).unwrap(), data);
+    let mut dst = vec![0u8; data.len()];
+    let info = second
+        .t
+        .import_into(
+            RSlice::from_slice(&desc),
+            &ShardMeta::bytes(data.len() as u64),
+            RSliceMut::from_mut_slice(&mut dst),
+        )
+        .into_result()
+        .unwrap();
+    assert_eq!(dst, data);
+    assert!(
+        info.note
+            .as_str()
+            .contains(&format!("from relay {}", first.addr)),
+        "{}",
+        info.note
+    );
+    assert_eq!(stat(&first.t, "relay_bytes_served"), data.len() as u64);
+}
+
+/// A TLS owner never sends a consumer to a plain-HTTP holder: a relay
+/// without a certificate is never named a parent, so every consumer gets
+/// the shard over TLS, from the owner or a TLS holder.
+#[test]
+fn a_tls_owner_never_names_a_plain_holder() {
+    let files = Files::new();
+    let ca = Ca::new("relay CA");
+    let ca_file = files.ca(&ca, "ca");
+    let owner = node(&format!(
+        "{}relay-piece = \"16KiB\"",
+        owner_cfg(&files.issue(&ca, "owner"))
+    ));
+    let data = pattern((1 << 20) + 9, 9);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let plain_relay = format!(
+        "tls-ca = \"{}\"\nrelay = \"on\"\nrelay-min-size = \"64KiB\"\n",
+        p(&ca_file)
+    );
+    let plain = node(&plain_relay);
+    assert_eq!(fetch(&plain.t, &desc, data.len()).unwrap(), data);
+    let next = node(&plain_relay);
+    assert_eq!(fetch(&next.t, &desc, data.len()).unwrap(), data);
+    assert_eq!(stat(&plain.t, "relay_bytes_served"), 0, "never a parent");
+    assert_eq!(stat(&next.t, "relay_bytes_from_holders"), 0);
+    assert_eq!(stat(&owner.t, "bytes_served"), 2 * data.len() as u64);
+}
