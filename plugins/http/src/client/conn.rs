@@ -166,6 +166,10 @@ pub(super) struct Body<'c> {
     pub(super) received: u64,
     /// The announced length.
     pub(super) total: u64,
+    /// A read that completes after this fails (a peer that trickles bytes
+    /// never trips the socket's per-read timeout): set per piece for
+    /// relays.
+    pub(super) deadline: Option<Instant>,
 }
 
 impl<'c> Body<'c> {
@@ -177,6 +181,7 @@ impl<'c> Body<'c> {
             unread: total,
             received: 0,
             total,
+            deadline: None,
         }
     }
 
@@ -244,6 +249,16 @@ impl<'c> Body<'c> {
                     self.count(n);
                 }
                 Err(e) => return Err(self.failed(&e, what)),
+            }
+            if filled < dst.len() && self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(AbiError::new(
+                    ErrorKind::TIMEOUT,
+                    format!(
+                        "{} sent {what} too slowly: {filled} of {} bytes within its deadline",
+                        self.addr,
+                        dst.len()
+                    ),
+                ));
             }
         }
         Ok(())

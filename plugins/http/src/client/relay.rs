@@ -412,6 +412,11 @@ impl Client {
             let n = pieces.size.min(desc.len - *at) as usize;
             let k = (*at / pieces.size) as usize;
             let start = *at as usize;
+            // A relay delivers each piece within relay-stall-timeout (a
+            // trickle of bytes never trips the per-read timeout).
+            if !source.owner {
+                body.deadline = Some(Instant::now() + stall);
+            }
             let corrupt = |stats: &Stats| {
                 stats.relay_corrupt_pieces.inc();
                 AbiError::new(

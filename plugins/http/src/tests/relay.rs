@@ -327,3 +327,40 @@ fn a_joiner_serving_elsewhere_than_where_it_joined_from_is_a_leaf() {
     assert!(!note.contains("10.255.0.9"), "{note}");
     assert_eq!(stat(&c.t, "relay_failovers"), 0);
 }
+
+#[test]
+fn a_relay_that_trickles_bytes_is_left_after_the_stall_timeout() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 13);
+    let desc = export(&owner.t, 12, &data).unwrap();
+    // Answers any request with a proper head, then one byte every 20 ms:
+    // never silent for a whole read timeout, far too slow for a piece.
+    let trickler = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = trickler.local_addr().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let serving = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let (mut s, _) = trickler.accept().unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head);
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\nx-shardport-len: {LEN}\r\n\r\n"
+            );
+            s.write_all(reply.as_bytes()).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(&[0]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    forge_member(&owner, 12, addr, None);
+    let c = relay_node("relay-stall-timeout = \"300ms\"");
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(note.contains(&format!("relay {addr} failed")), "{note}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    serving.join().unwrap();
+}
