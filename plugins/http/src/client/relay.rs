@@ -18,6 +18,9 @@ use crate::{
 
 /// Rejoins one fetch makes before it takes the rest from the owner.
 const MAX_REJOINS: usize = 16;
+/// Times a quiet relay is asked again, without progress in between, before
+/// it is reported failed.
+const MAX_QUIET_RETRIES: usize = 1;
 
 /// What a relayed fetch needs from the transport.
 pub(crate) struct RelaySetup<'a> {
@@ -268,7 +271,50 @@ impl Client {
                 self.stats.relay_failovers.inc();
                 continue;
             }
-            match self.stream_from(&source, desc, &mut at, dst, pieces, holding, setup.stall) {
+            let mut answered = false;
+            let mut streamed = self.stream_from(
+                &source,
+                desc,
+                &mut at,
+                dst,
+                pieces,
+                holding,
+                setup.stall,
+                &mut answered,
+            );
+            // A relay that answered and then went quiet may only be waiting
+            // for its own parent (it rejoins within its own timeout): ask it
+            // again before blaming it. A live relay answers at once and
+            // streams on; a dead or stopped one refuses or stays silent (a
+            // relay that never answered is not asked again).
+            let mut quiet_retries = 0;
+            while let Err(e) = &streamed {
+                if source.owner
+                    || !answered
+                    || e.kind != ErrorKind::TIMEOUT
+                    || quiet_retries >= MAX_QUIET_RETRIES
+                {
+                    break;
+                }
+                quiet_retries += 1;
+                let before = at;
+                answered = false;
+                debug!(target: "http", shard = %desc.id, relay = source.addr, at, "relay quiet, asking it again");
+                streamed = self.stream_from(
+                    &source,
+                    desc,
+                    &mut at,
+                    dst,
+                    pieces,
+                    holding,
+                    setup.stall,
+                    &mut answered,
+                );
+                if at > before {
+                    quiet_retries = 0;
+                }
+            }
+            match streamed {
                 Ok(()) => {
                     let from = if source.owner {
                         format!("from owner {} (relay tree root)", desc.addr)
@@ -365,6 +411,7 @@ impl Client {
         pieces: &Pieces,
         holding: Option<&Holding>,
         stall: Duration,
+        answered: &mut bool,
     ) -> PluginResult<()> {
         let pool = self.pool(&Owner {
             addr: source.addr.to_owned(),
@@ -395,6 +442,7 @@ impl Client {
             co.reusable = source.owner && co.reusable;
             return Err(e);
         }
+        *answered = true;
         let want = desc.len - *at;
         if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
             return Err(AbiError::internal(format!(

@@ -364,3 +364,38 @@ fn a_relay_that_trickles_bytes_is_left_after_the_stall_timeout() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     serving.join().unwrap();
 }
+
+#[test]
+fn a_relay_waiting_for_its_own_parent_is_not_blamed_by_its_child() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 14);
+    let desc = export(&owner.t, 13, &data).unwrap();
+    // The first relay's parent will be a silent holder: it stalls, leaves
+    // it after its stall timeout (600 ms) and gets the shard from the
+    // owner. The second, below it, gives up waiting sooner (300 ms): it must
+    // ask the first again rather than report it.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    forge_member(&owner, 13, silent.local_addr().unwrap(), None);
+    let first = relay_node("relay-stall-timeout = \"600ms\"");
+    let second = relay_node("relay-stall-timeout = \"300ms\"");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| fetch_noted(&first.t, &desc, LEN).unwrap());
+        // The second joins while the first is stalled: it is put below it.
+        std::thread::sleep(Duration::from_millis(50));
+        let b = s.spawn(|| fetch_noted(&second.t, &desc, LEN).unwrap());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(a.0 == data && b.0 == data);
+    assert!(
+        a.1.contains("failed"),
+        "the first left the silent holder: {}",
+        a.1
+    );
+    assert!(
+        b.1.contains(&format!("from relay {}", first.addr)) && !b.1.contains("failed"),
+        "the second waited for the first instead of blaming it: {}",
+        b.1
+    );
+    assert_eq!(stat(&second.t, "relay_failovers"), 0);
+    drop(silent);
+}
