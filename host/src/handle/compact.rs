@@ -34,7 +34,9 @@ use shardport_abi::{
     Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
 };
 
-use super::{Export, Handle, HandleError, Owner, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_TAGS};
+use super::{
+    Export, Handle, HandleError, Owner, Reader, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_TAGS,
+};
 use crate::{identity::NodeIdentity, vocab::TransportName};
 
 pub(super) const MAGIC: &[u8; 2] = b"SH";
@@ -294,34 +296,8 @@ pub(super) fn encode(h: &Handle) -> Vec<u8> {
     out
 }
 
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn err(&self, what: impl Into<String>) -> HandleError {
-        HandleError {
-            what: what.into(),
-            offset: self.pos,
-        }
-    }
-
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], HandleError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| self.err(format!("truncated {what}: need {n} bytes")))?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn u8(&mut self, what: &str) -> Result<u8, HandleError> {
-        Ok(self.take(1, what)?[0])
-    }
-
+/// Version 2's readers, on version 1's cursor.
+impl Reader<'_> {
     fn varint(&mut self, what: &str) -> Result<u64, HandleError> {
         let mut v = 0u64;
         for i in 0..10 {
@@ -341,15 +317,6 @@ impl<'a> Cursor<'a> {
         Err(self.err(format!("{what} overflows 64 bits")))
     }
 
-    fn str8(&mut self, what: &str, max: usize) -> Result<String, HandleError> {
-        let n = self.u8(what)? as usize;
-        if n > max {
-            return Err(self.err(format!("{what} is {n} bytes, limit {max}")));
-        }
-        let b = self.take(n, what)?;
-        String::from_utf8(b.to_vec()).map_err(|_| self.err(format!("{what} is not UTF-8")))
-    }
-
     /// Unpacks a descriptor of `len` bytes from `packed` against `window`,
     /// which grows by it.
     fn unpack(
@@ -359,7 +326,7 @@ impl<'a> Cursor<'a> {
         window: &mut Vec<u8>,
     ) -> Result<Vec<u8>, HandleError> {
         let base = window.len();
-        let mut p = Cursor {
+        let mut p = Reader {
             buf: packed,
             pos: 0,
         };
@@ -412,7 +379,7 @@ impl<'a> Cursor<'a> {
 /// Version 2 of `Handle::from_bytes`, before validation; `buf` starts with
 /// [`MAGIC`] and [`VERSION`].
 pub(super) fn decode(buf: &[u8]) -> Result<Handle, HandleError> {
-    let mut r = Cursor { buf, pos: 3 };
+    let mut r = Reader { buf, pos: 3 };
     let id = ShardId::from_u128(u128::from_le_bytes(
         r.take(16, "id")?.try_into().expect("16 bytes"),
     ));
@@ -524,7 +491,7 @@ mod tests {
         let mut packed = Vec::new();
         pack(desc, &mut w, &mut chains, &mut packed);
         let mut w2 = window.to_vec();
-        let c = Cursor { buf: &[], pos: 0 };
+        let c = Reader { buf: &[], pos: 0 };
         assert_eq!(c.unpack(&packed, desc.len(), &mut w2).unwrap(), desc);
         assert_eq!(w, w2, "both sides' windows agree");
     }
@@ -568,12 +535,12 @@ mod tests {
         for v in [0u64, 1, 127, 128, 300, u64::MAX] {
             let mut b = Vec::new();
             put_varint(&mut b, v);
-            assert_eq!(Cursor { buf: &b, pos: 0 }.varint("v").unwrap(), v);
+            assert_eq!(Reader { buf: &b, pos: 0 }.varint("v").unwrap(), v);
         }
         let over = [0xff; 11];
-        assert!(Cursor { buf: &over, pos: 0 }.varint("v").is_err());
+        assert!(Reader { buf: &over, pos: 0 }.varint("v").is_err());
         let overlong = [0x80, 0x00];
-        assert!(Cursor {
+        assert!(Reader {
             buf: &overlong,
             pos: 0
         }
@@ -585,7 +552,7 @@ mod tests {
 
     #[test]
     fn bad_packing_is_refused() {
-        let c = Cursor { buf: &[], pos: 0 };
+        let c = Reader { buf: &[], pos: 0 };
         let mut w = b"abcd".to_vec();
         // A copy reaching before the window.
         assert!(c.unpack(&[0x80, 9], 4, &mut w).is_err());

@@ -391,25 +391,7 @@ impl HttpTransport {
         };
         let n = queue.lock().unwrap_or_else(PoisonError::into_inner).len();
         let threads = n.min(RELAY_THREADS).min(self.cfg.max_connections_per_owner);
-        let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..threads)
-                .filter_map(|_| {
-                    std::thread::Builder::new()
-                        .name("shardport-http-relay".into())
-                        .spawn_scoped(s, || tracing::dispatcher::with_default(&dispatch, work))
-                        .ok()
-                })
-                .collect();
-            let mut out = work();
-            for h in helpers {
-                match h.join() {
-                    Ok(v) => out.extend(v),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            out
-        })
+        client::on_threads(threads, "shardport-http-relay", work)
     }
 
     /// Queues a removal for the relay holders of `id`: one long-lived

@@ -76,6 +76,15 @@ fn export(t: &SharedTransport, id: u128, data: &[u8]) -> Result<Vec<u8>, AbiErro
 }
 
 fn fetch(t: &SharedTransport, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiError> {
+    fetch_noted(t, desc, len).map(|(dst, _)| dst)
+}
+
+/// Fetches through `t`; the bytes and the transport's note.
+fn fetch_noted(
+    t: &SharedTransport,
+    desc: &[u8],
+    len: usize,
+) -> Result<(Vec<u8>, String), AbiError> {
     let mut dst = vec![0u8; len];
     t.import_into(
         RSlice::from_slice(desc),
@@ -83,7 +92,7 @@ fn fetch(t: &SharedTransport, desc: &[u8], len: usize) -> Result<Vec<u8>, AbiErr
         RSliceMut::from_mut_slice(&mut dst),
     )
     .into_result()
-    .map(|_| dst)
+    .map(|i| (dst, i.note.into()))
 }
 
 fn stat(t: &SharedTransport, name: &str) -> u64 {

@@ -263,12 +263,7 @@ impl Client {
         dst: u64,
         ring: &DeviceRing,
     ) -> PluginResult<ImportInfo> {
-        let mut up = self
-            .uploaders
-            .take(ring.staging, ordinal, ring.buffers, ring.piece)
-            .map_err(|why| {
-                AbiError::unavailable(format!("http cannot copy into cuda:{ordinal} here: {why}"))
-            })?;
+        let mut up = self.uploader(ring, ordinal)?;
         let device_err = |why: String| AbiError::new(ErrorKind::IO, format!("http: {why}"));
         let r = self.fetch_one_with(desc, |body| {
             let mut at = 0u64;
@@ -285,6 +280,15 @@ impl Client {
             self.uploaders.give_back(up);
         }
         r
+    }
+
+    /// A ring of pinned buffers that copies into device `ordinal`.
+    fn uploader(&self, ring: &DeviceRing, ordinal: u32) -> PluginResult<crate::gpu::Uploader> {
+        self.uploaders
+            .take(ring.staging, ordinal, ring.buffers, ring.piece)
+            .map_err(|why| {
+                AbiError::unavailable(format!("http cannot copy into cuda:{ordinal} here: {why}"))
+            })
     }
 
     /// One `GET` of `desc`'s shard; `read` takes the body (exactly the
@@ -376,26 +380,7 @@ impl Client {
                 out.extend(self.run_lane(lane));
             }
         };
-        // Events of the helper threads reach the host like the caller's.
-        let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        std::thread::scope(|scope| {
-            let helpers: Vec<_> = (1..threads)
-                .filter_map(|_| {
-                    std::thread::Builder::new()
-                        .name("shardport-http-fetch".into())
-                        .spawn_scoped(scope, || tracing::dispatcher::with_default(&dispatch, work))
-                        .ok()
-                })
-                .collect();
-            let mut out = work();
-            for h in helpers {
-                match h.join() {
-                    Ok(v) => out.extend(v),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            out
-        })
+        on_threads(threads, "shardport-http-fetch", work)
     }
 
     fn run_lane(&self, lane: Lane<'_>) -> ItemResults {
@@ -803,6 +788,38 @@ impl Client {
             format!("owner {addr} refused {what} with HTTP {shown}: {message}{hint}"),
         )
     }
+}
+
+/// Runs `work` on the calling thread and `threads - 1` scoped helpers
+/// (named `name`, each forwarding its events to the host like the
+/// caller), and gathers what they return. `work` takes jobs from a shared
+/// queue until it is empty.
+pub(crate) fn on_threads<T: Send>(
+    threads: usize,
+    name: &str,
+    work: impl Fn() -> Vec<T> + Sync,
+) -> Vec<T> {
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn_scoped(scope, || {
+                        tracing::dispatcher::with_default(&dispatch, &work)
+                    })
+                    .ok()
+            })
+            .collect();
+        let mut out = work();
+        for h in helpers {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
 }
 
 /// The batches of one owner that run one after another on one connection.

@@ -138,12 +138,7 @@ impl Client {
         ring: &DeviceRing,
         setup: &RelaySetup<'_>,
     ) -> PluginResult<Option<ImportInfo>> {
-        let mut up = self
-            .uploaders
-            .take(ring.staging, ordinal, ring.buffers, ring.piece)
-            .map_err(|why| {
-                AbiError::unavailable(format!("http cannot copy into cuda:{ordinal} here: {why}"))
-            })?;
+        let mut up = self.uploader(ring, ordinal)?;
         let mut sink = DeviceSink {
             up: &mut up,
             base: dst,
@@ -272,16 +267,19 @@ impl Client {
                 continue;
             }
             let mut answered = false;
-            let mut streamed = self.stream_from(
-                &source,
-                desc,
-                &mut at,
-                dst,
-                pieces,
-                holding,
-                setup.stall,
-                &mut answered,
-            );
+            let mut stream = |at: &mut u64, answered: &mut bool| {
+                self.stream_from(
+                    &source,
+                    desc,
+                    at,
+                    dst,
+                    pieces,
+                    holding,
+                    setup.stall,
+                    answered,
+                )
+            };
+            let mut streamed = stream(&mut at, &mut answered);
             // A relay that answered and then went quiet may only be waiting
             // for its own parent (it rejoins within its own timeout): ask it
             // again before blaming it. A live relay answers at once and
@@ -300,16 +298,7 @@ impl Client {
                 let before = at;
                 answered = false;
                 debug!(target: "http", shard = %desc.id, relay = source.addr, at, "relay quiet, asking it again");
-                streamed = self.stream_from(
-                    &source,
-                    desc,
-                    &mut at,
-                    dst,
-                    pieces,
-                    holding,
-                    setup.stall,
-                    &mut answered,
-                );
+                streamed = stream(&mut at, &mut answered);
                 if at > before {
                     quiet_retries = 0;
                 }

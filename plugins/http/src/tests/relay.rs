@@ -17,22 +17,6 @@ fn relay_node(extra: &str) -> Node {
     ))
 }
 
-/// Fetches through `t`; the bytes and the transport's note.
-fn fetch_noted(
-    t: &SharedTransport,
-    desc: &[u8],
-    len: usize,
-) -> Result<(Vec<u8>, String), AbiError> {
-    let mut dst = vec![0u8; len];
-    t.import_into(
-        RSlice::from_slice(desc),
-        &ShardMeta::bytes(len as u64),
-        RSliceMut::from_mut_slice(&mut dst),
-    )
-    .into_result()
-    .map(|i| (dst, i.note.into()))
-}
-
 /// Places a member at `serves` in the owner's tree of `id`, as a join
 /// would (with the owner's token, when it has one).
 fn forge_member(owner: &Node, id: u128, serves: SocketAddr, auth: Option<&str>) {

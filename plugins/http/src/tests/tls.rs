@@ -13,8 +13,8 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use shardport_abi::{ErrorKind, ImportItem, RSlice, RSliceMut, ShardMeta};
 
 use super::{
-    assert_kind, export, export_gpu, fetch, fetch_device, gpu_meta, node, pattern, stat, try_node,
-    wait_for_stat, GENEROUS, STAND_IN,
+    assert_kind, export, export_gpu, fetch, fetch_device, fetch_noted, gpu_meta, node, pattern,
+    stat, try_node, wait_for_stat, GENEROUS, STAND_IN,
 };
 use crate::descriptor::Descriptor;
 
@@ -511,23 +511,11 @@ fn relays_serve_over_tls_with_the_token() {
     let first = node(&tls("first"));
     let second = node(&tls("second"));
     assert_eq!(fetch(&first.t, &desc, data.len()).unwrap(), data);
-    let mut dst = vec![0u8; data.len()];
-    let info = second
-        .t
-        .import_into(
-            RSlice::from_slice(&desc),
-            &ShardMeta::bytes(data.len() as u64),
-            RSliceMut::from_mut_slice(&mut dst),
-        )
-        .into_result()
-        .unwrap();
+    let (dst, note) = fetch_noted(&second.t, &desc, data.len()).unwrap();
     assert_eq!(dst, data);
     assert!(
-        info.note
-            .as_str()
-            .contains(&format!("from relay {}", first.addr)),
-        "{}",
-        info.note
+        note.contains(&format!("from relay {}", first.addr)),
+        "{note}"
     );
     assert_eq!(stat(&first.t, "relay_bytes_served"), data.len() as u64);
 }
