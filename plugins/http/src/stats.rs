@@ -45,6 +45,9 @@ pub(crate) struct Stats {
     pub connections_evicted: Counter,
     /// Inbound connections open now.
     pub connections_open: Gauge,
+    /// Times the owner reached `max-connections` (new connections then
+    /// wait in the kernel's accept backlog until one closes).
+    pub connections_at_limit: Counter,
     /// Inbound TLS handshakes that failed or timed out (plain HTTP sent to a
     /// TLS owner, untrusted or missing client certificates, stalled peers).
     pub tls_handshake_failures: Counter,
@@ -71,6 +74,11 @@ pub(crate) struct Stats {
     pub client_connections_reused: Counter,
     /// Outbound connections open now (in use or idle in the pool).
     pub client_connections_open: Gauge,
+    /// Requests that found all `max-connections-per-owner` connections to
+    /// their owner busy and waited for one / that gave up after
+    /// `request-timeout`.
+    pub pool_waits: Counter,
+    pub pool_wait_timeouts: Counter,
     // Relays.
     /// Owner: joins of a shard's relay tree answered.
     pub relay_joins: Counter,
@@ -116,6 +124,7 @@ impl Stats {
             .counter("connections_timed_out", &self.connections_timed_out)
             .counter("connections_evicted", &self.connections_evicted)
             .gauge("connections_open", &self.connections_open)
+            .counter("connections_at_limit", &self.connections_at_limit)
             .counter("tls_handshake_failures", &self.tls_handshake_failures)
             .gauge("responses_in_flight", &self.responses_in_flight)
             .counter("unexport_timeouts", &self.unexport_timeouts)
@@ -128,6 +137,8 @@ impl Stats {
             .counter("client_connections_opened", &self.client_connections_opened)
             .counter("client_connections_reused", &self.client_connections_reused)
             .gauge("client_connections_open", &self.client_connections_open)
+            .counter("pool_waits", &self.pool_waits)
+            .counter("pool_wait_timeouts", &self.pool_wait_timeouts)
             .counter("relay_joins", &self.relay_joins)
             .counter("relay_addresses_refused", &self.relay_addresses_refused)
             .gauge_value("relay_trees", relay.trees)

@@ -960,6 +960,40 @@ fn pooled_connections_are_reused_and_bounded() {
     }
 }
 
+/// Exhausted connection budgets on both sides are counted: the owner's
+/// `max-connections` (new connections wait in the backlog) and the
+/// consumer's `max-connections-per-owner` (requests wait for a slot, up to
+/// `request-timeout`, then fail naming the limit); nothing hangs.
+#[test]
+fn exhausted_connection_budgets_are_counted_and_bounded() {
+    let owner = node("max-connections = 1");
+    // One connection that never sends a request takes the only slot.
+    let _idle = connect(owner.addr);
+    wait_for_stat(&owner.t, "connections_at_limit", 1);
+    // A consumer whose only connection to a silent owner is busy.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let desc = desc_for(&silent.local_addr().unwrap().to_string(), 1, 10);
+    let consumer = node("max-connections-per-owner = 1\nrequest-timeout = \"300ms\"");
+    let (accepted_tx, accepted_rx) = mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let (s, _) = silent.accept().unwrap();
+        accepted_tx.send(()).unwrap();
+        // Keep it open (and silent) until both fetches are over.
+        std::thread::sleep(Duration::from_secs(2));
+        drop(s);
+    });
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| fetch(&consumer.t, &desc, 10));
+        accepted_rx.recv_timeout(GENEROUS).unwrap();
+        let second = fetch(&consumer.t, &desc, 10);
+        for r in [first.join().unwrap(), second] {
+            assert_eq!(r.unwrap_err().kind, ErrorKind::TIMEOUT);
+        }
+    });
+    assert!(stat(&consumer.t, "pool_waits") >= 1);
+    holder.join().unwrap();
+}
+
 #[test]
 fn errors_map_to_kinds_the_host_acts_on() {
     let data = pattern(100, 1);

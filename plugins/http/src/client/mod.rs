@@ -670,9 +670,13 @@ impl Client {
         let deadline = Instant::now() + self.request_timeout;
         {
             let mut st = pool.state();
+            if st.busy >= self.max_conns {
+                self.stats.pool_waits.inc();
+            }
             while st.busy >= self.max_conns {
                 let now = Instant::now();
                 if now >= deadline {
+                    self.stats.pool_wait_timeouts.inc();
                     return Err(AbiError::new(
                         ErrorKind::TIMEOUT,
                         format!(

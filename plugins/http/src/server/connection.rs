@@ -14,6 +14,11 @@ pub(super) async fn accept_loop(
     accepting: Arc<AtomicBool>,
 ) {
     loop {
+        if permits.available_permits() == 0 {
+            // At max-connections: new connections wait in the kernel's
+            // accept backlog until one closes.
+            shared.stats.connections_at_limit.inc();
+        }
         let permit = tokio::select! {
             _ = shutdown.changed() => break,
             p = Arc::clone(&permits).acquire_owned() => match p {
