@@ -1,0 +1,87 @@
+//! Unit tests of the chaos soak's pieces (the whole soak runs in
+//! tests/e2e/chaos.rs).
+
+use super::*;
+
+fn opts() -> ChaosOptions {
+    ChaosOptions::new("shardport".into(), "/nonexistent".into())
+}
+
+#[test]
+fn configs_parse_at_every_generation() {
+    let o = opts();
+    for generation in 0..12 {
+        for role in [Role::Owner, Role::Consumer] {
+            let text = config_text(&o, "chaos1x0", role, 1, generation, generation % 2 == 0);
+            let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
+            assert_eq!(
+                parsed["node"]["name"].as_str(),
+                Some(&*format!("chaos-{role}-1"))
+            );
+        }
+    }
+    // The weights, cache limit and routes change between generations.
+    let a = config_text(&o, "p", Role::Consumer, 0, 0, true);
+    let b = config_text(&o, "p", Role::Consumer, 0, 1, true);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn rng_is_seeded_and_jitter_bounded() {
+    let (mut a, mut b) = (Rng::new(5), Rng::new(5));
+    for _ in 0..100 {
+        assert_eq!(a.next_u64(), b.next_u64());
+        let j = a.jitter(Duration::from_secs(10));
+        assert_eq!(j, b.jitter(Duration::from_secs(10)));
+        assert!(j >= Duration::from_secs(5) && j <= Duration::from_secs(15));
+        assert!(a.below(3) < 3);
+        b.below(3);
+    }
+}
+
+#[test]
+fn prefix_is_a_valid_segment_prefix() {
+    let p = run_prefix(42);
+    assert!(p.len() <= 32, "{p}");
+    assert!(p.chars().next().is_some_and(|c| c.is_ascii_alphabetic()));
+    assert!(p.chars().all(|c| c.is_ascii_alphanumeric()));
+    assert_ne!(p, run_prefix(42));
+}
+
+#[test]
+fn summary_compares_the_end_with_the_mark() {
+    let snap = |t_s: f64, rss: u64, fds: u64| ChaosSnapshot {
+        t_s,
+        reference: ProcUsage {
+            rss,
+            fds,
+            ..ProcUsage::default()
+        },
+        all: ProcUsage::default(),
+        driver: ProcUsage::default(),
+        workers: 2,
+        shm_entries: 0,
+        per_worker: BTreeMap::new(),
+        fetches: 0,
+    };
+    let mut r = run_report_for_tests();
+    r.snapshots = vec![
+        snap(0.0, 10, 10),
+        snap(300.0, 100, 40),
+        snap(600.0, 105, 41),
+    ];
+    summarize(&mut r, Duration::from_secs(300));
+    assert_eq!((r.rss_start, r.rss_mark, r.rss_end), (10, 100, 105));
+    assert!(r.flat);
+    r.snapshots.push(snap(900.0, 150, 41));
+    summarize(&mut r, Duration::from_secs(300));
+    assert!(!r.flat);
+    assert!(r.failures().is_empty());
+    r.leaked_segments = 1;
+    r.wrong_bytes = 4096;
+    assert_eq!(r.failures().len(), 2);
+}
+
+fn run_report_for_tests() -> ChaosReport {
+    ChaosReport::default()
+}
