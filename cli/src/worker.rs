@@ -146,6 +146,9 @@ pub enum Request {
     },
     /// Node stats.
     Stats,
+    /// The node's metrics in the Prometheus text format (what a control
+    /// endpoint's `/metrics` serves).
+    Metrics,
     /// Exit cleanly.
     Exit,
 }
@@ -188,6 +191,9 @@ pub struct Reply {
     /// Stats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<serde_json::Value>,
+    /// Metrics, Prometheus text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
     /// Load: what the loop did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<crate::bench::load::LoopResult>,
@@ -659,6 +665,12 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 ..Reply::ok()
             },
             Err(e) => Reply::err(e),
+        },
+        Request::Metrics => Reply {
+            metrics: Some(shardport_host::metrics::prometheus(
+                &node.metrics_snapshot(),
+            )),
+            ..Reply::ok()
         },
         Request::Exit => Reply::ok(),
     }

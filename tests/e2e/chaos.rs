@@ -11,6 +11,8 @@ fn chaos_soak_kills_reloads_and_loses_nothing() {
     let dir = util::temp_dir("chaos");
     let json = dir.path().join("chaos.json");
     let plot = dir.path().join("chaos.svg");
+    let metrics = dir.path().join("metrics");
+    std::fs::create_dir_all(&metrics).unwrap();
     let out = std::process::Command::new(util::shardport_bin())
         .args([
             "soak",
@@ -40,6 +42,8 @@ fn chaos_soak_kills_reloads_and_loses_nothing() {
         .arg(&json)
         .arg("--plot")
         .arg(&plot)
+        .arg("--metrics-dir")
+        .arg(&metrics)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,6 +95,17 @@ fn chaos_soak_kills_reloads_and_loses_nothing() {
     assert!(util::shm_segments(prefix).is_empty());
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
+    // Each worker's metrics, labelled, for a textfile collector.
+    let owner = std::fs::read_to_string(metrics.join("shardport-soak-owner-0.prom")).unwrap();
+    assert!(
+        owner.contains("shardport_shards_owned{soak_worker=\"owner-0\","),
+        "{owner}"
+    );
+    let consumer = std::fs::read_to_string(metrics.join("shardport-soak-consumer-0.prom")).unwrap();
+    assert!(
+        consumer.contains("shardport_fetches_total{soak_worker=\"consumer-0\","),
+        "{consumer}"
+    );
 }
 
 #[test]

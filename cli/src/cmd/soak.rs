@@ -73,6 +73,11 @@ pub struct Args {
     /// Write an SVG plot of RSS and fds over time (chaos soak).
     #[arg(long, value_name = "FILE", requires = "chaos")]
     plot: Option<PathBuf>,
+    /// At every snapshot, write each live worker's metrics (Prometheus
+    /// text, labelled `soak_worker`) to DIR/shardport-soak-<worker>.prom,
+    /// for a node_exporter textfile collector and the Grafana dashboard.
+    #[arg(long, value_name = "DIR", requires = "chaos")]
+    metrics_dir: Option<PathBuf>,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -156,6 +161,7 @@ fn run_chaos_soak(args: Args) -> Outcome {
         mark: args.mark,
         shards_per_owner: args.shards_per_owner,
         pool_mib: args.pool_mib,
+        metrics_dir: args.metrics_dir,
         ..ChaosOptions::new(exe, plugin_dir)
     };
     let report = run_chaos(&opts).map_err(|e| Failure::from((EXIT_FAILURE, e)))?;

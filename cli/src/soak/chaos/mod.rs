@@ -87,6 +87,11 @@ pub struct ChaosOptions {
     pub pool_mib: u64,
     /// Where the configs go (a fresh directory is made under it).
     pub work_dir: PathBuf,
+    /// Where each live worker's metrics go at every snapshot, one
+    /// Prometheus text file per worker (`shardport-soak-<worker>.prom`,
+    /// every series labelled `soak_worker`), for a node_exporter textfile
+    /// collector and the Grafana dashboard; `None`: not written.
+    pub metrics_dir: Option<PathBuf>,
 }
 
 impl ChaosOptions {
@@ -108,6 +113,7 @@ impl ChaosOptions {
             shards_per_owner: 32,
             pool_mib: 256,
             work_dir: std::env::temp_dir(),
+            metrics_dir: None,
         }
     }
 
@@ -156,7 +162,7 @@ mod tests;
 #[allow(clippy::wildcard_imports)]
 use self::config::*;
 pub use self::config::{config_text, shm_names, Rng, Role};
-use self::report::{add_swept, summarize};
+use self::report::{add_swept, label_series, summarize};
 pub use self::report::{ChaosReport, ChaosSnapshot, ProcUsage, ReloadCounts};
 
 /// What the killer thread shares with the driver, one entry per worker.
@@ -684,6 +690,27 @@ impl Run<'_> {
             snap.shm_entries
         );
         self.report.snapshots.push(snap);
+        if let Some(dir) = self.opts.metrics_dir.clone() {
+            self.export_metrics(&dir);
+        }
+    }
+
+    /// Writes every live worker's metrics into `dir` (see
+    /// [`ChaosOptions::metrics_dir`]); a worker killed meanwhile is
+    /// skipped, a file that cannot be written is counted as an error.
+    fn export_metrics(&mut self, dir: &Path) {
+        for i in 0..self.fleet.slots.len() {
+            let name = self.fleet.slots[i].name();
+            let text = match self.call(i, &Request::Metrics) {
+                Ok(Outcome::Reply(r)) => r.metrics,
+                _ => None,
+            };
+            let Some(text) = text else { continue };
+            let path = dir.join(format!("shardport-soak-{name}.prom"));
+            if let Err(e) = write_atomic(&path, &label_series(&text, &name)) {
+                self.sample(format!("writing {}: {e}", path.display()));
+            }
+        }
     }
 
     /// Kills every worker, starts a fresh process that sweeps (its own

@@ -369,3 +369,40 @@ pub(super) fn summarize(r: &mut ChaosReport, mark: Duration) {
     (r.threads_start, r.threads_mark, r.threads_end) = (a.threads, m.threads, e.threads);
     r.flat = within_10pct(m.rss, e.rss) && within_10pct(m.fds, e.fds);
 }
+
+/// Prometheus text with `soak_worker="<worker>"` added to every series, so
+/// the files of several workers can be scraped side by side.
+pub(super) fn label_series(text: &str, worker: &str) -> String {
+    let label = format!("soak_worker=\"{worker}\"");
+    let mut out = String::with_capacity(text.len() + 64 * 32);
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            out.push_str(line);
+        } else {
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            let (name, rest) = line.split_at(name_end);
+            out.push_str(name);
+            match rest.strip_prefix('{') {
+                Some(labels) if labels.starts_with('}') => {
+                    out.push('{');
+                    out.push_str(&label);
+                    out.push_str(labels);
+                }
+                Some(labels) => {
+                    out.push('{');
+                    out.push_str(&label);
+                    out.push(',');
+                    out.push_str(labels);
+                }
+                None => {
+                    out.push('{');
+                    out.push_str(&label);
+                    out.push('}');
+                    out.push_str(rest);
+                }
+            }
+        }
+        out.push('\n');
+    }
+    out
+}

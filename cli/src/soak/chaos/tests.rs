@@ -85,3 +85,14 @@ fn summary_compares_the_end_with_the_mark() {
 fn run_report_for_tests() -> ChaosReport {
     ChaosReport::default()
 }
+
+#[test]
+fn exported_series_carry_the_worker_label() {
+    let text = "# HELP a_total A.\n# TYPE a_total counter\na_total 3\nb{t=\"x\"} 1\nc{} 2\n";
+    let out = label_series(text, "owner-0");
+    assert_eq!(
+        out,
+        "# HELP a_total A.\n# TYPE a_total counter\na_total{soak_worker=\"owner-0\"} 3\n\
+         b{soak_worker=\"owner-0\",t=\"x\"} 1\nc{soak_worker=\"owner-0\"} 2\n"
+    );
+}
