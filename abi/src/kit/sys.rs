@@ -13,10 +13,7 @@
 
 use std::{ffi::c_void, fmt, fs::File, io, marker::PhantomData, ops::Deref, ptr::NonNull};
 
-use rustix::{
-    fd::AsFd,
-    mm::{self, MapFlags, ProtFlags},
-};
+use rustix::{fd::AsFd, mm};
 
 use crate::{
     error::PluginResult,
@@ -35,6 +32,10 @@ pub struct ReadOnlyMap {
     /// Start of the mapping; dangling (never read) when `len == 0`.
     ptr: NonNull<u8>,
     len: usize,
+    /// The mapping itself (unmapped when dropped); `None` when `len == 0`.
+    /// Raw: other processes may change what the range shows, so it is only
+    /// ever read through the bounds-checked accessors below.
+    _map: Option<memmap2::MmapRaw>,
 }
 
 // SAFETY: the mapping is plain read-only memory owned by this value; any
@@ -77,25 +78,22 @@ impl ReadOnlyMap {
             return Ok(ReadOnlyMap {
                 ptr: NonNull::dangling(),
                 len: 0,
+                _map: None,
             });
         }
-        // SAFETY: a null hint lets the kernel choose a fresh range, which
-        // cannot alias any Rust allocation; `PROT_READ` means this process
-        // never writes through it. What the bytes are is the caller's
-        // promise above.
-        let raw = unsafe {
-            mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-        }?;
-        let ptr = NonNull::new(raw.cast::<u8>())
+        // A fresh, kernel-chosen range (`PROT_READ`, `MAP_SHARED`): it
+        // cannot alias any Rust allocation, and this process never writes
+        // through it. What the bytes are is the caller's promise above.
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw_read_only(std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()))?;
+        let ptr = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("mmap returned a null address"))?;
-        Ok(ReadOnlyMap { ptr, len })
+        Ok(ReadOnlyMap {
+            ptr,
+            len,
+            _map: Some(map),
+        })
     }
 
     /// Maps all of `file` (its size from `fstat`), read-only.
@@ -218,20 +216,6 @@ impl ReadOnlyMap {
     /// A [`Lent`] view of `len` bytes at `offset`, borrowing this map.
     pub fn lent(&self, offset: u64, len: u64) -> Option<Lent<'_>> {
         self.get(offset, len).map(Lent::new)
-    }
-}
-
-impl Drop for ReadOnlyMap {
-    fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        // SAFETY: exactly the range `mmap` returned, unmapped once, here;
-        // every borrow of the bytes borrowed `self` and has ended, and every
-        // `Region` handed out is documented to die with the map.
-        if let Err(e) = unsafe { mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) } {
-            tracing::warn!(target: "kit", error = %e, len = self.len, "munmap failed");
-        }
     }
 }
 

@@ -52,7 +52,6 @@ use rustix::{
     fd::OwnedFd,
     fs::{self, Mode},
     io::Errno,
-    mm::{self, MapFlags, ProtFlags},
     shm,
 };
 
@@ -739,6 +738,9 @@ pub(crate) struct BoardMap {
     ptr: NonNull<u8>,
     len: usize,
     owns_name: bool,
+    /// The shared map (unmapped when dropped); `None` until mapped. Raw:
+    /// other processes write the words, reached only as atomics.
+    map: Option<memmap2::MmapRaw>,
 }
 
 // SAFETY: an address range owned by this value, accessed only through
@@ -756,21 +758,16 @@ impl fmt::Debug for BoardMap {
     }
 }
 
-fn map_shared(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, String> {
-    // SAFETY: a null hint gives a fresh range that aliases nothing; the fd
-    // is a shared-memory object of at least `len` bytes (sized or fstat'ed).
-    let raw = unsafe {
-        mm::mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }
-    .map_err(|e| format!("mmap: {e}"))?;
-    NonNull::new(raw.cast::<u8>()).ok_or_else(|| "mmap returned null".to_owned())
+/// Maps `len` bytes of `fd` shared and read-write: a fresh, kernel-chosen
+/// range that aliases nothing; the fd is a shared-memory object of at least
+/// `len` bytes (sized or fstat'ed).
+fn map_shared(fd: &OwnedFd, len: usize) -> Result<(NonNull<u8>, memmap2::MmapRaw), String> {
+    let map = memmap2::MmapOptions::new()
+        .len(len)
+        .map_raw(std::os::fd::AsRawFd::as_raw_fd(fd))
+        .map_err(|e| format!("mmap: {e}"))?;
+    let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| "mmap returned null".to_owned())?;
+    Ok((ptr, map))
 }
 
 impl BoardMap {
@@ -791,9 +788,12 @@ impl BoardMap {
             ptr: NonNull::dangling(),
             len: 0,
             owns_name: true,
+            map: None,
         };
         fs::ftruncate(&fd, len as u64).map_err(|e| format!("ftruncate {name}: {e}"))?;
-        board.ptr = map_shared(&fd, len).map_err(|e| format!("{name}: {e}"))?;
+        let (ptr, map) = map_shared(&fd, len).map_err(|e| format!("{name}: {e}"))?;
+        board.ptr = ptr;
+        board.map = Some(map);
         board.len = len;
         Ok(board)
     }
@@ -806,12 +806,13 @@ impl BoardMap {
         if len < 8 || len % 8 != 0 {
             return Err(Errno::INVAL);
         }
-        let ptr = map_shared(&fd, len).map_err(|_| Errno::NOMEM)?;
+        let (ptr, map) = map_shared(&fd, len).map_err(|_| Errno::NOMEM)?;
         Ok(BoardMap {
             name: name.to_owned(),
             ptr,
             len,
             owns_name: false,
+            map: Some(map),
         })
     }
 }
@@ -833,14 +834,8 @@ impl AsRef<[AtomicU64]> for BoardMap {
 
 impl Drop for BoardMap {
     fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: exactly the range `mmap` returned, unmapped once; words
-            // handed out borrow `self` and so are dead by now.
-            let r = unsafe { mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) };
-            if let Err(e) = r {
-                tracing::warn!(target: "cuda_ipc", board = %self.name, error = %e, "munmap failed");
-            }
-        }
+        // Words handed out borrow `self` and so are dead by now: unmap.
+        drop(self.map.take());
         if self.owns_name {
             if let Err(e) = shm::unlink(self.name.as_str()) {
                 if e != Errno::NOENT {

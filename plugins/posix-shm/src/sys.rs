@@ -36,14 +36,13 @@
 //! inherent to `mmap` and is why consumers only map segments whose names carry
 //! their own configured prefix (segments of the same user, created `0600`).
 
-use std::{ffi::c_void, fmt, ptr::NonNull, sync::atomic::AtomicU64};
+use std::{fmt, os::fd::AsRawFd, ptr::NonNull, sync::atomic::AtomicU64};
 
 use rustix::{
     event::{PollFd, PollFlags, Timespec},
     fd::OwnedFd,
     fs::{self, FallocateFlags, Mode},
     io::Errno,
-    mm::{self, MapFlags, ProtFlags},
     process::{self, Pid, PidfdFlags},
     shm,
 };
@@ -73,10 +72,22 @@ fn fail(op: &'static str) -> impl FnOnce(Errno) -> SysError {
     move |errno| SysError { op, errno }
 }
 
-/// One read-write `mmap`ed region of a shared-memory object, unmapped on drop.
+/// [`fail`] for the `std::io::Error`s of the memory-map layer.
+fn io_fail(op: &'static str) -> impl FnOnce(std::io::Error) -> SysError {
+    move |e| SysError {
+        op,
+        errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+    }
+}
+
+/// One read-write `mmap`ed region of a shared-memory object, unmapped on
+/// drop (by the raw map it holds: other processes write the same memory,
+/// so it is only reached through raw pointers and atomics, never a Rust
+/// reference that could change under it).
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    _map: memmap2::MmapRaw,
 }
 
 // SAFETY: `Mapping` is an address range owned by this value; the memory is a
@@ -91,30 +102,23 @@ impl Mapping {
     /// Maps `len > 0` bytes of `fd` from offset 0, read-write.
     fn new(fd: &OwnedFd, len: usize) -> Result<Mapping, SysError> {
         debug_assert!(len > 0, "zero-length mappings are represented by `None`");
-        let prot = ProtFlags::READ | ProtFlags::WRITE;
-        // SAFETY: a null address hint lets the kernel pick a fresh range, so
-        // the new mapping cannot alias any existing Rust allocation; the fd is
-        // a valid shared-memory object of at least `len` bytes (the callers
-        // size it with ftruncate or fstat first).
-        let raw = unsafe { mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }
-            .map_err(fail("mmap"))?;
-        let ptr = NonNull::new(raw.cast::<u8>()).ok_or(SysError {
+        // A fresh, kernel-chosen range (`MAP_SHARED`, read-write), so it
+        // cannot alias any Rust allocation; the fd is a shared-memory object
+        // of at least `len` bytes (the callers size it with ftruncate or
+        // fstat first).
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw(fd.as_raw_fd())
+            .map_err(io_fail("mmap"))?;
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or(SysError {
             op: "mmap",
             errno: Errno::FAULT,
         })?;
-        Ok(Mapping { ptr, len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly the range returned by `mmap` in
-        // `Mapping::new`, unmapped only here, once. Pointers handed out by
-        // `OwnedSegment` are documented to die with the segment.
-        let r = unsafe { mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) };
-        if let Err(errno) = r {
-            tracing::warn!(target: "posix_shm", error = %errno, len = self.len, "munmap failed");
-        }
+        Ok(Mapping {
+            ptr,
+            len,
+            _map: map,
+        })
     }
 }
 
@@ -423,12 +427,12 @@ impl PeerSegment {
 /// page into memory of this mapping alone, so nothing written here reaches
 /// the owner, another process or another mapping. Unmapped on drop.
 pub(crate) struct PrivateMap {
-    /// Start of the mapping (page-aligned); dangling when `map_len == 0`.
-    base: NonNull<u8>,
-    map_len: usize,
-    /// Where the range starts inside the mapping.
-    skip: usize,
+    /// Start of the range; dangling when `len == 0`.
+    ptr: NonNull<u8>,
     len: usize,
+    /// The private (copy-on-write) map, unmapped when dropped; `None` when
+    /// `len == 0`. Its pages round the range out to whole pages.
+    _map: Option<memmap2::MmapMut>,
 }
 
 // SAFETY: the mapping is memory owned by this value; nothing in it is tied
@@ -442,7 +446,6 @@ impl fmt::Debug for PrivateMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PrivateMap")
             .field("len", &self.len)
-            .field("map_len", &self.map_len)
             .finish()
     }
 }
@@ -468,41 +471,31 @@ impl PrivateMap {
         let len = usize::try_from(len).map_err(|_| too_big)?;
         if len == 0 {
             return Ok(PrivateMap {
-                base: NonNull::dangling(),
-                map_len: 0,
-                skip: 0,
+                ptr: NonNull::dangling(),
                 len: 0,
+                _map: None,
             });
         }
-        let page = rustix::param::page_size() as u64;
-        let start = offset / page * page;
-        let skip = usize::try_from(offset - start).map_err(|_| too_big)?;
-        let map_len = (skip + len).next_multiple_of(page as usize);
         // SAFETY: a fresh mapping chosen by the kernel (no address given),
-        // private (`MAP_PRIVATE`: writes never reach the file), of a range
-        // inside the file (checked above against its real size, rounded out
-        // to whole pages, which the segment has: segment sizes are page
-        // multiples, and a tail page past the end reads as zeros).
-        let raw = unsafe {
-            mm::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-                &fd,
-                start,
-            )
+        // private (`MAP_PRIVATE`: writes never reach the segment), of a range
+        // inside the segment (checked above against its real size; the map
+        // rounds it out to whole pages, which the segment has: segment sizes
+        // are page multiples).
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_copy(fd.as_raw_fd())
         }
-        .map_err(fail("mmap"))?;
-        let base = NonNull::new(raw.cast::<u8>()).ok_or(SysError {
+        .map_err(io_fail("mmap"))?;
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or(SysError {
             op: "mmap",
             errno: Errno::NOMEM,
         })?;
         Ok(PrivateMap {
-            base,
-            map_len,
-            skip,
+            ptr,
             len,
+            _map: Some(map),
         })
     }
 
@@ -512,22 +505,10 @@ impl PrivateMap {
             ptr: if self.len == 0 {
                 std::ptr::null()
             } else {
-                // SAFETY: `skip + len <= map_len`: inside the mapping.
-                unsafe { self.base.as_ptr().add(self.skip) }
+                self.ptr.as_ptr().cast_const()
             },
             len: self.len,
             token,
-        }
-    }
-}
-
-impl Drop for PrivateMap {
-    fn drop(&mut self) {
-        if self.map_len > 0 {
-            // SAFETY: exactly the range `mmap` returned in `open`, unmapped
-            // once, here; the region lent from it is released first (the
-            // consumer drops this value only when its lease token is).
-            let _ = unsafe { mm::munmap(self.base.as_ptr().cast::<c_void>(), self.map_len) };
         }
     }
 }
