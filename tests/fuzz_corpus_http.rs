@@ -73,7 +73,7 @@ fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
 }
 
 fn http_descriptor_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use shardport_abi::kit::codec::Writer;
+    use shardport_kit::codec::Writer;
     let desc = |addr: &str, len: u64| {
         seal(
             Writer::new()

@@ -38,7 +38,7 @@ fn regenerate_seed_corpus() {
 }
 
 fn posix_shm_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use shardport_abi::kit::codec::Writer;
+    use shardport_kit::codec::Writer;
     let desc =
         |mode: u8, offset: u64, len: u64, slot: u32, generation: u64, seg: &str, board: &str| {
             Writer::new()

@@ -37,7 +37,7 @@ fn regenerate_seed_corpus() {
 }
 
 fn spool_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use shardport_abi::kit::codec::Writer;
+    use shardport_kit::codec::Writer;
     use shardport_spool_transport::descriptor::Descriptor;
     let raw = |name: &str, len: u64| {
         Writer::new()

@@ -72,38 +72,28 @@
 //! export_plugin! { name: "null", version: env!("CARGO_PKG_VERSION"), new: create }
 //! ```
 //! Build it as `crate-type = ["cdylib", "rlib"]`, keep `panic = "unwind"`,
-//! and run the [`conformance`] suite against it (feature `conformance`).
-//! What every transport repeats (counters, descriptor codecs, error mapping,
-//! options, safe views of mapped memory) is in the plugin [`kit`];
+//! and run the conformance suite of the `shardport-kit` crate against it
+//! (its feature `conformance`). What every transport repeats (counters,
+//! descriptor codecs, error mapping, options, safe views of mapped memory)
+//! is in `shardport-kit`, a crate of its own with its own version: a change
+//! there never changes what crosses the boundary, so it never refuses a
+//! plugin (see [`module`] for what bumps [`ABI_VERSION`]).
 //! `docs/plugins.md` in the repository walks through an out-of-tree plugin.
 //!
 //! ## Where to start reading
 //! [`Transport`] (the trait and its memory contracts), then [`module`] (the
 //! root module and the evolution rules), then [`plugin`] (panic safety and
-//! logging), then [`kit`] (helpers that add nothing to the ABI).
+//! logging).
 
 pub mod error;
 pub mod host;
-pub mod kit;
 pub mod meta;
 pub mod module;
 pub mod plugin;
-pub mod testing;
 pub mod transport;
 pub mod view;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
-/// Typed access to a plugin's config table; moved to [`kit::options`].
-pub mod config {
-    pub use crate::kit::options::{format_byte_size, parse_byte_size, Options as ConfigTable};
-}
-
 // The deliberate export list: everything a plugin author or the host needs.
-
-// Typed access to a plugin's config table (the kit's `Options`, by its old name).
-pub use config::{format_byte_size, parse_byte_size, ConfigTable};
 // Errors.
 pub use error::{AbiError, ErrorKind, PluginResult};
 // What the host hands a plugin.

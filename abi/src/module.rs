@@ -25,6 +25,12 @@
 //!   consumer may write).
 //! - [`ABI_VERSION`] travels as data in the root module so hosts can report
 //!   which interface a plugin was built against.
+//! - **What bumps what**: this crate holds only what crosses the boundary,
+//!   so its version moves only with the boundary (the rules above). The
+//!   plugin kit (`shardport-kit`: helpers, test support, the conformance
+//!   suite) is a crate of its own with its own semver; any change there,
+//!   breaking ones included, bumps only the kit and never refuses a plugin.
+//!   A change to the host library bumps neither.
 
 use abi_stable::{
     declare_root_module_statics,

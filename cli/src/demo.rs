@@ -299,7 +299,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 
 /// Human size (`256 MiB`).
 pub fn size_label(n: u64) -> String {
-    shardport_abi::format_byte_size(n)
+    shardport_kit::format_byte_size(n)
 }
 
 /// Human duration from ns.

@@ -323,38 +323,55 @@ fn build_against_patched_abi(
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let work = util::profile_dir().join("abi-fixtures").join(variant);
     let _ = std::fs::remove_dir_all(work.join("abi"));
+    let _ = std::fs::remove_dir_all(work.join("kit"));
     let _ = std::fs::remove_dir_all(work.join("plugin"));
     copy_dir(&root.join("abi/src"), &work.join("abi/src"));
+    // The kit, unchanged, built against the patched abi (the plugin uses it).
+    copy_dir(&root.join("kit/src"), &work.join("kit/src"));
     copy_dir(
         &root.join("tests/fixtures/faulty-plugin/src"),
         &work.join("plugin/src"),
     );
     patch(&work.join("abi"));
-    let abi_deps = read_abi_deps(
+    let abi_deps = read_deps(
         root,
-        &[
-            "abi_stable",
-            "rustix",
-            "tracing",
-            "tracing-subscriber",
-            "toml",
-        ],
+        "abi",
+        &["abi_stable", "tracing", "tracing-subscriber"],
     );
     std::fs::write(
         work.join("abi/Cargo.toml"),
         format!(
-            "[package]\nname = \"shardport-abi\"\nversion = \"{version}\"\nedition = \"2021\"\n\n[features]\nconformance = []\n\n[dependencies]\n{abi_deps}"
+            "[package]\nname = \"shardport-abi\"\nversion = \"{version}\"\nedition = \"2021\"\n\n[dependencies]\n{abi_deps}"
+        ),
+    )
+    .unwrap();
+    let kit_deps = read_deps(
+        root,
+        "kit",
+        &[
+            "abi_stable",
+            "memmap2",
+            "rustix",
+            "toml",
+            "tracing",
+            "tracing-subscriber",
+        ],
+    );
+    std::fs::write(
+        work.join("kit/Cargo.toml"),
+        format!(
+            "[package]\nname = \"shardport-kit\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[features]\nconformance = []\n\n[dependencies]\nshardport-abi = {{ path = \"../abi\" }}\n{kit_deps}"
         ),
     )
     .unwrap();
     std::fs::write(
         work.join("plugin/Cargo.toml"),
-        "[package]\nname = \"shardport-faulty-plugin\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\nshardport-abi = { path = \"../abi\" }\n",
+        "[package]\nname = \"shardport-faulty-plugin\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\nshardport-abi = { path = \"../abi\" }\nshardport-kit = { path = \"../kit\" }\n",
     )
     .unwrap();
     std::fs::write(
         work.join("Cargo.toml"),
-        "[workspace]\nresolver = \"2\"\nmembers = [\"abi\", \"plugin\"]\n[profile.dev]\npanic = \"unwind\"\n",
+        "[workspace]\nresolver = \"2\"\nmembers = [\"abi\", \"kit\", \"plugin\"]\n[profile.dev]\npanic = \"unwind\"\n",
     )
     .unwrap();
     // Same dependency versions as this workspace, so the build is offline.
@@ -385,17 +402,16 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// The `[workspace.dependencies]` lines for `names`, verbatim.
-/// The lines of `abi/Cargo.toml` (a manifest that stands alone) declaring
-/// the dependencies `names`.
-fn read_abi_deps(root: &Path, names: &[&str]) -> String {
-    let text = std::fs::read_to_string(root.join("abi/Cargo.toml")).unwrap();
+/// The lines of `<krate>/Cargo.toml` (a manifest that stands alone)
+/// declaring the dependencies `names`.
+fn read_deps(root: &Path, krate: &str, names: &[&str]) -> String {
+    let text = std::fs::read_to_string(root.join(krate).join("Cargo.toml")).unwrap();
     names
         .iter()
         .map(|n| {
             text.lines()
                 .find(|l| l.starts_with(&format!("{n} =")))
-                .unwrap_or_else(|| panic!("abi dependency {n} not found"))
+                .unwrap_or_else(|| panic!("{krate} dependency {n} not found"))
                 .to_owned()
         })
         .collect::<Vec<_>>()
@@ -472,7 +488,7 @@ fn plugins_built_against_an_incompatible_abi_are_refused_in_one_line() {
         let tail = "            \"this transport has no private (copy-on-write) views\",\n        ))\n    }\n";
         let end = start + text[start..].find(tail).unwrap() + tail.len();
         std::fs::write(&t, format!("{}{}", &text[..start], &text[end..])).unwrap();
-        let a = abi.join("src/kit/adapter.rs");
+        let a = abi.join("../kit/src/adapter.rs");
         let text = std::fs::read_to_string(&a).unwrap();
         let start = text
             .find("    fn import_view_private(\n        &self,\n        desc: RSlice")

@@ -1,7 +1,8 @@
 //! A third party builds a transport outside this repository: a copy of
 //! `examples/spool-transport` in a temporary directory outside the
-//! workspace, its manifest pointed at `abi` by path (as an author would
-//! point it by git or registry), built with `cargo build --offline`. The
+//! workspace, its manifest pointed at `abi` and `kit` by path (as an author
+//! would point them by git or registry), built with `cargo build
+//! --offline`. The
 //! `.so` must exist, load through the host's loader (abi_stable's library
 //! header and layout check) and move a shard.
 //!
@@ -48,13 +49,17 @@ fn a_plugin_built_outside_the_workspace_loads_and_moves_shards() {
     );
     let manifest =
         std::fs::read_to_string(root.join("examples/spool-transport/Cargo.toml")).unwrap();
-    // The one line an author changes: where `shardport-abi` comes from.
-    let abi = root.join("abi");
-    let rewritten = manifest.replace(
-        "path = \"../../abi\"",
-        &format!("path = {:?}", abi.display().to_string()),
-    );
-    assert_ne!(rewritten, manifest, "the example depends on abi by path");
+    // The lines an author changes: where `shardport-abi` and
+    // `shardport-kit` come from.
+    let mut rewritten = manifest.clone();
+    for krate in ["abi", "kit"] {
+        let before = rewritten.clone();
+        rewritten = rewritten.replace(
+            &format!("path = \"../../{krate}\""),
+            &format!("path = {:?}", root.join(krate).display().to_string()),
+        );
+        assert_ne!(rewritten, before, "the example depends on {krate} by path");
+    }
     assert!(
         !rewritten.contains("workspace = true") && !rewritten.contains(".workspace"),
         "the example's manifest inherits nothing from the workspace"

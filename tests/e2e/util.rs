@@ -100,7 +100,7 @@ pub fn parse(text: &str) -> Config {
 pub fn load(cfg: &Config) -> (Vec<LoadedPlugin>, Vec<String>) {
     let ctx = NodeContext {
         node_name: "test".into(),
-        node_tag: shardport_abi::testing::unique_node_tag(),
+        node_tag: shardport_kit::testing::unique_node_tag(),
         clock: std::sync::Arc::new(SystemClock::default()),
         tags_used: Default::default(),
     };

@@ -508,7 +508,7 @@ pub fn table(rows: &[ClusterRow]) -> String {
         out.push_str(&format!(
             "{:<6} {:<13} {:<11} {:>9} {:>8} {:>11.0}%  {:>10} {:>8} {:>9} {:>9} {:>9} {:>7}  {:>6} / {:>6} / {:>6}   {}\n",
             r.nodes,
-            shardport_abi::format_byte_size(r.size),
+            shardport_kit::format_byte_size(r.size),
             format!("{} Mbit/s", r.rate_bps / 1_000_000),
             secs(r.broadcast_s),
             times(r.broadcast_s / r.floor_s),

@@ -342,7 +342,7 @@ pub fn consumer_rss(
     const KEY: &str = "http_consumer_peak_rss_x";
     let name = format!(
         "http consumer peak RSS, {} fetch",
-        shardport_abi::format_byte_size(size)
+        shardport_kit::format_byte_size(size)
     );
     if let Err(why) = http_ok {
         return Ok(Extra::skipped(KEY, &name, "x size", why));

@@ -34,7 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shardport_abi::kit::poll::await_bytes;
+use shardport_kit::poll::await_bytes;
 
 use super::stats::{gbps_us, Summary};
 
@@ -408,7 +408,7 @@ fn single_copy(src: &[u8], dst: &mut [u8]) -> Duration {
 /// start included: a product would pay it too, or keep a pool). Spawning a
 /// thread for every chunk and waiting was 25-35% slower at 256 MiB on 2
 /// vCPUs (27 ms against 20 ms; the new threads start on a busy core), and
-/// the put, which copies like this ([`shardport_abi::kit::copy`]), beat
+/// the put, which copies like this ([`shardport_kit::copy`]), beat
 /// that limit by 1.17x.
 fn parallel_copy(src: &[u8], dst: &mut [u8]) -> Duration {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

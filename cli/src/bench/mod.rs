@@ -161,7 +161,7 @@ pub fn run_bench(
     let mut runner = Runner::new(opts, &node);
     let mut cells = Vec::with_capacity(cells_total);
     for &size in &opts.sizes {
-        let size_label = shardport_abi::format_byte_size(size);
+        let size_label = shardport_kit::format_byte_size(size);
         say(&format!(
             "limits {size_label}: memcpy, tcp loopback round trip"
         ));

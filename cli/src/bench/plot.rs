@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use shardport_abi::format_byte_size;
+use shardport_kit::format_byte_size;
 
 use super::{
     matrix::CellStatus,

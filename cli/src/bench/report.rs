@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use shardport_abi::format_byte_size;
+use shardport_kit::format_byte_size;
 
 use super::{
     extras::Extra,

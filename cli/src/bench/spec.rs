@@ -215,7 +215,7 @@ impl FromStr for Op {
 
 /// Parses a `--sizes` item: a byte size of at least one byte.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    match shardport_abi::parse_byte_size(s) {
+    match shardport_kit::parse_byte_size(s) {
         Some(0) => Err(format!("size `{s}` is zero; a shard has at least 1 byte")),
         Some(n) => Ok(n),
         None => Err(format!(

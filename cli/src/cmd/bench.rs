@@ -239,7 +239,7 @@ pub fn run(args: Args) -> Outcome {
                 "{} {} {}",
                 c.path,
                 c.op,
-                shardport_abi::format_byte_size(c.size)
+                shardport_kit::format_byte_size(c.size)
             )
         })
         .collect();

@@ -67,7 +67,7 @@ use crate::worker::parse_id;
 
 /// The pending-connection budget (in the plugin kit: the http data endpoint
 /// uses the same one).
-pub use shardport_abi::kit::admission;
+pub use shardport_kit::admission;
 pub mod client;
 pub mod head;
 pub mod tls;
@@ -129,7 +129,7 @@ impl Default for Limits {
     }
 }
 
-pub use shardport_abi::kit::check::constant_time_eq;
+pub use shardport_kit::check::constant_time_eq;
 
 /// A running control server; stops accepting when dropped. It holds the
 /// node only weakly, so dropping the node's last owner shuts the node down.

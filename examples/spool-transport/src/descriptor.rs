@@ -12,10 +12,8 @@
 //! `14 + name_len`. A new layout gets a new version byte; a consumer refuses
 //! versions it does not know (naming both) rather than guessing.
 
-use shardport_abi::{
-    kit::codec::{Reader, Writer},
-    PluginResult, ShardId,
-};
+use shardport_abi::{PluginResult, ShardId};
+use shardport_kit::codec::{Reader, Writer};
 
 /// First bytes of every `spool-dir` descriptor.
 pub const MAGIC: [u8; 4] = *b"SPDR";

@@ -17,7 +17,7 @@
 //! outlives `unexport`. Owner and consumer must share the directory, so the
 //! transport is `SAME_NODE_ONLY` and needs the owner's boot id to match.
 //!
-//! What every transport repeats comes from `shardport_abi::kit`: options
+//! What every transport repeats comes from `shardport_kit`: options
 //! ([`Options`]), the descriptor codec, counters, I/O error context, the
 //! read-only mapping and its lease table. The crate's only `unsafe` (two
 //! calls) is in `sys`.
@@ -52,15 +52,14 @@ use std::{
 };
 
 use shardport_abi::{
-    export_plugin,
-    kit::{
-        self,
-        map::{LeaseTable, ReadOnlyMap},
-        Counter, IoContext, Options, PlainTransport, StatList,
-    },
-    AbiError, Capabilities, Device, ExportRequest, Health, IdentityParts, ImportInfo, LogLevel,
-    LogRecord, PluginContext, PluginResult, RStr, Region, ShardId, ShardMeta, Stat, TransportBox,
-    TransportInfo,
+    export_plugin, AbiError, Capabilities, Device, ExportRequest, Health, IdentityParts,
+    ImportInfo, LogLevel, LogRecord, PluginContext, PluginResult, RStr, Region, ShardId, ShardMeta,
+    Stat, TransportBox, TransportInfo,
+};
+use shardport_kit::{
+    self as kit,
+    map::{LeaseTable, ReadOnlyMap},
+    Counter, IoContext, Options, PlainTransport, StatList,
 };
 
 use crate::descriptor::{shard_file_name, validate_file_name, Descriptor, TMP_SUFFIX};

@@ -1,12 +1,10 @@
-//! The crate's only `unsafe`: two calls into `shardport_abi::kit`, each
+//! The crate's only `unsafe`: two calls into `shardport_kit`, each
 //! with the reason it is sound here.
 
 use std::{fs::File, io};
 
-use shardport_abi::{
-    kit::{Lent, ReadOnlyMap},
-    ExportRequest, PluginResult,
-};
+use shardport_abi::{ExportRequest, PluginResult};
+use shardport_kit::{Lent, ReadOnlyMap};
 
 /// The bytes lent to `export`, checked against `meta.byte_len`.
 ///

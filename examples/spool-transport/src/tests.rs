@@ -5,9 +5,10 @@
 use std::{os::unix::fs::PermissionsExt, sync::Arc};
 
 use shardport_abi::{
-    kit::Guarded, plugin::guard_constructor, testing, ErrorKind, LeasedView, RSlice, RSliceMut,
-    SharedBytes, TD_Opaque, Transport,
+    plugin::guard_constructor, ErrorKind, LeasedView, RSlice, RSliceMut, SharedBytes, TD_Opaque,
+    Transport,
 };
+use shardport_kit::{testing, Guarded};
 use tempfile::TempDir;
 
 use super::*;

@@ -5,7 +5,8 @@
 //! `CARGO_TARGET_TMPDIR`, as two processes on one node would. Instances
 //! delete their files when dropped, so the directory is left empty.
 
-use shardport_abi::{conformance::Pair, plugin::guard_constructor, testing};
+use shardport_abi::plugin::guard_constructor;
+use shardport_kit::{conformance::Pair, testing};
 
 fn pair() -> Pair {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("spool-conformance");
@@ -21,4 +22,4 @@ fn pair() -> Pair {
     Pair::new(make(), make())
 }
 
-shardport_abi::conformance_suite!(pair);
+shardport_kit::conformance_suite!(pair);

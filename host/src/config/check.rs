@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use shardport_abi::parse_byte_size;
+use shardport_kit::parse_byte_size;
 use toml::{
     de::{DeString, DeTable, DeValue},
     Spanned,

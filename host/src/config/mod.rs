@@ -18,7 +18,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use shardport_abi::parse_byte_size;
+use shardport_kit::parse_byte_size;
 
 mod check;
 mod rules;

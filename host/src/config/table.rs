@@ -89,7 +89,7 @@ fn describe_when(w: &RouteWhen) -> String {
             if d == DeviceSel::Cpu { "cpu" } else { "cuda" }
         ));
     }
-    let size = shardport_abi::format_byte_size;
+    let size = shardport_kit::format_byte_size;
     match (w.min_size, w.max_size) {
         (Some(lo), Some(hi)) => conds.push(format!("size {}..={}", size(lo), size(hi))),
         (Some(lo), None) => conds.push(format!("size >= {}", size(lo))),

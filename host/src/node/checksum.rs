@@ -30,7 +30,7 @@ pub(super) fn copy_and_checksum(
     let (algo, value) = match policy {
         ChecksumPolicy::None => {
             // Large shards split across cores (a checksum is one pass).
-            shardport_abi::kit::copy::copy(src, dst);
+            shardport_kit::copy::copy(src, dst);
             return ROption::RNone;
         }
         ChecksumPolicy::Xxh3 => {

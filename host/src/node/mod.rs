@@ -33,9 +33,9 @@ use std::{
 
 use serde::Serialize;
 use shardport_abi::{
-    kit::hash::IdHashMap, AllocationGuard, Capabilities, DType, Device, ErrorKind, ROption, RVec,
-    ShardId, ShardMeta,
+    AllocationGuard, Capabilities, DType, Device, ErrorKind, ROption, RVec, ShardId, ShardMeta,
 };
+use shardport_kit::hash::IdHashMap;
 
 use crate::{
     cache::{Cache, CacheStats},
@@ -638,7 +638,7 @@ fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
     if n >= HUGE_PAGES_FROM {
         // Before the copy touches a page: 2 MiB faults instead of 4 KiB ones
         // (a 256 MiB batch copy ran 3x slower than a single fetch without).
-        shardport_abi::kit::advise_huge_pages(&mut buf);
+        shardport_kit::advise_huge_pages(&mut buf);
     }
     Ok(buf)
 }

@@ -438,7 +438,7 @@ fn describe_changes(
 /// written in a config)`, in the same order for every config: what the
 /// change lines compare and print (`fetch.mode: view -> copy`).
 fn settings(c: &Config) -> Vec<(&'static str, String)> {
-    use shardport_abi::kit::format_duration;
+    use shardport_kit::format_duration;
     let quoted = |s: &str| format!("\"{s}\"");
     // As a config writes it (`"64KiB"`), exact: the largest unit that
     // divides the size.

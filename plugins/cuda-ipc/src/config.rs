@@ -1,7 +1,8 @@
 //! The plugin's config table (`[plugin.config]`), validated; unknown keys
 //! are errors naming their dotted path.
 
-use shardport_abi::{kit::Options, PluginResult};
+use shardport_abi::PluginResult;
+use shardport_kit::Options;
 
 use crate::cache::Policy;
 

@@ -5,10 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use shardport_abi::{
-    kit::{self, lock},
-    AbiError, DeviceKind, ImportInfo, PluginResult, Region, ShardMeta,
-};
+use shardport_abi::{AbiError, DeviceKind, ImportInfo, PluginResult, Region, ShardMeta};
+use shardport_kit::{self as kit, lock};
 use std::sync::Mutex;
 
 use crate::{

@@ -43,10 +43,8 @@
 //! naming the field (the checksum is checked first, so a damaged descriptor
 //! is reported as damaged rather than as a strange field).
 
-use shardport_abi::{
-    kit::codec::{self, Reader, Writer},
-    AbiError, PluginResult,
-};
+use shardport_abi::{AbiError, PluginResult};
+use shardport_kit::codec::{self, Reader, Writer};
 
 use crate::sys::{IPC_HANDLE_LEN, MAX_CHUNKS};
 

@@ -82,21 +82,21 @@ pub(crate) struct Shelf {
 impl Shelf {
     /// Offers an export's descriptors.
     pub(crate) fn put(&self, slot: u32, generation: u64, fds: ChunkFds) {
-        shardport_abi::kit::lock(&self.map).insert((slot, generation), fds);
+        shardport_kit::lock(&self.map).insert((slot, generation), fds);
     }
 
     /// Withdraws an export (consumers that mapped it keep their mappings).
     pub(crate) fn take(&self, slot: u32, generation: u64) {
-        shardport_abi::kit::lock(&self.map).remove(&(slot, generation));
+        shardport_kit::lock(&self.map).remove(&(slot, generation));
     }
 
     /// Withdraws every export (the transport is going away).
     pub(crate) fn clear(&self) {
-        shardport_abi::kit::lock(&self.map).clear();
+        shardport_kit::lock(&self.map).clear();
     }
 
     fn get(&self, slot: u32, generation: u64) -> Option<ChunkFds> {
-        shardport_abi::kit::lock(&self.map)
+        shardport_kit::lock(&self.map)
             .get(&(slot, generation))
             .cloned()
     }

@@ -77,10 +77,10 @@ use std::{
 };
 
 use shardport_abi::{
-    kit::{self, lock, Counter, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
     PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
+use shardport_kit::{self as kit, lock, Counter, PlainTransport, StatList};
 
 use crate::{
     board::Layout,

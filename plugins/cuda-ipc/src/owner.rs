@@ -11,7 +11,8 @@ use std::{
     },
 };
 
-use shardport_abi::{kit::lock, AbiError, DeviceKind, ExportRequest, PluginResult, ShardId};
+use shardport_abi::{AbiError, DeviceKind, ExportRequest, PluginResult, ShardId};
+use shardport_kit::lock;
 
 use crate::{
     books::{Published, Reaped, Scope},

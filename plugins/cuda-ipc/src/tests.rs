@@ -2,9 +2,10 @@
 //! print why they skip and return when no driver is present.
 
 use shardport_abi::{
-    plugin::guard_constructor, testing, Capabilities, Device, ErrorKind, ExportRequest,
-    IdentityParts, RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes, TransportBox,
+    plugin::guard_constructor, Capabilities, Device, ErrorKind, ExportRequest, IdentityParts,
+    RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes, TransportBox,
 };
+use shardport_kit::testing;
 
 use crate::descriptor::{Descriptor, BOARD_PREFIX};
 

@@ -6,7 +6,8 @@
 //! root package's e2e tests (`cuda`), since a CUDA IPC handle cannot be
 //! opened by the process that exported it.
 
-use shardport_abi::{conformance::Pair, plugin::guard_constructor, testing};
+use shardport_abi::plugin::guard_constructor;
+use shardport_kit::{conformance::Pair, testing};
 
 fn pair() -> Pair {
     let make = || {
@@ -21,4 +22,4 @@ fn no_gpu() -> Option<String> {
     shardport_cuda_ipc::testkit::unavailable_reason()
 }
 
-shardport_abi::conformance_suite!(pair, skip_if: no_gpu);
+shardport_kit::conformance_suite!(pair, skip_if: no_gpu);

@@ -23,9 +23,10 @@ use std::{
     time::Duration,
 };
 
-use shardport_abi::{format_byte_size, kit::Options, PluginResult};
+use shardport_abi::PluginResult;
+use shardport_kit::{format_byte_size, Options};
 
-pub(crate) use shardport_abi::kit::format_duration;
+pub(crate) use shardport_kit::format_duration;
 
 use crate::descriptor::{self, MAX_ADDR_LEN};
 

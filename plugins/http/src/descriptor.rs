@@ -36,10 +36,8 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use shardport_abi::{
-    kit::codec::{self, Reader, Writer},
-    AbiError, PluginResult, ShardId,
-};
+use shardport_abi::{AbiError, PluginResult, ShardId};
+use shardport_kit::codec::{self, Reader, Writer};
 
 /// Identifies an http descriptor.
 pub(crate) const MAGIC: [u8; 4] = *b"SPHT";

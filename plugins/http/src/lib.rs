@@ -70,10 +70,10 @@ use std::{
 };
 
 use shardport_abi::{
-    kit::{self, PlainTransport},
     AbiError, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, ImportItem,
     PluginContext, PluginResult, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
+use shardport_kit::{self as kit, PlainTransport};
 
 use crate::{
     client::{Client, DeviceRing, Job, Owner, RelaySetup},

@@ -1,12 +1,10 @@
 //! Counters and gauges shared by the owner's server and the consumer's
 //! client (relaxed atomics: they order nothing, they only count).
 
-use shardport_abi::{
-    kit::{GaugeHold, StatList},
-    Stat,
-};
+use shardport_abi::Stat;
+use shardport_kit::{GaugeHold, StatList};
 
-pub(crate) use shardport_abi::kit::{Counter, Gauge};
+pub(crate) use shardport_kit::{Counter, Gauge};
 
 /// Holds one unit of a gauge of shared [`Stats`] until dropped, so every
 /// exit path (including a task dropped mid-way) gives it back.

@@ -15,9 +15,10 @@ use std::{
 };
 
 use shardport_abi::{
-    testing, AbiError, Device, ErrorKind, ExportRequest, ImportItem, PluginContext, RSlice,
-    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport,
+    AbiError, Device, ErrorKind, ExportRequest, ImportItem, PluginContext, RSlice, RSliceMut,
+    ShardId, ShardMeta, SharedBytes, SharedTransport,
 };
+use shardport_kit::testing;
 
 use crate::{descriptor::Descriptor, wire, HttpTransport};
 
@@ -54,7 +55,7 @@ fn try_node(config: &str) -> Result<Node, AbiError> {
     let h = HttpTransport::new(ctx)?;
     let addr = h.serving()?.server.bound();
     Ok(Node {
-        t: Arc::new(shardport_abi::kit::into_transport_box(h)),
+        t: Arc::new(shardport_kit::into_transport_box(h)),
         addr,
     })
 }
@@ -805,7 +806,7 @@ fn export_checks_its_arguments() {
 fn lazy_node(config: &str) -> Result<SharedTransport, AbiError> {
     let ctx = PluginContext::new(testing::context("http", config));
     let h = HttpTransport::new(ctx)?;
-    Ok(Arc::new(shardport_abi::kit::into_transport_box(h)))
+    Ok(Arc::new(shardport_kit::into_transport_box(h)))
 }
 
 /// A port nobody listens on right now.

@@ -306,7 +306,7 @@ impl JsonCursor<'_> {
     }
 }
 
-pub(crate) use shardport_abi::kit::check::constant_time_eq;
+pub(crate) use shardport_kit::check::constant_time_eq;
 
 /// Checks an `authorization` header value against `token`: scheme `Bearer`
 /// (any case), one space, then the token compared in constant time.

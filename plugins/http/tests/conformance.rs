@@ -4,7 +4,8 @@
 //! port, as two processes would be. The end-to-end suite runs the same
 //! cases against the built `.so`.
 
-use shardport_abi::{conformance::Pair, plugin::guard_constructor, testing};
+use shardport_abi::plugin::guard_constructor;
+use shardport_kit::{conformance::Pair, testing};
 
 fn pair_with(owner_config: &str, consumer_config: &str) -> Pair {
     let make = |config: &str| {
@@ -17,19 +18,19 @@ fn pair_with(owner_config: &str, consumer_config: &str) -> Pair {
 
 /// Defaults: loopback, ephemeral port, no token.
 mod defaults {
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with("", "")
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }
 
 /// Both sides share a bearer token; every request carries it.
 mod with_auth_token {
     const CONFIG: &str = "auth-token = \"conformance-7f3a9c\"";
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with(CONFIG, CONFIG)
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }
 
 /// Small limits: one pooled connection per owner, a tiny batch size and
@@ -37,10 +38,10 @@ mod with_auth_token {
 mod tight_limits {
     const CONFIG: &str = "max-connections-per-owner = 1\nmax-batch = 2\nthreads = 1\n\
                           idle-timeout = \"2s\"\nheader-timeout = \"2s\"";
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with(CONFIG, CONFIG)
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }
 
 /// Mutual TLS: the owner serves HTTPS and requires a client certificate;
@@ -92,9 +93,9 @@ mod mutual_tls {
         })
     }
 
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         let (owner, consumer) = configs();
         super::pair_with(owner, consumer)
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }

@@ -8,7 +8,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use divan::Bencher;
-use shardport_abi::{testing, PluginContext, ShardId, TransportBox};
+use shardport_abi::{PluginContext, ShardId, TransportBox};
+use shardport_kit::testing;
 
 fn main() {
     divan::main();

@@ -18,7 +18,8 @@
 
 use std::time::Duration;
 
-use shardport_abi::{kit::Options, PluginResult};
+use shardport_abi::PluginResult;
+use shardport_kit::Options;
 
 use crate::names;
 

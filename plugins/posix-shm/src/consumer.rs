@@ -577,7 +577,7 @@ impl Consumer {
         dst: &mut [u8],
         counters: &Counters,
     ) -> PluginResult<ImportInfo> {
-        shardport_abi::kit::check::destination(dst.len(), meta)?;
+        shardport_kit::check::destination(dst.len(), meta)?;
         let held = {
             let mut st = lock(&self.state);
             self.hold(&mut st, desc, meta, counters)?
@@ -619,10 +619,9 @@ impl Consumer {
                 let mut st = lock(&self.state);
                 while next < items.len() && held.len() < BATCH_LEASES {
                     let item = &items[next];
-                    let h = shardport_abi::kit::check::destination(item.dst.len(), item.meta)
-                        .and_then(|()| {
-                            self.hold(&mut st, item.desc.as_slice(), item.meta, counters)
-                        });
+                    let h = shardport_kit::check::destination(item.dst.len(), item.meta).and_then(
+                        |()| self.hold(&mut st, item.desc.as_slice(), item.meta, counters),
+                    );
                     let table_full =
                         matches!(&h, Err(e) if e.kind == ErrorKind::RESOURCE_EXHAUSTED);
                     if table_full && held.iter().any(Result::is_ok) {

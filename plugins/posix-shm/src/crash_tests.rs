@@ -587,5 +587,5 @@ fn a_node_tag_naming_another_process_is_refused() {
 }
 
 fn testing_tag() -> String {
-    shardport_abi::testing::unique_node_tag()
+    shardport_kit::testing::unique_node_tag()
 }

@@ -22,10 +22,8 @@
 
 use std::borrow::Cow;
 
-use shardport_abi::{
-    kit::codec::{self, Reader, Writer},
-    AbiError, PluginResult,
-};
+use shardport_abi::{AbiError, PluginResult};
+use shardport_kit::codec::{self, Reader, Writer};
 
 use crate::names::{self, Kind, MAX_NAME_LEN};
 

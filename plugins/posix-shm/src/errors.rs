@@ -1,7 +1,8 @@
 //! Turning system-call failures into errors an operator can act on.
 
 use rustix::io::Errno;
-use shardport_abi::{format_byte_size, AbiError, ErrorKind};
+use shardport_abi::{AbiError, ErrorKind};
+use shardport_kit::format_byte_size;
 
 use crate::{board::LAYOUT_VERSION, liveness::Death, names::Kind, sys::SysError};
 

@@ -61,11 +61,11 @@ mod crash_tests;
 mod tests;
 
 use shardport_abi::{
-    kit::{self, IoContext, PlainTransport, StatList},
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
     ImportItem, PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox,
     TransportInfo,
 };
+use shardport_kit::{self as kit, IoContext, PlainTransport, StatList};
 
 use crate::{
     config::Config, consumer::Consumer, liveness::Here, owner::Owner, stats::Counters, sweep::Swept,
@@ -77,7 +77,7 @@ pub const TRANSPORT_NAME: &str = "posix-shm";
 /// Locks a mutex, recovering from poisoning: every critical section leaves
 /// the books consistent before anything in it can panic (a panic is a bug
 /// caught by the guard; the next call still sees valid state).
-pub(crate) use shardport_abi::kit::lock;
+pub(crate) use shardport_kit::lock;
 
 /// One posix-shm transport instance: an owner side and a consumer side.
 struct ShmTransport {

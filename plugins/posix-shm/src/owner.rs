@@ -44,9 +44,9 @@ use std::{
 
 use rustix::io::Errno;
 use shardport_abi::{
-    format_byte_size, kit::hash::IdHashMap, AbiError, Allocation, DeviceKind, ErrorKind,
-    ExportRequest, PluginResult, ShardId,
+    AbiError, Allocation, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId,
 };
+use shardport_kit::{format_byte_size, hash::IdHashMap};
 
 use crate::{
     alloc::{BackedRanges, BumpAllocator},
@@ -689,7 +689,7 @@ impl Owner {
                 req.id, req.meta.device
             )));
         }
-        shardport_abi::kit::check::lent(req)?;
+        shardport_kit::check::lent(req)?;
         let token = if req.allocation != 0 {
             req.allocation
         } else {

@@ -1,6 +1,6 @@
 //! Monotonic counters shared by the owner and consumer sides.
 
-pub(crate) use shardport_abi::kit::Counter;
+pub(crate) use shardport_kit::Counter;
 
 /// Every counter `stats()` reports.
 #[derive(Debug, Default)]

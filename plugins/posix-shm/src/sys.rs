@@ -46,7 +46,8 @@ use rustix::{
     process::{self, Pid, PidfdFlags},
     shm,
 };
-use shardport_abi::{kit::ReadOnlyMap, ExportRequest, Region};
+use shardport_abi::{ExportRequest, Region};
+use shardport_kit::ReadOnlyMap;
 
 /// A failed system call: which one, and the OS error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

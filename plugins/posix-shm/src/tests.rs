@@ -10,9 +10,10 @@ use std::sync::{
 };
 
 use shardport_abi::{
-    testing, AbiError, AllocationGuard, ErrorKind, ExportRequest, LeasedView, PluginContext,
-    RSlice, RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, StatKind,
+    AbiError, AllocationGuard, ErrorKind, ExportRequest, LeasedView, PluginContext, RSlice,
+    RSliceMut, ShardId, ShardMeta, SharedBytes, SharedTransport, StatKind,
 };
+use shardport_kit::testing;
 
 use crate::{
     descriptor::{Descriptor, Mode},

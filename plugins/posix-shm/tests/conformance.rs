@@ -2,7 +2,8 @@
 //! `conformance`), run against this plugin in-process in both allocation
 //! modes. The end-to-end suite runs the same cases against the built `.so`.
 
-use shardport_abi::{conformance::Pair, plugin::guard_constructor, testing};
+use shardport_abi::plugin::guard_constructor;
+use shardport_kit::{conformance::Pair, testing};
 
 fn pair_with(config: &str) -> Pair {
     let make = || {
@@ -17,23 +18,23 @@ fn pair_with(config: &str) -> Pair {
 }
 
 mod pool {
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with("pool-size = \"64MiB\"")
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }
 
 mod pool_that_spills {
     // Small enough that the larger cases spill to per-shard segments.
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with("pool-size = \"1MiB\"\non-full = \"spill\"")
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }
 
 mod segment_per_shard {
-    fn pair() -> shardport_abi::conformance::Pair {
+    fn pair() -> shardport_kit::conformance::Pair {
         super::pair_with("allocation = \"segment-per-shard\"")
     }
-    shardport_abi::conformance_suite!(pair);
+    shardport_kit::conformance_suite!(pair);
 }

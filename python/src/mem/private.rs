@@ -74,7 +74,7 @@ impl PrivateBuf {
         };
         if len >= HUGE_PAGES_FROM {
             // As the host does for its copy buffers (and NumPy for arrays).
-            shardport_abi::kit::advise_huge_pages(buf.as_mut_slice());
+            shardport_kit::advise_huge_pages(buf.as_mut_slice());
         }
         Ok(buf)
     }

@@ -49,10 +49,8 @@ use std::{
 
 use hyper::StatusCode;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
-use shardport_abi::{
-    kit::poll::{await_bytes, nothing_to_read},
-    AbiError, ErrorKind, ImportInfo, PluginResult, ShardId,
-};
+use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
+use shardport_kit::poll::{await_bytes, nothing_to_read};
 use tracing::debug;
 
 use crate::{

@@ -90,7 +90,7 @@ fn shared() -> Arc<Shared> {
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,
-        admission: shardport_abi::kit::admission::Admission::new(
+        admission: shardport_kit::admission::Admission::new(
             cfg.max_pending,
             cfg.max_pending_per_peer,
         ),

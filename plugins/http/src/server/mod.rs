@@ -52,10 +52,10 @@ use hyper::{
     Method, Request, Response, StatusCode,
 };
 use hyper_util::rt::TokioIo;
-use shardport_abi::{
+use shardport_abi::{AbiError, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId};
+use shardport_kit::{
+    admission::{Admission, Close, Ticket},
     format_byte_size,
-    kit::admission::{Admission, Close, Ticket},
-    AbiError, DeviceKind, ErrorKind, ExportRequest, PluginResult, ShardId,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -386,7 +386,7 @@ impl Server {
             )));
         }
         match req.meta.device.kind {
-            DeviceKind::CPU => shardport_abi::kit::check::lent(req)?,
+            DeviceKind::CPU => shardport_kit::check::lent(req)?,
             DeviceKind::CUDA => {
                 self.shared.staging.staging().ready().map_err(|why| {
                     AbiError::unavailable(format!(

@@ -18,7 +18,7 @@
 
 use std::fmt::Display;
 
-use crate::error::{AbiError, ErrorKind, PluginResult};
+use shardport_abi::error::{AbiError, ErrorKind, PluginResult};
 
 /// An `INVALID_DESCRIPTOR` error for a field of `what` (`"http descriptor"`)
 /// that decoded but is not acceptable (a name outside the allowed set, a

@@ -15,7 +15,7 @@ use std::{ffi::c_void, fmt, fs::File, io, marker::PhantomData, ops::Deref, ptr::
 
 use rustix::{fd::AsFd, mm};
 
-use crate::{
+use shardport_abi::{
     error::PluginResult,
     transport::{ExportRequest, Region, SharedBytes},
 };
@@ -27,7 +27,7 @@ use crate::{
 /// [`get`](Self::get)), copies ([`copy_out`](Self::copy_out)), zero-copy
 /// [`Region`]s and [`Lent`] views, all bounds-checked. Share it with `Arc`
 /// and keep a clone per lease, so the mapping outlives every region handed
-/// out (see [`LeaseTable`](crate::kit::map::LeaseTable)).
+/// out (see [`LeaseTable`](crate::map::LeaseTable)).
 pub struct ReadOnlyMap {
     /// Start of the mapping; dangling (never read) when `len == 0`.
     ptr: NonNull<u8>,
@@ -231,7 +231,7 @@ impl fmt::Debug for ReadOnlyMap {
 /// lifetime, so reading it needs no `unsafe`.
 ///
 /// ```
-/// use shardport_abi::kit::Lent;
+/// use shardport_kit::Lent;
 /// let data = vec![1u8, 2, 3];
 /// let lent = Lent::new(&data);
 /// let raw = lent.shared();          // what crosses the ABI
@@ -277,7 +277,7 @@ impl<'a> Lent<'a> {
     /// alive and unmodified. Borrowing `req` for `'a` bounds it to the
     /// `export` call unless the plugin copies the request.
     pub unsafe fn from_export(req: &'a ExportRequest) -> PluginResult<Self> {
-        crate::kit::check::lent(req)?;
+        crate::check::lent(req)?;
         // SAFETY: the caller's promise, checked above for what can be checked.
         Ok(unsafe { Lent::from_raw(req.data) })
     }

@@ -15,7 +15,7 @@
 
 use std::{cell::RefCell, collections::BTreeSet, ops::RangeInclusive, time::Duration};
 
-use crate::error::{AbiError, PluginResult};
+use shardport_abi::error::{AbiError, PluginResult};
 
 /// A parsed plugin config table.
 #[derive(Debug)]
@@ -465,7 +465,7 @@ mod tests {
     fn hostile_tables_fail_cleanly() {
         for text in ["[", "a = ", "a = 1\na = 2", "= 3", "a = \"\\u{0}\""] {
             let e = Options::parse("x", text).unwrap_err();
-            assert_eq!(e.kind, crate::ErrorKind::CONFIG, "{text}");
+            assert_eq!(e.kind, shardport_abi::ErrorKind::CONFIG, "{text}");
             assert!(
                 e.message.starts_with("plugin `x` config is not valid TOML"),
                 "{text}"

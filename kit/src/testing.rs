@@ -14,7 +14,7 @@ use abi_stable::{
     std_types::{RStr, RString},
 };
 
-use crate::host::{HostContext, HostServices, HostServicesBox, LogLevel, LogRecord};
+use shardport_abi::host::{HostContext, HostServices, HostServicesBox, LogLevel, LogRecord};
 
 /// Host services for tests: logs go to stderr at `WARN` and above (or every
 /// level when `SHARDPORT_TEST_LOG` is set); clocks are the system's.
@@ -129,5 +129,65 @@ pub fn context_with(
         node_name: RString::from("test"),
         node_tag: RString::from(unique_node_tag()),
         services: HostServicesBox::from_value(services, TD_Opaque),
+    }
+}
+
+/// `PluginContext` (in `shardport-abi`) with this crate's capturing host:
+/// log forwarding per instance and thread, panics turned into errors.
+#[cfg(test)]
+mod plugin_context_tests {
+    use super::{context_with, CaptureServices as Sink};
+    use abi_stable::std_types::RResult;
+    use shardport_abi::{AbiError, ErrorKind, PluginContext};
+
+    fn context(instance: &str, sink: &Sink) -> PluginContext {
+        PluginContext::new(context_with(instance, "", sink.clone()))
+    }
+
+    #[test]
+    fn each_instance_receives_its_own_events_on_every_thread() {
+        let (sa, sb) = (Sink::default(), Sink::default());
+        let (a, b) = (context("a", &sa), context("b", &sb));
+        let log = |ctx: &PluginContext, msg: &'static str| {
+            let r: RResult<(), AbiError> = ctx.guard("op", || {
+                tracing::warn!("{msg}");
+                Ok(())
+            });
+            assert!(r.is_ok());
+        };
+        // Alternating instances on one thread: each switch installs the
+        // other's dispatcher; repeated calls keep it.
+        log(&a, "a1");
+        log(&b, "b1");
+        log(&b, "b2");
+        log(&a, "a2");
+        // A clone shares its instance's dispatcher.
+        log(&a.clone(), "a3");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                log(&b, "b3");
+                log(&a, "a4");
+            });
+        });
+        log(&b, "b4");
+        assert_eq!(sa.messages(), ["a1", "a2", "a3", "a4"]);
+        assert_eq!(sb.messages(), ["b1", "b2", "b3", "b4"]);
+    }
+
+    #[test]
+    fn a_panic_is_reported_to_its_instance_and_returned_as_an_error() {
+        let sink = Sink::default();
+        let ctx = context("p", &sink);
+        let r: RResult<(), AbiError> = ctx.guard("export", || panic!("boom"));
+        let e = r.into_result().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PANIC);
+        assert!(
+            e.message.contains("plugin `p` panicked in export: boom"),
+            "{e:?}"
+        );
+        assert!(sink
+            .messages()
+            .iter()
+            .any(|m| m == "plugin method panicked"));
     }
 }

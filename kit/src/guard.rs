@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use abi_stable::std_types::{RResult, RSliceMut, RVec};
 
-use crate::{
+use shardport_abi::{
     error::{AbiError, PluginResult},
     plugin::PluginContext,
     transport::{Health, ImportInfo, ImportItem, Stat, TransportInfo},

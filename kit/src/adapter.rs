@@ -8,12 +8,12 @@
 //! transport may lack (views, an allocator, batching, sweeping), and box
 //! it with [`into_transport_box`]: [`Guarded`] implements [`Transport`],
 //! running each method under the guard (a panic becomes an
-//! [`ErrorKind::PANIC`](crate::ErrorKind::PANIC) error naming the method,
+//! [`ErrorKind::PANIC`](shardport_abi::ErrorKind::PANIC) error naming the method,
 //! or the fallback for methods without an error) with log forwarding on.
 //!
 //! ```
+//! use shardport_kit::{self as kit, PlainTransport};
 //! use shardport_abi::{
-//!     kit::{self, PlainTransport},
 //!     Capabilities, ExportRequest, Health, IdentityParts, ImportInfo, PluginContext,
 //!     PluginResult, ShardId, ShardMeta, Stat, TransportBox, TransportInfo, AbiError,
 //! };
@@ -54,9 +54,9 @@ use abi_stable::{
     std_types::{RResult, RSlice, RSliceMut, RVec},
 };
 
-use crate::{
+use crate::{guard, unsupported};
+use shardport_abi::{
     error::{AbiError, PluginResult},
-    kit::{guard, unsupported},
     meta::{ShardId, ShardMeta},
     plugin::PluginContext,
     transport::{
@@ -317,7 +317,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::{error::ErrorKind, testing, transport::SharedBytes};
+    use crate::testing;
+    use shardport_abi::{error::ErrorKind, transport::SharedBytes};
 
     /// Copies shards in memory; panics on request, to show the guard.
     struct Mem {
@@ -340,7 +341,7 @@ mod tests {
         }
         fn export(&self, req: &ExportRequest) -> PluginResult<Vec<u8>> {
             // SAFETY: inside `export`, with the request the caller lent.
-            let bytes = unsafe { crate::kit::Lent::from_export(req) }?;
+            let bytes = unsafe { crate::Lent::from_export(req) }?;
             if bytes.as_slice() == b"panic" {
                 panic!("told to");
             }
@@ -357,7 +358,7 @@ mod tests {
             _m: &ShardMeta,
             dst: &mut [u8],
         ) -> PluginResult<ImportInfo> {
-            let mut r = crate::kit::Reader::new("mem descriptor", desc);
+            let mut r = crate::Reader::new("mem descriptor", desc);
             let id = ShardId::from_u128(r.u128("id")?);
             r.end("id")?;
             let shards = self.shards.lock().unwrap();

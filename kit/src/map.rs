@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use std::{fs::File, sync::Arc};
-//! use shardport_abi::kit::map::{LeaseTable, ReadOnlyMap};
+//! use shardport_kit::map::{LeaseTable, ReadOnlyMap};
 //!
 //! let leases: LeaseTable<Arc<ReadOnlyMap>> = LeaseTable::new("example");
 //! let file = File::open("/var/spool/shardport/a.shard")?;
@@ -23,7 +23,7 @@
 
 use std::{collections::HashMap, sync::Mutex};
 
-use crate::{
+use shardport_abi::{
     error::{AbiError, PluginResult},
     transport::Region,
 };
@@ -122,7 +122,7 @@ mod tests {
     use std::{io::Write, sync::Arc};
 
     use super::*;
-    use crate::error::ErrorKind;
+    use shardport_abi::error::ErrorKind;
 
     fn file(bytes: &[u8]) -> (std::fs::File, std::path::PathBuf) {
         let path = std::env::temp_dir().join(format!(
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn large_copies_out_are_split_and_exact() {
-        use crate::kit::copy::{threads_for, PARALLEL_MIN, PIECE_MIN};
+        use crate::copy::{threads_for, PARALLEL_MIN, PIECE_MIN};
         let len = PARALLEL_MIN + 3 * PIECE_MIN + 13;
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let (f, path) = file(&bytes);
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn lent_bytes_read_safely() {
-        use crate::kit::Lent;
+        use crate::Lent;
         let v = vec![7u8; 10];
         let l = Lent::new(&v);
         assert_eq!(l.len(), 10);

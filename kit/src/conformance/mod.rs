@@ -17,7 +17,7 @@
 //! can reach what the owner exports, as two processes on one node would be.
 //! [`testing::context`](crate::testing::context) builds the host context
 //! each constructor needs, with a unique node tag.
-//! [`guard_constructor`](crate::plugin::guard_constructor) runs the constructor
+//! [`guard_constructor`](shardport_abi::plugin::guard_constructor) runs the constructor
 //! as the loader does (panics become errors).
 //! ```no_run
 //! // tests/conformance.rs of the plugin crate `my-transport`
@@ -25,7 +25,8 @@
 //! #     use shardport_abi::{PluginContext, PluginResult, TransportBox};
 //! #     pub fn create(_ctx: PluginContext) -> PluginResult<TransportBox> { unimplemented!() }
 //! # }
-//! use shardport_abi::{conformance::Pair, plugin::guard_constructor, testing};
+//! use shardport_abi::plugin::guard_constructor;
+//! use shardport_kit::{conformance::Pair, testing};
 //!
 //! fn pair() -> Pair {
 //!     // Both instances must reach each other: here, the same spool directory.
@@ -39,11 +40,11 @@
 //! }
 //!
 //! // One `#[test]` per case: `describe_is_sane`, `copy_roundtrip`, ...
-//! shardport_abi::conformance_suite!(pair);
+//! shardport_kit::conformance_suite!(pair);
 //! # fn main() {}
 //! ```
 //! Several transports in one test crate: invoke the macro once per module
-//! (`mod shm { shardport_abi::conformance_suite!(super::shm_pair); }`).
+//! (`mod shm { shardport_kit::conformance_suite!(super::shm_pair); }`).
 //! A transport that cannot run on this machine (no GPU) is skipped with a
 //! printed reason: `conformance_suite!(pair, skip_if: no_gpu)`, where
 //! `no_gpu: fn() -> Option<String>` returns the reason to skip.
@@ -106,7 +107,7 @@ use std::{
 
 use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 
-use crate::{
+use shardport_abi::{
     error::{AbiError, ErrorKind},
     meta::{DType, Device, ShardId, ShardMeta},
     transport::{

@@ -8,7 +8,7 @@
 
 use std::{fmt::Display, io};
 
-use crate::error::{AbiError, ErrorKind, PluginResult};
+use shardport_abi::error::{AbiError, ErrorKind, PluginResult};
 
 /// The [`ErrorKind`] for an I/O error.
 pub fn io_kind(e: &io::Error) -> ErrorKind {
@@ -91,7 +91,7 @@ pub fn other(kind: ErrorKind, what: impl Display, e: &dyn std::error::Error) -> 
 /// The stock `UNSUPPORTED` errors of a transport that lacks a capability.
 /// `transport` is its name (`"http"`).
 pub mod unsupported {
-    use crate::{error::AbiError, meta::ShardId};
+    use shardport_abi::{error::AbiError, meta::ShardId};
 
     /// `import_view` of a transport without `ZERO_COPY`.
     pub fn no_views(transport: &str) -> AbiError {
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn unsupported_errors() {
-        use crate::meta::ShardId;
+        use shardport_abi::meta::ShardId;
         for e in [
             unsupported::no_views("x"),
             unsupported::no_leases("x", 3),

@@ -7,10 +7,10 @@ use std::{
 use abi_stable::std_types::RVec;
 
 use super::*;
-use crate::{
+use crate::testing;
+use shardport_abi::{
     error::PluginResult,
     plugin::{panic_message, PluginContext},
-    testing,
     transport::{Allocation, Health, ImportInfo, Region, Stat, Transport},
     TD_Opaque,
 };

@@ -10,7 +10,7 @@ use std::sync::{
     Arc,
 };
 
-use crate::transport::Stat;
+use shardport_abi::transport::Stat;
 
 /// A monotonic counter.
 #[derive(Debug, Default)]
@@ -67,7 +67,7 @@ impl Gauge {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use shardport_abi::kit::stats::{Gauge, GaugeHold};
+/// use shardport_kit::stats::{Gauge, GaugeHold};
 ///
 /// #[derive(Default)]
 /// struct Stats { in_flight: Gauge }
@@ -155,7 +155,7 @@ impl StatList {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::StatKind;
+    use shardport_abi::transport::StatKind;
 
     #[test]
     fn counters_gauges_and_holds() {

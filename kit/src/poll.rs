@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use std::{io::{Read, Write}, net::{TcpListener, TcpStream}, time::Duration};
-//! use shardport_abi::kit::poll::await_bytes;
+//! use shardport_kit::poll::await_bytes;
 //!
 //! let listener = TcpListener::bind("127.0.0.1:0")?;
 //! let mut client = TcpStream::connect(listener.local_addr()?)?;

@@ -229,8 +229,8 @@ pub fn allocator(make: &dyn Fn() -> Pair) {
             Err(e) => c.fail(format_args!(
                 "allocate failed after {} of allocate-and-drop in {} steps \
                  (dropped allocations are not returned?): {e}",
-                crate::config::format_byte_size(cycled),
-                crate::config::format_byte_size(ALLOC_CYCLE_STEP)
+                crate::options::format_byte_size(cycled),
+                crate::options::format_byte_size(ALLOC_CYCLE_STEP)
             )),
         }
         cycled += ALLOC_CYCLE_STEP;

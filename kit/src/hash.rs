@@ -8,7 +8,8 @@
 //! peer's choice: keep SipHash there).
 //!
 //! ```
-//! use shardport_abi::{kit::hash::IdHashMap, ShardId};
+//! use shardport_abi::ShardId;
+//! use shardport_kit::hash::IdHashMap;
 //!
 //! let mut live: IdHashMap<ShardId, &str> = IdHashMap::default();
 //! live.insert(ShardId { hi: 7, lo: 1 }, "first");
@@ -69,7 +70,7 @@ mod tests {
     use std::hash::{BuildHasher, Hash};
 
     use super::*;
-    use crate::ShardId;
+    use shardport_abi::ShardId;
 
     fn hash(x: impl Hash) -> u64 {
         BuildHasherDefault::<IdHasher>::default().hash_one(x)

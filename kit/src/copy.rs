@@ -14,7 +14,7 @@
 //! ```
 //! let src = vec![7u8; 1 << 20];
 //! let mut dst = vec![0u8; 1 << 20];
-//! shardport_abi::kit::copy::copy(&src, &mut dst);
+//! shardport_kit::copy::copy(&src, &mut dst);
 //! assert_eq!(src, dst);
 //! ```
 

@@ -2,7 +2,7 @@
 //! everywhere (`INVALID_ARGUMENT` for what the host passed,
 //! `INVALID_DESCRIPTOR` for what another process sent).
 
-use crate::{
+use shardport_abi::{
     error::{AbiError, PluginResult},
     meta::ShardMeta,
     transport::ExportRequest,
@@ -72,7 +72,7 @@ pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{error::ErrorKind, meta::ShardId, transport::SharedBytes};
+    use shardport_abi::{error::ErrorKind, meta::ShardId, transport::SharedBytes};
 
     #[test]
     fn checks_name_what_disagrees() {

@@ -1,9 +1,15 @@
-//! # The plugin kit: what every transport repeats, written once
+//! # shardport-kit: what every transport repeats, written once
 //!
 //! Everything here is ordinary Rust on the plugin's side of the boundary: it
 //! adds nothing to the ABI (no field of the root module, no method, no
 //! `StableAbi` type), so a plugin built with or without it loads the same,
-//! and an old plugin still loads in a new host.
+//! and an old plugin still loads in a new host. It is a crate of its own,
+//! apart from `shardport-abi` (the types and the trait that cross the
+//! boundary), with a version of its own: changing a helper here bumps this
+//! crate, never the ABI, so it never refuses a plugin built against another
+//! kit. Besides the helpers: [`testing`] (a host context for a plugin's own
+//! tests) and, with the feature `conformance`, the `conformance` suite a
+//! transport runs against itself.
 //!
 //! | module | for |
 //! |---|---|
@@ -11,17 +17,17 @@
 //! | [`codec`] | descriptor [`Writer`] / [`Reader`]: bounds-checked, little-endian, errors name the field and the byte offset, never a panic on hostile input |
 //! | [`copy`] | a shard's bytes copied at the machine's speed: large copies split across cores |
 //! | [`check`] | the argument checks every transport makes (destination and lent lengths, a descriptor's length against the metadata), worded the same everywhere |
-//! | [`error`] | `io::Error` and own errors to [`AbiError`](crate::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
+//! | [`error`] | `io::Error` and own errors to [`AbiError`](shardport_abi::AbiError) with context ([`IoContext`]), and the stock "this transport does not do that" errors ([`unsupported`]) |
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
-//! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](crate::Region)s |
+//! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](shardport_abi::Region)s |
 //! | [`poll`] | [`await_bytes`](poll::await_bytes): polls a socket for bytes for a bounded time before the read sleeps (a sleeping reader wakes tens of microseconds late on VMs that halt idle vCPUs) |
-//! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](crate::SharedBytes) |
+//! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](shardport_abi::SharedBytes) |
 //! | [`hash`] | [`IdHashMap`](hash::IdHashMap): a fast hash for keys the process makes itself (shard ids, tokens), not for keys a peer picks |
-//! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](crate::PluginContext::guard) |
+//! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](shardport_abi::PluginContext::guard) |
 //! | [`adapter`] | [`PlainTransport`]: a transport in plain Rust types (slices, `PluginResult`), with defaults for what it lacks; [`Guarded`] makes it the ABI's trait object, every method under the guard |
 //!
 //! ```
-//! use shardport_abi::kit::{codec::{Reader, Writer}, options::Options, stats::{Counter, StatList}};
+//! use shardport_kit::{codec::{Reader, Writer}, options::Options, stats::{Counter, StatList}};
 //!
 //! // A descriptor: magic, version, a length-prefixed name, a length.
 //! let mut w = Writer::new();
@@ -48,7 +54,7 @@
 //! # Ok::<(), shardport_abi::AbiError>(())
 //! ```
 //!
-//! `unsafe` in the kit lives in [`sys`] only.
+//! `unsafe` in the kit lives in `sys` only.
 
 pub mod adapter;
 pub mod admission;
@@ -64,6 +70,14 @@ pub mod options;
 pub mod poll;
 pub mod stats;
 mod sys;
+pub mod testing;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+/// The kit's [`Options`] under the name the plugin config reader had when it
+/// lived in `shardport-abi` (`shardport_abi::ConfigTable`).
+pub use options::Options as ConfigTable;
 
 pub use adapter::{into_transport_box, Guarded, PlainTransport};
 pub use codec::{Reader, Writer};
