@@ -1,4 +1,5 @@
-//! The host library's modules form a DAG, listed leaves first in `lib.rs`.
+//! The host library's modules form a DAG, listed leaves first in `lib.rs`;
+//! so do the kit's, the transports', the CLI's and the Python binding's.
 //!
 //! Reads every file under `host/src`, collects the top-level modules each one
 //! names (`crate::a::..`, `use crate::{a, b::C}`, `super::` paths resolved
@@ -348,6 +349,41 @@ fn host_modules_form_a_dag() {
             render(&g)
         );
     }
+}
+
+/// The same rule for the other crates whose layout a change must not
+/// tangle: the plugin kit, the transports, the CLI and the Python binding.
+#[test]
+fn other_crates_modules_form_dags() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut tangled = Vec::new();
+    for krate in [
+        "kit",
+        "plugins/posix-shm",
+        "plugins/http",
+        "plugins/cuda-ipc",
+        "cli",
+        "python",
+    ] {
+        let g = module_graph(&root.join(krate).join("src"));
+        assert!(
+            g.len() > 3,
+            "{krate}: too few modules found:\n{}",
+            render(&g)
+        );
+        if let Some(cycle) = find_cycle(&g) {
+            tangled.push(format!(
+                "{krate}: {}\nfull graph:\n{}",
+                cycle.join(" -> "),
+                render(&g)
+            ));
+        }
+    }
+    assert!(
+        tangled.is_empty(),
+        "modules import each other in a cycle:\n{}",
+        tangled.join("\n")
+    );
 }
 
 #[test]

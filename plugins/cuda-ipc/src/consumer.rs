@@ -452,3 +452,17 @@ impl CudaIpc {
         }
     }
 }
+
+/// The real opener of the consumer's cache: the driver's IPC calls.
+impl crate::cache::Opener for crate::sys::IpcOpener {
+    type Handle = [u8; crate::sys::IPC_HANDLE_LEN];
+    type Error = crate::sys::CudaError;
+
+    fn open(&mut self, handle: &Self::Handle) -> Result<u64, Self::Error> {
+        self.open_handle(handle)
+    }
+
+    fn close(&mut self, base: u64) -> Result<(), Self::Error> {
+        self.close_base(base)
+    }
+}

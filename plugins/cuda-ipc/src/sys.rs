@@ -703,7 +703,8 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// The real [`Opener`](crate::cache::Opener) of the consumer's cache:
+/// What the consumer's cache opens mappings with (its `Opener`, implemented
+/// in `consumer`, so that this module needs nothing of the cache):
 /// `cuIpcOpenMemHandle` / `cuIpcCloseMemHandle` in one device's context.
 #[derive(Debug)]
 pub(crate) struct IpcOpener {
@@ -711,19 +712,20 @@ pub(crate) struct IpcOpener {
     pub gpu: Gpu,
 }
 
-impl crate::cache::Opener for IpcOpener {
-    type Handle = [u8; IPC_HANDLE_LEN];
-    type Error = CudaError;
-
-    fn open(&mut self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, CudaError> {
+impl IpcOpener {
+    /// Opens `handle` in this device's context; the base address.
+    pub(crate) fn open_handle(&mut self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, CudaError> {
         self.driver.bind(&self.gpu)?;
         self.driver.ipc_open_mem(handle)
     }
 
-    fn close(&mut self, base: u64) -> Result<(), CudaError> {
+    /// Closes a mapping `open_handle` returned. The caller (the cache)
+    /// calls it once per base it opened, and only when no view (reference)
+    /// of the mapping is left.
+    pub(crate) fn close_base(&mut self, base: u64) -> Result<(), CudaError> {
         self.driver.bind(&self.gpu)?;
-        // SAFETY: the cache calls `close` once per base it opened, and only
-        // when no view (reference) of the mapping is left.
+        // SAFETY: as documented above: once per opened base, with no view
+        // of it left.
         check("cuIpcCloseMemHandle", unsafe {
             sys::cuIpcCloseMemHandle(base)
         })

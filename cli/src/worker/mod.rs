@@ -17,6 +17,8 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+
+pub mod load;
 use shardport_abi::{DType, ShardId};
 
 use shardport_host::{
@@ -100,7 +102,7 @@ pub enum Request {
         seeds: Option<Vec<u64>>,
     },
     /// Fetch in a loop for a while (`shardport bench load`).
-    Load(crate::bench::load::LoopSpec),
+    Load(load::LoopSpec),
     /// Put and remove shards in a loop for `duration_ms` (`shardport bench
     /// load`'s owner churn); replies with how many it put in `count`.
     Churn {
@@ -196,7 +198,7 @@ pub struct Reply {
     pub metrics: Option<String>,
     /// Load: what the loop did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load: Option<crate::bench::load::LoopResult>,
+    pub load: Option<load::LoopResult>,
     /// Churn: shards put.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
@@ -459,22 +461,20 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 Err(e) => Reply::host_err(&e),
             }
         }
-        Request::Load(spec) => match crate::bench::load::run_loop(node, &spec) {
+        Request::Load(spec) => match load::run_loop(node, &spec) {
             Ok(r) => Reply {
                 load: Some(r),
                 ..Reply::ok()
             },
             Err(e) => Reply::err(e),
         },
-        Request::Churn { duration_ms, per_s } => {
-            match crate::bench::load::run_churn(node, duration_ms, per_s) {
-                Ok(n) => Reply {
-                    count: Some(n),
-                    ..Reply::ok()
-                },
-                Err(e) => Reply::err(e),
-            }
-        }
+        Request::Churn { duration_ms, per_s } => match load::run_churn(node, duration_ms, per_s) {
+            Ok(n) => Reply {
+                count: Some(n),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
         Request::FetchMany { handles, seeds } => {
             let hs: Result<Vec<Handle>, String> = handles
                 .iter()
