@@ -6,8 +6,11 @@
 //!
 //! Requests (`op`): `put {len, seed, dtype?, tags?}`, `fetch {handle, mode?,
 //! seed?, hold?}`, `put_buffer {len, seed}`, `fetch_buffer {handle, only?,
-//! seed?}`, `check {id, seed}`, `release {ids}`, `remove {ids}`, `stats`,
-//! `exit`. Every reply has `ok`; failures carry `error`.
+//! seed?}`, `fetch_many {handles, seeds?}`, `check {id, seed}`, `release
+//! {ids}`, `remove {ids}`, `drain {ids}`, `sweep`, `reload {config_path?}`,
+//! `load {..}` and `churn {..}` (the load loop, [`load`]), `stats`,
+//! `metrics`, `exit`. Every reply has `ok`; failures carry `error` (and
+//! `error_kind`).
 
 use std::{
     collections::{BTreeMap, HashMap},
