@@ -85,6 +85,10 @@ const READ_BUF: usize = head::MAX_RESPONSE_HEAD;
 // A head that fills the buffer is refused by the parser, so reading a head
 // never asks the socket for zero bytes.
 const _: () = assert!(READ_BUF >= head::MAX_RESPONSE_HEAD);
+/// How long a request waits before it retries on a new connection that
+/// was closed before its response (an owner's pending budget evicted it):
+/// long enough for the burst that evicted it to be admitted.
+const FRESH_RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// Most threads one `import_many` call uses (the calling thread included).
 /// Each runs one batch at a time; per-owner parallelism is bounded by
 /// `max-connections-per-owner` anyway, this bounds fan-out to many owners.
@@ -521,13 +525,20 @@ impl Client {
     }
 
     /// Sends one request and reads its response head, retrying once on a
-    /// fresh connection when a pooled one fails before any response byte.
+    /// fresh connection when one fails before any response byte: a pooled
+    /// one (the owner closed it idle, or restarted), or, after a short
+    /// pause, a new one (an owner that admits at most
+    /// `max-pending-per-peer` new connections from one address closes the
+    /// oldest when a burst of them arrives, as when many consumer
+    /// processes on one machine connect at once). Every request this client
+    /// sends is idempotent.
     fn exchange(
         &self,
         pool: &Arc<OwnerPool>,
         req: &Request<'_>,
     ) -> PluginResult<(Checkout, ResponseHead)> {
         let mut co = self.checkout(pool)?;
+        let mut fresh_retried = false;
         loop {
             self.stats.requests_sent.inc();
             if co.reused {
@@ -547,9 +558,19 @@ impl Client {
                     // (its idle-timeout), or it restarted: try a fresh one.
                     debug!(target: "http", owner = %pool.addr, error = %e, "pooled connection failed, retrying on a new one");
                     self.stats.retries.inc();
+                    // One retry per request, whichever kind.
+                    fresh_retried = true;
                     co.conn = None;
                     co.conn = Some(self.connect(pool)?);
                     co.reused = false;
+                }
+                SendError::NoResponse(e) if !fresh_retried && !is_timeout(&e) => {
+                    debug!(target: "http", owner = %pool.addr, error = %e, "a new connection was closed before the response, retrying once");
+                    self.stats.retries.inc();
+                    fresh_retried = true;
+                    co.conn = None;
+                    std::thread::sleep(FRESH_RETRY_PAUSE);
+                    co.conn = Some(self.connect(pool)?);
                 }
                 SendError::NoResponse(e) => {
                     return Err(AbiError::new(

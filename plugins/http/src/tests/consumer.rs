@@ -790,3 +790,19 @@ fn slow_heads_cannot_hold_the_owner_and_a_real_consumer_gets_through() {
     );
     owner.t.unexport(ShardId::from_u128(1)).unwrap();
 }
+
+#[test]
+fn a_new_connection_closed_before_its_response_is_retried_once() {
+    // An owner's pending budget evicts a new connection before its first
+    // request is answered (a burst of connections from one address): the
+    // request is sent again on another new connection.
+    let data = pattern(1000, 8);
+    let consumer = node("request-timeout = \"30s\"");
+    let answer = || Answer::Parts(vec![[ok_head(1000), data.clone()].concat()]);
+    let (addr, h) = scripted_owner(vec![vec![Answer::Close], vec![answer()]]);
+    let desc = desc_for(&addr, 1, 1000);
+    assert_eq!(fetch(&consumer.t, &desc, 1000).unwrap(), data);
+    h.join().unwrap();
+    assert_eq!(stat(&consumer.t, "retries"), 1);
+    assert_eq!(stat(&consumer.t, "client_connections_opened"), 2);
+}
