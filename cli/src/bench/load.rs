@@ -62,6 +62,8 @@ pub struct LoadRow {
     pub errors: u64,
     /// Failed fetches by kind.
     pub errors_by_kind: BTreeMap<String, u64>,
+    /// One message per error kind, as a consumer saw it.
+    pub error_samples: BTreeMap<String, String>,
     /// The owner's CPU seconds per GB moved.
     pub owner_cpu_s_per_gb: f64,
     /// Shards the owner put (and removed) meanwhile.
@@ -175,9 +177,13 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
     let fetches: u64 = loops.iter().map(|l| l.fetches).sum();
     let bytes: u64 = loops.iter().map(|l| l.bytes).sum();
     let mut errors_by_kind = BTreeMap::new();
+    let mut error_samples = BTreeMap::new();
     for l in loops {
         for (k, v) in &l.errors {
             *errors_by_kind.entry(k.clone()).or_default() += v;
+        }
+        for (k, m) in &l.error_samples {
+            error_samples.entry(k.clone()).or_insert_with(|| m.clone());
         }
     }
     let mut lat: Vec<u64> = loops
@@ -202,6 +208,7 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
         share_max: share(f64::max, 0.0),
         errors: errors_by_kind.values().sum(),
         errors_by_kind,
+        error_samples,
         owner_cpu_s_per_gb: owner_cpu / (bytes as f64 / 1e9).max(1e-9),
         churn_puts,
     }
@@ -226,6 +233,12 @@ pub fn table(rows: &[LoadRow]) -> String {
             r.errors,
             r.churn_puts
         ));
+        for (kind, message) in &r.error_samples {
+            out.push_str(&format!(
+                "            {} x {kind}, e.g.: {message}\n",
+                r.errors_by_kind.get(kind).copied().unwrap_or(0)
+            ));
+        }
     }
     out
 }
@@ -266,6 +279,9 @@ mod tests {
         };
         let mut errors = l(0, vec![]);
         errors.errors.insert("NotFound".into(), 3);
+        errors
+            .error_samples
+            .insert("NotFound".into(), "shard 1 is not exported".into());
         let row = aggregate(
             3,
             &[l(100, vec![1000; 10]), l(300, vec![5000; 10]), errors],
@@ -275,6 +291,7 @@ mod tests {
         assert_eq!(row.shards_per_s, 400.0);
         assert_eq!(row.errors, 3);
         assert_eq!(row.errors_by_kind["NotFound"], 3);
+        assert_eq!(row.error_samples["NotFound"], "shard 1 is not exported");
         assert_eq!((row.share_min, row.share_max), (0.0, 300.0 / (400.0 / 3.0)));
         assert_eq!(row.p50_us, 1.0);
         assert_eq!(row.p99_us, 5.0);

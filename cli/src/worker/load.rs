@@ -44,6 +44,9 @@ pub struct LoopResult {
     pub bytes: u64,
     /// Failed fetches by error kind.
     pub errors: BTreeMap<String, u64>,
+    /// The first message of each error kind (what the transports said).
+    #[serde(default)]
+    pub error_samples: BTreeMap<String, String>,
     /// A uniform sample of the successful fetches' latencies, ns.
     pub latencies_ns: Vec<u64>,
     /// How long the loop ran, ns.
@@ -127,7 +130,11 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
                 }
             }
             Err(e) => {
-                *out.errors.entry(error_kind(&e)).or_default() += 1;
+                let kind = error_kind(&e);
+                out.error_samples
+                    .entry(kind.clone())
+                    .or_insert_with(|| e.to_string());
+                *out.errors.entry(kind).or_default() += 1;
             }
         }
     }
