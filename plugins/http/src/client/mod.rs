@@ -75,9 +75,6 @@ pub(crate) use relay::RelaySetup;
 /// Largest error body read from an owner (JSON, a few hundred bytes in
 /// practice); a larger one is cut off and its connection not reused.
 const MAX_ERROR_BODY: usize = 64 << 10;
-/// Owner pools kept before idle ones are forgotten: bounds the memory of a
-/// long-lived consumer that fetched from many short-lived owners.
-const MAX_IDLE_POOLS: usize = 256;
 /// Read buffer of one connection: holds a response head (so it is at least
 /// [`head::MAX_RESPONSE_HEAD`]) and batches the reads of pieces smaller than
 /// itself; larger pieces are read straight into their destination.
@@ -219,25 +216,26 @@ impl Client {
         if let Some(p) = pools.get(owner) {
             return Arc::clone(p);
         }
-        if pools.len() >= MAX_IDLE_POOLS {
-            // Forget pools nobody uses: no request out, and no idle
-            // connection the owner may not have closed yet.
-            let timeout = self.idle_timeout;
-            let mut closing = Vec::new();
-            pools.retain(|_, p| {
-                if Arc::strong_count(p) > 1 {
-                    return true;
-                }
-                let mut st = p.state();
-                let (fresh, expired) = std::mem::take(&mut st.idle)
-                    .into_iter()
-                    .partition(|c| c.idle_since.elapsed() < timeout);
-                st.idle = fresh;
-                closing.push(expired);
-                !st.idle.is_empty()
-            });
-            drop(closing);
-        }
+        // A new owner (one restarted elsewhere, say): first forget pools
+        // nobody uses any more, closing their idle connections that expired
+        // or that the owner closed, so a long-lived consumer of many
+        // short-lived owners keeps neither their pools nor the descriptors
+        // of their dead sockets.
+        let timeout = self.idle_timeout;
+        let mut closing = Vec::new();
+        pools.retain(|_, p| {
+            if Arc::strong_count(p) > 1 {
+                return true;
+            }
+            let mut st = p.state();
+            let (fresh, dead) = std::mem::take(&mut st.idle)
+                .into_iter()
+                .partition(|c| c.idle_since.elapsed() < timeout && c.looks_alive());
+            st.idle = fresh;
+            closing.push(dead);
+            !st.idle.is_empty()
+        });
+        drop(closing);
         let p = Arc::new(OwnerPool {
             addr: owner.addr.clone(),
             tls: owner.tls,

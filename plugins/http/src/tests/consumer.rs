@@ -806,3 +806,29 @@ fn a_new_connection_closed_before_its_response_is_retried_once() {
     assert_eq!(stat(&consumer.t, "retries"), 1);
     assert_eq!(stat(&consumer.t, "client_connections_opened"), 2);
 }
+
+#[test]
+fn connections_to_owners_that_went_away_are_closed_when_another_is_reached() {
+    // A long-lived consumer of short-lived owners (restarted elsewhere, on
+    // new ports) keeps neither their pools nor their sockets' descriptors.
+    let consumer = node("");
+    let data = pattern(5000, 1);
+    for round in 0..5u128 {
+        let owner = node("");
+        let desc = export(&owner.t, round, &data).unwrap();
+        assert!(fetch(&consumer.t, &desc, data.len()).unwrap() == data);
+        owner
+            .t
+            .unexport(ShardId::from_u128(round))
+            .into_result()
+            .unwrap();
+        drop(owner);
+    }
+    // The last owner's idle connection may still be open; the others' are
+    // closed by the time a new owner is reached.
+    assert!(
+        stat(&consumer.t, "client_connections_open") <= 1,
+        "{} connections left open",
+        stat(&consumer.t, "client_connections_open")
+    );
+}
