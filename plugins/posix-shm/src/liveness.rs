@@ -369,6 +369,19 @@ impl Watcher {
             Watch::Dead(d) => Verdict::Dead(d),
             Watch::Bound(_) | Watch::Unbound => Verdict::Alive,
         };
+        if !self.entries.contains_key(rec) {
+            // A process not seen before (a consumer restarted, say): first
+            // close the pidfds of watched processes that have exited since
+            // they were last asked about, so dead processes never keep
+            // descriptors (their verdict stays cached, without the fd).
+            for w in self.entries.values_mut() {
+                if let Watch::Bound(fd) = &w.watch {
+                    if fd.has_exited() == Some(true) {
+                        w.watch = Watch::Dead(Death::Exited);
+                    }
+                }
+            }
+        }
         if !self.entries.contains_key(rec) && self.entries.len() >= MAX_WATCHED {
             if let Some(oldest) = self
                 .entries
@@ -394,6 +407,15 @@ impl Watcher {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Entries holding a pidfd (for tests).
+    #[cfg(test)]
+    fn bound(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|w| matches!(w.watch, Watch::Bound(_)))
+            .count()
     }
 }
 
@@ -647,6 +669,49 @@ pub(crate) mod tests {
             Watcher::default().verdict(&rec, &here, Instant::now()),
             Verdict::Dead(Death::Exited),
             "judged afresh"
+        );
+    }
+
+    #[test]
+    fn a_dead_process_s_pidfd_is_closed_when_a_new_one_is_watched() {
+        let here = Here::current();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "liveness::tests::no-such-test", "-q"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let Some(start) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| parse_stat_start_ticks(&s))
+        else {
+            // Exited before its start time could be read: nothing to bind.
+            child.wait().unwrap();
+            return;
+        };
+        let rec = ProcessRecord {
+            pid,
+            start_ticks: start,
+            ..here.process
+        };
+        let mut w = Watcher::default();
+        if w.verdict(&rec, &here, Instant::now()) != Verdict::Alive {
+            child.wait().unwrap();
+            return; // already gone: never bound
+        }
+        assert_eq!(w.bound(), 1);
+        child.wait().unwrap();
+        // Another process is watched: the dead one's pidfd goes, its verdict
+        // stays.
+        assert_eq!(
+            w.verdict(&here.process, &here, Instant::now()),
+            Verdict::Alive
+        );
+        assert_eq!(w.bound(), 1, "only this process's pidfd is left");
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            w.verdict(&rec, &here, Instant::now()),
+            Verdict::Dead(Death::Exited)
         );
     }
 
