@@ -84,8 +84,12 @@ const READ_BUF: usize = head::MAX_RESPONSE_HEAD;
 const _: () = assert!(READ_BUF >= head::MAX_RESPONSE_HEAD);
 /// How long a request waits before it retries on a new connection that
 /// was closed before its response (an owner's pending budget evicted it):
-/// long enough for the burst that evicted it to be admitted.
+/// long enough for the burst that evicted it to be admitted; each further
+/// retry waits 5 times longer (5, 25, 125 ms).
 const FRESH_RETRY_PAUSE: Duration = Duration::from_millis(5);
+/// Retries of a request whose new connection was closed before any
+/// response byte (a pooled connection that fails gets one, on a new one).
+const MAX_FRESH_RETRIES: usize = 3;
 /// Most threads one `import_many` call uses (the calling thread included).
 /// Each runs one batch at a time; per-owner parallelism is bounded by
 /// `max-connections-per-owner` anyway, this bounds fan-out to many owners.
@@ -522,10 +526,11 @@ impl Client {
         out
     }
 
-    /// Sends one request and reads its response head, retrying once on a
-    /// fresh connection when one fails before any response byte: a pooled
-    /// one (the owner closed it idle, or restarted), or, after a short
-    /// pause, a new one (an owner that admits at most
+    /// Sends one request and reads its response head, retrying on a fresh
+    /// connection when one fails before any response byte: once for a
+    /// pooled one (the owner closed it idle, or restarted), up to
+    /// `MAX_FRESH_RETRIES` times, backing off, for a new one (an owner that
+    /// admits at most
     /// `max-pending-per-peer` new connections from one address closes the
     /// oldest when a burst of them arrives, as when many consumer
     /// processes on one machine connect at once). Every request this client
@@ -536,7 +541,7 @@ impl Client {
         req: &Request<'_>,
     ) -> PluginResult<(Checkout, ResponseHead)> {
         let mut co = self.checkout(pool)?;
-        let mut fresh_retried = false;
+        let mut retries = 0usize;
         loop {
             self.stats.requests_sent.inc();
             if co.reused {
@@ -556,18 +561,18 @@ impl Client {
                     // (its idle-timeout), or it restarted: try a fresh one.
                     debug!(target: "http", owner = %pool.addr, error = %e, "pooled connection failed, retrying on a new one");
                     self.stats.retries.inc();
-                    // One retry per request, whichever kind.
-                    fresh_retried = true;
+                    // A pooled connection gets this one retry only.
+                    retries = MAX_FRESH_RETRIES;
                     co.conn = None;
                     co.conn = Some(self.connect(pool)?);
                     co.reused = false;
                 }
-                SendError::NoResponse(e) if !fresh_retried && !is_timeout(&e) => {
-                    debug!(target: "http", owner = %pool.addr, error = %e, "a new connection was closed before the response, retrying once");
+                SendError::NoResponse(e) if retries < MAX_FRESH_RETRIES && !is_timeout(&e) => {
+                    debug!(target: "http", owner = %pool.addr, error = %e, retries, "a new connection was closed before the response, retrying");
                     self.stats.retries.inc();
-                    fresh_retried = true;
                     co.conn = None;
-                    std::thread::sleep(FRESH_RETRY_PAUSE);
+                    std::thread::sleep(FRESH_RETRY_PAUSE * 5u32.pow(retries as u32));
+                    retries += 1;
                     co.conn = Some(self.connect(pool)?);
                 }
                 SendError::NoResponse(e) => {
