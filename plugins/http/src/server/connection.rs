@@ -158,6 +158,17 @@ impl Pending {
     pub(super) async fn evicted(&self) {
         self.evict.0.notified().await;
     }
+
+    /// Whether the connection has made an authenticated request: it no
+    /// longer counts as pending. One evicted in the moment its first
+    /// request was being admitted is admitted all the same (it showed the
+    /// token), and its response must not be cut short.
+    pub(super) fn admitted(&self) -> bool {
+        self.ticket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
 }
 
 /// Per-connection clocks the watchdog reads (milliseconds since
@@ -458,6 +469,12 @@ pub(super) async fn serve_http<S>(
                 break;
             }
             () = pending.evicted() => {
+                if pending.admitted() {
+                    // Evicted while its first request was being admitted
+                    // (the eviction's notice outlived the race): it is not
+                    // pending any more; keep serving it.
+                    continue;
+                }
                 shared.stats.connections_evicted.inc();
                 debug!(target: "http", peer = %peer, "pending connection evicted to make room");
                 break;
@@ -478,5 +495,41 @@ pub(super) async fn serve_http<S>(
                 drain_until = Some(Instant::now() + SHUTDOWN_GRACE.min(shared.request_timeout));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    /// The race behind responses cut short under a burst of connections
+    /// from one address: the budget evicts a connection (its notice is kept
+    /// until the connection's task waits for it) just as its first request
+    /// is admitted. The task then finds the notice, and must see that the
+    /// connection is admitted, and keep serving it.
+    #[tokio::test]
+    async fn an_eviction_that_lost_the_race_to_admission_is_ignored() {
+        let admission = Admission::new(8, 1);
+        let peer: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let pending = |a: &Arc<Admission<Evict>>| {
+            let evict = Evict::default();
+            let ticket = a.enter(peer, evict.clone());
+            Pending {
+                evict,
+                ticket: Arc::new(Mutex::new(Some(ticket))),
+                peer: Some(peer),
+            }
+        };
+        let first = pending(&admission);
+        assert!(!first.admitted());
+        // A second connection from the same address evicts the first...
+        let _second = pending(&admission);
+        // ...whose request is admitted in the same moment.
+        first.admit();
+        // The notice is there at once; the connection is admitted.
+        tokio::time::timeout(Duration::from_secs(60), first.evicted())
+            .await
+            .expect("the eviction's notice is kept");
+        assert!(first.admitted(), "its task keeps serving it");
     }
 }
