@@ -25,7 +25,7 @@ const COLORS: &[&str] = &[
 ];
 
 /// Escapes text for SVG.
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -34,8 +34,8 @@ fn esc(s: &str) -> String {
 
 /// A `w` x `h` SVG document on white: `title` at the top left (`left` from
 /// the edge), then `body` (SVG elements, one per line). The frame of the
-/// line charts of `bench cluster` and `bench load`.
-pub(super) fn page(w: f64, h: f64, left: f64, title: &str, body: &str) -> String {
+/// line charts of `bench cluster`, `bench load` and the chaos soak.
+pub(crate) fn page(w: f64, h: f64, left: f64, title: &str, body: &str) -> String {
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -46,7 +46,7 @@ pub(super) fn page(w: f64, h: f64, left: f64, title: &str, body: &str) -> String
 }
 
 /// A 2-pixel `color` polyline through `points` (SVG coordinates), one line.
-pub(super) fn polyline(color: &str, points: impl IntoIterator<Item = (f64, f64)>) -> String {
+pub(crate) fn polyline(color: &str, points: impl IntoIterator<Item = (f64, f64)>) -> String {
     let points: Vec<String> = points
         .into_iter()
         .map(|(x, y)| format!("{x:.1},{y:.1}"))

@@ -1,22 +1,15 @@
 //! The chaos soak's plot: RSS and open fds over time, for the never-killed
-//! reference workers and for all workers. Hand-written SVG in the style of
-//! the benchmark plots (same frame: white page, title top left, 2-pixel
-//! polylines), so no drawing library is needed.
+//! reference workers and for all workers, drawn with the benchmark plots'
+//! frame and polylines (`bench::plot`), so no drawing library is needed.
 
 use std::fmt::Write as _;
 
 use super::chaos::ChaosReport;
+use crate::bench::plot::{esc, page, polyline};
 
 const W: f64 = 760.0;
 const H: f64 = 400.0;
 const PAD: f64 = 60.0;
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 /// The report's snapshots as an SVG document: four lines, each scaled to
 /// its own maximum (written in the legend), against seconds.
@@ -87,14 +80,10 @@ pub fn svg(r: &ChaosReport) -> String {
     }
     for (n, (color, name, value, unit)) in series.iter().enumerate() {
         let max = (0..snaps.len()).map(value).fold(0.0, f64::max);
-        let points: Vec<String> = (0..snaps.len())
-            .map(|i| format!("{:.1},{:.1}", x(snaps[i].t_s), y(value(i), max)))
-            .collect();
-        let _ = writeln!(
-            body,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
-            points.join(" ")
-        );
+        body.push_str(&polyline(
+            color,
+            (0..snaps.len()).map(|i| (x(snaps[i].t_s), y(value(i), max))),
+        ));
         let ly = H - 18.0;
         let lx = PAD + n as f64 * 170.0;
         let _ = writeln!(
@@ -115,11 +104,5 @@ pub fn svg(r: &ChaosReport) -> String {
         "shardport soak --chaos: {:.0} s, {} fetches, {} wrong bytes, {} leaked segments; each line scaled to its maximum; dashed: the mark",
         r.duration_s, r.fetches, r.wrong_bytes, r.leaked_segments
     );
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{PAD}\" y=\"24\" font-family=\"sans-serif\" font-size=\"12\">{}</text>\n\
-         {body}</svg>\n",
-        esc(&title)
-    )
+    page(W, H, PAD, &title, &body)
 }
