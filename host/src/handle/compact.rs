@@ -28,15 +28,11 @@
 //! descriptor never unpacks to more than its declared length
 //! (`MAX_DESCRIPTOR` at most).
 
-use std::collections::BTreeMap;
-
 use shardport_abi::{
     Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
 };
 
-use super::{
-    Export, Handle, HandleError, Owner, Reader, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_TAGS,
-};
+use super::{Export, Handle, HandleError, Owner, Reader, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS};
 use crate::{identity::NodeIdentity, vocab::TransportName};
 
 pub(super) const MAGIC: &[u8; 2] = b"SH";
@@ -61,7 +57,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     }
 }
 
-fn put_str8(out: &mut Vec<u8>, s: &str) {
+pub(super) fn put_str8(out: &mut Vec<u8>, s: &str) {
     debug_assert!(s.len() <= u8::MAX as usize);
     out.push(s.len() as u8);
     out.extend_from_slice(s.as_bytes());
@@ -412,16 +408,7 @@ pub(super) fn decode(buf: &[u8]) -> Result<Handle, HandleError> {
         byte_len,
         checksum,
     };
-    let ntags = r.u8("tag count")? as usize;
-    if ntags > MAX_TAGS {
-        return Err(r.err(format!("{ntags} tags, limit {MAX_TAGS}")));
-    }
-    let mut tags = BTreeMap::new();
-    for _ in 0..ntags {
-        let k = r.str8("tag key", crate::vocab::MAX_TAG_LEN)?;
-        let v = r.str8("tag value", crate::vocab::MAX_TAG_LEN)?;
-        tags.insert(k, v);
-    }
+    let tags = r.tags()?;
     let addr = r.str8("owner address", crate::vocab::MAX_ADDR)?;
     let boot_id = match r.u8("boot id form")? {
         0 => r.str8("owner boot id", crate::identity::MAX_BOOT_ID)?,

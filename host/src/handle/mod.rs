@@ -244,13 +244,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-#[cfg(test)]
-fn put_str8(out: &mut Vec<u8>, s: &str) {
-    debug_assert!(s.len() <= u8::MAX as usize);
-    out.push(s.len() as u8);
-    out.extend_from_slice(s.as_bytes());
-}
-
 impl Handle {
     /// Checks every invariant a decoded handle must satisfy.
     pub fn validate(&self) -> Result<(), String> {
@@ -373,11 +366,11 @@ impl Handle {
         out.extend_from_slice(&value.to_le_bytes());
         out.push(self.tags.len() as u8);
         for (k, v) in &self.tags {
-            put_str8(&mut out, k);
-            put_str8(&mut out, v);
+            compact::put_str8(&mut out, k);
+            compact::put_str8(&mut out, v);
         }
-        put_str8(&mut out, &self.owner.addr);
-        put_str8(&mut out, &self.owner.identity.boot_id);
+        compact::put_str8(&mut out, &self.owner.addr);
+        compact::put_str8(&mut out, &self.owner.identity.boot_id);
         for v in [
             self.owner.identity.shm_device,
             self.owner.identity.ipc_ns,
@@ -388,7 +381,7 @@ impl Handle {
         }
         out.push(self.exports.len() as u8);
         for e in &self.exports {
-            put_str8(&mut out, e.transport.as_str());
+            compact::put_str8(&mut out, e.transport.as_str());
             out.extend_from_slice(&(e.descriptor.len() as u16).to_le_bytes());
             out.extend_from_slice(&e.descriptor);
         }
