@@ -161,6 +161,16 @@ impl NodeWorker {
         self.w.call(req).map_err(|e| e.to_string())
     }
 
+    /// Puts `len` bytes of the pattern seeded by `seed`, untagged.
+    fn put(&mut self, len: u64, seed: u64) -> Result<crate::worker::Reply, String> {
+        self.call(&Request::Put {
+            len,
+            seed,
+            dtype: None,
+            tags: Default::default(),
+        })
+    }
+
     /// User + system CPU seconds of the worker so far.
     fn cpu_s(&self) -> f64 {
         self.w.cpu_seconds()
@@ -233,12 +243,7 @@ fn killed_relay(
     rate_bps: u64,
 ) -> Result<KilledRelay, String> {
     let seed = 7000 + n as u64;
-    let put = workers[0].call(&Request::Put {
-        len: size,
-        seed,
-        dtype: None,
-        tags: Default::default(),
-    })?;
+    let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
     let failovers = |ws: &mut [NodeWorker]| -> Result<u64, String> {
         ws[2..=n].iter_mut().try_fold(0u64, |t, w| {
@@ -382,12 +387,7 @@ fn one_row(
 ) -> Result<ClusterRow, String> {
     let seed = 1000 + size % 997 + n as u64;
     // Broadcast: node 0 owns, nodes 1..=n fetch at once.
-    let put = workers[0].call(&Request::Put {
-        len: size,
-        seed,
-        dtype: None,
-        tags: Default::default(),
-    })?;
+    let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
     let (owner_only, owner_only_cpu, direct_ok) = if opts.owner_only {
         broadcast(workers, n, &handle, seed, "direct")?
@@ -450,12 +450,7 @@ fn fan_in(
     let mut ids = Vec::with_capacity(n);
     for (i, w) in workers[1..=n].iter_mut().enumerate() {
         let s = seed + 1 + i as u64;
-        let r = w.call(&Request::Put {
-            len: size,
-            seed: s,
-            dtype: None,
-            tags: Default::default(),
-        })?;
+        let r = w.put(size, s)?;
         handles.push(r.handle.ok_or("a fan-in owner's put gave no handle")?);
         ids.push(r.id.unwrap_or_default());
         seeds.push(s);
