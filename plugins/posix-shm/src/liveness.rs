@@ -623,20 +623,26 @@ pub(crate) mod tests {
         assert_eq!(w.len(), 2);
     }
 
-    #[test]
-    fn a_watched_child_is_dead_once_it_exits() {
-        let here = Here::current();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    /// A child that exits at once (this test binary running no test), and
+    /// its start time if it could be read before it exited.
+    fn short_lived_child() -> (std::process::Child, Option<u64>) {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "liveness::tests::no-such-test", "-q"])
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let pid = child.id();
-        let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        let start = std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
             .ok()
             .and_then(|s| parse_stat_start_ticks(&s));
+        (child, start)
+    }
+
+    #[test]
+    fn a_watched_child_is_dead_once_it_exits() {
+        let here = Here::current();
+        let (mut child, start) = short_lived_child();
         let rec = ProcessRecord {
-            pid,
+            pid: child.id(),
             start_ticks: start.unwrap_or(1),
             ..here.process
         };
@@ -675,22 +681,14 @@ pub(crate) mod tests {
     #[test]
     fn a_dead_process_s_pidfd_is_closed_when_a_new_one_is_watched() {
         let here = Here::current();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "liveness::tests::no-such-test", "-q"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let Some(start) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| parse_stat_start_ticks(&s))
-        else {
+        let (mut child, start) = short_lived_child();
+        let Some(start) = start else {
             // Exited before its start time could be read: nothing to bind.
             child.wait().unwrap();
             return;
         };
         let rec = ProcessRecord {
-            pid,
+            pid: child.id(),
             start_ticks: start,
             ..here.process
         };
