@@ -569,22 +569,26 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Slot `i`'s config for the current generation.
+    fn current_config(&self, i: usize) -> String {
+        let s = &self.fleet.slots[i];
+        config_text(
+            self.opts,
+            &self.prefix,
+            s.role,
+            s.index,
+            self.generation,
+            true,
+        )
+    }
+
     /// Rewrites every worker's config for the next generation and reloads
     /// each one; then one worker is sent a config it must refuse.
     fn reload_round(&mut self) -> Result<(), String> {
         self.generation += 1;
         self.report.reloads.rounds += 1;
         for i in 0..self.fleet.slots.len() {
-            let s = &self.fleet.slots[i];
-            let text = config_text(
-                self.opts,
-                &self.prefix,
-                s.role,
-                s.index,
-                self.generation,
-                true,
-            );
-            write_atomic(&s.config, &text)?;
+            write_atomic(&self.fleet.slots[i].config, &self.current_config(i))?;
         }
         for i in 0..self.fleet.slots.len() {
             let req = Request::Reload {
@@ -608,16 +612,9 @@ impl Run<'_> {
         // A config that changes `node.name` (handles and metrics carry it)
         // must be refused, leaving the running config in force.
         let i = self.rng.below(self.fleet.slots.len());
-        let s = &self.fleet.slots[i];
-        let bad = config_text(
-            self.opts,
-            &self.prefix,
-            s.role,
-            s.index,
-            self.generation,
-            true,
-        )
-        .replacen("name = \"chaos-", "name = \"renamed-", 1);
+        let bad = self
+            .current_config(i)
+            .replacen("name = \"chaos-", "name = \"renamed-", 1);
         let probe = self.dir.join("probe.toml");
         write_atomic(&probe, &bad)?;
         let req = Request::Reload {
