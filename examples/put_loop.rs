@@ -19,6 +19,7 @@
 
 use std::{collections::BTreeMap, time::Instant};
 
+use shardport_host::vocab::TransportName;
 use shardport_host::{config, FetchMode, Node, TensorSpec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.put.export_to = Some(
         export_to
             .split(',')
-            .map(config::TransportName::new)
+            .map(TransportName::new)
             .collect::<Result<_, _>>()?,
     );
     let node = Node::start(cfg)?;

@@ -10,10 +10,11 @@ use std::{hint::black_box, sync::OnceLock};
 
 use divan::{counter::BytesCount, Bencher};
 use shardport_host::{
-    config::{self, FetchMode},
+    config,
     handle::Handle,
     identity::NodeIdentity,
     select::{self, Local, PluginFacts},
+    vocab::{FetchMode, SameNodeMatch},
     Node, TensorSpec,
 };
 
@@ -108,7 +109,7 @@ transports = ["http"]
             plugins: &facts,
             identity: &identity,
             owner_addr_local: true,
-            same_node: config::SameNodeMatch::Both,
+            same_node: SameNodeMatch::Both,
             routes: &[],
             experiments: &[],
             gates: &[],

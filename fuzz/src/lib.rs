@@ -26,8 +26,9 @@ use std::io::Cursor;
 use shardport_cli::{ab_report, control};
 use shardport_host::{
     config::{self, Origin},
-    handle::{Handle, MAX_JSON},
+    handle::Handle,
     snapshot::{self, Snapshot},
+    vocab::MAX_JSON,
 };
 
 /// A fuzz target: its name (binary and corpus directory) and its body.

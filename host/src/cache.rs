@@ -15,7 +15,7 @@ use shardport_abi::{ShardId, ShardMeta};
 
 use crate::vocab::ShardBytes;
 
-pub use crate::vocab::CachePolicy as Policy;
+use crate::vocab::CachePolicy as Policy;
 
 /// One entry as the pure decision function sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,15 @@
 //! checks), [`select`] (the pure selection rules), [`loader`] (how plugins
 //! are opened and checked) and finally [`node`] (put/fetch/remove), which
 //! ties them together.
+//!
+//! ## The public face
+//! One item, one path: every type is named by the module that defines it
+//! (`vocab::TransportName`, `error::LoadError`, `vocab::CachePolicy`), with
+//! no re-exports under other modules. The crate root re-exports the front
+//! types a program starts from ([`Node`], [`Config`], [`Handle`],
+//! [`HostError`], [`TensorSpec`], [`FetchMode`], [`Fetched`], [`Selection`],
+//! [`ShardBytes`], [`DevicePtr`], [`DeviceView`], [`NodeStats`]); anything
+//! else is reached through its module.
 #![forbid(unsafe_code)]
 
 // Leaves: import nothing of this crate.
@@ -63,9 +72,8 @@ pub mod loader;
 // A running node: put, fetch, remove, stats.
 pub mod node;
 
-pub use config::{Config, FetchMode};
+pub use config::Config;
 pub use error::HostError;
 pub use handle::Handle;
-pub use node::{
-    DevicePtr, DeviceView, Fetched, Node, NodeStats, Selection, ShardBytes, TensorSpec,
-};
+pub use node::{DevicePtr, DeviceView, Fetched, Node, NodeStats, Selection, TensorSpec};
+pub use vocab::{FetchMode, ShardBytes};

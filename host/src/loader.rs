@@ -71,7 +71,7 @@ impl fmt::Debug for LoadedPlugin {
     }
 }
 
-pub use crate::error::LoadError;
+use crate::error::LoadError;
 
 /// The plugin's refusal of its own config table (a `CONFIG` error from its
 /// constructor), located at the key it names in `spec`'s table.

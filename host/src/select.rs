@@ -18,8 +18,9 @@
 
 use shardport_abi::{Capabilities, DeviceKind, IdentityParts};
 
+use crate::vocab::{DeviceSel, FetchMode, SameNodeMatch, TransportName};
 use crate::{
-    config::{DeviceSel, Experiment, FetchMode, Route, RouteWhen, SameNodeMatch, TransportName},
+    config::{Experiment, Route, RouteWhen},
     experiment,
     handle::Handle,
     identity::NodeIdentity,

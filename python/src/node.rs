@@ -14,8 +14,9 @@ use pyo3::{
     types::{PyDict, PyString},
 };
 use shardport_abi::{Device, ShardId};
+use shardport_host::vocab::OnDowngrade;
 use shardport_host::{
-    config::{self, OnDowngrade, Origin},
+    config::{self, Origin},
     metrics::prometheus,
     Config, DevicePtr, FetchMode, Handle, HostError, Node, Selection, TensorSpec,
 };

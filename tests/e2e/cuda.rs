@@ -19,6 +19,7 @@ use shardport_cuda_ipc::{
 use shardport_host::{handle::Export, DevicePtr, FetchMode, HostError, Node, TensorSpec};
 
 use crate::util;
+use shardport_host::vocab::TransportName;
 
 fn gpu_or_skip(test: &str) -> bool {
     match unavailable_reason() {
@@ -187,7 +188,7 @@ fn cuda_only_handle(owner: &Node, len: u64) -> shardport_host::Handle {
         chunks: Vec::new(),
     };
     h.exports = vec![Export {
-        transport: shardport_host::config::TransportName::new("cuda-ipc").unwrap(),
+        transport: TransportName::new("cuda-ipc").unwrap(),
         descriptor: desc.encode(),
     }];
     h
@@ -734,7 +735,7 @@ fn exports_refused_by_can_import_are_not_candidates() {
     assert_eq!(
         plan.skipped,
         [(
-            shardport_host::config::TransportName::new("faulty").unwrap(),
+            TransportName::new("faulty").unwrap(),
             format!("not a candidate here: {}", FAULTY_UNREACHABLE)
         )]
     );

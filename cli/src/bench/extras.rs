@@ -9,8 +9,8 @@ use super::{
     BenchError, BenchOptions,
 };
 use crate::worker::{Request, WorkerProcess};
+use shardport_host::vocab::FetchMode;
 use shardport_host::{
-    config::FetchMode,
     node::{Node, TensorSpec},
     Handle,
 };

@@ -43,8 +43,8 @@ use super::{
     BenchError, BenchOptions,
 };
 use crate::worker::{check_pattern, fill_pattern, Request, WorkerProcess};
+use shardport_host::vocab::{FetchMode, Storage, TransportName};
 use shardport_host::{
-    config::{FetchMode, Storage, TransportName},
     handle::Handle,
     node::{Fetched, Node, TensorSpec},
 };

@@ -14,7 +14,7 @@ use std::{fmt, str::FromStr};
 
 use shardport_abi::{Capabilities, DeviceKind};
 
-use shardport_host::config::FetchMode;
+use shardport_host::vocab::FetchMode;
 
 /// A path through the system: a transport plus how the consumer uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

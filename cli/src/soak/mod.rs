@@ -14,7 +14,7 @@ use std::{ffi::OsString, fmt, path::PathBuf};
 use serde::Serialize;
 
 use crate::worker::{Request, WorkerError, WorkerProcess};
-use shardport_host::config::FetchMode;
+use shardport_host::vocab::FetchMode;
 
 /// Sizes the steps cycle through.
 pub const SOAK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];

@@ -24,10 +24,10 @@ use serde::{Deserialize, Serialize};
 pub mod load;
 use shardport_abi::{DType, ShardId};
 
+use shardport_host::vocab::{FetchMode, ShardBytes};
 use shardport_host::{
-    config::FetchMode,
     handle::Handle,
-    node::{Node, ShardBytes, TensorSpec},
+    node::{Node, TensorSpec},
 };
 
 /// Largest request line accepted (a handle is < 5 KiB in binary form).

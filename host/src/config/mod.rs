@@ -146,9 +146,8 @@ impl Origin {
 // ---------------------------------------------------------------------------
 // Validated config
 
-pub use crate::vocab::{
+use crate::vocab::{
     ChecksumPolicy, DeviceSel, FetchMode, OnDowngrade, SameNodeMatch, Storage, TransportName,
-    MAX_TRANSPORT_NAME,
 };
 
 /// A `*`/`?` glob over an owner address (`10.0.*:7070`).

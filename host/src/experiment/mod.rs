@@ -12,7 +12,7 @@
 //! The guardrail keeps, per arm, outcomes in a sliding window of time slots
 //! (driven by the node's injected clock, so tests do not sleep) and judges
 //! the arm's error rate and its p99 latency relative to the control arm's.
-//! [`state`] holds each arm's phase (enabled, tripped, probing) and the ramp.
+//! `state` holds each arm's phase (enabled, tripped, probing) and the ramp.
 
 use hdrhistogram::Histogram;
 use shardport_abi::ShardId;
@@ -258,7 +258,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::{Arm, RouteWhen, TransportName};
+    use crate::config::{Arm, RouteWhen};
+    use crate::vocab::TransportName;
 
     fn exp(unit: ExperimentUnit, weights: &[u32], guardrail: Option<Guardrail>) -> Experiment {
         Experiment {

@@ -406,7 +406,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{Arm, ExperimentUnit, Ramp, RouteWhen, TransportName};
+    use crate::config::{Arm, ExperimentUnit, Ramp, RouteWhen};
+    use crate::vocab::TransportName;
 
     const S: u64 = 1_000_000_000;
 

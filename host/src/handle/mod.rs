@@ -30,7 +30,7 @@ const MAGIC: &[u8; 4] = b"SPHD";
 /// Version of the binary form 1 (still read) and of the JSON form.
 const VERSION: u8 = 1;
 
-pub use crate::vocab::{
+use crate::vocab::{
     MAX_ADDR, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS, MAX_JSON, MAX_TAGS, MAX_TAG_LEN,
 };
 

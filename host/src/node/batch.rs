@@ -12,8 +12,8 @@ use std::{
 use shardport_abi::{AbiError, ErrorKind, ImportItem, RResult, RSlice, RSliceMut};
 
 use super::{lock, zeroed, Fetched, Generation, Node};
+use crate::vocab::FetchMode;
 use crate::{
-    config::FetchMode,
     error::HostError,
     handle::Handle,
     select::{Attempt, Plan},

@@ -3,7 +3,7 @@
 
 use shardport_abi::{Checksum, ChecksumAlgo, ROption};
 
-use crate::config::ChecksumPolicy;
+use crate::vocab::ChecksumPolicy;
 
 /// The checksum of `data` by `algo`; `None` for an algorithm this host
 /// does not know.

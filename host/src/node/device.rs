@@ -33,11 +33,8 @@ use super::{
     put::{check_put_size, check_tags, exports_to, Exported},
     Generation, Node, Selection, Stored, TensorSpec,
 };
-use crate::{
-    config::{FetchMode, TransportName},
-    error::HostError,
-    handle::Handle,
-};
+use crate::vocab::{FetchMode, TransportName};
+use crate::{error::HostError, handle::Handle};
 
 /// A CUDA device address (a `CUdeviceptr`), as a plain number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

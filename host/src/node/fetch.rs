@@ -8,8 +8,8 @@ use std::{
 use shardport_abi::{AbiError, ErrorKind, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
 use super::{checksum::compute, lock, zeroed, Fetched, Generation, Node, Selection};
+use crate::vocab::{FetchMode, OnDowngrade};
 use crate::{
-    config::{FetchMode, OnDowngrade},
     error::HostError,
     experiment::ArmEvent,
     handle::Handle,

@@ -6,7 +6,7 @@
 //! # Generations
 //! What a config reload replaces (the config, the plugin instances it lists,
 //! experiment states, the storage transport) is one immutable
-//! [`Generation`], swapped atomically. Every operation reads the live
+//! `Generation`, swapped atomically. Every operation reads the live
 //! generation once at its start and uses only it, so a fetch in flight
 //! finishes under the config it started with and a new one sees only the
 //! new config. What outlives reloads (owned shards, the cache, metrics,
@@ -37,14 +37,16 @@ use shardport_abi::{
 };
 use shardport_kit::hash::IdHashMap;
 
+use crate::error::LoadError;
+use crate::vocab::{FetchMode, Storage};
 use crate::{
     cache::{Cache, CacheStats},
-    config::{Config, FetchMode, Storage},
+    config::Config,
     error::HostError,
     experiment::ExperimentState,
     handle::{Handle, Owner},
     identity::{new_node_tag, unique_node_name, NodeIdentity},
-    loader::{config_refusal, load_all, LoadError, LoadedPlugin, NodeContext},
+    loader::{config_refusal, load_all, LoadedPlugin, NodeContext},
     locality::Locality,
     metrics::{ArmCounters, Metrics},
     select::PluginFacts,
@@ -126,7 +128,7 @@ struct OwnedShard {
     exported_by: Vec<Arc<LoadedPlugin>>,
 }
 
-pub use crate::vocab::ShardBytes;
+use crate::vocab::ShardBytes;
 
 /// Which transport served a fetch and why. Every fetch carries one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

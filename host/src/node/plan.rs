@@ -6,8 +6,8 @@
 use shardport_abi::{DeviceKind, OwnerClaim, RSlice};
 
 use super::{Generation, Node};
+use crate::vocab::FetchMode;
 use crate::{
-    config::FetchMode,
     handle::Handle,
     select::{plan, Attempt, Local, Plan},
 };

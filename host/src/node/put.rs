@@ -17,8 +17,8 @@ use super::{
     checksum::{checksum, copy_and_checksum},
     lock, zeroed, Generation, Node, OwnedShard, Stored, TensorSpec,
 };
+use crate::vocab::ChecksumPolicy;
 use crate::{
-    config::ChecksumPolicy,
     error::HostError,
     handle::{Export, Handle},
     loader::LoadedPlugin,

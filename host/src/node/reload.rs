@@ -26,8 +26,9 @@ use serde::Serialize;
 use shardport_abi::{ErrorKind, ShardId};
 
 use super::{lock, Generation, Node};
+use crate::vocab::{Storage, TransportName};
 use crate::{
-    config::{self, Config, Experiment, Origin, Storage, TransportName},
+    config::{self, Config, Experiment, Origin},
     error::HostError,
     loader::{config_refusal, load_instance, LoadedPlugin},
 };

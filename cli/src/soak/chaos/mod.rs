@@ -32,7 +32,7 @@ use std::{
 };
 
 use serde::Serialize;
-use shardport_host::config::FetchMode;
+use shardport_host::vocab::FetchMode;
 
 use crate::worker::{Reply, Request, WorkerError, WorkerProcess};
 
