@@ -19,6 +19,7 @@
 //! (stderr), and [`BenchReport`] serializes to the JSON file; [`plot`]
 //! draws the ratios as SVG. Numbers are reported, never asserted.
 
+pub mod cell;
 pub mod cluster;
 pub mod extras;
 pub mod limits;
@@ -34,7 +35,8 @@ use std::{ffi::OsString, path::PathBuf};
 pub use report::BenchReport;
 pub use spec::{Op, PathId};
 
-use matrix::{Cell, CellStatus, Runner};
+use cell::{Cell, CellStatus};
+use matrix::Runner;
 use shardport_host::{config::Config, node::Node};
 use spec::PathSpec;
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use shardport_kit::format_byte_size;
 
 use super::{
-    matrix::CellStatus,
+    cell::CellStatus,
     report::BenchReport,
     spec::{Op, PathId},
 };

@@ -6,9 +6,9 @@ use std::fmt;
 use shardport_kit::format_byte_size;
 
 use super::{
+    cell::{Cell, CellStatus, VIEW_TARGET_US},
     extras::Extra,
     limits::{Limits, SizeLimit, SUSPECT_RATIO},
-    matrix::{Cell, CellStatus, VIEW_TARGET_US},
     spec::{Op, PathId},
 };
 
@@ -619,7 +619,7 @@ mod tests {
 
     #[test]
     fn a_ratio_over_the_limit_gets_no_verdict_and_says_the_limit_is_suspect() {
-        use super::super::{matrix::Cell, spec::PathId, stats::Summary};
+        use super::super::{cell::Cell, spec::PathId, stats::Summary};
         let limits = Limits {
             memcpy: vec![SizeLimit {
                 size: 4096,
@@ -652,7 +652,7 @@ mod tests {
 
     #[test]
     fn latency_targets_judge_p50_and_p99_of_the_4_kib_cell() {
-        use super::super::{matrix::Cell, spec::PathId, stats::Summary};
+        use super::super::{cell::Cell, spec::PathId, stats::Summary};
         let limits = Limits::default();
         let cell = |size: u64, us: &[f64]| {
             let samples = Summary::of_us(&mut us.to_vec()).unwrap();

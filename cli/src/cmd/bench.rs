@@ -233,7 +233,7 @@ pub fn run(args: Args) -> Outcome {
     let mut failed: Vec<String> = report
         .cells
         .iter()
-        .filter(|c| c.status == bench::matrix::CellStatus::Failed)
+        .filter(|c| c.status == bench::cell::CellStatus::Failed)
         .map(|c| {
             format!(
                 "{} {} {}",

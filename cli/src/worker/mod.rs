@@ -16,19 +16,21 @@ use std::{
     collections::{BTreeMap, HashMap},
     io::{self, BufRead, Write},
     sync::Arc,
-    time::Instant,
 };
 
 use serde::{Deserialize, Serialize};
 
-pub mod load;
-use shardport_abi::{DType, ShardId};
-
-use shardport_host::vocab::{FetchMode, ShardBytes};
+use shardport_abi::ShardId;
 use shardport_host::{
     handle::Handle,
-    node::{Node, TensorSpec},
+    node::Node,
+    vocab::{FetchMode, ShardBytes},
 };
+
+pub mod load;
+mod ops;
+mod process;
+pub use process::{WorkerError, WorkerProcess};
 
 /// Largest request line accepted (a handle is < 5 KiB in binary form).
 pub const MAX_REQUEST_LINE: usize = 1 << 20;
@@ -401,68 +403,12 @@ fn decode_handle(hex_text: &str, only: Option<&str>) -> Result<Handle, String> {
     Ok(h)
 }
 
+/// Answers one request.
 fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
-    let held = &mut state.held;
     match req {
-        Request::PutBuffer { len, seed, tags } => {
-            let Ok(n) = usize::try_from(len) else {
-                return Reply::err(format!("{len} bytes do not fit in memory here"));
-            };
-            let source = match &mut state.source {
-                Some((s, buf)) if *s == seed && buf.len() == n => buf,
-                slot => {
-                    let mut buf = Vec::new();
-                    if buf.try_reserve_exact(n).is_err() {
-                        return Reply::err(format!("cannot allocate a {len}-byte source buffer"));
-                    }
-                    buf.resize(n, 0);
-                    fill_pattern(&mut buf, seed);
-                    &mut slot.insert((seed, buf)).1
-                }
-            };
-            let start = Instant::now();
-            match node.put(source, &TensorSpec::bytes(len), tags) {
-                Ok(h) => Reply {
-                    ns: Some(start.elapsed().as_nanos() as u64),
-                    handle: Some(hex::encode(h.to_bytes())),
-                    id: Some(h.id.to_string()),
-                    ..Reply::ok()
-                },
-                Err(e) => Reply::err(e),
-            }
-        }
+        Request::PutBuffer { len, seed, tags } => ops::put_buffer(node, state, len, seed, tags),
         Request::FetchBuffer { handle, only, seed } => {
-            let h = match decode_handle(&handle, only.as_deref()) {
-                Ok(h) => h,
-                Err(e) => return Reply::err(e),
-            };
-            let Ok(n) = usize::try_from(h.meta.byte_len) else {
-                return Reply::err("the shard does not fit in memory here");
-            };
-            if state.scratch.len() != n {
-                state.scratch = Vec::new();
-                if state.scratch.try_reserve_exact(n).is_err() {
-                    return Reply::err(format!("cannot allocate a {n}-byte buffer"));
-                }
-                state.scratch.resize(n, 0);
-            }
-            let start = Instant::now();
-            match node.fetch_into(&h, &mut state.scratch) {
-                Ok(sel) => {
-                    let ns = start.elapsed().as_nanos() as u64;
-                    Reply {
-                        id: Some(h.id.to_string()),
-                        ns: Some(ns),
-                        transport: Some(sel.transport),
-                        reason: Some(sel.reason),
-                        downgraded: Some(sel.downgraded),
-                        mode: Some(sel.mode),
-                        verified: seed.map(|s| check_pattern(&state.scratch, s)),
-                        ..Reply::ok()
-                    }
-                }
-                Err(e) => Reply::host_err(&e),
-            }
+            ops::fetch_buffer(node, state, &handle, only.as_deref(), seed)
         }
         Request::Load(spec) => match load::run_loop(node, &spec) {
             Ok(r) => Reply {
@@ -478,115 +424,22 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             },
             Err(e) => Reply::err(e),
         },
-        Request::FetchMany { handles, seeds } => {
-            let hs: Result<Vec<Handle>, String> = handles
-                .iter()
-                .map(|h| decode_handle(h, None).map_err(|e| e.to_string()))
-                .collect();
-            let hs = match hs {
-                Ok(h) => h,
-                Err(e) => return Reply::err(e),
-            };
-            if seeds.as_ref().is_some_and(|s| s.len() != hs.len()) {
-                return Reply::err("`seeds` must have one seed per handle");
-            }
-            let start = Instant::now();
-            let results = match node.fetch_many(&hs, FetchMode::Copy) {
-                Ok(r) => r,
-                Err(e) => return Reply::err(e),
-            };
-            let ns = start.elapsed().as_nanos() as u64;
-            let mut verified = true;
-            let mut transports = Vec::new();
-            for (i, r) in results.into_iter().enumerate() {
-                match r {
-                    Ok(f) => {
-                        if let Some(s) = &seeds {
-                            verified &= check_pattern(&f.data, s[i]);
-                        }
-                        transports.push(f.selection.transport);
-                    }
-                    Err(e) => return Reply::err(format!("shard {i}: {e}")),
-                }
-            }
-            transports.dedup();
-            Reply {
-                ns: Some(ns),
-                transport: Some(transports.join(",")),
-                verified: seeds.as_ref().map(|_| verified),
-                ..Reply::ok()
-            }
-        }
+        Request::FetchMany { handles, seeds } => ops::fetch_many(node, &handles, seeds),
         Request::Put {
             len,
             seed,
             dtype,
             tags,
-        } => {
-            let dtype = match dtype.as_deref().map(DType::from_name) {
-                None => DType::U8,
-                Some(Some(d)) => d,
-                Some(None) => {
-                    return Reply::err(format!("unknown dtype `{}`", dtype.unwrap_or_default()))
-                }
-            };
-            let width = u64::from(dtype.bits().unwrap_or(8).div_ceil(8));
-            if len % width != 0 {
-                return Reply::err(format!(
-                    "{len} bytes is not a whole number of {dtype} elements"
-                ));
-            }
-            let spec = TensorSpec {
-                dtype,
-                shape: vec![len / width],
-                device: shardport_abi::Device::CPU,
-            };
-            let start = Instant::now();
-            match node.put_with(&spec, tags, |dst| fill_pattern(dst, seed)) {
-                Ok(h) => Reply {
-                    handle: Some(hex::encode(h.to_bytes())),
-                    id: Some(h.id.to_string()),
-                    ns: Some(start.elapsed().as_nanos() as u64),
-                    ..Reply::ok()
-                },
-                Err(e) => Reply::host_err(&e),
-            }
-        }
+        } => ops::put(node, len, seed, dtype, tags),
         Request::Fetch {
             handle,
             mode,
             seed,
             hold,
             only,
-        } => {
-            let h = match decode_handle(&handle, only.as_deref()) {
-                Ok(h) => h,
-                Err(e) => return Reply::err(e),
-            };
-            let mode = mode.unwrap_or(node.config().fetch.mode);
-            match node.fetch_mode(&h, mode) {
-                Ok(f) => {
-                    let ns = f.elapsed.as_nanos() as u64;
-                    let verified = seed.map(|s| check_pattern(&f.data, s));
-                    if hold {
-                        held.insert(f.id, Arc::clone(&f.data));
-                    }
-                    Reply {
-                        id: Some(f.id.to_string()),
-                        ns: Some(ns),
-                        transport: Some(f.selection.transport),
-                        reason: Some(f.selection.reason),
-                        downgraded: Some(f.selection.downgraded),
-                        mode: Some(f.selection.mode),
-                        verified,
-                        ..Reply::ok()
-                    }
-                }
-                Err(e) => Reply::host_err(&e),
-            }
-        }
+        } => ops::fetch(node, state, &handle, mode, seed, hold, only.as_deref()),
         Request::Check { id, seed } => match parse_id(&id) {
-            Ok(id) => match held.get(&id) {
+            Ok(id) => match state.held.get(&id) {
                 Some(data) => Reply {
                     verified: Some(check_pattern(data, seed)),
                     ..Reply::ok()
@@ -599,7 +452,7 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             let mut missing = Vec::new();
             for s in ids {
                 match parse_id(&s) {
-                    Ok(id) if held.remove(&id).is_some() => {}
+                    Ok(id) if state.held.remove(&id).is_some() => {}
                     _ => missing.push(s),
                 }
             }
@@ -608,43 +461,8 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 ..Reply::ok()
             }
         }
-        Request::Remove { ids } => {
-            let mut parsed = Vec::new();
-            for s in &ids {
-                match parse_id(s) {
-                    Ok(id) => parsed.push(id),
-                    Err(e) => return Reply::err(e),
-                }
-            }
-            let missing = node
-                .remove(&parsed)
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            Reply {
-                missing: Some(missing),
-                ..Reply::ok()
-            }
-        }
-        Request::Drain { ids } => {
-            if ids.is_empty() {
-                return Reply {
-                    drained: Some(node.drain_all()),
-                    ..Reply::ok()
-                };
-            }
-            match ids
-                .iter()
-                .map(|s| parse_id(s))
-                .collect::<Result<Vec<_>, _>>()
-            {
-                Ok(ids) => Reply {
-                    drained: Some(node.drain(&ids)),
-                    ..Reply::ok()
-                },
-                Err(e) => Reply::err(e),
-            }
-        }
+        Request::Remove { ids } => ops::remove(node, &ids),
+        Request::Drain { ids } => ops::drain(node, &ids),
         Request::Sweep => Reply {
             swept: Some(node.sweep_json()),
             ..Reply::ok()
@@ -702,223 +520,5 @@ mod tests {
         let id = ShardId::from_u128(0xabc);
         assert_eq!(parse_id(&id.to_string()), Ok(id));
         assert!(parse_id("xyz").is_err());
-    }
-}
-
-/// A `shardport worker` child process and its pipes.
-#[derive(Debug)]
-pub struct WorkerProcess {
-    role: String,
-    child: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    stdout: io::BufReader<std::process::ChildStdout>,
-}
-
-/// Errors talking to a worker process.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// The process could not be started.
-    #[error("cannot start the {role} process ({exe}): {source}")]
-    Spawn {
-        /// Role in messages (`owner`, `consumer`).
-        role: String,
-        /// Executable.
-        exe: String,
-        /// OS error.
-        source: io::Error,
-    },
-    /// The process closed its pipes or exited.
-    #[error("the {role} process exited before answering ({status}); its error is above")]
-    Exited {
-        /// Role.
-        role: String,
-        /// Exit status text.
-        status: String,
-    },
-    /// Pipe I/O failed.
-    #[error("talking to the {role} process: {source}")]
-    Io {
-        /// Role.
-        role: String,
-        /// OS error.
-        source: io::Error,
-    },
-    /// The reply was not valid JSON.
-    #[error("the {role} process sent an invalid reply `{line}`: {source}")]
-    BadReply {
-        /// Role.
-        role: String,
-        /// The line.
-        line: String,
-        /// Parse error.
-        source: serde_json::Error,
-    },
-    /// The worker answered with an error.
-    #[error("{role}: {message}")]
-    Failed {
-        /// Role.
-        role: String,
-        /// The worker's error text.
-        message: String,
-    },
-}
-
-impl WorkerProcess {
-    /// Starts `exe worker <args>` with piped stdin/stdout (stderr inherited).
-    pub fn spawn(
-        role: &str,
-        exe: &std::path::Path,
-        args: &[std::ffi::OsString],
-    ) -> Result<WorkerProcess, WorkerError> {
-        Self::spawn_with_env(role, exe, args, &[])
-    }
-
-    /// [`spawn`](Self::spawn) with these environment variables set in the child.
-    pub fn spawn_with_env(
-        role: &str,
-        exe: &std::path::Path,
-        args: &[std::ffi::OsString],
-        env: &[(String, String)],
-    ) -> Result<WorkerProcess, WorkerError> {
-        let mut command = std::process::Command::new(exe);
-        command
-            .arg("worker")
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)));
-        Self::spawn_command(role, command)
-    }
-
-    /// Starts `command` (which runs `shardport worker ...`, possibly through
-    /// a wrapper such as `ip netns exec`) with piped stdin/stdout.
-    pub fn spawn_command(
-        role: &str,
-        mut command: std::process::Command,
-    ) -> Result<WorkerProcess, WorkerError> {
-        let shown = command.get_program().to_string_lossy().into_owned();
-        let mut child = command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .map_err(|source| WorkerError::Spawn {
-                role: role.to_owned(),
-                exe: shown,
-                source,
-            })?;
-        let stdin = child.stdin.take();
-        let stdout = io::BufReader::new(child.stdout.take().expect("stdout is piped"));
-        Ok(WorkerProcess {
-            role: role.to_owned(),
-            child,
-            stdin,
-            stdout,
-        })
-    }
-
-    /// The child's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// User + system CPU seconds the child has used so far (fields 14 and
-    /// 15 of `/proc/<pid>/stat`); 0 where the file cannot be read or parsed.
-    pub fn cpu_seconds(&self) -> f64 {
-        let read = || -> Option<f64> {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-            // The command name may hold spaces and parentheses: fields are
-            // counted after its closing one.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / rustix::param::clock_ticks_per_second() as f64)
-        };
-        read().unwrap_or(0.0)
-    }
-
-    /// Sends one request and reads its reply; a reply with `ok: false` is an error.
-    pub fn call(&mut self, req: &Request) -> Result<Reply, WorkerError> {
-        let reply = self.call_raw(req)?;
-        if reply.ok {
-            Ok(reply)
-        } else {
-            Err(WorkerError::Failed {
-                role: self.role.clone(),
-                message: reply.error.unwrap_or_default(),
-            })
-        }
-    }
-
-    /// Sends one request and returns the reply whatever its `ok`.
-    pub fn call_raw(&mut self, req: &Request) -> Result<Reply, WorkerError> {
-        let io_err = |role: &str, source| WorkerError::Io {
-            role: role.to_owned(),
-            source,
-        };
-        let mut line = serde_json::to_string(req).expect("requests serialize");
-        line.push('\n');
-        let sent = match self.stdin.as_mut() {
-            Some(stdin) => stdin
-                .write_all(line.as_bytes())
-                .and_then(|()| stdin.flush()),
-            None => Err(io::Error::from(io::ErrorKind::BrokenPipe)),
-        };
-        if let Err(e) = sent {
-            return Err(if e.kind() == io::ErrorKind::BrokenPipe {
-                self.exited()
-            } else {
-                io_err(&self.role, e)
-            });
-        }
-        let mut answer = String::new();
-        let n = self
-            .stdout
-            .read_line(&mut answer)
-            .map_err(|e| io_err(&self.role, e))?;
-        if n == 0 {
-            return Err(self.exited());
-        }
-        serde_json::from_str(&answer).map_err(|source| WorkerError::BadReply {
-            role: self.role.clone(),
-            line: answer.trim_end().to_owned(),
-            source,
-        })
-    }
-
-    fn exited(&mut self) -> WorkerError {
-        let status = match self.child.wait() {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("status unknown: {e}"),
-        };
-        WorkerError::Exited {
-            role: self.role.clone(),
-            status,
-        }
-    }
-
-    /// Asks the worker to exit and waits for it.
-    pub fn exit(mut self) -> Result<std::process::ExitStatus, WorkerError> {
-        let _ = self.call_raw(&Request::Exit);
-        self.stdin.take();
-        self.child.wait().map_err(|source| WorkerError::Io {
-            role: self.role.clone(),
-            source,
-        })
-    }
-
-    /// Kills the worker with SIGKILL (tests of peer death).
-    pub fn kill(mut self) -> io::Result<()> {
-        self.child.kill()?;
-        self.child.wait().map(|_| ())
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        // Closing stdin ends `serve`; a worker that is still alive after that
-        // is reaped so no zombie outlives us.
-        self.stdin.take();
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.wait();
-        }
     }
 }

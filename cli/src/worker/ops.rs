@@ -1,0 +1,244 @@
+//! The worker's operations, one function per request kind that does more
+//! than one call (the dispatch is [`super::handle`]).
+
+use std::{collections::BTreeMap, sync::Arc, time::Instant};
+
+use shardport_abi::DType;
+use shardport_host::{
+    handle::Handle,
+    node::{Node, TensorSpec},
+    vocab::FetchMode,
+};
+
+use super::{check_pattern, decode_handle, fill_pattern, parse_id, Reply, State};
+
+/// `put_buffer`: a put from the buffer this worker keeps for `(len, seed)`.
+pub(super) fn put_buffer(
+    node: &Node,
+    state: &mut State,
+    len: u64,
+    seed: u64,
+    tags: BTreeMap<String, String>,
+) -> Reply {
+    let Ok(n) = usize::try_from(len) else {
+        return Reply::err(format!("{len} bytes do not fit in memory here"));
+    };
+    let source = match &mut state.source {
+        Some((s, buf)) if *s == seed && buf.len() == n => buf,
+        slot => {
+            let mut buf = Vec::new();
+            if buf.try_reserve_exact(n).is_err() {
+                return Reply::err(format!("cannot allocate a {len}-byte source buffer"));
+            }
+            buf.resize(n, 0);
+            fill_pattern(&mut buf, seed);
+            &mut slot.insert((seed, buf)).1
+        }
+    };
+    let start = Instant::now();
+    match node.put(source, &TensorSpec::bytes(len), tags) {
+        Ok(h) => Reply {
+            ns: Some(start.elapsed().as_nanos() as u64),
+            handle: Some(hex::encode(h.to_bytes())),
+            id: Some(h.id.to_string()),
+            ..Reply::ok()
+        },
+        Err(e) => Reply::err(e),
+    }
+}
+
+/// `fetch_buffer`: a copy into this worker's warm buffer, timed.
+pub(super) fn fetch_buffer(
+    node: &Node,
+    state: &mut State,
+    handle: &str,
+    only: Option<&str>,
+    seed: Option<u64>,
+) -> Reply {
+    let h = match decode_handle(handle, only) {
+        Ok(h) => h,
+        Err(e) => return Reply::err(e),
+    };
+    let Ok(n) = usize::try_from(h.meta.byte_len) else {
+        return Reply::err("the shard does not fit in memory here");
+    };
+    if state.scratch.len() != n {
+        state.scratch = Vec::new();
+        if state.scratch.try_reserve_exact(n).is_err() {
+            return Reply::err(format!("cannot allocate a {n}-byte buffer"));
+        }
+        state.scratch.resize(n, 0);
+    }
+    let start = Instant::now();
+    match node.fetch_into(&h, &mut state.scratch) {
+        Ok(sel) => {
+            let ns = start.elapsed().as_nanos() as u64;
+            Reply {
+                id: Some(h.id.to_string()),
+                ns: Some(ns),
+                transport: Some(sel.transport),
+                reason: Some(sel.reason),
+                downgraded: Some(sel.downgraded),
+                mode: Some(sel.mode),
+                verified: seed.map(|s| check_pattern(&state.scratch, s)),
+                ..Reply::ok()
+            }
+        }
+        Err(e) => Reply::host_err(&e),
+    }
+}
+
+/// `fetch_many`: one batch copy, each shard checked against its seed.
+pub(super) fn fetch_many(node: &Node, handles: &[String], seeds: Option<Vec<u64>>) -> Reply {
+    let hs: Result<Vec<Handle>, String> = handles
+        .iter()
+        .map(|h| decode_handle(h, None).map_err(|e| e.to_string()))
+        .collect();
+    let hs = match hs {
+        Ok(h) => h,
+        Err(e) => return Reply::err(e),
+    };
+    if seeds.as_ref().is_some_and(|s| s.len() != hs.len()) {
+        return Reply::err("`seeds` must have one seed per handle");
+    }
+    let start = Instant::now();
+    let results = match node.fetch_many(&hs, FetchMode::Copy) {
+        Ok(r) => r,
+        Err(e) => return Reply::err(e),
+    };
+    let ns = start.elapsed().as_nanos() as u64;
+    let mut verified = true;
+    let mut transports = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(f) => {
+                if let Some(s) = &seeds {
+                    verified &= check_pattern(&f.data, s[i]);
+                }
+                transports.push(f.selection.transport);
+            }
+            Err(e) => return Reply::err(format!("shard {i}: {e}")),
+        }
+    }
+    transports.dedup();
+    Reply {
+        ns: Some(ns),
+        transport: Some(transports.join(",")),
+        verified: seeds.as_ref().map(|_| verified),
+        ..Reply::ok()
+    }
+}
+
+/// `put`: `len` bytes of the pattern for `seed`, as `dtype` elements.
+pub(super) fn put(
+    node: &Node,
+    len: u64,
+    seed: u64,
+    dtype: Option<String>,
+    tags: BTreeMap<String, String>,
+) -> Reply {
+    let dtype = match dtype.as_deref().map(DType::from_name) {
+        None => DType::U8,
+        Some(Some(d)) => d,
+        Some(None) => return Reply::err(format!("unknown dtype `{}`", dtype.unwrap_or_default())),
+    };
+    let width = u64::from(dtype.bits().unwrap_or(8).div_ceil(8));
+    if len % width != 0 {
+        return Reply::err(format!(
+            "{len} bytes is not a whole number of {dtype} elements"
+        ));
+    }
+    let spec = TensorSpec {
+        dtype,
+        shape: vec![len / width],
+        device: shardport_abi::Device::CPU,
+    };
+    let start = Instant::now();
+    match node.put_with(&spec, tags, |dst| fill_pattern(dst, seed)) {
+        Ok(h) => Reply {
+            handle: Some(hex::encode(h.to_bytes())),
+            id: Some(h.id.to_string()),
+            ns: Some(start.elapsed().as_nanos() as u64),
+            ..Reply::ok()
+        },
+        Err(e) => Reply::host_err(&e),
+    }
+}
+
+/// `fetch`: one fetch, checked, kept until `release` when `hold`.
+pub(super) fn fetch(
+    node: &Node,
+    state: &mut State,
+    handle: &str,
+    mode: Option<FetchMode>,
+    seed: Option<u64>,
+    hold: bool,
+    only: Option<&str>,
+) -> Reply {
+    let h = match decode_handle(handle, only) {
+        Ok(h) => h,
+        Err(e) => return Reply::err(e),
+    };
+    let mode = mode.unwrap_or(node.config().fetch.mode);
+    match node.fetch_mode(&h, mode) {
+        Ok(f) => {
+            let ns = f.elapsed.as_nanos() as u64;
+            let verified = seed.map(|s| check_pattern(&f.data, s));
+            if hold {
+                state.held.insert(f.id, Arc::clone(&f.data));
+            }
+            Reply {
+                id: Some(f.id.to_string()),
+                ns: Some(ns),
+                transport: Some(f.selection.transport),
+                reason: Some(f.selection.reason),
+                downgraded: Some(f.selection.downgraded),
+                mode: Some(f.selection.mode),
+                verified,
+                ..Reply::ok()
+            }
+        }
+        Err(e) => Reply::host_err(&e),
+    }
+}
+
+/// `remove`: the ids must all parse before anything is removed.
+pub(super) fn remove(node: &Node, ids: &[String]) -> Reply {
+    let mut parsed = Vec::new();
+    for s in ids {
+        match parse_id(s) {
+            Ok(id) => parsed.push(id),
+            Err(e) => return Reply::err(e),
+        }
+    }
+    let missing = node
+        .remove(&parsed)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    Reply {
+        missing: Some(missing),
+        ..Reply::ok()
+    }
+}
+
+/// `drain`: the listed ids, or every cached copy when none is listed.
+pub(super) fn drain(node: &Node, ids: &[String]) -> Reply {
+    if ids.is_empty() {
+        return Reply {
+            drained: Some(node.drain_all()),
+            ..Reply::ok()
+        };
+    }
+    match ids
+        .iter()
+        .map(|s| parse_id(s))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(ids) => Reply {
+            drained: Some(node.drain(&ids)),
+            ..Reply::ok()
+        },
+        Err(e) => Reply::err(e),
+    }
+}
