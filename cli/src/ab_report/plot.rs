@@ -194,51 +194,63 @@ fn panel(out: &mut String, p: &Panel<'_>, dy: f64) {
     );
     // One step line per arm, and the legend.
     for (i, s) in p.series.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let n = s.histogram.n();
-        if n > 0 {
-            let mut pts: Vec<(f64, f64)> = Vec::new();
-            let mut push = |px: f64, py: f64| {
-                let pt = ((px * 10.0).round() / 10.0, (py * 10.0).round() / 10.0);
-                if pts.last() != Some(&pt) {
-                    pts.push(pt);
-                }
-            };
-            let mut prev = 0.0;
-            push(LEFT, y(0.0));
-            for (v, cum) in s.histogram.cumulative() {
-                let frac = cum as f64 / n as f64;
-                push(x(v as f64), y(prev));
-                push(x(v as f64), y(frac));
-                prev = frac;
-            }
-            push(RIGHT, y(1.0));
-            let points: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
-            let _ = writeln!(
-                out,
-                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
-                points.join(" ")
-            );
-        }
-        let ly = dy + TOP + 10.0 + 22.0 * i as f64;
-        let _ = writeln!(
-            out,
-            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/>"#,
-            RIGHT + 20.0,
-            RIGHT + 45.0
-        );
-        let label = if n > 0 {
-            format!("{} (n={n})", s.label)
-        } else {
-            format!("{} (no data)", s.label)
-        };
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
-            RIGHT + 52.0,
-            ly + 4.0,
-            escape(&label)
-        );
+        arm_line(out, i, s, dy, (&x, &y));
     }
     let _ = writeln!(out, "</g>");
+}
+
+/// One arm's cumulative step line and its legend entry (the `i`-th); `x`
+/// and `y` map a latency and a fraction to the panel.
+fn arm_line(
+    out: &mut String,
+    i: usize,
+    s: &Series<'_>,
+    dy: f64,
+    (x, y): (&dyn Fn(f64) -> f64, &dyn Fn(f64) -> f64),
+) {
+    let colour = COLOURS[i % COLOURS.len()];
+    let n = s.histogram.n();
+    if n > 0 {
+        let mut pts: Vec<(f64, f64)> = Vec::new();
+        let mut push = |px: f64, py: f64| {
+            let pt = ((px * 10.0).round() / 10.0, (py * 10.0).round() / 10.0);
+            if pts.last() != Some(&pt) {
+                pts.push(pt);
+            }
+        };
+        let mut prev = 0.0;
+        push(LEFT, y(0.0));
+        for (v, cum) in s.histogram.cumulative() {
+            let frac = cum as f64 / n as f64;
+            push(x(v as f64), y(prev));
+            push(x(v as f64), y(frac));
+            prev = frac;
+        }
+        push(RIGHT, y(1.0));
+        let points: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+            points.join(" ")
+        );
+    }
+    let ly = dy + TOP + 10.0 + 22.0 * i as f64;
+    let _ = writeln!(
+        out,
+        r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/>"#,
+        RIGHT + 20.0,
+        RIGHT + 45.0
+    );
+    let label = if n > 0 {
+        format!("{} (n={n})", s.label)
+    } else {
+        format!("{} (no data)", s.label)
+    };
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
+        RIGHT + 52.0,
+        ly + 4.0,
+        escape(&label)
+    );
 }

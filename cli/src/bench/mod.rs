@@ -189,28 +189,7 @@ pub fn run_bench(
                     }
                     Ok(()) => {
                         say(&format!("{label} ..."));
-                        match runner.run(spec, op, size) {
-                            Ok(t) => match stats::Summary::of(&t.cell) {
-                                Some(s) => {
-                                    let paired = stats::Summary::of(&t.limit);
-                                    Cell::measured(
-                                        spec,
-                                        op,
-                                        size,
-                                        opts.warmup,
-                                        s,
-                                        paired.as_ref(),
-                                        &limits,
-                                    )
-                                }
-                                None => Cell::skipped(spec, op, size, "no samples".into()),
-                            },
-                            Err(e) => {
-                                let mut c = Cell::skipped(spec, op, size, e.to_string());
-                                c.status = CellStatus::Failed;
-                                c
-                            }
-                        }
+                        measure_cell(&mut runner, opts, &limits, (spec, op, size))
                     }
                 };
                 cells.push(cell);
@@ -228,44 +207,7 @@ pub fn run_bench(
     cells.sort_by_key(order);
 
     // 3. Outside the matrix.
-    say("dispatch: vtable vs direct call");
-    let calls = if opts.quick {
-        QUICK_DISPATCH_CALLS
-    } else {
-        DISPATCH_CALLS
-    };
-    let mut extras = extras::dispatch(&node, calls);
-    let http_ok = availability(PathId::Http.spec(), &node);
-    say("batch: 1000 x 4 KiB over http");
-    // A failure here is reported in its row; the matrix is still worth printing.
-    let batch = extras::batch(&mut runner, &node, opts.reps.min(10), http_ok.clone());
-    extras.push(batch.unwrap_or_else(|e| {
-        extras::Extra::failed("batch_shards_per_s", "http batch", "shards/s", &e)
-    }));
-    say("many small shards: 4 KiB each, put, and fetched from another process");
-    let shm_ok = availability(PathId::ShmCopy.spec(), &node);
-    let many = if opts.quick {
-        extras::QUICK_MANY_SHARDS
-    } else {
-        extras::MANY_SHARDS
-    };
-    extras.extend(extras::many_small(
-        &mut runner,
-        &node,
-        (many, opts.reps.min(5)),
-        shm_ok,
-        http_ok.clone(),
-    ));
-    say("consumer peak RSS during an http fetch");
-    let rss = extras::consumer_rss(&mut runner, opts, largest, http_ok);
-    extras.push(rss.unwrap_or_else(|e| {
-        extras::Extra::failed(
-            "http_consumer_peak_rss_x",
-            "http consumer peak RSS",
-            "x size",
-            &e,
-        )
-    }));
+    let extras = run_extras(&mut runner, opts, &node, largest, &mut say);
     runner.finish()?;
     drop(node);
 
@@ -292,4 +234,78 @@ pub fn run_bench(
         extras,
         targets,
     })
+}
+
+/// One measured cell: its timings summarised and set beside its limit, or
+/// why it has none.
+fn measure_cell(
+    runner: &mut Runner<'_>,
+    opts: &BenchOptions,
+    limits: &limits::Limits,
+    (spec, op, size): (&'static PathSpec, Op, u64),
+) -> Cell {
+    match runner.run(spec, op, size) {
+        Ok(t) => match stats::Summary::of(&t.cell) {
+            Some(s) => {
+                let paired = stats::Summary::of(&t.limit);
+                Cell::measured(spec, op, size, opts.warmup, s, paired.as_ref(), limits)
+            }
+            None => Cell::skipped(spec, op, size, "no samples".into()),
+        },
+        Err(e) => {
+            let mut c = Cell::skipped(spec, op, size, e.to_string());
+            c.status = CellStatus::Failed;
+            c
+        }
+    }
+}
+
+/// The measurements outside the matrix: dispatch, the http batch, many small
+/// shards and the consumer's peak RSS; a failed one is reported in its row.
+fn run_extras(
+    runner: &mut Runner<'_>,
+    opts: &BenchOptions,
+    node: &Node,
+    largest: u64,
+    say: &mut dyn FnMut(&str),
+) -> Vec<extras::Extra> {
+    say("dispatch: vtable vs direct call");
+    let calls = if opts.quick {
+        QUICK_DISPATCH_CALLS
+    } else {
+        DISPATCH_CALLS
+    };
+    let mut extras = extras::dispatch(node, calls);
+    let http_ok = availability(PathId::Http.spec(), node);
+    say("batch: 1000 x 4 KiB over http");
+    // A failure here is reported in its row; the matrix is still worth printing.
+    let batch = extras::batch(runner, node, opts.reps.min(10), http_ok.clone());
+    extras.push(batch.unwrap_or_else(|e| {
+        extras::Extra::failed("batch_shards_per_s", "http batch", "shards/s", &e)
+    }));
+    say("many small shards: 4 KiB each, put, and fetched from another process");
+    let shm_ok = availability(PathId::ShmCopy.spec(), node);
+    let many = if opts.quick {
+        extras::QUICK_MANY_SHARDS
+    } else {
+        extras::MANY_SHARDS
+    };
+    extras.extend(extras::many_small(
+        runner,
+        node,
+        (many, opts.reps.min(5)),
+        shm_ok,
+        http_ok.clone(),
+    ));
+    say("consumer peak RSS during an http fetch");
+    let rss = extras::consumer_rss(runner, opts, largest, http_ok);
+    extras.push(rss.unwrap_or_else(|e| {
+        extras::Extra::failed(
+            "http_consumer_peak_rss_x",
+            "http consumer peak RSS",
+            "x size",
+            &e,
+        )
+    }));
+    extras
 }

@@ -95,45 +95,7 @@ pub fn svg(report: &BenchReport) -> String {
         esc(&title)
     );
 
-    // Axes, grid, reference lines.
-    let steps = (y_max / 0.2).round() as usize;
-    for i in 0..=steps {
-        let r = i as f64 * 0.2;
-        let yy = y(r);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{r:.1}x</text>"##,
-            LEFT + plot_w,
-            LEFT - 6.0,
-            yy + 4.0
-        );
-    }
-    for (r, dash, label) in [
-        (1.0, "", "limit"),
-        (0.8, r#" stroke-dasharray="6,4""#, "0.8x target"),
-    ] {
-        let yy = y(r);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#c00000"{dash}/><text x="{:.1}" y="{:.1}" fill="#c00000">{label}</text>"##,
-            LEFT + plot_w,
-            LEFT + plot_w + 4.0,
-            yy + 4.0
-        );
-    }
-    let _ = writeln!(
-        s,
-        r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{:.1}" stroke="black"/><line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black"/>"##,
-        TOP + plot_h,
-        TOP + plot_h,
-        LEFT + plot_w,
-        TOP + plot_h
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(18,{:.1}) rotate(-90)" text-anchor="middle">limit time / median time</text>"#,
-        TOP + plot_h / 2.0
-    );
+    axes(&mut s, y_max, &y);
 
     // Bars.
     let group_w = plot_w / sizes.len().max(1) as f64;
@@ -189,6 +151,67 @@ pub fn svg(report: &BenchReport) -> String {
     }
 
     // What is not drawn, and why.
+    let notes = notes(report);
+    for (i, n) in notes.iter().take(3).enumerate() {
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="{:.1}" fill="#555">{}</text>"##,
+            TOP + plot_h + 38.0 + i as f64 * 14.0,
+            esc(n)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The grid, the limit and target lines, and the axes with their labels;
+/// `y` maps a ratio to its height.
+fn axes(s: &mut String, y_max: f64, y: &dyn Fn(f64) -> f64) {
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let steps = (y_max / 0.2).round() as usize;
+    for i in 0..=steps {
+        let r = i as f64 * 0.2;
+        let yy = y(r);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{r:.1}x</text>"##,
+            LEFT + plot_w,
+            LEFT - 6.0,
+            yy + 4.0
+        );
+    }
+    for (r, dash, label) in [
+        (1.0, "", "limit"),
+        (0.8, r#" stroke-dasharray="6,4""#, "0.8x target"),
+    ] {
+        let yy = y(r);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#c00000"{dash}/><text x="{:.1}" y="{:.1}" fill="#c00000">{label}</text>"##,
+            LEFT + plot_w,
+            LEFT + plot_w + 4.0,
+            yy + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{:.1}" stroke="black"/><line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black"/>"##,
+        TOP + plot_h,
+        TOP + plot_h,
+        LEFT + plot_w,
+        TOP + plot_h
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(18,{:.1}) rotate(-90)" text-anchor="middle">limit time / median time</text>"#,
+        TOP + plot_h / 2.0
+    );
+}
+
+/// What the chart does not draw, and why: the view target, and each path
+/// skipped or failed (its first reason).
+fn notes(report: &BenchReport) -> Vec<String> {
     let mut notes = vec![
         "shm-view fetch moves no bytes: its latency is judged against the 20 us target (table)."
             .to_owned(),
@@ -215,14 +238,5 @@ pub fn svg(report: &BenchReport) -> String {
         }
     }
     notes.extend(skipped);
-    for (i, n) in notes.iter().take(3).enumerate() {
-        let _ = writeln!(
-            s,
-            r##"<text x="{LEFT}" y="{:.1}" fill="#555">{}</text>"##,
-            TOP + plot_h + 38.0 + i as f64 * 14.0,
-            esc(n)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
+    notes
 }

@@ -364,21 +364,12 @@ pub fn targets(cells: &[Cell], extras: &[Extra], stream: Option<&SizeLimit>) -> 
         out.push(latency_target(cells, name, (path, op), p50, p99));
     }
 
-    let name = "http batch, 1000 x 4 KiB";
-    let target = &format!(">= {MIN_BATCH_PER_S} shards/s");
-    out.push(match extra(extras, "batch_shards_per_s") {
-        Some(e) => {
-            let v = e.value.expect("filtered");
-            TargetCheck {
-                name: name.into(),
-                target: target.into(),
-                measured: format!("{v:.0} shards/s"),
-                met: Some(v >= MIN_BATCH_PER_S),
-            }
-        }
-        None => not_measured(name, target, "batch skipped"),
-    });
-
+    out.push(extra_target(
+        extras,
+        "batch_shards_per_s",
+        (("http batch, 1000 x 4 KiB", "batch skipped"), false),
+        Bound::AtLeast(MIN_BATCH_PER_S, "shards/s"),
+    ));
     for (key, name, min) in [
         (
             "many_small_put_per_s",
@@ -396,36 +387,60 @@ pub fn targets(cells: &[Cell], extras: &[Extra], stream: Option<&SizeLimit>) -> 
             MIN_MANY_HTTP_PER_S,
         ),
     ] {
-        let target = &format!(">= {min} shards/s");
-        out.push(match extra(extras, key) {
-            Some(e) => {
-                let v = e.value.expect("filtered");
-                TargetCheck {
-                    name: e.name.clone(),
-                    target: target.into(),
-                    measured: format!("{v:.0} shards/s"),
-                    met: Some(v >= min),
-                }
-            }
-            None => not_measured(name, target, "not measured in this run"),
-        });
+        out.push(extra_target(
+            extras,
+            key,
+            ((name, "not measured in this run"), true),
+            Bound::AtLeast(min, "shards/s"),
+        ));
     }
+    out.push(extra_target(
+        extras,
+        "dispatch_overhead_ns",
+        (("plugin dispatch overhead", "no plugin loaded"), false),
+        Bound::AtMost(MAX_DISPATCH_OVERHEAD_NS, "ns"),
+    ));
+    out
+}
 
-    let name = "plugin dispatch overhead";
-    let target = &format!("<= {MAX_DISPATCH_OVERHEAD_NS} ns");
-    out.push(match extra(extras, "dispatch_overhead_ns") {
+/// A bound on one of the measurements outside the matrix, with its unit.
+enum Bound {
+    AtLeast(f64, &'static str),
+    AtMost(f64, &'static str),
+}
+
+/// The target on the extra `key`, named `names.0`: met when its value is
+/// within `bound`; `names.1` says why when the run did not measure it. With
+/// `row_name` a measured extra is named by its own row instead.
+fn extra_target(
+    extras: &[Extra],
+    key: &str,
+    (names, row_name): ((&str, &str), bool),
+    bound: Bound,
+) -> TargetCheck {
+    let (target, unit, decimals) = match bound {
+        Bound::AtLeast(min, unit) => (format!(">= {min} {unit}"), unit, 0),
+        Bound::AtMost(max, unit) => (format!("<= {max} {unit}"), unit, 2),
+    };
+    match extra(extras, key) {
         Some(e) => {
             let v = e.value.expect("filtered");
             TargetCheck {
-                name: name.into(),
-                target: target.into(),
-                measured: format!("{v:.2} ns"),
-                met: Some(v <= MAX_DISPATCH_OVERHEAD_NS),
+                name: if row_name {
+                    e.name.clone()
+                } else {
+                    names.0.to_owned()
+                },
+                target,
+                measured: format!("{v:.decimals$} {unit}"),
+                met: Some(match bound {
+                    Bound::AtLeast(min, _) => v >= min,
+                    Bound::AtMost(max, _) => v <= max,
+                }),
             }
         }
-        None => not_measured(name, target, "no plugin loaded"),
-    });
-    out
+        None => not_measured(names.0, &target, names.1),
+    }
 }
 
 fn time(us: f64) -> String {
@@ -436,6 +451,127 @@ fn time(us: f64) -> String {
     } else {
         format!("{:.1} ms", us / 1e3)
     }
+}
+
+impl BenchReport {
+    /// The machine's limits, size by size.
+    fn write_limits(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "\nlimits (this machine, same run; median)")?;
+        writeln!(
+            f,
+            "  {:<9} {:>10} {:>10}   {:>10} {:>10}",
+            "size", "memcpy", "GB/s", "tcp rt", "GB/s"
+        )?;
+        for m in &self.limits.memcpy {
+            let t = self.limits.tcp_at(m.size);
+            writeln!(
+                f,
+                "  {:<9} {:>10} {:>10.2}   {:>10} {:>10}",
+                format_byte_size(m.size),
+                time(m.samples.median_us),
+                m.gbps,
+                t.map_or("-".into(), |t| time(t.samples.median_us)),
+                t.map_or("-".into(), |t| format!("{:.2}", t.gbps)),
+            )?;
+        }
+        if let Some(s) = &self.limits.tcp_stream {
+            writeln!(
+                f,
+                "  tcp loopback stream, {}: {:.2} GB/s",
+                format_byte_size(s.size),
+                s.gbps
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The matrix, one line per cell (a path skipped whole on one line).
+    fn write_matrix(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+        f,
+        "\nmatrix (ratio = limit time / median time; each cell's limit is sampled between its repetitions)"
+    )?;
+        writeln!(
+            f,
+            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>10} {:>9}  {:<34} {:>7}",
+            "path", "op", "size", "p50", "p90", "p99", "GB/s", "limit (same work)", "ratio"
+        )?;
+        let mut folded: Vec<PathId> = Vec::new();
+        for c in &self.cells {
+            // A path skipped as a whole (its plugin is absent) takes one line.
+            let of_path: Vec<&Cell> = self.cells.iter().filter(|x| x.path == c.path).collect();
+            if c.status == CellStatus::Skipped
+                && of_path
+                    .iter()
+                    .all(|x| x.status == CellStatus::Skipped && x.reason == c.reason)
+            {
+                if !folded.contains(&c.path) {
+                    folded.push(c.path);
+                    writeln!(
+                        f,
+                        "{:<9} {:<18} skipped ({} cells): {}",
+                        c.path.name(),
+                        "every op and size",
+                        of_path.len(),
+                        c.reason.as_deref().unwrap_or("")
+                    )?;
+                }
+                continue;
+            }
+            write_cell(f, c)?;
+        }
+        Ok(())
+    }
+}
+
+/// One cell's line: its timings beside its limit or target, or why it has none.
+fn write_cell(f: &mut fmt::Formatter<'_>, c: &Cell) -> fmt::Result {
+    let head = format!(
+        "{:<9} {:<9} {:<8}",
+        c.path.name(),
+        c.op.name(),
+        format_byte_size(c.size)
+    );
+    match (c.status, c.samples) {
+        (CellStatus::Ok, Some(s)) => {
+            let (limit, ratio) = match (&c.limit, c.ratio, c.target_us) {
+                (Some(l), Some(r), _) => (
+                    format!("{} {} {:.2} GB/s", l.name, time(l.median_us), l.gbps),
+                    if r > SUSPECT_RATIO {
+                        format!("{r:.2}x LIMIT SUSPECT")
+                    } else {
+                        format!("{r:.2}x")
+                    },
+                ),
+                (_, _, Some(t)) => (
+                    format!("target p50 <= {t} us"),
+                    if s.median_us <= t { "met" } else { "MISSED" }.to_owned(),
+                ),
+                _ => (String::new(), String::new()),
+            };
+            writeln!(
+                f,
+                "{head} {:>10} {:>10} {:>10} {:>9.2}  {:<34} {:>7}",
+                time(s.median_us),
+                time(s.p90_us),
+                time(s.p99_us),
+                c.gbps.unwrap_or_default(),
+                limit,
+                ratio
+            )?;
+        }
+        (status, _) => writeln!(
+            f,
+            "{head} {}: {}",
+            if status == CellStatus::Failed {
+                "FAILED"
+            } else {
+                "skipped"
+            },
+            c.reason.as_deref().unwrap_or("")
+        )?,
+    }
+    Ok(())
 }
 
 impl fmt::Display for BenchReport {
@@ -466,111 +602,8 @@ impl fmt::Display for BenchReport {
             }
         )?;
 
-        writeln!(f, "\nlimits (this machine, same run; median)")?;
-        writeln!(
-            f,
-            "  {:<9} {:>10} {:>10}   {:>10} {:>10}",
-            "size", "memcpy", "GB/s", "tcp rt", "GB/s"
-        )?;
-        for m in &self.limits.memcpy {
-            let t = self.limits.tcp_at(m.size);
-            writeln!(
-                f,
-                "  {:<9} {:>10} {:>10.2}   {:>10} {:>10}",
-                format_byte_size(m.size),
-                time(m.samples.median_us),
-                m.gbps,
-                t.map_or("-".into(), |t| time(t.samples.median_us)),
-                t.map_or("-".into(), |t| format!("{:.2}", t.gbps)),
-            )?;
-        }
-        if let Some(s) = &self.limits.tcp_stream {
-            writeln!(
-                f,
-                "  tcp loopback stream, {}: {:.2} GB/s",
-                format_byte_size(s.size),
-                s.gbps
-            )?;
-        }
-
-        writeln!(
-            f,
-            "\nmatrix (ratio = limit time / median time; each cell's limit is sampled between its repetitions)"
-        )?;
-        writeln!(
-            f,
-            "{:<9} {:<9} {:<8} {:>10} {:>10} {:>10} {:>9}  {:<34} {:>7}",
-            "path", "op", "size", "p50", "p90", "p99", "GB/s", "limit (same work)", "ratio"
-        )?;
-        let mut folded: Vec<PathId> = Vec::new();
-        for c in &self.cells {
-            // A path skipped as a whole (its plugin is absent) takes one line.
-            let of_path: Vec<&Cell> = self.cells.iter().filter(|x| x.path == c.path).collect();
-            if c.status == CellStatus::Skipped
-                && of_path
-                    .iter()
-                    .all(|x| x.status == CellStatus::Skipped && x.reason == c.reason)
-            {
-                if !folded.contains(&c.path) {
-                    folded.push(c.path);
-                    writeln!(
-                        f,
-                        "{:<9} {:<18} skipped ({} cells): {}",
-                        c.path.name(),
-                        "every op and size",
-                        of_path.len(),
-                        c.reason.as_deref().unwrap_or("")
-                    )?;
-                }
-                continue;
-            }
-            let head = format!(
-                "{:<9} {:<9} {:<8}",
-                c.path.name(),
-                c.op.name(),
-                format_byte_size(c.size)
-            );
-            match (c.status, c.samples) {
-                (CellStatus::Ok, Some(s)) => {
-                    let (limit, ratio) = match (&c.limit, c.ratio, c.target_us) {
-                        (Some(l), Some(r), _) => (
-                            format!("{} {} {:.2} GB/s", l.name, time(l.median_us), l.gbps),
-                            if r > SUSPECT_RATIO {
-                                format!("{r:.2}x LIMIT SUSPECT")
-                            } else {
-                                format!("{r:.2}x")
-                            },
-                        ),
-                        (_, _, Some(t)) => (
-                            format!("target p50 <= {t} us"),
-                            if s.median_us <= t { "met" } else { "MISSED" }.to_owned(),
-                        ),
-                        _ => (String::new(), String::new()),
-                    };
-                    writeln!(
-                        f,
-                        "{head} {:>10} {:>10} {:>10} {:>9.2}  {:<34} {:>7}",
-                        time(s.median_us),
-                        time(s.p90_us),
-                        time(s.p99_us),
-                        c.gbps.unwrap_or_default(),
-                        limit,
-                        ratio
-                    )?;
-                }
-                (status, _) => writeln!(
-                    f,
-                    "{head} {}: {}",
-                    if status == CellStatus::Failed {
-                        "FAILED"
-                    } else {
-                        "skipped"
-                    },
-                    c.reason.as_deref().unwrap_or("")
-                )?,
-            }
-        }
-
+        self.write_limits(f)?;
+        self.write_matrix(f)?;
         writeln!(f, "\noutside the matrix")?;
         for e in &self.extras {
             match (e.value, &e.skipped) {
