@@ -14,6 +14,9 @@ pub struct ProcUsage {
     /// Resident shared-memory bytes (RssShmem): pool pages touched, bounded
     /// by the pools mapped, not a per-fetch cost.
     pub shmem: u64,
+    /// Bytes of `/dev/shm` files mapped (from `/proc/<pid>/maps`): the
+    /// bound on `shmem`; grows only if mappings of dead owners' pools leak.
+    pub shm_mapped: u64,
     /// Open file descriptors.
     pub fds: u64,
     /// Threads.
@@ -34,10 +37,12 @@ impl ProcUsage {
                 .unwrap_or(0)
         };
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         Some(ProcUsage {
             rss: field("VmRSS:") * 1024,
             anon: field("RssAnon:") * 1024,
             shmem: field("RssShmem:") * 1024,
+            shm_mapped: shm_mapped_bytes(&maps),
             fds,
             threads: field("Threads:"),
         })
@@ -47,9 +52,29 @@ impl ProcUsage {
         self.rss += o.rss;
         self.anon += o.anon;
         self.shmem += o.shmem;
+        self.shm_mapped += o.shm_mapped;
         self.fds += o.fds;
         self.threads += o.threads;
     }
+}
+
+/// Bytes of the mappings of `/dev/shm` files in a `/proc/<pid>/maps` text
+/// (`start-end perms offset dev inode path`).
+pub(super) fn shm_mapped_bytes(maps: &str) -> u64 {
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let range = f.next()?;
+            let path = f.nth(4)?;
+            if !path.starts_with("/dev/shm/") {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let a = u64::from_str_radix(a, 16).ok()?;
+            let b = u64::from_str_radix(b, 16).ok()?;
+            Some(b.saturating_sub(a))
+        })
+        .sum()
 }
 
 /// One resource snapshot.
@@ -71,6 +96,25 @@ pub struct ChaosSnapshot {
     pub per_worker: BTreeMap<String, ProcUsage>,
     /// Fetches so far.
     pub fetches: u64,
+}
+
+/// One resource judged flat or not: the snapshots after the mark are split
+/// in two halves in time, and the resource is flat when the largest value of
+/// the second half is within 10% of the largest of the first. A leak grows
+/// with time and sets a new maximum late; a bounded resource (a cache held
+/// to its limit, pool pages touched once) reaches its maximum early.
+/// Resident shared memory (pool pages a view touched) is not judged itself:
+/// it is bounded by `shm_mapped`, which is.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct FlatCheck {
+    /// What (`private`, `shm_mapped`, `fds`, `threads`, `shm_entries`).
+    pub what: String,
+    /// Largest value from the mark to the middle of the rest of the run.
+    pub first_half_max: u64,
+    /// Largest value after that.
+    pub second_half_max: u64,
+    /// `second_half_max <= 1.1 x first_half_max`.
+    pub flat: bool,
 }
 
 /// Reloads over the run.
@@ -177,7 +221,10 @@ pub struct ChaosReport {
     pub threads_end: u64,
     /// When the mark snapshot was taken, seconds.
     pub mark_s: f64,
-    /// RSS and fds at the end within 10% of the mark.
+    /// The flatness checks (see [`FlatCheck`]): private memory, `/dev/shm`
+    /// mapped, open fds, threads and this run's `/dev/shm` entries.
+    pub flatness: Vec<FlatCheck>,
+    /// Every flatness check passed.
     pub flat: bool,
     /// Every snapshot.
     pub snapshots: Vec<ChaosSnapshot>,
@@ -219,10 +266,6 @@ impl ChaosReport {
     pub fn svg(&self) -> String {
         crate::soak::plot::svg(self)
     }
-}
-
-pub(super) fn within_10pct(mark: u64, end: u64) -> bool {
-    (end as f64) <= (mark as f64) * 1.1 && (end as f64) >= (mark as f64) * 0.9
 }
 
 impl fmt::Display for ChaosReport {
@@ -305,7 +348,7 @@ impl fmt::Display for ChaosReport {
             f,
             "reference (owner-0 + consumer-0, never killed): RSS {:.1} / {:.1} / {:.1} MiB, \
              private {:.1} / {:.1} / {:.1} MiB, fds {} / {} / {}, threads {} / {} / {} \
-             (start / mark at {:.0} s / end): {}",
+             (start / mark at {:.0} s / end)",
             mib(self.rss_start),
             mib(self.rss_mark),
             mib(self.rss_end),
@@ -319,10 +362,34 @@ impl fmt::Display for ChaosReport {
             self.threads_mark,
             self.threads_end,
             self.mark_s,
+        )?;
+        let checks: Vec<String> = self
+            .flatness
+            .iter()
+            .map(|c| {
+                let (a, b) = if c.what == "private" || c.what == "shm_mapped" {
+                    (
+                        format!("{:.1} MiB", mib(c.first_half_max)),
+                        format!("{:.1} MiB", mib(c.second_half_max)),
+                    )
+                } else {
+                    (c.first_half_max.to_string(), c.second_half_max.to_string())
+                };
+                format!(
+                    "{} {a} -> {b}{}",
+                    c.what,
+                    if c.flat { "" } else { " GROWS" }
+                )
+            })
+            .collect();
+        writeln!(
+            f,
+            "after the mark, largest value of the first half -> of the second: {}: {}",
+            checks.join(", "),
             if self.flat {
-                "flat (end within 10% of the mark)"
+                "flat (second half within 10% of the first)"
             } else {
-                "NOT FLAT (end beyond 10% of the mark)"
+                "NOT FLAT"
             }
         )?;
         let failures = self.failures();
@@ -351,7 +418,8 @@ pub(super) fn add_swept(into: &mut BTreeMap<String, u64>, swept: Option<&serde_j
     }
 }
 
-/// Fills the start / mark / end fields from the snapshots.
+/// Fills the start / mark / end fields and the flatness checks from the
+/// snapshots.
 pub(super) fn summarize(r: &mut ChaosReport, mark: Duration) {
     let (Some(first), Some(last)) = (r.snapshots.first(), r.snapshots.last()) else {
         return;
@@ -367,7 +435,34 @@ pub(super) fn summarize(r: &mut ChaosReport, mark: Duration) {
     (r.anon_start, r.anon_mark, r.anon_end) = (a.anon, m.anon, e.anon);
     (r.fds_start, r.fds_mark, r.fds_end) = (a.fds, m.fds, e.fds);
     (r.threads_start, r.threads_mark, r.threads_end) = (a.threads, m.threads, e.threads);
-    r.flat = within_10pct(m.rss, e.rss) && within_10pct(m.fds, e.fds);
+    let middle = (r.mark_s + last.t_s) / 2.0;
+    let after_mark: Vec<&ChaosSnapshot> =
+        r.snapshots.iter().filter(|s| s.t_s >= r.mark_s).collect();
+    let check = |what: &str, value: &dyn Fn(&ChaosSnapshot) -> u64| {
+        let max_of = |second: bool| {
+            after_mark
+                .iter()
+                .filter(|s| (s.t_s > middle) == second)
+                .map(|s| value(s))
+                .max()
+                .unwrap_or(0)
+        };
+        let (first_half_max, second_half_max) = (max_of(false), max_of(true));
+        FlatCheck {
+            what: what.to_owned(),
+            first_half_max,
+            second_half_max,
+            flat: second_half_max as f64 <= first_half_max as f64 * 1.1,
+        }
+    };
+    r.flatness = vec![
+        check("private", &|s| s.reference.anon),
+        check("shm_mapped", &|s| s.reference.shm_mapped),
+        check("fds", &|s| s.reference.fds),
+        check("threads", &|s| s.reference.threads),
+        check("shm_entries", &|s| s.shm_entries as u64),
+    ];
+    r.flat = r.flatness.iter().all(|c| c.flat);
 }
 
 /// Prometheus text with `soak_worker="<worker>"` added to every series, so
