@@ -56,8 +56,8 @@ pub struct Args {
     /// Time between resource snapshots.
     #[arg(long, default_value = "60s", value_parser = duration, requires = "chaos")]
     snapshot_every: Duration,
-    /// The snapshot the end is compared with for flatness (half the
-    /// duration in shorter runs).
+    /// Flatness is judged on the snapshots after this time, first half
+    /// against second (half the duration in shorter runs).
     #[arg(long, default_value = "5m", value_parser = duration, requires = "chaos")]
     mark: Duration,
     /// Live shards each owner keeps.

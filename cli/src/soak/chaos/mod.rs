@@ -15,7 +15,7 @@
 //!   unrelated process that reused a pid.
 //! - One owner and one consumer (the first of each) are never killed: a
 //!   restarted worker starts its memory and descriptor counts again, so the
-//!   flatness numbers (`rss_*`, `fds_*`) are taken from these two
+//!   flatness numbers (`flatness`, `rss_*`, `fds_*`) are taken from these two
 //!   long-lived references.
 //! - A unique `segment-prefix` per run: only this run's segments are counted
 //!   and swept, whatever other tests or nodes on the machine do.
@@ -78,8 +78,9 @@ pub struct ChaosOptions {
     pub sweep_every: Duration,
     /// Time between resource snapshots.
     pub snapshot_every: Duration,
-    /// The snapshot the end is compared with for flatness (the first one at
-    /// or after this time; half the duration for shorter runs).
+    /// Where flatness is judged from: the first snapshot at or after this
+    /// time (half the duration for shorter runs); what came before it is
+    /// warm-up.
     pub mark: Duration,
     /// Live shards each owner keeps (older ones are removed).
     pub shards_per_owner: usize,
