@@ -34,6 +34,9 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
         owner_only: true,
         fanin: true,
         relay_piece: None,
+        // Relays keep half of the shard's 16 pieces: windowed copies serve
+        // a chain as whole ones do.
+        relay_window: Some(2 << 20),
         exe: util::shardport_bin(),
         plugin_dir: util::plugin_lib("shardport-http")
             .parent()

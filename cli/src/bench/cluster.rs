@@ -56,6 +56,8 @@ pub struct ClusterOptions {
     pub fanin: bool,
     /// `relay-piece` of every node (the owner's counts), if not the default.
     pub relay_piece: Option<u64>,
+    /// `relay-window` of every consumer, if not the default (whole copies).
+    pub relay_window: Option<u64>,
     /// After the other runs of each N, a relayed broadcast of the largest
     /// size in which the chain's first relay is killed mid-way.
     pub kill_relay: bool,
@@ -144,10 +146,13 @@ impl NodeWorker {
              [plugin.config]\nbind = \"{addr}:0\"\nrequest-timeout = \"600s\"\n",
             addr = node.addr,
             lib = opts.plugin_dir.join("libshardport_http.so").display(),
-            piece = opts
-                .relay_piece
-                .map(|p| format!("relay-piece = {p}\n"))
-                .unwrap_or_default(),
+            piece = [
+                opts.relay_piece.map(|p| format!("relay-piece = {p}\n")),
+                opts.relay_window.map(|w| format!("relay-window = {w}\n")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>(),
         );
         std::fs::write(&cfg, text).map_err(|e| format!("writing {}: {e}", cfg.display()))?;
         let mut cmd = c.command(i, &opts.exe);

@@ -148,6 +148,11 @@ struct ClusterArgs {
     /// http plugin's, 256KiB].
     #[arg(long, value_parser = bench::spec::parse_size)]
     piece: Option<u64>,
+    /// The consumers' `relay-window` (bytes of its latest pieces each relay
+    /// keeps) [default: the whole shard]: what lets N nodes on one machine
+    /// relay a shard of several GiB.
+    #[arg(long, value_parser = bench::spec::parse_size)]
+    window: Option<u64>,
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -171,6 +176,7 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
         owner_only: !args.skip.iter().any(|p| p == "owner-only"),
         fanin: !args.skip.iter().any(|p| p == "fan-in"),
         relay_piece: args.piece,
+        relay_window: args.window,
         exe,
         plugin_dir,
     };

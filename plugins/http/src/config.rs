@@ -235,7 +235,8 @@ pub(crate) struct Config {
 }
 
 /// The `relay*` keys (see `crate::relay`): the consumer's side (`relay`,
-/// `relay-min-size`, `relay-cache`, `relay-keep`, `relay-stall-timeout`)
+/// `relay-min-size`, `relay-cache`, `relay-window`, `relay-keep`,
+/// `relay-stall-timeout`)
 /// and the owner's (`relay-fanout`, `relay-piece`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RelayConfig {
@@ -246,6 +247,8 @@ pub(crate) struct RelayConfig {
     pub min_size: u64,
     /// Consumer: bytes of relay copies kept at once.
     pub cache: u64,
+    /// Consumer: bytes of its most recent pieces a copy keeps (0: all).
+    pub window: u64,
     /// Consumer: how long a complete relay copy is kept.
     pub keep: Duration,
     /// Consumer: a relay that sends nothing for this long is abandoned.
@@ -511,6 +514,7 @@ fn parse_relay(
     let on = t.choose("relay", &[("off", false), ("on", true)], "off")?;
     let min_size = t.byte_size("relay-min-size", DEFAULT_RELAY_MIN_SIZE)?;
     let cache = t.byte_size("relay-cache", DEFAULT_RELAY_CACHE)?;
+    let window = t.byte_size("relay-window", 0)?;
     let keep = duration("relay-keep", DEFAULT_RELAY_KEEP)?;
     let stall_timeout = duration("relay-stall-timeout", DEFAULT_RELAY_STALL)?;
     let fanout = t.u64_in("relay-fanout", 1..=MAX_RELAY_FANOUT, DEFAULT_RELAY_FANOUT)?;
@@ -532,6 +536,7 @@ fn parse_relay(
         on,
         min_size,
         cache,
+        window,
         keep,
         stall_timeout,
         fanout: fanout as u32,

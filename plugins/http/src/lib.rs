@@ -216,7 +216,11 @@ impl HttpTransport {
         let stats = Arc::new(Stats::default());
         let tls = tls::setup(&cfg)?;
         let client = Arc::new(Client::new(&cfg, tls.client.clone(), Arc::clone(&stats))?);
-        let holdings = Arc::new(Holdings::new(cfg.relay.cache, cfg.relay.keep));
+        let holdings = Arc::new(Holdings::new(
+            cfg.relay.cache,
+            cfg.relay.window,
+            cfg.relay.keep,
+        ));
         let t = HttpTransport {
             ctx,
             cfg,

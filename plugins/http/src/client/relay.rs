@@ -109,6 +109,17 @@ impl Sink for DeviceSink<'_> {
     }
 }
 
+/// What one stream from a source showed, besides its result.
+#[derive(Default)]
+struct Seen {
+    /// The source answered 200 (a relay that did, then went quiet, may be
+    /// waiting for its own parent).
+    answered: bool,
+    /// The relay no longer holds the piece asked for (`relay-window`): not
+    /// a failure of the relay; the rest comes from the owner.
+    evicted: bool,
+}
+
 /// The pieces of one shard as the owner hashed them.
 struct Pieces {
     size: u64,
@@ -194,6 +205,8 @@ impl Client {
         let mut failed: Option<String> = None;
         let mut pieces: Option<Pieces> = None;
         let mut history: Vec<String> = Vec::new();
+        // A relay no longer held what this fetch needs: the owner serves the rest.
+        let mut to_owner = false;
         for round in 0..=MAX_REJOINS {
             let join = JoinRequest {
                 member,
@@ -242,7 +255,7 @@ impl Client {
             }
             let pieces = pieces.as_ref().expect("set above");
             // Out of rejoins: the rest comes from the owner.
-            let parent = if round == MAX_REJOINS {
+            let parent = if round == MAX_REJOINS || to_owner {
                 Parent::Owner
             } else {
                 reply.parent
@@ -266,20 +279,11 @@ impl Client {
                 self.stats.relay_failovers.inc();
                 continue;
             }
-            let mut answered = false;
-            let mut stream = |at: &mut u64, answered: &mut bool| {
-                self.stream_from(
-                    &source,
-                    desc,
-                    at,
-                    dst,
-                    pieces,
-                    holding,
-                    setup.stall,
-                    answered,
-                )
+            let mut seen = Seen::default();
+            let mut stream = |at: &mut u64, seen: &mut Seen| {
+                self.stream_from(&source, desc, at, dst, pieces, holding, setup.stall, seen)
             };
-            let mut streamed = stream(&mut at, &mut answered);
+            let mut streamed = stream(&mut at, &mut seen);
             // A relay that answered and then went quiet may only be waiting
             // for its own parent (it rejoins within its own timeout): ask it
             // again before blaming it. A live relay answers at once and
@@ -288,7 +292,7 @@ impl Client {
             let mut quiet_retries = 0;
             while let Err(e) = &streamed {
                 if source.owner
-                    || !answered
+                    || !seen.answered
                     || e.kind != ErrorKind::TIMEOUT
                     || quiet_retries >= MAX_QUIET_RETRIES
                 {
@@ -296,9 +300,9 @@ impl Client {
                 }
                 quiet_retries += 1;
                 let before = at;
-                answered = false;
+                seen = Seen::default();
                 debug!(target: "http", shard = %desc.id, relay = source.addr, at, "relay quiet, asking it again");
-                streamed = stream(&mut at, &mut answered);
+                streamed = stream(&mut at, &mut seen);
                 if at > before {
                     quiet_retries = 0;
                 }
@@ -323,6 +327,14 @@ impl Client {
                     return Ok(Some(ImportInfo { note: note.into() }));
                 }
                 Err(e) if source.owner => return Err(e),
+                Err(e) if seen.evicted => {
+                    debug!(target: "http", shard = %desc.id, relay = source.addr, error = %e.message, at, "relay window passed, the owner serves the rest");
+                    history.push(format!(
+                        "relay {} no longer held byte {at} (relay-window)",
+                        source.addr
+                    ));
+                    to_owner = true;
+                }
                 Err(e) => {
                     debug!(target: "http", shard = %desc.id, relay = source.addr, error = %e.message, at, "relay failed, rejoining");
                     self.stats.relay_failovers.inc();
@@ -400,7 +412,7 @@ impl Client {
         pieces: &Pieces,
         holding: Option<&Holding>,
         stall: Duration,
-        answered: &mut bool,
+        seen: &mut Seen,
     ) -> PluginResult<()> {
         let pool = self.pool(&Owner {
             addr: source.addr.to_owned(),
@@ -429,9 +441,10 @@ impl Client {
             );
             // It carried a relay's read timeout: never pooled.
             co.reusable = source.owner && co.reusable;
+            seen.evicted = !source.owner && head.status == 410;
             return Err(e);
         }
-        *answered = true;
+        seen.answered = true;
         let want = desc.len - *at;
         if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
             return Err(AbiError::internal(format!(

@@ -6,9 +6,17 @@
 //! one. Copies are bounded by `relay-cache` bytes (a copy that does not
 //! fit is not made: its fetch joins as a leaf) and kept `relay-keep` after
 //! they complete; complete copies are dropped oldest first to make room.
+//!
+//! With `relay-window` a copy keeps only its most recent pieces (at least
+//! [`MIN_WINDOW_PIECES`]): a relay's memory for a shard is then the window,
+//! whatever the shard's size, which is what lets a node relay a shard as
+//! large as its memory. A reader that asks for a piece already dropped gets
+//! [`Next::Evicted`] (its fetch takes the rest from the owner); a child
+//! streaming behind its parent in a chain stays a few pieces behind, well
+//! inside any window.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
@@ -27,11 +35,16 @@ pub(crate) enum End {
     Failed(String),
 }
 
+/// The fewest pieces a windowed copy keeps, whatever `relay-window` says.
+pub(crate) const MIN_WINDOW_PIECES: u64 = 4;
+
 #[derive(Debug)]
 struct State {
     /// Bytes per piece, 0 until the owner said.
     piece: u64,
-    pieces: Vec<Bytes>,
+    /// Index of `pieces[0]`: the pieces before it were dropped (window).
+    first: u64,
+    pieces: VecDeque<Bytes>,
     end: End,
 }
 
@@ -40,6 +53,8 @@ struct State {
 pub(crate) struct Holding {
     pub id: ShardId,
     pub len: u64,
+    /// Bytes of recent pieces kept (`relay-window`); 0: every piece.
+    window: u64,
     state: Mutex<State>,
     changed: tokio::sync::Notify,
 }
@@ -53,19 +68,33 @@ pub(crate) enum Next {
     Failed(String),
     /// Not yet: wait for a change.
     Wait,
+    /// Dropped already (`relay-window`): the pieces held start here.
+    Evicted(u64),
 }
 
 impl Holding {
-    fn new(id: ShardId, len: u64) -> Holding {
+    fn new(id: ShardId, len: u64, window: u64) -> Holding {
         Holding {
             id,
             len,
+            window: if window >= len { 0 } else { window },
             state: Mutex::new(State {
                 piece: 0,
-                pieces: Vec::new(),
+                first: 0,
+                pieces: VecDeque::new(),
                 end: End::Filling,
             }),
             changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Bytes this copy counts against `relay-cache`: the window, or the
+    /// whole shard.
+    pub(crate) fn budget_bytes(&self) -> u64 {
+        if self.window == 0 {
+            self.len
+        } else {
+            self.window
         }
     }
 
@@ -90,8 +119,17 @@ impl Holding {
         if matches!(st.end, End::Failed(_)) {
             return;
         }
-        st.pieces.push(piece);
-        if st.piece > 0 && st.pieces.len() as u64 == super::piece_count(self.len, st.piece) {
+        st.pieces.push_back(piece);
+        if self.window > 0 && st.piece > 0 {
+            let keep = (self.window / st.piece).max(MIN_WINDOW_PIECES);
+            while st.pieces.len() as u64 > keep {
+                st.pieces.pop_front();
+                st.first += 1;
+            }
+        }
+        if st.piece > 0
+            && st.first + st.pieces.len() as u64 == super::piece_count(self.len, st.piece)
+        {
             st.end = End::Complete(Instant::now());
         }
         drop(st);
@@ -103,16 +141,17 @@ impl Holding {
         let mut st = self.state();
         if !matches!(st.end, End::Failed(_)) {
             st.end = End::Failed(why.to_owned());
-            st.pieces = Vec::new();
+            st.pieces = VecDeque::new();
         }
         drop(st);
         self.changed.notify_waiters();
     }
 
-    /// Pieces held so far, and the piece size (0: not known yet).
+    /// Pieces received so far (held or, with a window, dropped since),
+    /// and the piece size (0: not known yet).
     pub(crate) fn progress(&self) -> (u64, u64) {
         let st = self.state();
-        (st.pieces.len() as u64, st.piece)
+        (st.first + st.pieces.len() as u64, st.piece)
     }
 
     pub(crate) fn end(&self) -> End {
@@ -125,7 +164,10 @@ impl Holding {
         if let End::Failed(why) = &st.end {
             return Next::Failed(why.clone());
         }
-        if let Some(p) = st.pieces.get(k as usize) {
+        if k < st.first {
+            return Next::Evicted(st.first);
+        }
+        if let Some(p) = st.pieces.get((k - st.first) as usize) {
             return Next::Piece(p.clone());
         }
         if st.piece > 0 && k >= super::piece_count(self.len, st.piece) {
@@ -194,14 +236,17 @@ impl Drop for Filling<'_> {
 pub(crate) struct Holdings {
     map: Mutex<HashMap<ShardId, Arc<Holding>>>,
     budget: u64,
+    /// `relay-window` (0: whole copies).
+    window: u64,
     keep: Duration,
 }
 
 impl Holdings {
-    pub(crate) fn new(budget: u64, keep: Duration) -> Holdings {
+    pub(crate) fn new(budget: u64, window: u64, keep: Duration) -> Holdings {
         Holdings {
             map: Mutex::default(),
             budget,
+            window,
             keep,
         }
     }
@@ -224,15 +269,17 @@ impl Holdings {
     fn reserve(&self, id: ShardId, len: u64) -> Option<Arc<Holding>> {
         let mut map = self.map();
         Self::prune_locked(&mut map, self.keep);
+        let h = Arc::new(Holding::new(id, len, self.window));
+        let len = h.budget_bytes();
         if map.contains_key(&id) || len > self.budget {
             return None;
         }
-        let mut used: u64 = map.values().map(|h| h.len).sum();
+        let mut used: u64 = map.values().map(|h| h.budget_bytes()).sum();
         if used + len > self.budget {
             let mut complete: Vec<(Instant, ShardId, u64)> = map
                 .values()
                 .filter_map(|h| match h.end() {
-                    End::Complete(at) => Some((at, h.id, h.len)),
+                    End::Complete(at) => Some((at, h.id, h.budget_bytes())),
                     _ => None,
                 })
                 .collect();
@@ -250,7 +297,6 @@ impl Holdings {
                 return None;
             }
         }
-        let h = Arc::new(Holding::new(id, len));
         map.insert(id, Arc::clone(&h));
         Some(h)
     }
@@ -293,10 +339,13 @@ impl Holdings {
         });
     }
 
-    /// Copies held and their bytes.
+    /// Copies held and the bytes they count against `relay-cache`.
     pub(crate) fn totals(&self) -> (u64, u64) {
         let map = self.map();
-        (map.len() as u64, map.values().map(|h| h.len).sum())
+        (
+            map.len() as u64,
+            map.values().map(|h| h.budget_bytes()).sum(),
+        )
     }
 }
 
@@ -318,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_copy_completes_with_its_last_piece_and_readers_see_each_piece() {
-        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let hs = Holdings::new(1000, 0, Duration::from_secs(60));
         let h = hs.reserve(id(1), 300).unwrap();
         assert!(hs.reserve(id(1), 300).is_none(), "one copy per shard");
         assert!(matches!(h.next(0), Next::Wait));
@@ -334,8 +383,47 @@ mod tests {
     }
 
     #[test]
+    fn a_windowed_copy_keeps_its_latest_pieces_and_counts_only_them() {
+        // Window of 5 bytes in pieces of 1: 5 pieces kept.
+        let hs = Holdings::new(100, 5, Duration::from_secs(60));
+        let h = hs.reserve(id(1), 12).unwrap();
+        assert_eq!(h.budget_bytes(), 5);
+        assert_eq!(hs.totals(), (1, 5), "the window counts, not the shard");
+        h.set_piece(1);
+        for b in b"abcdefghijkl" {
+            h.push(Bytes::copy_from_slice(&[*b]));
+        }
+        assert!(matches!(h.end(), End::Complete(_)));
+        assert_eq!(h.progress(), (12, 1), "every piece received counts");
+        assert!(matches!(h.next(6), Next::Evicted(7)));
+        assert!(matches!(h.next(0), Next::Evicted(7)));
+        assert!(matches!(h.next(7), Next::Piece(p) if &p[..] == b"h"));
+        assert!(matches!(h.next(11), Next::Piece(p) if &p[..] == b"l"));
+        assert!(matches!(h.next(12), Next::Done));
+        // Never fewer than MIN_WINDOW_PIECES pieces, whatever the window.
+        let h = hs.reserve(id(2), 64).unwrap();
+        h.set_piece(8);
+        for _ in 0..8 {
+            h.push(Bytes::from_static(b"12345678"));
+        }
+        assert!(matches!(h.next(8 - MIN_WINDOW_PIECES), Next::Piece(_)));
+        assert!(matches!(
+            h.next(8 - MIN_WINDOW_PIECES - 1),
+            Next::Evicted(_)
+        ));
+        // A window at least the shard's size keeps the whole copy.
+        let whole = hs.reserve(id(3), 4).unwrap();
+        assert_eq!(whole.budget_bytes(), 4);
+        whole.set_piece(1);
+        for _ in 0..4 {
+            whole.push(Bytes::from_static(b"w"));
+        }
+        assert!(matches!(whole.next(0), Next::Piece(_)));
+    }
+
+    #[test]
     fn the_budget_drops_complete_copies_oldest_first_never_filling_ones() {
-        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let hs = Holdings::new(1000, 0, Duration::from_secs(60));
         let a = hs.reserve(id(1), 400).unwrap();
         fill(&a, 400);
         let b = hs.reserve(id(2), 400).unwrap(); // filling
@@ -355,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_fetch_that_ends_without_completing_drops_its_copy() {
-        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let hs = Holdings::new(1000, 0, Duration::from_secs(60));
         let f = hs.fill(id(1), 10).unwrap();
         let h = Arc::clone(&f.holding);
         drop(f);
@@ -374,7 +462,7 @@ mod tests {
 
     #[test]
     fn removal_and_expiry_stop_readers() {
-        let hs = Holdings::new(1000, Duration::ZERO);
+        let hs = Holdings::new(1000, 0, Duration::ZERO);
         let a = hs.reserve(id(1), 10).unwrap();
         assert!(hs.drop_copy(id(1), "removed by its owner"));
         assert!(matches!(a.next(0), Next::Failed(w) if w.contains("removed")));
@@ -387,7 +475,7 @@ mod tests {
 
     #[tokio::test]
     async fn waiters_wake_on_each_change_and_time_out_without_one() {
-        let hs = Holdings::new(1000, Duration::from_secs(60));
+        let hs = Holdings::new(1000, 0, Duration::from_secs(60));
         let h = hs.reserve(id(1), 10).unwrap();
         let none = h
             .wait_for(Duration::from_millis(20), |h| match h.next(0) {

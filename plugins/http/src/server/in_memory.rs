@@ -108,7 +108,11 @@ fn shared() -> Arc<Shared> {
             false,
             cfg.relay.keep,
         ),
-        holdings: Arc::new(crate::relay::Holdings::new(cfg.relay.cache, cfg.relay.keep)),
+        holdings: Arc::new(crate::relay::Holdings::new(
+            cfg.relay.cache,
+            cfg.relay.window,
+            cfg.relay.keep,
+        )),
         relay_stall: cfg.relay.stall_timeout,
         relay_corrupt: false,
     })

@@ -303,6 +303,18 @@ async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
             ),
         );
     }
+    if let Next::Evicted(first) = holding.next(from / piece) {
+        return error(
+            StatusCode::GONE,
+            "evicted",
+            &format!(
+                "{} keeps only the most recent pieces of shard {id} (relay-window): byte {from} \
+                 was dropped, it holds pieces from byte {} on",
+                shared.advertised,
+                first * piece
+            ),
+        );
+    }
     let len = holding.len;
     let rx = spawn_stream(shared, holding, from / piece);
     let mut frames = Frames::of([Part::Staging(rx)]);
@@ -357,6 +369,9 @@ fn spawn_stream(
                 Next::Piece(p) => Some(Ok(Some(p))),
                 Next::Done => Some(Ok(None)),
                 Next::Failed(why) => Some(Err(why)),
+                Next::Evicted(first) => Some(Err(format!(
+                    "piece {k} was dropped (relay-window: it holds pieces from {first} on)"
+                ))),
             })
             .await;
             let piece = match next {

@@ -96,6 +96,52 @@ fn consumers_after_the_first_get_the_shard_from_relays() {
 }
 
 #[test]
+fn a_relay_past_its_window_sends_a_late_joiner_to_the_owner_unblamed() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 5);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    // Keeps 4 pieces of 16 KiB of a 65-piece shard.
+    let first = relay_node("relay-window = \"64KiB\"");
+    let (got, note) = fetch_noted(&first.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(note.starts_with("from owner"), "{note}");
+    assert_eq!(
+        stat(&first.t, "relay_copy_bytes"),
+        64 << 10,
+        "the window counts"
+    );
+    // The owner names `first` as the parent of a late joiner, which no
+    // longer holds the start: the joiner takes it from the owner, with the
+    // right bytes, and does not report `first` as failed.
+    let late = relay_node("");
+    let (got, note) = fetch_noted(&late.t, &desc, LEN).unwrap();
+    assert!(got == data, "the bytes are the owner's");
+    assert!(
+        note.contains(&format!(
+            "relay {} no longer held byte 0 (relay-window)",
+            first.addr
+        )),
+        "{note}"
+    );
+    assert!(note.starts_with("from owner"), "{note}");
+    assert_eq!(
+        stat(&late.t, "relay_failovers"),
+        0,
+        "not a failure of the relay"
+    );
+    assert_eq!(stat(&late.t, "relay_bytes_from_holders"), 0);
+    assert_eq!(stat(&first.t, "relay_bytes_served"), 0);
+    assert_eq!(stat(&owner.t, "bytes_served"), 2 * LEN as u64);
+    // A relay stream asked for a dropped piece is 410 `evicted`.
+    let path = crate::relay::wire::stream_path(ShardId::from_u128(1), 0);
+    let r = get(first.addr, &path, None);
+    assert_eq!(r.status, 410, "{:?}", r.json());
+    let (code, message) = r.json();
+    assert_eq!(code, "evicted", "{message}");
+    assert!(message.contains("relay-window"), "{message}");
+}
+
+#[test]
 fn a_concurrent_broadcast_gives_everyone_the_right_bytes() {
     let owner = node(OWNER);
     let data = pattern(3 << 20, 9);
