@@ -94,7 +94,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering::SeqCst},
 };
 
-use crate::liveness::{Holder, Namespaces};
+use shardport_kit::lease::liveness::{Holder, Namespaces};
 
 /// The layout version this plugin writes and accepts.
 pub const LAYOUT_VERSION: u8 = b'2';
