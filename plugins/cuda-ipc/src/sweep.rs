@@ -133,7 +133,7 @@ mod tests {
     /// and one whose header records no namespaces: only the first goes.
     #[test]
     fn removes_the_boards_of_dead_owners_only() {
-        assert_eq!(LAYOUT_VERSION, b'2');
+        assert_eq!(LAYOUT_VERSION, b'3');
         let here = Here::current();
         if here.process.ns.pid == 0 || !here.proc_is_ours {
             eprintln!("skipped: this process cannot read its own PID namespace");

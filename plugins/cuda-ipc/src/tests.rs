@@ -379,7 +379,7 @@ fn a_consumer_refuses_boards_of_another_layout_version_and_unexported_slots() {
     assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{e}");
     assert!(
         e.message
-            .contains("layout version is 1, this plugin uses version 2"),
+            .contains("layout version is 1, this plugin uses version 3"),
         "{e}"
     );
 }

@@ -296,6 +296,26 @@ impl OwnedSegment {
         true
     }
 
+    /// `len` 8-byte words of a read-write mapping from word `start`, as
+    /// atomics (a board's lease records, for the kit's lease table).
+    ///
+    /// # Panics
+    /// As [`atomic_u64`](Self::atomic_u64): when the mapping is read-only or
+    /// the words are outside it.
+    pub(crate) fn atomic_words(&self, start: usize, len: usize) -> &[AtomicU64] {
+        if len == 0 {
+            return &[];
+        }
+        // Checks the last word is inside the mapping (and so all before it).
+        let _ = self.atomic_u64(start + len - 1);
+        let first: *const AtomicU64 = self.atomic_u64(start);
+        // SAFETY: words `start..start + len` are inside the mapping (the
+        // last one checked above), 8-byte aligned and contiguous; the
+        // mapping outlives the returned slice, which borrows `self`; every
+        // process accesses board words only atomically (see `atomic_u64`).
+        unsafe { std::slice::from_raw_parts(first, len) }
+    }
+
     /// The `index`-th 8-byte word of a read-write mapping as an atomic.
     ///
     /// # Panics

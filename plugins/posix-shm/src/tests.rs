@@ -648,11 +648,16 @@ fn cached_pools_of_a_vanished_owner_are_dropped() {
 fn a_board_of_another_layout_version_is_refused() {
     let p = Pair::new(SMALL_POOL);
     let d = decode(&p.owner.put(1, &[1; 64]).unwrap());
-    // As if the owner ran the plugin version that wrote board layout 1.
+    // As if the owner ran the plugin version that wrote board layout 3 (or
+    // 1 or 2): the whole magic "SPSHMBRD", the version in word 1.
     let board = OwnedSegment::open(&d.board).unwrap();
-    board
-        .atomic_u64(1)
-        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let magic = board
+        .atomic_u64(0)
+        .load(std::sync::atomic::Ordering::SeqCst);
+    board.atomic_u64(0).store(
+        u64::from_le_bytes(*b"SPSHMBRD"),
+        std::sync::atomic::Ordering::SeqCst,
+    );
     for e in [
         p.consumer.copy(&d.encode(), 64).unwrap_err(),
         p.consumer.view(&d.encode(), 64).unwrap_err(),
@@ -660,17 +665,18 @@ fn a_board_of_another_layout_version_is_refused() {
         assert_eq!(e.kind, ErrorKind::UNAVAILABLE, "{e}");
         assert!(
             e.message.contains(&format!(
-                "lease board {} has layout version 1 but this posix-shm plugin uses version 3",
+                "lease board {} has layout version 3 or older but this posix-shm plugin uses \
+                 version 4",
                 d.board
             )),
             "{}",
             e.message
         );
     }
-    board.atomic_u64(1).store(
-        crate::board::LAYOUT_VERSION,
-        std::sync::atomic::Ordering::SeqCst,
-    );
+    assert_eq!(magic, crate::board::MAGIC);
+    board
+        .atomic_u64(0)
+        .store(magic, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(p.consumer.copy(&d.encode(), 64).unwrap(), [1; 64]);
     drop(board);
     p.owner.unexport(1).unwrap();
