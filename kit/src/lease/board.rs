@@ -4,7 +4,7 @@
 //! that died.
 //!
 //! # Layout
-//! A [`LeaseTable`] is a run of records in an array of `u64` words that
+//! A [`LeaseRecords`] is a run of records in an array of `u64` words that
 //! every process accesses only atomically (`SeqCst`): in a transport's
 //! board, a shared segment its owner creates and its consumers map
 //! read-write, after the transport's own header and tables. Each record is
@@ -27,16 +27,16 @@
 //! A consumer **claims** a free record (CAS `free(s - 1)` -> `claiming(s)`),
 //! zeroes its payload, writes who it is (start time, namespaces, then the
 //! pid tagged with `s`), then its payload, and marks the record `held(s)`
-//! by a CAS from `claiming(s)` ([`LeaseTable::claim`]). Only then does it
+//! by a CAS from `claiming(s)` ([`LeaseRecords::claim`]). Only then does it
 //! re-check, in the transport's own words, that what the payload names
 //! still may be leased (the shard is still live, with that generation); if
 //! not, it releases the record and reports the shard gone. It **releases**
-//! by one CAS `held(s)` -> `free(s)` ([`LeaseTable::release`]), which fails,
+//! by one CAS `held(s)` -> `free(s)` ([`LeaseRecords::release`]), which fails,
 //! having changed nothing, when the owner reclaimed the record.
 //!
 //! The owner **retires** what a lease may name (in its own words) first,
 //! and only then scans the records for a lease naming it
-//! ([`LeaseTable::scan`]): without one it frees the memory, with one it
+//! ([`LeaseRecords::scan`]): without one it frees the memory, with one it
 //! keeps it and scans again later.
 //!
 //! Why no lease is ever missed: both sides write their own word, then read
@@ -50,7 +50,7 @@
 //! zeroed it) only makes the owner wait longer.
 //!
 //! # Reclaiming the leases of dead consumers
-//! Only the owner reclaims, under its own lock. [`LeaseTable::scan`] reads a
+//! Only the owner reclaims, under its own lock. [`LeaseRecords::scan`] reads a
 //! taken record's claim word, then its pid word, start time, namespaces and
 //! payload, then the claim word again. Each claim word value occurs once per
 //! record (the sequence only grows), and a later claimer writes only after
@@ -61,7 +61,7 @@
 //! ([`Scanned::holder`]), if provably dead (see
 //! [`liveness`](super::liveness): `ESRCH` or a reused pid, judged only
 //! within our PID namespace; a zombie is not proof), loses the record:
-//! [`LeaseTable::reclaim`] CASes exactly that claim word to `free`. A dead
+//! [`LeaseRecords::reclaim`] CASes exactly that claim word to `free`. A dead
 //! holder never writes again, and only the holder otherwise moves a taken
 //! record, so the CAS can only race with a holder that is alive, which
 //! `judge` never calls dead (every doubt is `Unknown`, treated as alive);
@@ -182,7 +182,7 @@ pub struct Scanned<const P: usize> {
 }
 
 /// A record written word by word, as a consumer interrupted at any point
-/// (or a hostile one) could leave it ([`LeaseTable::forge`], for tests).
+/// (or a hostile one) could leave it ([`LeaseRecords::forge`], for tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Forged<const P: usize> {
     /// The claim's sequence.
@@ -200,12 +200,12 @@ pub struct Forged<const P: usize> {
 /// The lease records of a board: a view of the words they occupy, each
 /// record [`IDENTITY_WORDS`] words and `P` payload words.
 #[derive(Debug, Clone, Copy)]
-pub struct LeaseTable<'a, const P: usize> {
+pub struct LeaseRecords<'a, const P: usize> {
     words: &'a [AtomicU64],
     records: u32,
 }
 
-impl<'a, const P: usize> LeaseTable<'a, P> {
+impl<'a, const P: usize> LeaseRecords<'a, P> {
     /// Words of one record.
     pub const RECORD_WORDS: usize = IDENTITY_WORDS + P;
 
@@ -229,7 +229,7 @@ impl<'a, const P: usize> LeaseTable<'a, P> {
             words.len()
         );
         let records = u32::try_from(words.len() / Self::RECORD_WORDS).expect("too many records");
-        LeaseTable { words, records }
+        LeaseRecords { words, records }
     }
 
     /// Number of records.

@@ -25,13 +25,13 @@
 //! ```
 //! use std::sync::atomic::AtomicU64;
 //! use shardport_kit::lease::{
-//!     board::{LeaseTable, Refused},
+//!     board::{LeaseRecords, Refused},
 //!     liveness::{self, Here, System, Verdict},
 //! };
 //!
 //! // Two lease records, each naming one payload word (say, a shard slot).
-//! let words: Vec<AtomicU64> = (0..LeaseTable::<1>::words_for(2)).map(|_| AtomicU64::new(0)).collect();
-//! let table = LeaseTable::<1>::new(&words);
+//! let words: Vec<AtomicU64> = (0..LeaseRecords::<1>::words_for(2)).map(|_| AtomicU64::new(0)).collect();
+//! let table = LeaseRecords::<1>::new(&words);
 //! let me = Here::current();
 //!
 //! // Consumer: claim, re-check what the payload names, read, release.

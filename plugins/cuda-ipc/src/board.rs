@@ -88,7 +88,7 @@ use std::{
 };
 
 use shardport_kit::lease::{
-    board::{header, Claim, LeaseTable, Refused},
+    board::{header, Claim, LeaseRecords, Refused},
     liveness::{Holder, Namespaces},
 };
 
@@ -102,7 +102,7 @@ pub const BOARD_MAGIC: u64 = header::magic(MAGIC_STEM, LAYOUT_VERSION);
 pub const HEADER_WORDS: usize = 4;
 /// A record's payload: its target word.
 const TARGET_WORDS: usize = 1;
-type Records<'a> = LeaseTable<'a, TARGET_WORDS>;
+type Records<'a> = LeaseRecords<'a, TARGET_WORDS>;
 /// Words of one lease record.
 pub const RECORD_WORDS: usize = Records::RECORD_WORDS;
 
@@ -344,7 +344,7 @@ impl<W: AsRef<[AtomicU64]>> Board<W> {
         &self.words.as_ref()[i]
     }
 
-    /// The lease records, as the kit's lease table.
+    /// The lease records, as the kit's `LeaseRecords`.
     fn records(&self) -> Records<'_> {
         let (start, len) = self.layout.records();
         Records::new(&self.words.as_ref()[start..start + len])

@@ -92,7 +92,7 @@
 
 use std::{fmt, sync::atomic::Ordering::SeqCst};
 
-use shardport_kit::lease::board::{header, Claim, LeaseTable, Refused, Scanned};
+use shardport_kit::lease::board::{header, Claim, LeaseRecords, Refused, Scanned};
 pub(crate) use shardport_kit::lease::liveness::Holder;
 
 use crate::sys::OwnedSegment;
@@ -116,7 +116,7 @@ const ENTRY_WORDS: usize = 4;
 
 /// What a lease slot's payload holds: shard slot, generation, offset, len.
 const LEASE_PAYLOAD: usize = 4;
-type Leases<'a> = LeaseTable<'a, LEASE_PAYLOAD>;
+type Leases<'a> = LeaseRecords<'a, LEASE_PAYLOAD>;
 const LEASE_WORDS: usize = Leases::RECORD_WORDS;
 
 const H_MAGIC: usize = 0;
@@ -331,7 +331,7 @@ impl Board {
         self.seg.atomic_u64(i)
     }
 
-    /// The lease slots, as the kit's lease table.
+    /// The lease slots, as the kit's `LeaseRecords`.
     fn leases(&self) -> Leases<'_> {
         let (start, len) = self.layout.leases();
         Leases::new(self.seg.atomic_words(start, len))

@@ -3,7 +3,7 @@ use std::{cell::Cell, rc::Rc, sync::Arc};
 use super::*;
 
 /// Records of two payload words (a slot and a generation, say).
-type Table<'a> = LeaseTable<'a, 2>;
+type Table<'a> = LeaseRecords<'a, 2>;
 
 const RECORDS: u32 = 3;
 
