@@ -168,6 +168,8 @@ impl fmt::Display for Refused {
     }
 }
 
+impl std::error::Error for Refused {}
+
 /// One taken record as the owner's scan saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scanned<const P: usize> {

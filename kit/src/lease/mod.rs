@@ -29,26 +29,29 @@
 //!     liveness::{self, Here, System, Verdict},
 //! };
 //!
-//! // Two lease records, each naming one payload word (say, a shard slot).
-//! let words: Vec<AtomicU64> = (0..LeaseRecords::<1>::words_for(2)).map(|_| AtomicU64::new(0)).collect();
-//! let table = LeaseRecords::<1>::new(&words);
+//! // Two lease records, each with one payload word (say, a shard slot). A
+//! // transport's are in its board segment; these are in process memory.
+//! let words: Vec<AtomicU64> = (0..LeaseRecords::<1>::words_for(2))
+//!     .map(|_| AtomicU64::new(0))
+//!     .collect();
+//! let records = LeaseRecords::<1>::new(&words);
 //! let me = Here::current();
 //!
 //! // Consumer: claim, re-check what the payload names, read, release.
-//! let claim = table.claim(&me.holder(), [7], 0).unwrap();
-//! assert!(table.release(claim));
+//! let claim = records.claim(&me.holder(), [7], 0)?;
+//! assert!(records.release(claim));
 //!
 //! // Owner: scan, judge each complete holder, reclaim only the dead.
-//! let _held = table.claim(&me.holder(), [7], 0).unwrap();
-//! for lease in table.scan() {
+//! let _held = records.claim(&me.holder(), [7], 0)?;
+//! for lease in records.scan() {
 //!     assert_eq!(lease.payload, [7]);
 //!     let holder = lease.holder.expect("identity complete");
 //!     if let Verdict::Dead(_) = liveness::judge_holder(&holder, &me, &System) {
-//!         table.reclaim(&lease);
+//!         records.reclaim(&lease);
 //!     }
 //! }
-//! assert_eq!(table.taken(), 1, "this process is alive: its lease stays");
-//! # let _ = Refused::Full;
+//! assert_eq!(records.taken(), 1, "this process is alive: its lease stays");
+//! # Ok::<(), Refused>(())
 //! ```
 
 pub mod board;

@@ -46,6 +46,8 @@ impl fmt::Display for HeaderError {
     }
 }
 
+impl std::error::Error for HeaderError {}
+
 /// Checks word 0 of a board against `stem` and `version`.
 pub fn check(word: u64, stem: &[u8; 7], version: u8) -> Result<(), HeaderError> {
     let bytes = word.to_le_bytes();
