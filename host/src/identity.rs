@@ -7,6 +7,7 @@ use std::{fmt, os::unix::fs::MetadataExt, path::Path};
 
 use serde::{Deserialize, Serialize};
 use shardport_abi::IdentityParts;
+use shardport_kit::lease::liveness;
 
 /// Identity of the machine/container a node runs in.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -28,8 +29,9 @@ impl NodeIdentity {
     /// Reads this process's identity from `/proc` and `/dev/shm`. Parts that
     /// cannot be read stay unknown (and then never agree).
     pub fn current() -> NodeIdentity {
-        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_owned())
+        // Read (and parsed) by the plugin kit, as every transport reads it.
+        let boot_id = liveness::boot_id()
+            .map(liveness::format_boot_id)
             .unwrap_or_default();
         let ino = |p: &str| std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0);
         NodeIdentity {
@@ -99,12 +101,10 @@ impl fmt::Display for NodeIdentity {
     }
 }
 
-/// Start time of a process in clock ticks since boot (`/proc/PID/stat` field 22).
+/// Start time of a process in clock ticks since boot (`/proc/PID/stat` field
+/// 22), as the plugin kit reads it.
 pub fn process_start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    liveness::start_ticks(pid)
 }
 
 /// A unique tag for a node instance started at `epoch` (its Unix ns at

@@ -21,6 +21,7 @@
 //! | [`options`] | the plugin's TOML table ([`Options`]): typed getters with defaults, byte sizes, durations, unknown keys refused by dotted path |
 //! | [`map`] | [`ReadOnlyMap`], a safe owner of a read-only mapping of a file or segment, from which a plugin hands out zero-copy [`Region`](shardport_abi::Region)s |
 //! | [`poll`] | [`await_bytes`](poll::await_bytes): polls a socket for bytes for a bounded time before the read sleeps (a sleeping reader wakes tens of microseconds late on VMs that halt idle vCPUs) |
+//! | [`lease`] | one lease-and-liveness core for transports that lend memory to other processes: lease records with a claim protocol, the owner's scan and reclaim of dead holders ([`lease::board`]); process identity and proof of death ([`lease::liveness`]), the boot id parsed once |
 //! | [`lent`] | [`Lent`], bytes whose lifetime the type system knows, readable without `unsafe`; the one `unsafe` door from a raw [`SharedBytes`](shardport_abi::SharedBytes) |
 //! | [`hash`] | [`IdHashMap`](hash::IdHashMap): a fast hash for keys the process makes itself (shard ids, tokens), not for keys a peer picks |
 //! | [`guard`] | panic-safe bodies for `stats`, `health` and `import_many`, on top of [`PluginContext::guard`](shardport_abi::PluginContext::guard) |
@@ -64,6 +65,7 @@ pub mod copy;
 pub mod error;
 pub mod guard;
 pub mod hash;
+pub mod lease;
 pub mod lent;
 pub mod map;
 pub mod options;

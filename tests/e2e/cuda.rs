@@ -13,7 +13,7 @@ use std::{
 
 use shardport_abi::{DType, Device, ErrorKind, RSlice, ShardMeta};
 use shardport_cuda_ipc::{
-    descriptor::{parse_boot_id, Descriptor, BOARD_PREFIX},
+    descriptor::{Descriptor, BOARD_PREFIX},
     testkit::unavailable_reason,
 };
 use shardport_host::{handle::Export, DevicePtr, FetchMode, HostError, Node, TensorSpec};
@@ -170,9 +170,10 @@ fn cuda_only_handle(owner: &Node, len: u64) -> shardport_host::Handle {
         )
         .unwrap();
     h.meta.device = Device::cuda(0);
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let desc = Descriptor {
-        boot_id: parse_boot_id(&boot).unwrap(),
+        boot_id: shardport_kit::lease::liveness::boot_id()
+            .unwrap()
+            .to_be_bytes(),
         pid: std::process::id(),
         epoch: 1,
         generation: 1,

@@ -31,6 +31,7 @@
 use shardport_abi::{
     Checksum, ChecksumAlgo, DType, Device, DeviceKind, ROption, RVec, ShardId, ShardMeta,
 };
+use shardport_kit::lease::liveness;
 
 use super::{Export, Handle, HandleError, Owner, Reader, MAX_DESCRIPTOR, MAX_DIMS, MAX_EXPORTS};
 use crate::{identity::NodeIdentity, vocab::TransportName};
@@ -64,39 +65,17 @@ pub(super) fn put_str8(out: &mut Vec<u8>, s: &str) {
 }
 
 /// The 16 bytes of a boot id in canonical UUID text form (lowercase hex,
-/// dashes at 8-4-4-4-12), or `None`.
+/// dashes at 8-4-4-4-12), or `None`: only that form, so that `uuid_text`
+/// gives the text back byte for byte. Parsed by the plugin kit, the one
+/// reader of boot ids.
 fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
-    let b = s.as_bytes();
-    if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
-        return None;
-    }
-    let hex: Vec<u8> = b.iter().copied().filter(|&c| c != b'-').collect();
-    if hex.len() != 32
-        || !hex
-            .iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-    {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?;
-        *o = u8::from_str_radix(pair, 16).ok()?;
-    }
-    Some(out)
+    liveness::parse_boot_id(s)
+        .filter(|&b| liveness::format_boot_id(b) == s)
+        .map(u128::to_be_bytes)
 }
 
 fn uuid_text(b: &[u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(36);
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push(HEX[(byte >> 4) as usize] as char);
-        s.push(HEX[(byte & 0xf) as usize] as char);
-    }
-    s
+    liveness::format_boot_id(u128::from_be_bytes(*b))
 }
 
 /// Appends `n` in decimal (no allocation: this runs for every decode).
@@ -569,5 +548,10 @@ mod tests {
         assert!(uuid_bytes("E83E7C80-83C2-40A6-ADC9-6FCB075EE481").is_none());
         assert!(uuid_bytes("b").is_none());
         assert!(uuid_bytes("e83e7c80x83c2-40a6-adc9-6fcb075ee481").is_none());
+        // Only the canonical text: no surrounding space, dashes in place.
+        assert!(uuid_bytes("e83e7c80-83c2-40a6-adc9-6fcb075ee481\n").is_none());
+        assert!(uuid_bytes("e83e7c8083c2-40a6-adc9-6fcb075ee481-").is_none());
+        assert!(uuid_bytes("e83e7c8083c240a6adc96fcb075ee481").is_none());
+        assert_eq!(uuid_bytes(u).unwrap()[0], 0xe8);
     }
 }

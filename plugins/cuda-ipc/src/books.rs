@@ -20,10 +20,10 @@
 use std::collections::{HashMap, HashSet};
 
 use shardport_abi::ShardId;
+use shardport_kit::lease::liveness::{self, Here, Holder, Verdict};
 
 use crate::{
     board::{Board, Layout, Scanned},
-    liveness::{self, Here, Holder, Verdict},
     sys::BoardMap,
 };
 
@@ -83,7 +83,7 @@ impl<T> Books<T> {
         if self.board.is_none() {
             let map = BoardMap::create(name, self.layout.words())?;
             let board = Board::init(map, self.layout);
-            board.set_owner_namespaces(self.here.holder.ns);
+            board.set_owner_namespaces(self.here.process.ns);
             self.board = Some(board);
         }
         Ok(self.board.as_ref().expect("created above"))
@@ -159,9 +159,9 @@ impl<T> Books<T> {
         for s in b.scan() {
             let dead = match s.holder {
                 Some(h) if scope == Scope::All || retired(&s) => {
-                    let v = *verdicts
-                        .entry(h)
-                        .or_insert_with(|| liveness::judge(&h, &self.here, &liveness::System));
+                    let v = *verdicts.entry(h).or_insert_with(|| {
+                        liveness::judge_holder(&h, &self.here, &liveness::System)
+                    });
                     match v {
                         Verdict::Dead(why) => Some((h, why)),
                         Verdict::Alive => None,
@@ -175,7 +175,7 @@ impl<T> Books<T> {
             };
             match dead {
                 Some((h, why)) if b.reclaim(&s) => {
-                    tracing::info!(target: "cuda_ipc", pid = h.pid, slot = s.target.0, reason = why, "reclaimed the lease of a dead consumer");
+                    tracing::info!(target: "cuda_ipc", pid = h.pid, slot = s.target.0, reason = %why, "reclaimed the lease of a dead consumer");
                     r.reclaimed += 1;
                 }
                 _ => live.push(s),

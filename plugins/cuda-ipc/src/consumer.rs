@@ -166,17 +166,17 @@ impl CudaIpc {
             c.boards.insert(d.board.clone(), std::sync::Arc::new(b));
         }
         let board = std::sync::Arc::clone(&c.boards[&d.board]);
-        if std::process::id() != self.me.holder.pid {
+        if std::process::id() != self.me.process.pid {
             return Err(AbiError::internal(format!(
                 "this cuda-ipc instance was created in process {} and is used in process {} \
                  (a fork): create a new node in the child",
-                self.me.holder.pid,
+                self.me.process.pid,
                 std::process::id()
             )));
         }
-        let hint = self.me.holder.pid.wrapping_mul(0x9e37_79b9);
+        let hint = self.me.process.pid.wrapping_mul(0x9e37_79b9);
         let ticket = board
-            .lease(d.slot, d.slot_generation, &self.me.holder, hint)
+            .lease(d.slot, d.slot_generation, &self.me.holder(), hint)
             .map_err(|e| match e {
                 LeaseError::Gone { .. } => AbiError::not_found(format!(
                     "cuda-ipc: the shard was unexported by its owner (pid {}, slot {} generation {})",

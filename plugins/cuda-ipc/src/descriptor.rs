@@ -331,20 +331,6 @@ fn read_chunks(r: &mut Reader<'_>, alloc_size: u64) -> PluginResult<Vec<u64>> {
     Ok(chunks)
 }
 
-/// Parses a boot id (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) into 16 bytes.
-pub fn parse_boot_id(s: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = s.trim().bytes().filter(|&b| b != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        let s = std::str::from_utf8(pair).ok()?;
-        out[i] = u8::from_str_radix(s, 16).ok()?;
-    }
-    Some(out)
-}
-
 /// Formats a GPU UUID the way `nvidia-smi` does (`GPU-xxxxxxxx-xxxx-...`).
 pub fn format_uuid(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
@@ -550,10 +536,13 @@ mod tests {
 
     #[test]
     fn boot_ids_and_uuids() {
-        let b = parse_boot_id("0123abcd-0000-1111-2222-333344445555\n").unwrap();
+        // Boot ids travel as the kit's number, in text order.
+        let b =
+            shardport_kit::lease::liveness::parse_boot_id("0123abcd-0000-1111-2222-333344445555\n")
+                .unwrap()
+                .to_be_bytes();
         assert_eq!(b[0], 0x01);
         assert_eq!(b[15], 0x55);
-        assert!(parse_boot_id("nope").is_none());
         assert_eq!(
             format_uuid(&[0xab; 16]),
             "GPU-abababab-abab-abab-abab-abababababab"

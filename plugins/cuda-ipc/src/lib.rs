@@ -29,7 +29,8 @@
 //! - The exporter must not free memory a consumer still maps: leases on a
 //!   shared-memory board (`board`), each recording who holds it, so the
 //!   owner takes back the leases of consumers that provably died
-//!   (`books`, `liveness`).
+//!   (`books`, and the plugin kit's lease-and-liveness core,
+//!   `shardport_kit::lease`).
 //! - The consumer never reads before the producer's writes finished: the
 //!   owner records an interprocess event after them, the consumer waits on it
 //!   (`sys::Driver::record_ipc_event` / `wait_ipc_event`).
@@ -45,7 +46,7 @@
 //! This file (the transport: construction, stats, the ABI methods), then
 //! `owner` (export: allocation kinds and how each is shared) and `consumer`
 //! (leases, mappings, imports), `descriptor` (the wire format), `cache`,
-//! `board`, `books` (the owner's side of the board), `liveness`, `fdpass`
+//! `board`, `books` (the owner's side of the board), `fdpass`
 //! and `vmm` (VMM memory), `sweep`, and `sys` (with `sys/vmm.rs`), the only
 //! module with `unsafe`.
 
@@ -58,7 +59,6 @@ pub mod config;
 mod consumer;
 pub mod descriptor;
 mod fdpass;
-pub mod liveness;
 mod owner;
 mod sweep;
 #[allow(unsafe_code)]
@@ -80,7 +80,11 @@ use shardport_abi::{
     AbiError, Allocation, Capabilities, ExportRequest, Health, IdentityParts, ImportInfo,
     PluginContext, PluginResult, Region, ShardId, ShardMeta, Stat, TransportBox, TransportInfo,
 };
-use shardport_kit::{self as kit, lock, Counter, PlainTransport, StatList};
+use shardport_kit::{
+    self as kit,
+    lease::liveness::{self, Here},
+    lock, Counter, PlainTransport, StatList,
+};
 
 use crate::{
     board::Layout,
@@ -104,21 +108,14 @@ fn cuda(what: &str, e: CudaError) -> AbiError {
     )
 }
 
-/// This process as an owner: boot id, pid and start time.
-fn this_process() -> OwnerKey {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let pid = std::process::id();
+/// This process as an owner: boot id (its 16 bytes in text order), pid and
+/// start time.
+fn this_process(me: &Here) -> OwnerKey {
     OwnerKey {
-        boot_id: descriptor::parse_boot_id(&boot).unwrap_or([0; 16]),
-        pid,
-        epoch: start_ticks(pid).unwrap_or(0),
+        boot_id: me.process.boot.to_be_bytes(),
+        pid: me.process.pid,
+        epoch: me.process.start_ticks,
     }
-}
-
-/// Start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22).
-fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    liveness::parse_stat(&stat).map(|s| s.start_ticks)
 }
 
 /// Whether the owner process `o` is alive on this boot (a reused pid with
@@ -127,7 +124,7 @@ fn owner_alive(o: &OwnerKey, here: &OwnerKey) -> bool {
     if o.boot_id != here.boot_id {
         return false;
     }
-    match start_ticks(o.pid) {
+    match liveness::start_ticks(o.pid) {
         Some(t) => o.epoch == 0 || t == o.epoch,
         None => false,
     }
@@ -180,7 +177,7 @@ struct CudaIpc {
     state: Result<Live, String>,
     here: OwnerKey,
     /// This process as a lease holder (recorded in the owners' boards).
-    me: liveness::Here,
+    me: Here,
     owner: Mutex<Books<Exported>>,
     /// VMM exports' descriptors, served by `fd_server` (started at the
     /// first VMM export).
@@ -226,7 +223,7 @@ fn create_with(
         // `shardport plugins` report it.
         Err(why) => tracing::info!(target: "cuda_ipc", reason = %why, "cuda-ipc unavailable"),
     }
-    let me = liveness::Here::current();
+    let me = Here::current();
     let counters = Counters::default();
     if cfg.sweep_on_start && state.is_ok() {
         let swept = sweep::dead_boards(&me);
@@ -240,7 +237,7 @@ fn create_with(
         ctx,
         cfg,
         state,
-        here: this_process(),
+        here: this_process(&me),
         me,
         owner: Mutex::new(Books::new(layout, me)),
         shelf: Arc::default(),

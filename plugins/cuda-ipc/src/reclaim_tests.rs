@@ -16,10 +16,11 @@ use std::{
 
 use shardport_abi::ShardId;
 
+use shardport_kit::lease::liveness::{Here, Holder};
+
 use crate::{
     board::{target_word, Board, Layout, SlotState},
     books::{Books, Published, Reaped, Scope},
-    liveness::{Here, Holder},
     sys::BoardMap,
 };
 
@@ -123,7 +124,7 @@ fn lessee_child() {
     );
     let board = Board::attach(BoardMap::open(&name).expect("open the board")).expect("attach");
     let ticket = board
-        .lease(slot, generation, &Here::current().holder, 0)
+        .lease(slot, generation, &Here::current().holder(), 0)
         .expect("lease");
     // Straight to the stdout pipe: `println!` would be captured by the
     // test harness.
@@ -204,7 +205,7 @@ fn a_live_lessee_s_lease_is_never_reclaimed() {
     // This process leases too (a live holder whose record we also see).
     let board = Board::attach(BoardMap::open(&name).unwrap()).unwrap();
     let mine = board
-        .lease(slot, generation, &Here::current().holder, 5)
+        .lease(slot, generation, &Here::current().holder(), 5)
         .unwrap();
     for _ in 0..3 {
         assert_eq!(b.reap(Scope::All), Reaped::default());
@@ -274,7 +275,7 @@ fn a_torn_record_of_a_dead_process_is_never_reclaimed() {
         pid
     };
     assert_eq!(b.reap(Scope::All).reclaimed, 1, "its real lease");
-    let here = Here::current().holder;
+    let here = Here::current().holder();
     let corpse = Holder { pid: dead, ..here };
     let board = Board::attach(BoardMap::open(&name).unwrap()).unwrap();
     // Held, naming the slot, but the pid word carries another claim's tag

@@ -10,8 +10,8 @@
 //! Only names this plugin makes, read completely:
 //! `shardport-cuda-<pid>-<start ticks>-<rest of the host's node tag>`, whose
 //! board header says it is a board of this layout and records the owner's
-//! namespaces, regular files of our own uid, and only when `liveness::judge`
-//! proves the owner dead from the pid, start time and namespaces (another
+//! namespaces, regular files of our own uid, and only when the kit's `judge_holder`
+//! (`shardport_kit::lease::liveness`) proves the owner dead from the pid, start time and namespaces (another
 //! PID or time namespace, a zombie, an unreadable `/proc`: left alone). A
 //! dead owner creates nothing more, and no later process shares its pid and
 //! start time, so nothing new can appear under a name judged dead; a
@@ -19,12 +19,9 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use crate::{
-    board::Board,
-    descriptor::BOARD_PREFIX,
-    liveness::{judge, Here, Holder, System, Verdict},
-    sys::BoardMap,
-};
+use shardport_kit::lease::liveness::{judge_holder, Here, Holder, System, Verdict};
+
+use crate::{board::Board, descriptor::BOARD_PREFIX, sys::BoardMap};
 
 const SHM_DIR: &str = "/dev/shm";
 
@@ -62,7 +59,7 @@ pub(crate) fn dead_boards(here: &Here) -> u64 {
         let Some((pid, start_ticks)) = owner_of(&name) else {
             continue;
         };
-        if pid == here.holder.pid {
+        if pid == here.process.pid {
             continue;
         }
         match entry.metadata() {
@@ -83,11 +80,11 @@ pub(crate) fn dead_boards(here: &Here) -> u64 {
             ns: board.owner_namespaces(),
         };
         drop(board);
-        match judge(&owner, here, &System) {
+        match judge_holder(&owner, here, &System) {
             Verdict::Dead(why) => match rustix::shm::unlink(path.as_str()) {
                 Ok(()) => {
                     swept += 1;
-                    tracing::info!(target: "cuda_ipc", board = %name, pid, death = why, "removed the lease board of a dead owner");
+                    tracing::info!(target: "cuda_ipc", board = %name, pid, death = %why, "removed the lease board of a dead owner");
                 }
                 Err(e) => {
                     tracing::debug!(target: "cuda_ipc", board = %name, error = %e, "could not remove a dead owner's board")
@@ -106,7 +103,7 @@ pub(crate) fn dead_boards(here: &Here) -> u64 {
 mod tests {
     use super::*;
     use crate::board::{Layout, LAYOUT_VERSION};
-    use crate::liveness::Namespaces;
+    use shardport_kit::lease::liveness::{start_ticks, Namespaces};
 
     #[test]
     fn reads_only_names_this_plugin_makes() {
@@ -136,9 +133,9 @@ mod tests {
     /// and one whose header records no namespaces: only the first goes.
     #[test]
     fn removes_the_boards_of_dead_owners_only() {
-        assert_eq!(LAYOUT_VERSION, b'2');
+        assert_eq!(LAYOUT_VERSION, b'3');
         let here = Here::current();
-        if here.holder.ns.pid == 0 || !here.proc_is_ours {
+        if here.process.ns.pid == 0 || !here.proc_is_ours {
             eprintln!("skipped: this process cannot read its own PID namespace");
             return;
         }
@@ -165,16 +162,13 @@ mod tests {
         let exists = |name: &str| std::path::Path::new(&format!("/dev/shm{name}")).exists();
         // Kept mapped by "its owner" (this test) so their names stay; the
         // owners recorded in the names are what the sweep judges.
-        let (dead, dead_board) = make(dead_pid, 12345, here.holder.ns);
+        let (dead, dead_board) = make(dead_pid, 12345, here.process.ns);
         let me = std::process::id() + 1_000_000; // no such pid: but no namespaces recorded
         let (unknown, unknown_board) = make(me, 12345, Namespaces::default());
         // A live process (our parent) with its real start time.
         let parent = rustix::process::getppid().map_or(1, |p| p.as_raw_nonzero().get() as u32);
-        let parent_start = std::fs::read_to_string(format!("/proc/{parent}/stat"))
-            .ok()
-            .and_then(|s| crate::liveness::parse_stat(&s))
-            .map_or(1, |s| s.start_ticks);
-        let (alive, alive_board) = make(parent, parent_start, here.holder.ns);
+        let parent_start = start_ticks(parent).unwrap_or(1);
+        let (alive, alive_board) = make(parent, parent_start, here.process.ns);
         let swept = dead_boards(&here);
         assert!(swept >= 1, "the dead owner's board is swept");
         assert!(!exists(&dead), "{dead} removed");

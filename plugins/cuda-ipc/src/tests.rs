@@ -158,9 +158,10 @@ fn with_fake_gpu() -> TransportBox {
 }
 
 fn descriptor_from(pid: u32) -> Vec<u8> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let mut d = Descriptor::decode(&valid_descriptor(16)).unwrap();
-    d.boot_id = crate::descriptor::parse_boot_id(&boot).unwrap();
+    d.boot_id = shardport_kit::lease::liveness::boot_id()
+        .unwrap()
+        .to_be_bytes();
     d.pid = pid;
     d.encode()
 }
@@ -378,7 +379,7 @@ fn a_consumer_refuses_boards_of_another_layout_version_and_unexported_slots() {
     assert_eq!(e.kind, ErrorKind::INVALID_DESCRIPTOR, "{e}");
     assert!(
         e.message
-            .contains("layout version is 1, this plugin uses version 2"),
+            .contains("layout version is 1, this plugin uses version 3"),
         "{e}"
     );
 }

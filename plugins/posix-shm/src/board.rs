@@ -1,12 +1,13 @@
 //! The lease board: a small shared segment through which consumers tell the
 //! owner which pool bytes they are reading, and who they are.
 //!
-//! # Layout (version 3)
+//! # Layout (version 4)
 //! Every field is one little-endian `u64` word accessed only atomically
 //! (`SeqCst`), in every process:
 //!
 //! ```text
-//! header  (8 words)  magic, layout version, max_shards, max_leases, data_size,
+//! header  (8 words)  magic "SPSHMBR" + version byte ('4'), reserved,
+//!                    max_shards, max_leases, data_size,
 //!                    pool state (1 open, 2 closed), 2 reserved
 //! in flight (16 x 8 words) leases in flight, one counter per 64-byte line
 //!                    (a consumer uses counter `pid % 16`), the other 7 words
@@ -14,32 +15,34 @@
 //! entries (4 words each, max_shards of them)
 //!                    state (0 free, 1 reserved, 2 live, 3 retired),
 //!                    generation, offset, len
-//! leases  (8 words each, max_leases of them)
+//! leases  (8 words each, max_leases of them): the plugin kit's lease
+//!                    records (`shardport_kit::lease::board`):
 //!                    claim word: sequence << 2 | state (0 free, 1 claiming, 2 held),
-//!                    shard slot, generation, offset, len,
 //!                    holder pid | low 32 bits of the claim's sequence << 32,
 //!                    holder process start time (clock ticks since boot),
-//!                    holder namespaces: PID-namespace inode | time-namespace inode << 32
+//!                    holder namespaces: PID-namespace inode | time-namespace inode << 32,
+//!                    then what the lease is on: shard slot, generation, offset, len
 //! ```
 //!
 //! Version 1 had no sequence and a reserved last word; version 2 had no
-//! count of leases in flight. A consumer refuses a
-//! board of another version ([`AttachError::Version`]); an owner's board
-//! carries its version, so a consumer of another version refuses it too:
-//! owner and consumer must run the same layout.
+//! count of leases in flight; version 3 put the claim's target before the
+//! holder in a lease slot and spelled the magic "SPSHMBRD" with the version
+//! in word 1 (so its "version byte" reads `D`). A consumer refuses a board
+//! of another version ([`AttachError::Version`]); an owner's board carries
+//! its version, so a consumer of another version refuses it too: owner and
+//! consumer must run the same layout.
 //!
 //! # Protocol
-//! A consumer **leases** a shard by claiming a free lease slot (CAS
-//! `free(s - 1)` -> `claiming(s)`), zeroing its range, writing who it is
-//! (start time, namespaces, then pid tagged with `s`), then what it is about
-//! to read (shard slot, generation, offset, len), marking the slot `held(s)`,
-//! and only then re-reading the shard's entry: it must still be live with the
+//! The kit's lease protocol (see `shardport_kit::lease::board`, where its
+//! proof is written), with a byte range as what a lease is on. A consumer
+//! **leases** a shard by claiming a free lease slot for it (its identity,
+//! then the shard slot, generation, offset and len, published `held`), and
+//! only then re-reads the shard's entry: it must still be live with the
 //! same generation, offset and length, or the consumer frees the slot and
-//! reports the shard as removed. It frees the slot with one CAS, `held(s)` ->
-//! `free(s)`. The owner **retires** a shard by setting its entry to retired
-//! first and only then scanning the lease slots for one overlapping the
-//! shard's bytes; without one it frees the bytes at once, with one it keeps
-//! them occupied and re-scans on later calls.
+//! reports the shard as removed. The owner **retires** a shard by setting
+//! its entry to retired first and only then scanning the lease slots for
+//! one overlapping the shard's bytes; without one it frees the bytes at
+//! once, with one it keeps them occupied and re-scans on later calls.
 //!
 //! Why no lease is ever missed: both sides write, then read the other's
 //! location, all `SeqCst`, so in the single total order either the
@@ -67,22 +70,18 @@
 //! which is no more than it can do to the claim words already.
 //!
 //! # Reclaiming the leases of dead consumers
-//! Only the owner reclaims, under its books lock. [`Board::scan_leases`]
-//! reads a taken slot's claim word, its other words, then the claim word
-//! again. Each claim word value occurs once (the sequence only grows), and a
-//! later claimer writes only after its own CAS changed the word, so the same
-//! value twice means every word read belongs to that claim or to an earlier
-//! one; a pid word tagged with that claim's sequence was written by it, and
-//! so were the start time and namespaces, written before it. Such a holder,
-//! if provably dead (see `liveness`), loses the slot: [`Board::reclaim`]
-//! CASes exactly that claim word to `free`. A dead holder never writes again
-//! and only the holder otherwise moves a taken slot, so the CAS cannot race
-//! with anything but a holder wrongly judged dead, and then exactly one of
-//! them wins: a release never touches a slot it no longer holds. A consumer
-//! that died before tagging its pid (a window of a few instructions) keeps
-//! its slot taken, with a zero range. Reclaiming a live holder's lease would
-//! let the owner overwrite bytes it reads, which is why death must be
-//! proved, never guessed.
+//! Only the owner reclaims, under its books lock: [`Board::scan_leases`]
+//! gives every taken slot with its holder where the scan proved the
+//! identity complete and stable, and [`Board::reclaim`] frees the slot of a
+//! holder proved dead (see `liveness`) by one CAS of exactly the claim word
+//! the scan saw. The kit's `lease::board` has the argument why this never
+//! takes a live holder's lease, and why a consumer that died before
+//! tagging its pid keeps its slot taken, with a zero range. Reclaiming a
+//! live holder's lease would let the owner overwrite bytes it reads, which
+//! is why death must be proved, never guessed. A reclaimed lease is taken
+//! off the count of leases in flight by the owner, from the counter of the
+//! holder's recorded pid; the holder's late release then changes nothing
+//! (its CAS fails), so nothing is counted off twice.
 //!
 //! # Failure modes
 //! Consumers map the board read-write; a hostile one can claim slots or write
@@ -93,16 +92,19 @@
 
 use std::{fmt, sync::atomic::Ordering::SeqCst};
 
-use crate::{
-    liveness::{Namespaces, ProcessRecord},
-    sys::OwnedSegment,
-};
+use shardport_kit::lease::board::{header, Claim, LeaseRecords, Refused, Scanned};
+pub(crate) use shardport_kit::lease::liveness::Holder;
 
-/// `"SPSHMBRD"`: identifies a lease board.
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"SPSHMBRD");
+use crate::sys::OwnedSegment;
+
+/// The magic's first seven bytes; the eighth is the layout version.
+const MAGIC_STEM: &[u8; 7] = b"SPSHMBR";
 /// Bumped on any change to the layout above. 2: claim sequence and holder
-/// namespaces in lease slots; 3: the count of leases in flight.
-pub(crate) const LAYOUT_VERSION: u64 = 3;
+/// namespaces in lease slots; 3: the count of leases in flight; 4: the
+/// kit's lease records, the version in the magic.
+pub(crate) const LAYOUT_VERSION: u8 = b'4';
+/// Word 0 of every board of this version: "SPSHMBR4".
+pub(crate) const MAGIC: u64 = header::magic(MAGIC_STEM, LAYOUT_VERSION);
 
 /// Leases-in-flight counters, each alone on a 64-byte line.
 const IN_FLIGHT_COUNTERS: usize = 16;
@@ -111,10 +113,13 @@ const WORDS_PER_LINE: usize = 8;
 const H_IN_FLIGHT: usize = 8;
 const HEADER_WORDS: usize = H_IN_FLIGHT + IN_FLIGHT_COUNTERS * WORDS_PER_LINE;
 const ENTRY_WORDS: usize = 4;
-const LEASE_WORDS: usize = 8;
+
+/// What a lease slot's payload holds: shard slot, generation, offset, len.
+const LEASE_PAYLOAD: usize = 4;
+type Leases<'a> = LeaseRecords<'a, LEASE_PAYLOAD>;
+const LEASE_WORDS: usize = Leases::RECORD_WORDS;
 
 const H_MAGIC: usize = 0;
-const H_VERSION: usize = 1;
 const H_MAX_SHARDS: usize = 2;
 const H_MAX_LEASES: usize = 3;
 const H_DATA_SIZE: usize = 4;
@@ -133,15 +138,6 @@ const E_GENERATION: usize = 1;
 const E_OFFSET: usize = 2;
 const E_LEN: usize = 3;
 
-const L_STATE: usize = 0;
-const L_SLOT: usize = 1;
-const L_GENERATION: usize = 2;
-const L_OFFSET: usize = 3;
-const L_LEN: usize = 4;
-const L_PID: usize = 5;
-const L_START_TIME: usize = 6;
-const L_NAMESPACES: usize = 7;
-
 /// State of a shard-table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u64)]
@@ -156,36 +152,6 @@ pub(crate) enum EntryState {
     Live = 2,
     /// Unexported (or the allocation freed): no new leases.
     Retired = 3,
-}
-
-const LEASE_FREE: u64 = 0;
-const LEASE_CLAIMING: u64 = 1;
-const LEASE_HELD: u64 = 2;
-const LEASE_STATE_BITS: u32 = 2;
-const LEASE_STATE_MASK: u64 = (1 << LEASE_STATE_BITS) - 1;
-
-/// A lease slot's claim word: the claim's sequence and the slot's state.
-fn claim_word(seq: u64, state: u64) -> u64 {
-    seq << LEASE_STATE_BITS | state
-}
-
-fn claim_state(word: u64) -> u64 {
-    word & LEASE_STATE_MASK
-}
-
-fn claim_seq(word: u64) -> u64 {
-    word >> LEASE_STATE_BITS
-}
-
-/// The holder pid word: the pid, tagged with the low half of its claim's
-/// sequence.
-fn pid_word(pid: u32, seq: u64) -> u64 {
-    u64::from(pid) | u64::from(seq as u32) << 32
-}
-
-/// `(pid, tag)` of a pid word.
-fn split_pid_word(w: u64) -> (u32, u32) {
-    (w as u32, (w >> 32) as u32)
 }
 
 /// Table sizes of a board.
@@ -208,30 +174,12 @@ impl Layout {
         HEADER_WORDS + ENTRY_WORDS * slot as usize + field
     }
 
-    fn lease(&self, slot: u32, field: usize) -> usize {
-        assert!(slot < self.max_leases, "lease slot {slot} out of range");
-        HEADER_WORDS + ENTRY_WORDS * self.max_shards as usize + LEASE_WORDS * slot as usize + field
-    }
-}
-
-/// Who holds a lease, as recorded in its slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Holder {
-    pub pid: u32,
-    pub start_ticks: u64,
-    pub ns: Namespaces,
-}
-
-impl Holder {
-    /// The holder of a lease on a board of this boot (a board is kernel
-    /// memory of the boot it was created in).
-    pub(crate) fn record(&self, boot: u128) -> ProcessRecord {
-        ProcessRecord {
-            pid: self.pid,
-            start_ticks: self.start_ticks,
-            ns: self.ns,
-            boot,
-        }
+    /// `(first word, words)` of the lease records.
+    fn leases(&self) -> (usize, usize) {
+        (
+            HEADER_WORDS + ENTRY_WORDS * self.max_shards as usize,
+            Leases::words_for(self.max_leases),
+        )
     }
 }
 
@@ -245,11 +193,11 @@ pub(crate) struct LeaseRequest {
     pub holder: Holder,
 }
 
-/// A lease slot this consumer claimed: the slot and its claim's sequence.
+/// A lease slot this consumer claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LeaseSlot {
     pub index: u32,
-    seq: u64,
+    claim: Claim,
     /// The holder pid the lease was counted under (its in-flight counter).
     pid: u32,
 }
@@ -258,19 +206,18 @@ pub(crate) struct LeaseSlot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ScannedLease {
     pub index: u32,
-    /// The claim word read before and after the other words.
-    word: u64,
     /// `[start, end)` of the leased bytes (saturating).
     pub range: (u64, u64),
     /// `None` while the identity is incomplete or changed during the scan.
     pub holder: Option<Holder>,
+    scanned: Scanned<LEASE_PAYLOAD>,
 }
 
 /// Why a consumer cannot use a board.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AttachError {
-    /// The owner writes another layout version.
-    Version { found: u64 },
+    /// The owner writes another layout version (the magic's last byte).
+    Version { found: u8 },
     /// The header is malformed or disagrees with the real sizes.
     Invalid(String),
 }
@@ -280,7 +227,11 @@ impl fmt::Display for AttachError {
         match self {
             AttachError::Version { found } => write!(
                 f,
-                "board layout version is {found}, this plugin uses version {LAYOUT_VERSION}"
+                "{}",
+                header::HeaderError::Version {
+                    found: *found,
+                    expected: LAYOUT_VERSION
+                }
             ),
             AttachError::Invalid(why) => f.write_str(why),
         }
@@ -313,7 +264,6 @@ impl Board {
         assert!(seg.size() >= layout.size_bytes(), "board segment too small");
         let b = Board { seg, layout };
         b.word(H_MAGIC).store(MAGIC, SeqCst);
-        b.word(H_VERSION).store(LAYOUT_VERSION, SeqCst);
         b.word(H_MAX_SHARDS)
             .store(u64::from(layout.max_shards), SeqCst);
         b.word(H_MAX_LEASES)
@@ -340,12 +290,14 @@ impl Board {
             ));
         }
         let read = |i: usize| seg.atomic_u64(i).load(SeqCst);
-        if read(H_MAGIC) != MAGIC {
-            return invalid("board magic is wrong (not a posix-shm lease board)".into());
-        }
-        let version = read(H_VERSION);
-        if version != LAYOUT_VERSION {
-            return Err(AttachError::Version { found: version });
+        match header::check(read(H_MAGIC), MAGIC_STEM, LAYOUT_VERSION) {
+            Ok(()) => {}
+            Err(header::HeaderError::Magic) => {
+                return invalid("board magic is wrong (not a posix-shm lease board)".into())
+            }
+            Err(header::HeaderError::Version { found, .. }) => {
+                return Err(AttachError::Version { found })
+            }
         }
         let max_shards = read(H_MAX_SHARDS);
         if !(1..=max_shards_limit).contains(&max_shards) {
@@ -377,6 +329,12 @@ impl Board {
 
     fn word(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
         self.seg.atomic_u64(i)
+    }
+
+    /// The lease slots, as the kit's `LeaseRecords`.
+    fn leases(&self) -> Leases<'_> {
+        let (start, len) = self.layout.leases();
+        Leases::new(self.seg.atomic_words(start, len))
     }
 
     /// The board segment's name.
@@ -416,33 +374,19 @@ impl Board {
     /// Every taken lease slot: its range and, where complete and stable
     /// during the read, its holder (see "Reclaiming" above).
     pub(crate) fn scan_leases(&self) -> Vec<ScannedLease> {
-        let l = self.layout;
-        let mut out = Vec::new();
-        for i in 0..l.max_leases {
-            let word = self.word(l.lease(i, L_STATE)).load(SeqCst);
-            if claim_state(word) == LEASE_FREE {
-                continue;
-            }
-            let r = |f: usize| self.word(l.lease(i, f)).load(SeqCst);
-            let offset = r(L_OFFSET);
-            let len = r(L_LEN);
-            let (pid, tag) = split_pid_word(r(L_PID));
-            let start_ticks = r(L_START_TIME);
-            let ns = Namespaces::from_word(r(L_NAMESPACES));
-            let stable = r(L_STATE) == word;
-            let holder = (stable && pid != 0 && tag == claim_seq(word) as u32).then_some(Holder {
-                pid,
-                start_ticks,
-                ns,
-            });
-            out.push(ScannedLease {
-                index: i,
-                word,
-                range: (offset, offset.saturating_add(len)),
-                holder,
-            });
-        }
-        out
+        self.leases()
+            .scan()
+            .into_iter()
+            .map(|scanned| {
+                let [_slot, _generation, offset, len] = scanned.payload;
+                ScannedLease {
+                    index: scanned.index,
+                    range: (offset, offset.saturating_add(len)),
+                    holder: scanned.holder,
+                    scanned,
+                }
+            })
+            .collect()
     }
 
     /// Byte ranges `[start, end)` of every claimed or held lease. Read after
@@ -454,10 +398,7 @@ impl Board {
 
     /// Number of lease slots not free.
     pub(crate) fn leases_held(&self) -> u64 {
-        let l = self.layout;
-        (0..l.max_leases)
-            .filter(|&i| claim_state(self.word(l.lease(i, L_STATE)).load(SeqCst)) != LEASE_FREE)
-            .count() as u64
+        u64::from(self.leases().taken())
     }
 
     /// Frees the slot `lease` describes, whose holder is proved dead, by one
@@ -465,13 +406,7 @@ impl Board {
     /// no stable holder or the slot changed since (which only its holder,
     /// so a live one, could have done).
     pub(crate) fn reclaim(&self, lease: &ScannedLease) -> bool {
-        let freed = lease.holder.is_some()
-            && self.move_claim(
-                lease.index,
-                claim_seq(lease.word),
-                claim_state(lease.word),
-                LEASE_FREE,
-            );
+        let freed = self.leases().reclaim(&lease.scanned);
         if let (true, Some(h)) = (freed, lease.holder) {
             // The dead holder's decrement, which it will never make.
             self.word(in_flight_word(h.pid)).fetch_sub(1, SeqCst);
@@ -501,57 +436,41 @@ impl Board {
     /// Claims a lease slot for `req`, searching from `hint`, then re-checks
     /// the shard entry. Returns the lease slot.
     pub(crate) fn lease(&self, req: &LeaseRequest, hint: u32) -> Result<LeaseSlot, LeaseRefused> {
-        let l = self.layout;
-        let n = l.max_leases;
         // Counted before any slot is claimed (see "Leases in flight").
         let counter = self.word(in_flight_word(req.holder.pid));
         counter.fetch_add(1, SeqCst);
-        let Some(slot) = (0..n)
-            .map(|k| ((u64::from(hint) + u64::from(k)) % u64::from(n)) as u32)
-            .find_map(|i| {
-                let w = self.word(l.lease(i, L_STATE));
-                let free = w.load(SeqCst);
-                if claim_state(free) != LEASE_FREE {
-                    return None;
-                }
-                let seq = claim_seq(free).wrapping_add(1) & (u64::MAX >> LEASE_STATE_BITS);
-                w.compare_exchange(free, claim_word(seq, LEASE_CLAIMING), SeqCst, SeqCst)
-                    .ok()
-                    .map(|_| LeaseSlot {
-                        index: i,
-                        seq,
-                        pid: req.holder.pid,
-                    })
-            })
-        else {
-            counter.fetch_sub(1, SeqCst);
-            return Err(LeaseRefused::TableFull);
-        };
-        let w = |f: usize, v: u64| self.word(l.lease(slot.index, f)).store(v, SeqCst);
-        // No stale range from an earlier claim while this one is claiming.
-        w(L_OFFSET, 0);
-        w(L_LEN, 0);
-        // Identity, the pid word last: tagged with this claim, it says the
-        // identity is complete (see "Reclaiming").
-        w(L_START_TIME, req.holder.start_ticks);
-        w(L_NAMESPACES, req.holder.ns.to_word());
-        w(L_PID, pid_word(req.holder.pid, slot.seq));
-        w(L_SLOT, u64::from(req.shard_slot));
-        w(L_GENERATION, req.generation);
-        w(L_OFFSET, req.offset);
-        w(L_LEN, req.len);
-        #[cfg(test)]
-        tests::BEFORE_HELD.with(|hook| {
-            if let Some(f) = hook.borrow_mut().as_mut() {
-                f();
+        let payload = [
+            u64::from(req.shard_slot),
+            req.generation,
+            req.offset,
+            req.len,
+        ];
+        let claimed = self
+            .leases()
+            .claim_observed(&req.holder, payload, hint, || {
+                #[cfg(test)]
+                tests::BEFORE_HELD.with(|hook| {
+                    if let Some(f) = hook.borrow_mut().as_mut() {
+                        f();
+                    }
+                });
+            });
+        let claim = match claimed {
+            Ok(claim) => claim,
+            Err(Refused::Full) => {
+                counter.fetch_sub(1, SeqCst);
+                return Err(LeaseRefused::TableFull);
             }
-        });
-        // A CAS, not a store: the owner may have reclaimed the claiming
-        // slot (and taken this lease off the in-flight count) meanwhile;
-        // a store would revive it and the release would count it off twice.
-        if !self.move_claim(slot.index, slot.seq, LEASE_CLAIMING, LEASE_HELD) {
-            return Err(LeaseRefused::Reclaimed);
-        }
+            // The owner that reclaimed the claiming slot took this lease off
+            // the in-flight count: counting it off here too would count it
+            // twice.
+            Err(Refused::Reclaimed) => return Err(LeaseRefused::Reclaimed),
+        };
+        let slot = LeaseSlot {
+            index: claim.index,
+            claim,
+            pid: req.holder.pid,
+        };
         if self.entry_is_live(req.shard_slot, req.generation, req.offset, req.len) {
             Ok(slot)
         } else {
@@ -576,7 +495,7 @@ impl Board {
     /// nothing, when the owner had reclaimed the slot (it judged this process
     /// dead: an identity recorded wrongly, e.g. by a forked child).
     pub(crate) fn release(&self, slot: LeaseSlot) -> bool {
-        let freed = self.move_claim(slot.index, slot.seq, LEASE_HELD, LEASE_FREE);
+        let freed = self.leases().release(slot.claim);
         if freed {
             // Uncounted only after the slot is free; a reclaimed slot was
             // uncounted by the owner.
@@ -584,20 +503,12 @@ impl Board {
         }
         freed
     }
-
-    /// Moves lease slot `index` from state `from` to `to` of claim `seq`, by
-    /// one CAS of exactly that claim word: `false`, having changed nothing,
-    /// when the slot holds anything else (another claim, another state).
-    fn move_claim(&self, index: u32, seq: u64, from: u64, to: u64) -> bool {
-        self.word(self.layout.lease(index, L_STATE))
-            .compare_exchange(claim_word(seq, from), claim_word(seq, to), SeqCst, SeqCst)
-            .is_ok()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardport_kit::lease::liveness::Namespaces;
 
     fn board(tag: &str, layout: Layout) -> (Board, String) {
         let name = format!("/shardport-board{}-{tag}", std::process::id());
@@ -698,18 +609,21 @@ mod tests {
             const { std::cell::RefCell::new(None) };
     }
 
+    /// The kit's race test, with what posix-shm counts around a lease: the
+    /// owner reclaims the claiming slot (as if it had judged the consumer
+    /// dead) in the middle of the consumer's lease, through its own mapping.
     #[test]
-    fn a_claim_reclaimed_while_it_is_being_taken_is_refused_not_revived() {
+    fn a_lease_reclaimed_while_it_is_being_taken_is_counted_off_once() {
         let (owner, consumer, name) = live_entry("r");
-        // The owner (its own mapping) reclaims the claiming slot, as if it
-        // had judged the consumer dead, in the middle of the consumer's lease.
         let racer = attach(&name);
         let reclaimed = std::rc::Rc::new(std::cell::Cell::new(0));
         let count = std::rc::Rc::clone(&reclaimed);
         BEFORE_HELD.with(|h| {
             *h.borrow_mut() = Some(Box::new(move || {
+                assert!(!racer.no_leases_in_flight(), "counted before the claim");
                 for lease in racer.scan_leases() {
                     assert_eq!(lease.holder, Some(HOLDER), "the identity is complete");
+                    assert_eq!(lease.range, (64, 164), "so is the range");
                     if racer.reclaim(&lease) {
                         count.set(count.get() + 1);
                     }
@@ -733,7 +647,7 @@ mod tests {
     }
 
     #[test]
-    fn scans_see_whole_holders_and_reclaim_only_that_claim() {
+    fn scans_see_ranges_and_holders_across_mappings() {
         let (owner, consumer, _name) = live_entry("c");
         let a = consumer.lease(&req(0, 1), 0).unwrap();
         let scan = owner.scan_leases();
@@ -741,66 +655,54 @@ mod tests {
         assert_eq!(scan[0].index, a.index);
         assert_eq!(scan[0].range, (64, 164));
         assert_eq!(scan[0].holder, Some(HOLDER));
-        assert_eq!(
-            HOLDER.record(9),
-            ProcessRecord {
-                pid: 1,
-                start_ticks: 2,
-                ns: Namespaces { pid: 3, time: 4 },
-                boot: 9
-            }
-        );
-
-        // The holder released and the slot was claimed again: the old scan
-        // no longer describes it, so reclaiming it changes nothing.
-        assert!(consumer.release(a));
-        let again = consumer.lease(&req(0, 1), a.index).unwrap();
-        assert_eq!(again.index, a.index);
-        assert!(!owner.reclaim(&scan[0]));
-        assert_eq!(owner.leases_held(), 1);
-
-        // Reclaiming the current claim frees the slot; its holder's release
-        // then fails without touching the slot, even once it is claimed anew.
-        let now = owner.scan_leases();
-        assert!(owner.reclaim(&now[0]));
-        assert_eq!(owner.leases_held(), 0);
+        // A reclaimed lease frees its range; its holder's release then
+        // changes nothing.
+        assert!(owner.reclaim(&scan[0]));
         assert!(owner.leased_ranges().is_empty());
-        let next = consumer.lease(&req(0, 1), a.index).unwrap();
-        assert!(!consumer.release(again));
-        assert_eq!(owner.leases_held(), 1);
-        assert!(consumer.release(next));
-
-        // A claim whose pid is not tagged with its sequence (a consumer that
-        // died before writing it) has no holder and is never reclaimed.
-        let l = owner.layout;
-        let w = owner.word(l.lease(1, L_STATE));
-        w.store(
-            claim_word(claim_seq(w.load(SeqCst)) + 1, LEASE_CLAIMING),
-            SeqCst,
-        );
-        owner
-            .word(l.lease(1, L_PID))
-            .store(pid_word(77, 12345), SeqCst);
-        let stuck = owner.scan_leases();
-        assert_eq!(stuck.len(), 1);
-        assert_eq!(stuck[0].holder, None);
-        assert!(!owner.reclaim(&stuck[0]));
-        w.store(claim_word(0, LEASE_FREE), SeqCst);
+        assert!(!consumer.release(a));
+        // A range that would overflow is read saturating.
+        let huge = LeaseRequest {
+            offset: u64::MAX - 1,
+            len: 100,
+            ..req(0, 1)
+        };
+        assert_eq!(consumer.lease(&huge, 0), Err(LeaseRefused::Removed));
+        owner.reserve_entry(1, 2, u64::MAX - 1, 100);
+        owner.set_entry_state(1, EntryState::Live);
+        let h = consumer
+            .lease(
+                &LeaseRequest {
+                    shard_slot: 1,
+                    generation: 2,
+                    ..huge
+                },
+                0,
+            )
+            .unwrap();
+        assert_eq!(owner.leased_ranges(), vec![(u64::MAX - 1, u64::MAX)]);
+        assert!(consumer.release(h));
     }
 
     #[test]
     fn attach_rejects_other_layout_versions() {
         let (owner, name) = board("d", LAYOUT);
-        for found in [2, 4] {
-            owner.word(H_VERSION).store(found, SeqCst);
+        for (found, shown) in [(b'3', "3"), (b'5', "5"), (b'D', "D")] {
+            owner
+                .word(H_MAGIC)
+                .store(header::magic(MAGIC_STEM, found), SeqCst);
             let e = Board::attach(OwnedSegment::open(&name).unwrap(), 4096, 1 << 22, 1 << 20)
                 .unwrap_err();
             assert_eq!(e, AttachError::Version { found });
             assert_eq!(
                 e.to_string(),
-                format!("board layout version is {found}, this plugin uses version 3")
+                format!("board layout version is {shown}, this plugin uses version 4")
             );
         }
+        // A board of version 3 or older spelled the whole magic "SPSHMBRD".
+        assert_eq!(
+            header::magic(MAGIC_STEM, b'D'),
+            u64::from_le_bytes(*b"SPSHMBRD")
+        );
     }
 
     #[test]

@@ -272,7 +272,7 @@ impl Consumer {
             .identity_checked_at
             .is_some_and(|t| now.saturating_duration_since(t) < self.check_interval);
         if !fresh {
-            self.here.check_not_forked()?;
+            crate::liveness::check_not_forked(&self.here)?;
             st.identity_checked_at = Some(now);
         }
         Ok(())

@@ -534,7 +534,7 @@ fn alive_is_trusted_for_the_recheck_window_only() {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.pid)).unwrap();
     let rec = ProcessRecord {
         pid: child.pid,
-        start_ticks: crate::liveness::parse_stat_start_ticks(&stat).unwrap(),
+        start_ticks: shardport_kit::lease::liveness::parse_stat_start_ticks(&stat).unwrap(),
         ..here.process
     };
     let window = Duration::from_secs(3600);

@@ -85,16 +85,24 @@ pub(crate) fn owner_dead(pid: u32, death: Death, segment: &str) -> AbiError {
     ))
 }
 
-/// The owner's lease board has another layout version than this plugin.
-pub(crate) fn board_version(board: &str, found: u64) -> AbiError {
-    let who = if found < LAYOUT_VERSION {
-        "an older"
+/// The owner's lease board has another layout version than this plugin
+/// (`found`: the version byte of its magic).
+pub(crate) fn board_version(board: &str, found: u8) -> AbiError {
+    // Boards before version 4 spelled the whole magic "SPSHMBRD" (their
+    // version was in the next word): their version byte reads `D`.
+    let (found, older) = if found == b'D' {
+        ("3 or older".to_owned(), true)
     } else {
-        "a newer"
+        (
+            char::from(found).escape_default().to_string(),
+            found < LAYOUT_VERSION,
+        )
     };
+    let who = if older { "an older" } else { "a newer" };
+    let ours = char::from(LAYOUT_VERSION);
     AbiError::unavailable(format!(
         "lease board {board} has layout version {found} but this posix-shm plugin uses \
-         version {LAYOUT_VERSION}: the owner runs {who} posix-shm plugin; run the same \
+         version {ours}: the owner runs {who} posix-shm plugin; run the same \
          plugin version on both sides (another transport can serve this shard meanwhile)"
     ))
 }
@@ -161,14 +169,20 @@ mod tests {
             "owner process 1234 has exited; its shards are gone (/shardport-x-s3; \
              pid 1234 now belongs to another process)"
         );
-        let e = board_version("/shardport-x-b1", 1);
+        let e = board_version("/shardport-x-b1", b'3');
         assert_eq!(e.kind, ErrorKind::UNAVAILABLE);
         assert_eq!(
             e.message.as_str(),
-            "lease board /shardport-x-b1 has layout version 1 but this posix-shm plugin uses \
-             version 3: the owner runs an older posix-shm plugin; run the same plugin version \
+            "lease board /shardport-x-b1 has layout version 3 but this posix-shm plugin uses \
+             version 4: the owner runs an older posix-shm plugin; run the same plugin version \
              on both sides (another transport can serve this shard meanwhile)"
         );
-        assert!(board_version("/b", 4).message.contains("a newer"));
+        assert!(board_version("/b", b'5').message.contains("a newer"));
+        // Boards of versions 1 to 3 (magic "SPSHMBRD").
+        let old = board_version("/b", b'D').message;
+        assert!(
+            old.contains("layout version 3 or older but") && old.contains("an older"),
+            "{old}"
+        );
     }
 }

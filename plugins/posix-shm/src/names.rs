@@ -23,6 +23,8 @@ use std::{
     sync::atomic::{AtomicU64, Ordering::Relaxed},
 };
 
+use shardport_kit::lease::liveness::parse_boot_id;
+
 use crate::liveness::{Namespaces, ProcessRecord};
 
 /// Longest `segment-prefix`: leaves room for the node tag and counter under
@@ -244,11 +246,13 @@ pub(crate) fn parse_owned(name: &str, prefix: &str) -> Option<OwnedName> {
     else {
         return None;
     };
+    // Names spell the boot id one way only (32 lowercase hex digits, no
+    // dashes), so each segment has one name; the kit reads the number.
     let boot = (boot.len() == 32
         && boot
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-    .then(|| u128::from_str_radix(boot, 16).ok())??;
+    .then(|| parse_boot_id(boot))??;
     let (pid, start_ticks) = parse_node_tag_parts(pid, start, random)?;
     let mut last = last.chars();
     let kind = match last.next()? {
@@ -298,18 +302,6 @@ pub(crate) fn owner_mark(name: &str, prefix: &str) -> Result<OwnerMark, String> 
         pid_ns: n.owner.ns.pid,
         boot: n.owner.boot,
     })
-}
-
-/// A boot id as `/proc` writes it (hex digits and dashes), without
-/// allocating; `None` when empty or malformed.
-fn parse_boot_id(s: &str) -> Option<u128> {
-    let mut v: u128 = 0;
-    let mut digits = 0;
-    for c in s.chars().filter(|&c| c != '-') {
-        v = (v << 4) | u128::from(c.to_digit(16)?);
-        digits += 1;
-    }
-    (digits == 32).then_some(v)
 }
 
 /// Why the segment `name` (whose mark is `m`) does not belong to the owner

@@ -175,7 +175,7 @@ fn create_segment(
     kind: Kind,
     size: u64,
 ) -> PluginResult<OwnedSegment> {
-    here.check_not_forked()?;
+    crate::liveness::check_not_forked(here)?;
     let mut last = None;
     for _ in 0..CREATE_ATTEMPTS {
         let name = names.next(kind);
@@ -525,7 +525,7 @@ impl Owner {
         internal: bool,
         counters: &Counters,
     ) -> PluginResult<(u64, NonNull<u8>)> {
-        self.here.check_not_forked()?;
+        crate::liveness::check_not_forked(&self.here)?;
         let pool_place = {
             let mut b = lock(&self.books);
             self.sweep(&mut b, Sweep::IfRetired, counters);

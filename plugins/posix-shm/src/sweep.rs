@@ -150,9 +150,9 @@ pub(crate) fn sweep_dead_owners(prefix: &str, here: &Here) -> std::io::Result<Sw
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::liveness::{judge, tests::Fake, Namespaces, ProcStart};
+    use crate::liveness::{judge, tests::Fake, Namespaces};
     use crate::names::{identity, NameGen};
-    use std::cell::Cell;
+    use shardport_kit::lease::liveness::ProcStart;
 
     const HERE: Here = Here {
         process: ProcessRecord {
@@ -200,7 +200,6 @@ mod tests {
         let gone = Fake {
             exists: Some(false),
             start: ProcStart::Missing,
-            asked_start: Cell::new(false),
         };
         let entries = || entries.iter().map(String::as_str);
         let found = orphans(entries(), "shardport", |o| judge(o, &HERE, &gone));
@@ -216,7 +215,6 @@ mod tests {
         let alive = Fake {
             exists: Some(true),
             start: ProcStart::Ticks(900),
-            asked_start: Cell::new(false),
         };
         assert!(orphans(entries(), "shardport", |o| judge(o, &HERE, &alive)).is_empty());
 
@@ -224,7 +222,6 @@ mod tests {
         let reused = Fake {
             exists: Some(true),
             start: ProcStart::Ticks(901),
-            asked_start: Cell::new(false),
         };
         let found = orphans(entries(), "shardport", |o| judge(o, &HERE, &reused));
         assert_eq!(found.len(), 3);

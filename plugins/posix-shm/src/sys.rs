@@ -25,9 +25,10 @@
 //!   with the lease protocol as its reason); only the lease board is mapped
 //!   writable on both sides.
 //!
-//! The process probes the crash-safety sweeps rely on ([`process_exists`],
-//! [`PidFd`]) and the sweep's [`unlink_segment`] are safe calls; they live
-//! here so that every system call of the crate is in one module.
+//! The pidfd the crash-safety checks rely on ([`PidFd`]) and the sweep's
+//! [`unlink_segment`] are safe calls; they live here so that every system
+//! call of the crate is in one module (`kill(pid, 0)` is the plugin kit's,
+//! `shardport_kit::lease::liveness::System`).
 //!
 //! # Failure modes
 //! Every system call failure comes back as a [`SysError`] naming the call;
@@ -295,6 +296,26 @@ impl OwnedSegment {
         true
     }
 
+    /// `len` 8-byte words of a read-write mapping from word `start`, as
+    /// atomics (a board's lease records, for the kit's lease table).
+    ///
+    /// # Panics
+    /// As [`atomic_u64`](Self::atomic_u64): when the mapping is read-only or
+    /// the words are outside it.
+    pub(crate) fn atomic_words(&self, start: usize, len: usize) -> &[AtomicU64] {
+        if len == 0 {
+            return &[];
+        }
+        // Checks the last word is inside the mapping (and so all before it).
+        let _ = self.atomic_u64(start + len - 1);
+        let first: *const AtomicU64 = self.atomic_u64(start);
+        // SAFETY: words `start..start + len` are inside the mapping (the
+        // last one checked above), 8-byte aligned and contiguous; the
+        // mapping outlives the returned slice, which borrows `self`; every
+        // process accesses board words only atomically (see `atomic_u64`).
+        unsafe { std::slice::from_raw_parts(first, len) }
+    }
+
     /// The `index`-th 8-byte word of a read-write mapping as an atomic.
     ///
     /// # Panics
@@ -526,20 +547,6 @@ pub(crate) fn effective_uid() -> u32 {
     process::geteuid().as_raw()
 }
 
-/// Whether a process with id `pid` exists in this process's PID namespace,
-/// by `kill(pid, 0)` (no signal is sent). `Some(false)` only on `ESRCH`, the
-/// kernel's proof that no such process exists; `EPERM` means it exists but
-/// belongs to someone else. `None` for 0 and ids above `i32::MAX`, which
-/// `kill` would read as process groups, and for any other error.
-pub(crate) fn process_exists(pid: u32) -> Option<bool> {
-    let pid = i32::try_from(pid).ok().and_then(Pid::from_raw)?;
-    match process::test_kill_process(pid) {
-        Ok(()) | Err(Errno::PERM) => Some(true),
-        Err(Errno::SRCH) => Some(false),
-        Err(_) => None,
-    }
-}
-
 /// A pidfd (`pidfd_open`, Linux 5.3+): a descriptor bound to one process,
 /// which stays bound to it when its pid is reused, and becomes readable when
 /// it exits. Checking it is one non-blocking `poll`, much cheaper than
@@ -651,10 +658,8 @@ mod tests {
 
     #[test]
     fn process_probes() {
+        use shardport_kit::lease::liveness::{Probe, System};
         let me = std::process::id();
-        assert_eq!(process_exists(me), Some(true));
-        assert_eq!(process_exists(0), None, "0 would mean our process group");
-        assert_eq!(process_exists(u32::MAX), None, "negative pids are groups");
         let fd = PidFd::open(me).unwrap();
         assert_eq!(fd.has_exited(), Some(false));
 
@@ -667,7 +672,7 @@ mod tests {
         let fd = PidFd::open(pid).unwrap();
         child.wait().unwrap();
         assert_eq!(fd.has_exited(), Some(true), "readable once it exited");
-        assert_eq!(process_exists(pid), Some(false), "reaped: ESRCH");
+        assert_eq!(System.exists(pid), Some(false), "reaped: ESRCH");
         assert_eq!(PidFd::open(pid).unwrap_err().errno, Errno::SRCH);
     }
 
