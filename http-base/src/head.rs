@@ -34,10 +34,9 @@
 //! messages of [`HeadError`]; byte-level callers word their own from
 //! [`FieldError`] and [`FramingError`].
 
-use std::{
-    fmt::Write as _,
-    io::{BufRead, Read},
-};
+use std::io::{BufRead, Read};
+
+pub use crate::syntax::{is_field_byte, is_token_byte, parse_decimal, quote};
 
 /// Where a line of a head ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,46 +345,6 @@ pub fn body_length(fields: &[Field], rules: &Rules) -> Result<Option<u64>, HeadE
             String::from_utf8_lossy(&v)
         )),
     })
-}
-
-/// RFC 9110 `tchar`: what a field name (a token) is made of.
-pub fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-/// Visible ASCII, space, tab and obs-text: what a field value or a reason
-/// phrase may hold.
-pub fn is_field_byte(b: u8) -> bool {
-    b == b'\t' || b == b' ' || b.is_ascii_graphic() || b >= 0x80
-}
-
-/// A non-empty run of at most `max_digits` decimal digits that fits a
-/// `u64` (no sign, no spaces, no list).
-pub fn parse_decimal(v: &[u8], max_digits: usize) -> Option<u64> {
-    if v.is_empty() || v.len() > max_digits || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    v.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
-}
-
-/// Peer bytes for a message: printable ASCII as is, the rest escaped, cut
-/// at 64 bytes, in backquotes.
-pub fn quote(b: &[u8]) -> String {
-    let mut s = String::from("`");
-    for &c in b.iter().take(64) {
-        if c.is_ascii_graphic() || c == b' ' {
-            s.push(c as char);
-        } else {
-            let _ = write!(s, "\\x{c:02x}");
-        }
-    }
-    if b.len() > 64 {
-        s.push_str("...");
-    }
-    s.push('`');
-    s
 }
 
 #[cfg(test)]

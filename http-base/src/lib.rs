@@ -42,6 +42,7 @@
 
 mod deadline;
 pub mod head;
+pub mod syntax;
 pub mod tls;
 
 pub use deadline::DeadlineStream;

@@ -98,14 +98,17 @@ pub fn roots(name: &str, path: &Path) -> Result<Arc<RootCertStore>, String> {
 }
 
 /// Why a config could not be built from what the files held.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The provider supports none of the safe protocol versions.
+    #[error("{0}")]
     Versions(rustls::Error),
     /// The verifier over the CA certificates could not be built.
+    #[error("{0}")]
     Verifier(String),
     /// The private key does not go with the certificate chain.
+    #[error("{0}")]
     KeyMismatch(rustls::Error),
 }
 

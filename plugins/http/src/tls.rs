@@ -94,7 +94,7 @@ fn config_error(
         ),
         ConfigError::Verifier(e) => bad_file(cfg, verifier.0, verifier.1, e),
         ConfigError::Versions(e) => AbiError::config(format!("tls: {e}")),
-        e => AbiError::config(format!("tls: {e:?}")),
+        e => AbiError::config(format!("tls: {e}")),
     }
 }
 
