@@ -1,6 +1,7 @@
 //! A minimal client for the control endpoint (used by the CLI). It reads
 //! answers with the server's head parser and rules (the workspace's one
-//! parser, `shardport_http_base::head`, with [`HEAD_RULES`](crate::HEAD_RULES))
+//! parser, `shardport_http_base::head`, with [`crate::HEAD_RULES`] except
+//! for the size, [`MAX_RESPONSE_HEAD`])
 //! and a bounded body, so a hostile or broken endpoint gets a clear error,
 //! never an unbounded allocation or a body read two ways.
 //!

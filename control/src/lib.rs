@@ -82,6 +82,8 @@
 //! (a wrong token is refused before the rest of the head). Binds to
 //! loopback unless told otherwise.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 pub use shardport_http_base::head::{LineEnds, Rules, Values};
