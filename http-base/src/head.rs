@@ -22,8 +22,11 @@
 //! - Field values ([`Values`]): anything but NUL, or visible bytes only.
 //! - `Content-Length` digits ([`Rules::max_length_digits`]).
 //!
-//! One precedence for a head with several framing faults: a
-//! `Transfer-Encoding`, then a repeated `Content-Length`, then its value.
+//! A head with several framing faults is refused for one of them:
+//! [`framing`] judges a whole head (a `Transfer-Encoding`, then a repeated
+//! `Content-Length`, then its value); [`Framing`] refuses at the first
+//! faulty field, for a reader that checks as it reads. Either way the
+//! head is refused.
 //!
 //! # Two entry points, one set of checks
 //! [`read_lines`] reads a head line by line from a stream (a caller can
@@ -269,13 +272,15 @@ pub fn parse_field(line: &str, rules: &Rules) -> Result<Field, HeadError> {
 /// Why the fields of a head do not frame a body unambiguously.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FramingError {
-    /// A `Transfer-Encoding` field (its first value), with or without a
-    /// `Content-Length` beside it.
+    /// A `Transfer-Encoding` field (its first value), with or without
+    /// `Content-Length` fields beside it.
     TransferEncoding {
         /// The first `Transfer-Encoding` value.
         value: Vec<u8>,
-        /// A `Content-Length` field is there too (ambiguous framing).
-        with_length: bool,
+        /// How many `Content-Length` fields are there too (in the whole
+        /// head for [`framing`], before it for [`Framing`]); any is
+        /// ambiguous framing.
+        lengths: usize,
     },
     /// More than one `Content-Length` field, equal or not.
     RepeatedLength {
@@ -289,10 +294,10 @@ pub enum FramingError {
     BadLength(Vec<u8>),
 }
 
-/// The body length the fields declare: `None` without `Content-Length`.
-/// Refuses (in this order) `Transfer-Encoding`, a repeated
-/// `Content-Length`, and a value that is not 1 to `max_digits` decimal
-/// digits fitting a `u64`.
+/// The body length the fields of a whole head declare: `None` without
+/// `Content-Length`. Refuses (in this order) `Transfer-Encoding`, a
+/// repeated `Content-Length`, and a value that is not 1 to `max_digits`
+/// decimal digits fitting a `u64`.
 pub fn framing<'a>(
     fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     max_digits: usize,
@@ -313,7 +318,7 @@ pub fn framing<'a>(
     if let Some(value) = te {
         return Err(FramingError::TransferEncoding {
             value: value.to_vec(),
-            with_length: count > 0,
+            lengths: count,
         });
     }
     match lengths[..] {
@@ -328,14 +333,65 @@ pub fn framing<'a>(
     }
 }
 
+/// The same framing rule checked field by field, for a reader that refuses
+/// at the first field that makes the framing ambiguous (the fault it
+/// reports is the first in the head, where [`framing`] ranks them).
+#[derive(Debug, Clone)]
+pub struct Framing {
+    max_digits: usize,
+    lengths: usize,
+    length: Option<(u64, Vec<u8>)>,
+}
+
+impl Framing {
+    /// No field yet; `Content-Length` values of at most `max_digits`.
+    pub fn new(max_digits: usize) -> Framing {
+        Framing {
+            max_digits,
+            lengths: 0,
+            length: None,
+        }
+    }
+
+    /// The next field: refuses a `Transfer-Encoding`, a `Content-Length`
+    /// that is not a plain number, and a second `Content-Length`.
+    pub fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), FramingError> {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            return Err(FramingError::TransferEncoding {
+                value: value.to_vec(),
+                lengths: self.lengths,
+            });
+        }
+        if !name.eq_ignore_ascii_case(b"content-length") {
+            return Ok(());
+        }
+        self.lengths += 1;
+        let n = parse_decimal(value, self.max_digits)
+            .ok_or_else(|| FramingError::BadLength(value.to_vec()))?;
+        if let Some((_, first)) = &self.length {
+            return Err(FramingError::RepeatedLength {
+                count: self.lengths,
+                values: [first.clone(), value.to_vec()],
+            });
+        }
+        self.length = Some((n, value.to_vec()));
+        Ok(())
+    }
+
+    /// The body length declared so far: `None` without `Content-Length`.
+    pub fn length(&self) -> Option<u64> {
+        self.length.as_ref().map(|(n, _)| *n)
+    }
+}
+
 /// [`framing`] over the fields of [`parse_field`], with [`HeadError`]'s
 /// messages.
 pub fn body_length(fields: &[Field], rules: &Rules) -> Result<Option<u64>, HeadError> {
     let pairs = fields.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes()));
     framing(pairs, rules.max_length_digits).map_err(|e| match e {
-        FramingError::TransferEncoding {
-            with_length: true, ..
-        } => malformed("both transfer-encoding and content-length: ambiguous framing"),
+        FramingError::TransferEncoding { lengths: 1.., .. } => {
+            malformed("both transfer-encoding and content-length: ambiguous framing")
+        }
         FramingError::TransferEncoding { .. } => {
             malformed("transfer-encoding is not supported here; send content-length")
         }

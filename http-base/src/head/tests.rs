@@ -136,7 +136,7 @@ fn framing_reports_what_it_found() {
         f(&[("Transfer-Encoding", "gzip, chunked")], 20),
         Err(FramingError::TransferEncoding {
             value: b"gzip, chunked".to_vec(),
-            with_length: false
+            lengths: 0
         })
     );
     // The digit limit is the dialect's; a u64 is the limit of every one.
@@ -150,6 +150,49 @@ fn framing_reports_what_it_found() {
         Ok(Some(u64::MAX))
     );
     assert!(f(&[("content-length", "18446744073709551616")], 20).is_err());
+}
+
+#[test]
+fn framing_field_by_field_refuses_the_first_faulty_field() {
+    let run = |pairs: &[(&str, &str)]| {
+        let mut f = Framing::new(20);
+        for (k, v) in pairs {
+            f.field(k.as_bytes(), v.as_bytes())?;
+        }
+        Ok::<_, FramingError>(f.length())
+    };
+    assert_eq!(run(&[("x", "1")]), Ok(None));
+    assert_eq!(run(&[("Content-Length", "7"), ("x", "1")]), Ok(Some(7)));
+    assert_eq!(
+        run(&[("content-length", "x"), ("transfer-encoding", "chunked")]),
+        Err(FramingError::BadLength(b"x".to_vec()))
+    );
+    assert_eq!(
+        run(&[("content-length", "3"), ("transfer-encoding", "chunked")]),
+        Err(FramingError::TransferEncoding {
+            value: b"chunked".to_vec(),
+            lengths: 1
+        })
+    );
+    assert_eq!(
+        run(&[("content-length", "3"), ("content-length", "3")]),
+        Err(FramingError::RepeatedLength {
+            count: 2,
+            values: [b"3".to_vec(), b"3".to_vec()]
+        })
+    );
+    assert_eq!(
+        run(&[("content-length", "3"), ("content-length", "+3")]),
+        Err(FramingError::BadLength(b"+3".to_vec()))
+    );
+    // The whole-head check ranks the same faults instead.
+    let whole = |pairs: &[(&'static str, &'static str)]| {
+        framing(pairs.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())), 20)
+    };
+    assert!(matches!(
+        whole(&[("content-length", "x"), ("transfer-encoding", "chunked")]),
+        Err(FramingError::TransferEncoding { lengths: 1, .. })
+    ));
 }
 
 #[test]

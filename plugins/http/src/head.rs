@@ -25,7 +25,9 @@
 //! <4096 body bytes>
 //! ```
 
-use shardport_http_base::head::{self, quote, FieldError, FramingError, LineEnds, Rules, Values};
+use shardport_http_base::head::{
+    self, quote, FieldError, Framing, FramingError, LineEnds, Rules, Values,
+};
 
 use crate::wire;
 
@@ -92,25 +94,29 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
         .map(|l| l.map_err(|_| "a line of the response head ends without CR LF".to_owned()));
     let status_line = lines.next().expect("a head has a start line")?;
     let (http10, status) = parse_status_line(status_line)?;
-    let mut fields = Vec::new();
+    // Field by field, refusing at the first fault (the owner's head is read
+    // as it comes; the first thing wrong is what the message names).
+    let mut framing = Framing::new(RULES.max_length_digits);
+    let mut shard_len: Option<u64> = None;
+    let (mut close, mut keep_alive) = (false, false);
+    let mut count = 0usize;
     for line in lines {
         let line = line?;
-        if fields.len() == RULES.max_fields {
+        count += 1;
+        if count > RULES.max_fields {
             return Err(format!(
                 "the response has more than {MAX_HEADERS} header fields"
             ));
         }
-        fields.push(head::field(line, RULES.values).map_err(|e| match e {
+        let (name, value) = head::field(line, RULES.values).map_err(|e| match e {
             FieldError::ObsFold => "obsolete line folding in the response head".to_owned(),
             FieldError::NoColon => format!("header line {} has no `:`", quote(line)),
             FieldError::BadName(name) => format!("malformed header name {}", quote(name)),
             FieldError::BadValue(name) => {
                 format!("header {} has control bytes in its value", quote(name))
             }
-        })?);
-    }
-    let content_length =
-        head::framing(fields.iter().copied(), RULES.max_length_digits).map_err(|e| match e {
+        })?;
+        framing.field(name, value).map_err(|e| match e {
             FramingError::TransferEncoding { value, .. } => format!(
                 "transfer-encoding {} is not supported: a shardport owner frames every body \
                  with content-length",
@@ -120,22 +126,15 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
                 format!("content-length {} is not a byte count", quote(&v))
             }
             FramingError::RepeatedLength { values: [a, b], .. } => {
-                let parse = |v: &[u8]| {
-                    head::parse_decimal(v, RULES.max_length_digits)
-                        .ok_or_else(|| format!("content-length {} is not a byte count", quote(v)))
-                };
-                match (parse(&a), parse(&b)) {
-                    (Err(e), _) | (_, Err(e)) => e,
-                    (Ok(c), Ok(n)) if c != n => {
+                let n = |v: &[u8]| head::parse_decimal(v, RULES.max_length_digits);
+                match (n(&a), n(&b)) {
+                    (Some(c), Some(n)) if c != n => {
                         format!("conflicting content-length values {c} and {n}")
                     }
-                    (Ok(_), Ok(n)) => format!("duplicate content-length {n}"),
+                    (_, n) => format!("duplicate content-length {}", n.unwrap_or_default()),
                 }
             }
         })?;
-    let mut shard_len: Option<u64> = None;
-    let (mut close, mut keep_alive) = (false, false);
-    for (name, value) in fields {
         if name.eq_ignore_ascii_case(wire::LEN_HEADER.as_bytes()) {
             shard_len = Some(
                 head::parse_decimal(value, RULES.max_length_digits).ok_or_else(|| {
@@ -150,6 +149,7 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
             }
         }
     }
+    let content_length = framing.length();
     if status == 200 && content_length.is_none() {
         return Err(
             "a 200 response without content-length (this client reads only bodies of \
