@@ -279,3 +279,28 @@ proptest::proptest! {
         proptest::prop_assert_eq!(cut, read(&bytes).unwrap());
     }
 }
+
+proptest::proptest! {
+    #[test]
+    fn whole_head_and_field_by_field_framing_agree(
+        fields in proptest::collection::vec(
+            (
+                proptest::sample::select(vec!["content-length", "Content-Length", "transfer-encoding", "x"]),
+                proptest::sample::select(vec!["0", "7", "007", "+7", "", "chunked", "18446744073709551616"]),
+            ),
+            0..5,
+        ),
+    ) {
+        let whole = framing(fields.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())), 20);
+        let mut each = Framing::new(20);
+        let stepped = fields
+            .iter()
+            .try_for_each(|(k, v)| each.field(k.as_bytes(), v.as_bytes()))
+            .map(|()| each.length());
+        // The same heads are refused; what is accepted has the same length.
+        proptest::prop_assert_eq!(whole.is_ok(), stepped.is_ok(), "{:?}", fields);
+        if let (Ok(a), Ok(b)) = (&whole, &stepped) {
+            proptest::prop_assert_eq!(a, b);
+        }
+    }
+}
