@@ -136,7 +136,7 @@ pub enum ReportError {
     /// Scraping the node failed (not running, wrong address, bad token, or a
     /// node without the metrics endpoint).
     #[error("cannot scrape metrics: {0}")]
-    Scrape(#[from] crate::control::client::ClientError),
+    Scrape(#[from] shardport_control::client::ClientError),
     /// The snapshot has no experiments: the node has no `[[experiment]]`.
     #[error(
         "snapshot of node `{node}` has no experiments (configure an [[experiment]] on the node)"
@@ -214,7 +214,7 @@ pub fn parse_str(text: &str, origin: &str) -> Result<Snapshot, ReportError> {
 /// Scrapes `GET /v1/metrics.json` from the node's control endpoint at
 /// `addr` (`host:port`).
 pub fn scrape(addr: &str, token: Option<&str>, timeout: Duration) -> Result<Snapshot, ReportError> {
-    let value = crate::control::client::call(addr, "GET", METRICS_PATH, token, &[], timeout)?;
+    let value = shardport_control::client::call(addr, "GET", METRICS_PATH, token, &[], timeout)?;
     let origin = format!("http://{addr}{METRICS_PATH}");
     check_format(value.get("format").and_then(|f| f.as_str()), &origin)?;
     serde_json::from_value(value).map_err(|e| parse_error(&origin, &e))

@@ -9,8 +9,9 @@
 //! - [`demo`]: `shardport demo`, the main job (owner and consumer processes).
 //! - [`worker`]: `shardport worker`, a node driven by JSON lines: what the demo,
 //!   the benchmark, the soak and the end-to-end tests start as real processes.
-//! - [`control`]: the control server of `shardport serve` and its client
-//!   (`put`, `stats`, `metrics`, `drain`).
+//! - the control server of `shardport serve` and its client (`put`,
+//!   `stats`, `metrics`, `drain`) are the [`shardport_control`] library;
+//!   `cmd/` only turns arguments into its calls.
 //! - [`bench`]: `shardport bench`, the matrix against this machine's limits.
 //! - [`ab_report`]: `shardport ab report`, an experiment's arms compared.
 //! - [`soak`]: `shardport soak`, a long run of put/fetch/remove steps.
@@ -19,7 +20,6 @@
 pub mod ab_report;
 pub mod bench;
 pub mod cluster;
-pub mod control;
 pub mod demo;
 pub mod soak;
 pub mod worker;

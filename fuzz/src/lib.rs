@@ -23,7 +23,8 @@
 
 use std::io::Cursor;
 
-use shardport_cli::{ab_report, control};
+use shardport_cli::ab_report;
+use shardport_control as control;
 use shardport_host::{
     config::{self, Origin},
     handle::Handle,
@@ -106,7 +107,8 @@ fn check_json_form(h: &Handle) {
 }
 
 // ---------------------------------------------------------------------------
-// Control endpoint request heads (cli/src/control/head.rs)
+// Control endpoint request heads (http-base/src/head.rs with the control
+// endpoint's rules, control/src/lib.rs `HEAD_RULES`)
 
 /// The control endpoint's head reader, field parser and body framing, with
 /// the server's head limit and with a small one: lines never carry CR or
@@ -120,10 +122,14 @@ pub fn control_head(data: &[u8]) {
 }
 
 fn control_head_with(data: &[u8], max: usize) {
-    use control::head::{self, HeadError};
+    use shardport_http_base::head::{self, HeadError, Rules};
+    let rules = Rules {
+        max_bytes: max,
+        ..control::HEAD_RULES
+    };
     let mut cursor = Cursor::new(data);
     let mut lines = Vec::new();
-    let read = head::read_lines(&mut cursor, max, |line| {
+    let read = head::read_lines(&mut cursor, &rules, |line| {
         assert!(
             !line.contains(['\r', '\n']),
             "line end inside a line: {line:?}"
@@ -149,7 +155,7 @@ fn control_head_with(data: &[u8], max: usize) {
     // The first line is the request line; the rest are fields.
     let mut fields = Vec::new();
     for line in lines.iter().skip(1) {
-        let Ok((name, value)) = head::parse_field(line) else {
+        let Ok((name, value)) = head::parse_field(line, &rules) else {
             return;
         };
         assert!(!name.is_empty() && line.starts_with(&format!("{name}:")));
@@ -157,7 +163,7 @@ fn control_head_with(data: &[u8], max: usize) {
         assert!(!value.contains('\0'));
         fields.push((name, value));
     }
-    let got = head::body_length(&fields).ok();
+    let got = head::body_length(&fields, &rules).ok();
     assert_eq!(got, expected_body_length(&fields), "fields {fields:?}");
 }
 

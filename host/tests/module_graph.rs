@@ -352,16 +352,19 @@ fn host_modules_form_a_dag() {
 }
 
 /// The same rule for the other crates whose layout a change must not
-/// tangle: the plugin kit, the transports, the CLI and the Python binding.
+/// tangle: the plugin kit, the HTTP/TLS base, the transports, the control
+/// endpoint, the CLI and the Python binding.
 #[test]
 fn other_crates_modules_form_dags() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut tangled = Vec::new();
     for krate in [
         "kit",
+        "http-base",
         "plugins/posix-shm",
         "plugins/http",
         "plugins/cuda-ipc",
+        "control",
         "cli",
         "python",
     ] {

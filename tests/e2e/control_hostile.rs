@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shardport_cli::control::{client, ControlServer, Limits, MAX_PENDING};
+use shardport_control::{client, ControlServer, Limits, MAX_PENDING};
 use shardport_host::Node;
 
 use crate::util;

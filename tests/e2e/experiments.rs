@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use shardport_cli::control::ControlServer;
+use shardport_control::ControlServer;
 use shardport_host::{FetchMode, Handle, Node, TensorSpec};
 
 use crate::util;
@@ -124,9 +124,9 @@ fn arms_follow_weights_stick_per_shard_across_consumers_and_show_in_metrics() {
     let server = ControlServer::start(&a, "127.0.0.1:0", Some("tok".into())).unwrap();
     let addr = server.addr().to_string();
     let t = Duration::from_secs(10);
-    let denied = shardport_cli::control::client::get_text(&addr, "/metrics", None, t).unwrap_err();
+    let denied = shardport_control::client::get_text(&addr, "/metrics", None, t).unwrap_err();
     assert!(denied.to_string().contains("401"), "{denied}");
-    let text = shardport_cli::control::client::get_text(&addr, "/metrics", Some("tok"), t).unwrap();
+    let text = shardport_control::client::get_text(&addr, "/metrics", Some("tok"), t).unwrap();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
     let arm_labels = [("experiment", "shm-vs-spool"), ("arm", "spool")];
     assert_eq!(
@@ -146,7 +146,7 @@ fn arms_follow_weights_stick_per_shard_across_consumers_and_show_in_metrics() {
         (2 * spool) as f64
     );
     let json =
-        shardport_cli::control::client::call(&addr, "GET", "/v1/metrics.json", Some("tok"), &[], t)
+        shardport_control::client::call(&addr, "GET", "/v1/metrics.json", Some("tok"), &[], t)
             .unwrap();
     let parsed: shardport_host::snapshot::Snapshot = serde_json::from_value(json).unwrap();
     assert_eq!(
@@ -245,7 +245,7 @@ guardrail = { max-error-rate = 0.2, window = "60s", min-samples = 10 }
     let server = ControlServer::start(&c, "127.0.0.1:0", None).unwrap();
     let addr = server.addr().to_string();
     let t = Duration::from_secs(10);
-    let bad = shardport_cli::control::client::call(
+    let bad = shardport_control::client::call(
         &addr,
         "POST",
         "/v1/experiments/reset",

@@ -262,20 +262,12 @@ fn a_reload_over_the_control_endpoint_needs_the_token() {
     let (path, cfg) = util::write_config(dir.path(), &util::shm_plugin(""));
     let n = Node::start(cfg).unwrap();
     let server =
-        shardport_cli::control::ControlServer::start(&n, "127.0.0.1:0", Some("tok".into()))
-            .unwrap();
+        shardport_control::ControlServer::start(&n, "127.0.0.1:0", Some("tok".into())).unwrap();
     let addr = server.addr().to_string();
     let t = Duration::from_secs(10);
     let call = |token: Option<&str>, body: &str| {
-        shardport_cli::control::client::request(
-            &addr,
-            "POST",
-            "/v1/reload",
-            token,
-            body.as_bytes(),
-            t,
-        )
-        .unwrap()
+        shardport_control::client::request(&addr, "POST", "/v1/reload", token, body.as_bytes(), t)
+            .unwrap()
     };
     let (status, _) = call(None, "");
     assert_eq!(status, 401);

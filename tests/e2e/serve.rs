@@ -199,7 +199,7 @@ fn the_control_endpoint_checks_tokens_and_survives_bad_requests() {
 
 #[test]
 fn cluster_drain_empties_every_consumers_cache_and_releases_leases() {
-    use shardport_cli::control::ControlServer;
+    use shardport_control::ControlServer;
     use shardport_host::{FetchMode, Node, TensorSpec};
     let owner = Node::start(util::parse(&util::shm_plugin("pool-size = \"1MiB\""))).unwrap();
     let handles: Vec<_> = (0..3u8)
@@ -263,7 +263,7 @@ fn cluster_drain_empties_every_consumers_cache_and_releases_leases() {
 
 /// The node's stats over its control endpoint.
 fn stats(control: &str) -> serde_json::Value {
-    shardport_cli::control::client::call(
+    shardport_control::client::call(
         control,
         "GET",
         "/v1/stats",
@@ -326,7 +326,7 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
     std::fs::write(&path, "[fetch\nmode = ").unwrap();
     hup();
     let metrics = || {
-        shardport_cli::control::client::call(
+        shardport_control::client::call(
             &s.control,
             "GET",
             "/v1/metrics.json",

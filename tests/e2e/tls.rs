@@ -435,7 +435,7 @@ fn bad_certificate_paths_are_config_errors_naming_key_and_file() {
 fn stalled_tls_handshakes_do_not_lock_out_an_operator() {
     use std::{io::Read as _, io::Write as _, net::TcpStream, time::Duration};
 
-    use shardport_cli::control::{client, tls, ControlServer, Limits};
+    use shardport_control::{client, tls, ControlServer, Limits};
 
     let dir = util::temp_dir("tls-stalled");
     let d = dir.path();

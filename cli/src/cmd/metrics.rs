@@ -30,7 +30,7 @@ pub fn run(args: Args) -> Outcome {
         print_json(&r);
     } else {
         let trust = super::trust(ca)?;
-        let text = shardport_cli::control::client::get_text_with(
+        let text = shardport_control::client::get_text_with(
             &args.target.node,
             trust.as_ref(),
             "/metrics",

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use shardport_cli::control::client::Trust;
+use shardport_control::client::Trust;
 use shardport_host::{
     config::{self, Config},
     HostError, Node,
@@ -233,14 +233,6 @@ pub fn control_call(
     timeout: Duration,
 ) -> Result<serde_json::Value, Failure> {
     let trust = trust(ca)?;
-    shardport_cli::control::client::call_with(
-        node,
-        trust.as_ref(),
-        method,
-        path,
-        token,
-        body,
-        timeout,
-    )
-    .map_err(|e| Failure::from((EXIT_FAILURE, e)))
+    shardport_control::client::call_with(node, trust.as_ref(), method, path, token, body, timeout)
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))
 }

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use shardport_cli::control::{tls, ControlServer, Limits, IO_TIMEOUT};
+use shardport_control::{tls, ControlServer, Limits, IO_TIMEOUT};
 use shardport_host::Node;
 
 use super::{load_config, start_node, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE};

@@ -335,15 +335,8 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Parses a shard id written as 32 hex digits.
-pub fn parse_id(s: &str) -> Result<ShardId, String> {
-    if s.len() != 32 {
-        return Err(format!("shard id `{s}` is not 32 hex digits"));
-    }
-    u128::from_str_radix(s, 16)
-        .map(ShardId::from_u128)
-        .map_err(|_| format!("shard id `{s}` is not 32 hex digits"))
-}
+/// A shard id from its 32 hex digits (the control endpoint's own parser).
+pub use shardport_control::parse_id;
 
 /// What a worker keeps between requests.
 #[derive(Default)]

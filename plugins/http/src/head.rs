@@ -1,6 +1,7 @@
 //! HTTP/1.1 message heads on the consumer side: the request heads this
-//! client writes, and a strict, bounded parser of the response heads owners
-//! send. Pure functions, no I/O.
+//! client writes, and a strict, bounded reader of the response heads owners
+//! send, over the workspace's one head parser (`shardport_http_base::head`)
+//! with this consumer's [`RULES`]. Pure functions, no I/O.
 //!
 //! The parser accepts what a shardport owner sends (hyper's HTTP/1.1
 //! server) and refuses anything it cannot frame safely, with a message that
@@ -24,7 +25,9 @@
 //! <4096 body bytes>
 //! ```
 
-use std::fmt::Write as _;
+use shardport_http_base::head::{
+    self, quote, FieldError, Framing, FramingError, LineEnds, Rules, Values,
+};
 
 use crate::wire;
 
@@ -51,6 +54,17 @@ pub(crate) struct ResponseHead {
     pub close: bool,
 }
 
+/// How this consumer reads response heads: CRLF line ends, visible field
+/// values, at most [`MAX_RESPONSE_HEAD`] bytes and [`MAX_HEADERS`] fields,
+/// and a `content-length` of up to 20 digits (any `u64`).
+pub(crate) const RULES: Rules = Rules {
+    max_bytes: MAX_RESPONSE_HEAD,
+    max_fields: MAX_HEADERS,
+    line_ends: LineEnds::CrLf,
+    values: Values::Visible,
+    max_length_digits: 20,
+};
+
 /// Parses the response head at the start of `buf`.
 ///
 /// `Ok(None)`: no complete head yet (read more and call again with the
@@ -66,58 +80,67 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
             quote(&buf[..buf.len().min(32)])
         ));
     }
-    let window = &buf[..buf.len().min(MAX_RESPONSE_HEAD)];
-    let Some(end) = find_blank_line(window) else {
-        if buf.len() >= MAX_RESPONSE_HEAD {
+    let head_len = match head::head_len(buf, &RULES) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(None),
+        Err(_) => {
             return Err(format!(
                 "the response head exceeds {} KiB",
                 MAX_RESPONSE_HEAD >> 10
-            ));
+            ))
         }
-        return Ok(None);
     };
-    let head_len = end + 4;
-    // Up to the CR of the last line's CR LF: every line ends in `\r`.
-    let mut lines = buf[..end + 1].split(|&b| b == b'\n').map(|l| {
-        l.strip_suffix(b"\r")
-            .ok_or_else(|| "a line of the response head ends without CR LF".to_owned())
-    });
-    let status_line = lines.next().expect("split yields at least one item")?;
+    let mut lines = head::lines(&buf[..head_len], RULES.line_ends)
+        .map(|l| l.map_err(|_| "a line of the response head ends without CR LF".to_owned()));
+    let status_line = lines.next().expect("a head has a start line")?;
     let (http10, status) = parse_status_line(status_line)?;
-    let mut content_length: Option<u64> = None;
+    // Field by field, refusing at the first fault (the owner's head is read
+    // as it comes; the first thing wrong is what the message names).
+    let mut framing = Framing::new(RULES.max_length_digits);
     let mut shard_len: Option<u64> = None;
     let (mut close, mut keep_alive) = (false, false);
     let mut count = 0usize;
     for line in lines {
         let line = line?;
         count += 1;
-        if count > MAX_HEADERS {
+        if count > RULES.max_fields {
             return Err(format!(
                 "the response has more than {MAX_HEADERS} header fields"
             ));
         }
-        let (name, value) = parse_field(line)?;
-        if name.eq_ignore_ascii_case(b"content-length") {
-            let n = parse_decimal(value)
-                .ok_or_else(|| format!("content-length {} is not a byte count", quote(value)))?;
-            match content_length {
-                Some(c) if c != n => {
-                    return Err(format!("conflicting content-length values {c} and {n}"))
-                }
-                Some(_) => return Err(format!("duplicate content-length {n}")),
-                None => {}
+        let (name, value) = head::field(line, RULES.values).map_err(|e| match e {
+            FieldError::ObsFold => "obsolete line folding in the response head".to_owned(),
+            FieldError::NoColon => format!("header line {} has no `:`", quote(line)),
+            FieldError::BadName(name) => format!("malformed header name {}", quote(name)),
+            FieldError::BadValue(name) => {
+                format!("header {} has control bytes in its value", quote(name))
             }
-            content_length = Some(n);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            return Err(format!(
+        })?;
+        framing.field(name, value).map_err(|e| match e {
+            FramingError::TransferEncoding { value, .. } => format!(
                 "transfer-encoding {} is not supported: a shardport owner frames every body \
                  with content-length",
-                quote(value)
-            ));
-        } else if name.eq_ignore_ascii_case(wire::LEN_HEADER.as_bytes()) {
-            shard_len = Some(parse_decimal(value).ok_or_else(|| {
-                format!("{} {} is not a byte count", wire::LEN_HEADER, quote(value))
-            })?);
+                quote(&value)
+            ),
+            FramingError::BadLength(v) => {
+                format!("content-length {} is not a byte count", quote(&v))
+            }
+            FramingError::RepeatedLength { values: [a, b], .. } => {
+                let n = |v: &[u8]| head::parse_decimal(v, RULES.max_length_digits);
+                match (n(&a), n(&b)) {
+                    (Some(c), Some(n)) if c != n => {
+                        format!("conflicting content-length values {c} and {n}")
+                    }
+                    (_, n) => format!("duplicate content-length {}", n.unwrap_or_default()),
+                }
+            }
+        })?;
+        if name.eq_ignore_ascii_case(wire::LEN_HEADER.as_bytes()) {
+            shard_len = Some(
+                head::parse_decimal(value, RULES.max_length_digits).ok_or_else(|| {
+                    format!("{} {} is not a byte count", wire::LEN_HEADER, quote(value))
+                })?,
+            );
         } else if name.eq_ignore_ascii_case(b"connection") {
             for option in value.split(|&b| b == b',') {
                 let option = option.trim_ascii();
@@ -126,6 +149,7 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
             }
         }
     }
+    let content_length = framing.length();
     if status == 200 && content_length.is_none() {
         return Err(
             "a 200 response without content-length (this client reads only bodies of \
@@ -142,11 +166,6 @@ pub(crate) fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, us
         },
         head_len,
     )))
-}
-
-/// Index of the first `\r\n\r\n`.
-fn find_blank_line(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
 /// `HTTP/1.x SP 3DIGIT [SP reason]`: (is HTTP/1.0, status).
@@ -170,7 +189,7 @@ fn parse_status_line(line: &[u8]) -> Result<(bool, u16), String> {
     let status = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
     match &rest[3..] {
         [] => {}
-        [b' ', reason @ ..] if reason.iter().all(|&b| is_field_byte(b)) => {}
+        [b' ', reason @ ..] if reason.iter().all(|&b| head::is_field_byte(b)) => {}
         _ => return Err(bad()),
     }
     if !(100..=599).contains(&status) {
@@ -182,67 +201,6 @@ fn parse_status_line(line: &[u8]) -> Result<(bool, u16), String> {
         ));
     }
     Ok((http10, status))
-}
-
-/// `name ":" OWS value OWS`.
-fn parse_field(line: &[u8]) -> Result<(&[u8], &[u8]), String> {
-    if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
-        return Err("obsolete line folding in the response head".to_owned());
-    }
-    let colon = line
-        .iter()
-        .position(|&b| b == b':')
-        .ok_or_else(|| format!("header line {} has no `:`", quote(line)))?;
-    let (name, value) = (&line[..colon], &line[colon + 1..]);
-    if name.is_empty() || !name.iter().all(|&b| is_token_byte(b)) {
-        return Err(format!("malformed header name {}", quote(name)));
-    }
-    if !value.iter().all(|&b| is_field_byte(b)) {
-        return Err(format!(
-            "header {} has control bytes in its value",
-            quote(name)
-        ));
-    }
-    Ok((name, value.trim_ascii()))
-}
-
-/// RFC 9110 `tchar`.
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-/// Visible ASCII, space, tab and obs-text: what a field value or reason
-/// phrase may hold.
-fn is_field_byte(b: u8) -> bool {
-    b == b'\t' || b == b' ' || b.is_ascii_graphic() || b >= 0x80
-}
-
-/// A non-empty run of at most 20 decimal digits that fits a `u64`.
-fn parse_decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 20 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    v.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
-}
-
-/// Bytes for a message: printable ASCII as is, the rest escaped, cut at
-/// 64 bytes.
-fn quote(b: &[u8]) -> String {
-    let mut s = String::from("`");
-    for &c in b.iter().take(64) {
-        if c.is_ascii_graphic() || c == b' ' {
-            s.push(c as char);
-        } else {
-            let _ = write!(s, "\\x{c:02x}");
-        }
-    }
-    if b.len() > 64 {
-        s.push_str("...");
-    }
-    s.push('`');
-    s
 }
 
 /// Writes a request into `out` (cleared first): request line, `host`,

@@ -17,18 +17,17 @@
 //! # Failure modes
 //! [`explain`] turns a handshake failure into a sentence an operator can act
 //! on (untrusted certificate, a plain-HTTP peer, a refused client
-//! certificate), since rustls reports them as bare `io::Error`s.
+//! certificate), since rustls reports them as bare `io::Error`s. The file
+//! reading, the configs' protocol policy and the sorting of failures are
+//! the workspace's one TLS base (`shardport_http_base::tls`); this module
+//! holds what is the transport's own: its keys and its hints.
 
 use std::{io, path::Path, sync::Arc};
 
-use rustls::{
-    client::WebPkiServerVerifier,
-    crypto::{ring, CryptoProvider},
-    server::WebPkiClientVerifier,
-    AlertDescription, ClientConfig, RootCertStore, ServerConfig,
-};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use shardport_abi::{AbiError, ErrorKind, PluginResult};
+use shardport_http_base::tls::{self, ConfigError, Failure, Hints};
 
 use crate::config::{ClientAuth, Config};
 
@@ -50,68 +49,57 @@ impl std::fmt::Debug for Tls {
     }
 }
 
-/// ring's provider with AES-128-GCM preferred over AES-256-GCM (rustls'
-/// default order puts AES-256 first): both are recommended suites, and
-/// AES-128 has four fewer rounds per block, which shows on bulk shard
-/// transfers. Nothing is removed, so a peer that offers only other suites
-/// still connects.
-fn provider() -> Arc<CryptoProvider> {
-    let mut p = ring::default_provider();
-    p.cipher_suites
-        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-    Arc::new(p)
+/// How errors name key `key` of this instance: `plugin.<instance>.config.<key>`.
+fn key_name(cfg: &Config, key: &str) -> String {
+    format!("`plugin.{}.config.{key}`", cfg.instance)
 }
 
-/// A config error naming `plugin.<instance>.config.<key>` and the file.
 fn bad_file(cfg: &Config, key: &str, path: &Path, why: impl std::fmt::Display) -> AbiError {
     AbiError::config(format!(
-        "`plugin.{}.config.{key}` = \"{}\": {why}",
-        cfg.instance,
+        "{} = \"{}\": {why}",
+        key_name(cfg, key),
         path.display()
     ))
 }
 
-fn pem_error(e: rustls_pki_types::pem::Error, what: &str) -> String {
-    match e {
-        rustls_pki_types::pem::Error::Io(e) => format!("cannot read the file: {e}"),
-        rustls_pki_types::pem::Error::NoItemsFound => {
-            format!("no {what} in this file (expected PEM)")
-        }
-        e => format!("not a valid PEM file: {e:?}"),
-    }
-}
-
 fn certs(cfg: &Config, key: &str, path: &Path) -> PluginResult<Vec<CertificateDer<'static>>> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-        .map_err(|e| bad_file(cfg, key, path, pem_error(e, "certificate")))?;
-    if certs.is_empty() {
-        return Err(bad_file(
-            cfg,
-            key,
-            path,
-            "no certificate in this file (expected PEM `BEGIN CERTIFICATE` blocks)",
-        ));
-    }
-    Ok(certs)
+    tls::certs(&key_name(cfg, key), path).map_err(AbiError::config)
 }
 
 fn private_key(cfg: &Config, key: &str, path: &Path) -> PluginResult<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| bad_file(cfg, key, path, pem_error(e, "private key")))
+    tls::private_key(&key_name(cfg, key), path).map_err(AbiError::config)
 }
 
 fn roots(cfg: &Config, key: &str, path: &Path) -> PluginResult<Arc<RootCertStore>> {
-    let mut store = RootCertStore::empty();
-    for c in certs(cfg, key, path)? {
-        store
-            .add(c)
-            .map_err(|e| bad_file(cfg, key, path, format!("not a usable CA certificate: {e}")))?;
-    }
-    Ok(Arc::new(store))
+    tls::roots(&key_name(cfg, key), path).map_err(AbiError::config)
 }
 
-/// Reads and checks every file the `tls-*` keys name; builds the configs.
+/// A config the files named by `key_path` / `cert_path` could not build.
+fn config_error(
+    cfg: &Config,
+    (cert_key, cert_path): (&str, &Path),
+    (key_key, key_path): (&str, &Path),
+    verifier: (&str, &Path),
+    e: ConfigError,
+) -> AbiError {
+    match e {
+        ConfigError::KeyMismatch(e) => bad_file(
+            cfg,
+            key_key,
+            key_path,
+            format!(
+                "cannot be used with `{cert_key}` = \"{}\": {e}",
+                cert_path.display()
+            ),
+        ),
+        ConfigError::Verifier(e) => bad_file(cfg, verifier.0, verifier.1, e),
+        ConfigError::Versions(e) => AbiError::config(format!("tls: {e}")),
+        e => AbiError::config(format!("tls: {e}")),
+    }
+}
+
+/// Reads and checks every file the `tls-*` keys name; builds the configs
+/// (the bulk provider: AES-128-GCM first, see [`tls::bulk_provider`]).
 pub(crate) fn setup(cfg: &Config) -> PluginResult<Tls> {
     let files = &cfg.tls;
     let server = match &files.cert {
@@ -119,73 +107,58 @@ pub(crate) fn setup(cfg: &Config) -> PluginResult<Tls> {
         Some((cert_path, key_path)) => {
             let chain = certs(cfg, "tls-cert", cert_path)?;
             let key = private_key(cfg, "tls-key", key_path)?;
-            let builder = ServerConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| AbiError::config(format!("tls: {e}")))?;
-            let builder = match (files.client_auth, &files.client_ca) {
+            let (clients, ca) = match (files.client_auth, &files.client_ca) {
                 (ClientAuth::Required, Some(ca)) => {
-                    let verifier = WebPkiClientVerifier::builder_with_provider(
-                        roots(cfg, "tls-client-ca", ca)?,
-                        provider(),
-                    )
-                    .build()
-                    .map_err(|e| bad_file(cfg, "tls-client-ca", ca, e))?;
-                    builder.with_client_cert_verifier(verifier)
+                    let roots = roots(cfg, "tls-client-ca", ca)?;
+                    let v = tls::client_verifier(tls::bulk_provider(), roots).map_err(|e| {
+                        config_error(
+                            cfg,
+                            ("tls-cert", cert_path),
+                            ("tls-key", key_path),
+                            ("tls-client-ca", ca),
+                            e,
+                        )
+                    })?;
+                    (Some(v), ca.as_path())
                 }
-                _ => builder.with_no_client_auth(),
+                _ => (None, cert_path.as_path()),
             };
-            let mut sc = builder.with_single_cert(chain, key).map_err(|e| {
-                bad_file(
-                    cfg,
-                    "tls-key",
-                    key_path,
-                    format!(
-                        "cannot be used with `tls-cert` = \"{}\": {e}",
-                        cert_path.display()
-                    ),
-                )
-            })?;
             // Consumers do not resume sessions (a pooled connection lives
-            // long); tickets would only be bytes a pooled connection has to
-            // skip.
-            sc.send_tls13_tickets = 0;
+            // long); the base sends no tickets, bytes a pooled connection
+            // would only have to skip.
+            let sc =
+                tls::server_config(tls::bulk_provider(), chain, key, clients).map_err(|e| {
+                    config_error(
+                        cfg,
+                        ("tls-cert", cert_path),
+                        ("tls-key", key_path),
+                        ("tls-client-ca", ca),
+                        e,
+                    )
+                })?;
             Some(Arc::new(sc))
         }
     };
     let client = match &files.ca {
         None => None,
         Some(ca) => {
-            let verifier =
-                WebPkiServerVerifier::builder_with_provider(roots(cfg, "tls-ca", ca)?, provider())
-                    .build()
-                    .map_err(|e| bad_file(cfg, "tls-ca", ca, e))?;
-            let builder = ClientConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| AbiError::config(format!("tls: {e}")))?
-                .with_webpki_verifier(verifier);
+            let roots = roots(cfg, "tls-ca", ca)?;
             let identity = match (&files.client_cert, &files.cert) {
                 (Some(pair), _) => Some((pair, "tls-client-cert", "tls-client-key")),
                 (None, Some(pair)) => Some((pair, "tls-cert", "tls-key")),
                 (None, None) => None,
             };
-            let cc = match identity {
-                None => builder.with_no_client_auth(),
-                Some(((cert_path, key_path), ck, kk)) => {
-                    let chain = certs(cfg, ck, cert_path)?;
-                    let key = private_key(cfg, kk, key_path)?;
-                    builder.with_client_auth_cert(chain, key).map_err(|e| {
-                        bad_file(
-                            cfg,
-                            kk,
-                            key_path,
-                            format!(
-                                "cannot be used with `{ck}` = \"{}\": {e}",
-                                cert_path.display()
-                            ),
-                        )
-                    })?
-                }
+            let (pair, names) = match identity {
+                None => (None, None),
+                Some(((cert_path, key_path), ck, kk)) => (
+                    Some((certs(cfg, ck, cert_path)?, private_key(cfg, kk, key_path)?)),
+                    Some(((ck, cert_path.as_path()), (kk, key_path.as_path()))),
+                ),
             };
+            let cc = tls::client_config(tls::bulk_provider(), roots, pair).map_err(|e| {
+                let ((ck, cp), (kk, kp)) = names.unwrap_or((("tls-ca", ca), ("tls-ca", ca)));
+                config_error(cfg, (ck, cp), (kk, kp), ("tls-ca", ca), e)
+            })?;
             Some(Arc::new(cc))
         }
     };
@@ -199,61 +172,29 @@ pub(crate) fn setup(cfg: &Config) -> PluginResult<Tls> {
     Ok(Tls { server, client })
 }
 
-/// The name a consumer checks the owner's certificate against: the host of
-/// `host:port` (an IP address, bracketed for IPv6, or a DNS name).
-pub(crate) fn server_name(addr: &str) -> Result<ServerName<'static>, String> {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    ServerName::try_from(host.to_owned())
-        .map_err(|e| format!("{host:?} cannot be checked against a certificate: {e}"))
-}
+/// The name a consumer checks the owner's certificate against.
+pub(crate) use tls::{is_tls_error, server_name};
 
-/// The rustls error inside an I/O error, if there is one.
-fn rustls_error(e: &io::Error) -> Option<&rustls::Error> {
-    e.get_ref()?.downcast_ref::<rustls::Error>()
-}
-
-/// Whether `e` is a TLS failure (rather than plain I/O).
-pub(crate) fn is_tls_error(e: &io::Error) -> bool {
-    rustls_error(e).is_some()
-}
+/// What to look at for each kind of TLS failure with an owner.
+const HINTS: Hints<'static> = Hints {
+    untrusted: "; the owner's certificate is not issued by a CA in this consumer's `tls-ca`, \
+                or does not name the address it advertises",
+    refused: "; the owner requires mutual TLS and refused this consumer's certificate (or its \
+              absence): give this consumer `tls-client-cert` / `tls-client-key` (or `tls-cert` \
+              / `tls-key`) issued by a CA in the owner's `tls-client-ca`",
+    not_tls: "; the owner did not answer like a TLS server: it may serve plain HTTP while its \
+              descriptor says HTTPS (a restarted owner without `tls-cert`?)",
+};
 
 /// A TLS failure talking to owner `addr`, as an error the operator can act
 /// on: what went wrong, and which key to look at.
 pub(crate) fn explain(addr: &str, e: &io::Error) -> AbiError {
-    let Some(te) = rustls_error(e) else {
+    let Some((failure, text)) = tls::explain(e, &HINTS) else {
         return AbiError::unavailable(format!("TLS with owner {addr} failed: {e}"));
     };
-    use rustls::Error as E;
-    let (kind, hint) = match te {
-        E::InvalidCertificate(_) => (
-            ErrorKind::PERMISSION_DENIED,
-            "; the owner's certificate is not issued by a CA in this consumer's `tls-ca`, or \
-             does not name the address it advertises",
-        ),
-        E::AlertReceived(
-            AlertDescription::CertificateRequired
-            | AlertDescription::BadCertificate
-            | AlertDescription::UnknownCA
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::AccessDenied,
-        ) => (
-            ErrorKind::PERMISSION_DENIED,
-            "; the owner requires mutual TLS and refused this consumer's certificate (or its \
-             absence): give this consumer `tls-client-cert` / `tls-client-key` (or `tls-cert` \
-             / `tls-key`) issued by a CA in the owner's `tls-client-ca`",
-        ),
-        E::InvalidMessage(_)
-        | E::InappropriateMessage { .. }
-        | E::InappropriateHandshakeMessage { .. } => (
-            ErrorKind::UNAVAILABLE,
-            "; the owner did not answer like a TLS server: it may serve plain HTTP while its \
-             descriptor says HTTPS (a restarted owner without `tls-cert`?)",
-        ),
-        _ => (ErrorKind::UNAVAILABLE, ""),
+    let kind = match failure {
+        Failure::Untrusted | Failure::CertificateRefused => ErrorKind::PERMISSION_DENIED,
+        Failure::NotTls | Failure::Other => ErrorKind::UNAVAILABLE,
     };
-    AbiError::new(kind, format!("TLS with owner {addr} failed: {te}{hint}"))
+    AbiError::new(kind, format!("TLS with owner {addr} failed: {text}"))
 }

@@ -388,7 +388,7 @@ pub(super) async fn serve_connection(
 pub(super) async fn starts_like_tls(stream: &TcpStream) -> io::Result<bool> {
     let mut first = [0u8; 1];
     let n = stream.peek(&mut first).await?;
-    Ok(n == 1 && first[0] == 0x16)
+    Ok(n == 1 && first[0] == shardport_http_base::tls::TLS_HANDSHAKE_RECORD)
 }
 
 /// Tells a plain-HTTP client, in plain HTTP, that this owner speaks TLS

@@ -3,6 +3,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use shardport_http_base::head::{framing, FramingError};
 
 pub(super) async fn handle(
     shared: Arc<Shared>,
@@ -257,25 +258,32 @@ pub(super) fn method_not_allowed(
 }
 
 /// Refuses every request whose body framing two HTTP parsers could read
-/// differently (the request-smuggling shapes): more than one
-/// `content-length` field, even with equal values, and any
-/// `transfer-encoding` (our client frames every body with `content-length`,
-/// so chunk sizes are never parsed). hyper itself refuses obs-fold, bare CR
-/// and unparsable `content-length` values with 400.
+/// differently (the request-smuggling shapes), by the workspace's one
+/// framing rule (`shardport_http_base::head::framing`): more than one
+/// `content-length` field, even with equal values (named first), and any
+/// `transfer-encoding` (our client frames every body with
+/// `content-length`, so chunk sizes are never parsed). hyper itself
+/// refuses obs-fold, bare CR and unparsable `content-length` values with
+/// 400, and frames the body by the value it parsed, so the value is left
+/// to it.
 pub(super) fn check_framing(headers: &header::HeaderMap) -> Result<(), String> {
-    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
-    if lengths > 1 {
-        return Err(format!(
-            "{lengths} content-length fields: a request must carry at most one"
-        ));
-    }
-    if let Some(te) = headers.get(header::TRANSFER_ENCODING) {
-        return Err(format!(
-            "transfer-encoding {:?} is not accepted: frame the body with content-length",
-            String::from_utf8_lossy(te.as_bytes())
-        ));
-    }
-    Ok(())
+    let fields = headers
+        .iter()
+        .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()));
+    let count = match framing(fields, usize::MAX) {
+        Ok(_) | Err(FramingError::BadLength(_)) => return Ok(()),
+        Err(FramingError::RepeatedLength { count, .. }) => count,
+        Err(FramingError::TransferEncoding { lengths, .. }) if lengths > 1 => lengths,
+        Err(FramingError::TransferEncoding { value, .. }) => {
+            return Err(format!(
+                "transfer-encoding {:?} is not accepted: frame the body with content-length",
+                String::from_utf8_lossy(&value)
+            ))
+        }
+    };
+    Err(format!(
+        "{count} content-length fields: a request must carry at most one"
+    ))
 }
 
 pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Response<Frames> {

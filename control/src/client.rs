@@ -1,5 +1,7 @@
 //! A minimal client for the control endpoint (used by the CLI). It reads
-//! answers with the same strict framing rules as the server ([`super::head`])
+//! answers with the server's head parser and rules (the workspace's one
+//! parser, `shardport_http_base::head`, with [`crate::HEAD_RULES`] except
+//! for the size, [`MAX_RESPONSE_HEAD`])
 //! and a bounded body, so a hostile or broken endpoint gets a clear error,
 //! never an unbounded allocation or a body read two ways.
 //!
@@ -15,14 +17,24 @@ use std::{
 
 use rustls::{ClientConnection, StreamOwned};
 
-use super::head::{self, DeadlineStream, HeadError};
-pub use super::tls::Trust;
+use shardport_http_base::{
+    head::{self, HeadError, Rules},
+    DeadlineStream,
+};
+
+pub use crate::tls::Trust;
+use crate::HEAD_RULES;
 
 /// Largest response head accepted.
 pub const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 /// Largest response body accepted (metrics of a node with many experiments
 /// stay far below this).
 pub const MAX_RESPONSE_BODY: u64 = 64 << 20;
+/// Response heads are read like request heads, up to [`MAX_RESPONSE_HEAD`].
+const RESPONSE_RULES: Rules = Rules {
+    max_bytes: MAX_RESPONSE_HEAD,
+    ..HEAD_RULES
+};
 
 /// A control call failed.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +159,7 @@ pub fn request_with(
     let mut s = match trust {
         None => Stream::Plain(plain),
         Some(trust) => {
-            let name = super::tls::server_name(addr).map_err(tls_failed)?;
+            let name = crate::tls::server_name(addr).map_err(tls_failed)?;
             let conn = ClientConnection::new(trust.config(), name)
                 .map_err(|e| tls_failed(e.to_string()))?;
             let mut tls = StreamOwned::new(conn, plain);
@@ -160,7 +172,7 @@ pub fn request_with(
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        return Err(match super::tls::explain(&e) {
+                        return Err(match crate::tls::explain(&e) {
                             Some(m) => tls_failed(m),
                             None if e.kind() == std::io::ErrorKind::TimedOut => tls_failed(
                                 format!("the handshake did not finish within {timeout:?}"),
@@ -194,7 +206,7 @@ pub fn request_with(
         {
             read_response(addr, s).map_err(|_| io(e))
         }
-        Err(e) => Err(match super::tls::explain(&e) {
+        Err(e) => Err(match crate::tls::explain(&e) {
             Some(m) => tls_failed(m),
             None => io(e),
         }),
@@ -213,17 +225,18 @@ fn read_response(addr: &str, stream: Stream) -> Result<(u16, Vec<u8>), ClientErr
     let mut reader = BufReader::new(stream);
     let mut status = None;
     let mut fields = Vec::new();
-    head::read_lines(&mut reader, MAX_RESPONSE_HEAD, |line| {
+    head::read_lines(&mut reader, &RESPONSE_RULES, |line| {
         if status.is_none() {
             status = Some(parse_status_line(line)?);
         } else {
-            fields.push(head::parse_field(line)?);
+            fields.push(head::parse_field(line, &RESPONSE_RULES)?);
         }
         Ok(())
     })
     .map_err(|e| invalid(e.to_string()))?;
     let status = status.ok_or_else(|| invalid("no status line".into()))?;
-    let declared = head::body_length(&fields).map_err(|e| invalid(e.to_string()))?;
+    let declared =
+        head::body_length(&fields, &RESPONSE_RULES).map_err(|e| invalid(e.to_string()))?;
     if declared.is_some_and(|n| n > MAX_RESPONSE_BODY) {
         return Err(invalid(format!(
             "body of {} bytes is over the client's limit of {MAX_RESPONSE_BODY}",
@@ -234,7 +247,7 @@ fn read_response(addr: &str, stream: Stream) -> Result<(u16, Vec<u8>), ClientErr
     reader
         .take(declared.unwrap_or(MAX_RESPONSE_BODY) + 1)
         .read_to_end(&mut body)
-        .map_err(|source| match super::tls::explain(&source) {
+        .map_err(|source| match crate::tls::explain(&source) {
             Some(message) => ClientError::Tls {
                 addr: addr.to_owned(),
                 message,
