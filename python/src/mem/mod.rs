@@ -14,7 +14,6 @@
 //! array, torch tensor, memoryview or `Shard` reaching it goes away.
 
 use std::{
-    alloc::Layout,
     any::Any,
     ffi::{c_char, c_int, c_void, CStr},
     ptr::{self, NonNull},
@@ -28,9 +27,7 @@ use pyo3::{
     types::{PyBytes, PyDict, PyTuple},
 };
 use shardport_abi::{DType, ShardId};
-use shardport_host::{
-    node::HUGE_PAGES_FROM, DeviceView, FetchMode, Fetched, Selection, ShardBytes,
-};
+use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
 
 use crate::{
     convert::{buffer_format, dlpack_dtype, dtype_name, itemsize},

@@ -94,32 +94,6 @@ impl Shard {
         }
     }
 
-    /// A copy fetched with `fetch_into` into `buf` (see `Node.fetch`).
-    pub(crate) fn from_copy(
-        handle: &shardport_host::Handle,
-        selection: Selection,
-        buf: PrivateBuf,
-    ) -> Shard {
-        let data = Fetched {
-            id: handle.id,
-            meta: handle.meta.clone(),
-            data: Arc::new(ShardBytes::Owned(Vec::new())),
-            selection,
-            elapsed: std::time::Duration::ZERO,
-        };
-        let mut shard = Shard::from_fetched(data);
-        shard.ptr = if buf.len == 0 {
-            shard.ptr
-        } else {
-            buf.ptr as usize
-        };
-        shard.len = buf.len;
-        shard.flat = Box::new([buf.len as isize, 1]);
-        shard.writable = true;
-        shard.keep = Arc::new(buf);
-        shard
-    }
-
     fn item(&self) -> usize {
         itemsize(self.dtype)
     }
