@@ -34,6 +34,7 @@ use crate::{
     errors::{py_err, Kind},
 };
 
+mod buffer;
 mod cuda_shard;
 mod dlpack;
 mod input;
@@ -41,7 +42,7 @@ mod private;
 mod shard;
 
 #[allow(clippy::wildcard_imports)]
-use self::dlpack::*;
+use self::{buffer::*, dlpack::*};
 
 pub(crate) use cuda_shard::CudaShard;
 pub(crate) use input::{InBuffer, OutBuffer, Source};
