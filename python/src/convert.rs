@@ -1,7 +1,7 @@
 //! Conversions between Python values and the host's vocabulary: dtype names,
 //! config dicts, JSON stats.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, ffi::CStr};
 
 use pyo3::{
     prelude::*,
@@ -11,38 +11,62 @@ use shardport_abi::DType;
 
 use crate::errors::{py_err, Kind};
 
-/// `(dtype, NumPy/torch name, DLPack (code, bits))`. NumPy names; bf16 and
-/// the float8 types are ml_dtypes' names (and torch's).
-const DTYPES: &[(DType, &str, (u8, u8))] = &[
-    (DType::BOOL, "bool", (6, 8)),
-    (DType::U8, "uint8", (1, 8)),
-    (DType::I8, "int8", (0, 8)),
-    (DType::U16, "uint16", (1, 16)),
-    (DType::I16, "int16", (0, 16)),
-    (DType::U32, "uint32", (1, 32)),
-    (DType::I32, "int32", (0, 32)),
-    (DType::U64, "uint64", (1, 64)),
-    (DType::I64, "int64", (0, 64)),
-    (DType::F16, "float16", (2, 16)),
-    (DType::BF16, "bfloat16", (4, 16)),
-    (DType::F32, "float32", (2, 32)),
-    (DType::F64, "float64", (2, 64)),
-    (DType::F8E4M3FN, "float8_e4m3fn", (10, 8)),
-    (DType::F8E5M2, "float8_e5m2", (12, 8)),
-    (DType::F8E4M3FNUZ, "float8_e4m3fnuz", (11, 8)),
-    (DType::F8E5M2FNUZ, "float8_e5m2fnuz", (13, 8)),
-    (DType::F8E8M0FNU, "float8_e8m0fnu", (14, 8)),
-    (DType::C64, "complex64", (5, 64)),
-    (DType::C128, "complex128", (5, 128)),
+/// Every dtype the binding carries, once: its NumPy/torch name, DLPack
+/// `(code, bits)` and PEP 3118 buffer format (`None` where the struct
+/// module has none: bfloat16, float8). NumPy names; bf16 and the float8
+/// types are ml_dtypes' names (and torch's). Every dtype conversion below
+/// reads this table.
+struct Row {
+    dtype: DType,
+    name: &'static str,
+    dlpack: (u8, u8),
+    format: Option<&'static CStr>,
+}
+
+const fn row(
+    dtype: DType,
+    name: &'static str,
+    dlpack: (u8, u8),
+    format: Option<&'static CStr>,
+) -> Row {
+    Row {
+        dtype,
+        name,
+        dlpack,
+        format,
+    }
+}
+
+const DTYPES: &[Row] = &[
+    row(DType::BOOL, "bool", (6, 8), Some(c"?")),
+    row(DType::U8, "uint8", (1, 8), Some(c"B")),
+    row(DType::I8, "int8", (0, 8), Some(c"b")),
+    row(DType::U16, "uint16", (1, 16), Some(c"H")),
+    row(DType::I16, "int16", (0, 16), Some(c"h")),
+    row(DType::U32, "uint32", (1, 32), Some(c"I")),
+    row(DType::I32, "int32", (0, 32), Some(c"i")),
+    row(DType::U64, "uint64", (1, 64), Some(c"Q")),
+    row(DType::I64, "int64", (0, 64), Some(c"q")),
+    row(DType::F16, "float16", (2, 16), Some(c"e")),
+    row(DType::BF16, "bfloat16", (4, 16), None),
+    row(DType::F32, "float32", (2, 32), Some(c"f")),
+    row(DType::F64, "float64", (2, 64), Some(c"d")),
+    row(DType::F8E4M3FN, "float8_e4m3fn", (10, 8), None),
+    row(DType::F8E5M2, "float8_e5m2", (12, 8), None),
+    row(DType::F8E4M3FNUZ, "float8_e4m3fnuz", (11, 8), None),
+    row(DType::F8E5M2FNUZ, "float8_e5m2fnuz", (13, 8), None),
+    row(DType::F8E8M0FNU, "float8_e8m0fnu", (14, 8), None),
+    row(DType::C64, "complex64", (5, 64), Some(c"Zf")),
+    row(DType::C128, "complex128", (5, 128), Some(c"Zd")),
 ];
+
+fn row_of(d: DType) -> Option<&'static Row> {
+    DTYPES.iter().find(|r| r.dtype == d)
+}
 
 /// The NumPy name of a dtype (`bfloat16`, `float8_e4m3fn`, `uint32`).
 pub(crate) fn dtype_name(d: DType) -> String {
-    DTYPES
-        .iter()
-        .find(|(x, _, _)| *x == d)
-        .map(|(_, n, _)| (*n).to_owned())
-        .unwrap_or_else(|| format!("dtype#{}", d.0))
+    row_of(d).map_or_else(|| format!("dtype#{}", d.0), |r| r.name.to_owned())
 }
 
 /// Parses a dtype name: NumPy's (`float32`), torch's (`torch.bfloat16`,
@@ -62,19 +86,15 @@ pub(crate) fn parse_dtype(name: &str) -> PyResult<DType> {
     };
     DTYPES
         .iter()
-        .find(|(_, nm, _)| *nm == alias)
-        .map(|(d, _, _)| *d)
+        .find(|r| r.name == alias)
+        .map(|r| r.dtype)
         .or_else(|| DType::from_name(n))
         .ok_or_else(|| {
             py_err(
                 Kind::InvalidInput,
                 format!(
                     "unsupported dtype `{name}` (supported: {})",
-                    DTYPES
-                        .iter()
-                        .map(|(_, n, _)| *n)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    DTYPES.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
                 ),
             )
         })
@@ -87,29 +107,13 @@ pub(crate) fn itemsize(d: DType) -> usize {
 
 /// DLPack `(code, bits)` of a dtype.
 pub(crate) fn dlpack_dtype(d: DType) -> Option<(u8, u8)> {
-    DTYPES.iter().find(|(x, _, _)| *x == d).map(|(_, _, c)| *c)
+    row_of(d).map(|r| r.dlpack)
 }
 
 /// The PEP 3118 format of a dtype; `None` where the struct module has none
 /// (bfloat16, float8).
-pub(crate) fn buffer_format(d: DType) -> Option<&'static std::ffi::CStr> {
-    Some(match d {
-        DType::BOOL => c"?",
-        DType::U8 => c"B",
-        DType::I8 => c"b",
-        DType::U16 => c"H",
-        DType::I16 => c"h",
-        DType::U32 => c"I",
-        DType::I32 => c"i",
-        DType::U64 => c"Q",
-        DType::I64 => c"q",
-        DType::F16 => c"e",
-        DType::F32 => c"f",
-        DType::F64 => c"d",
-        DType::C64 => c"Zf",
-        DType::C128 => c"Zd",
-        _ => return None,
-    })
+pub(crate) fn buffer_format(d: DType) -> Option<&'static CStr> {
+    row_of(d)?.format
 }
 
 /// The dtype of a PEP 3118 format with its item size (native or
@@ -121,33 +125,28 @@ pub(crate) fn dtype_of_format(format: &str, itemsize: usize) -> Result<DType, St
             "big-endian data (buffer format `{format}`); convert it first, e.g. `a.astype(a.dtype.newbyteorder(\"<\"))`"
         ));
     }
-    let int = |signed: bool| -> Option<DType> {
-        Some(match (signed, itemsize) {
-            (true, 1) => DType::I8,
-            (true, 2) => DType::I16,
-            (true, 4) => DType::I32,
-            (true, 8) => DType::I64,
-            (false, 1) => DType::U8,
-            (false, 2) => DType::U16,
-            (false, 4) => DType::U32,
-            (false, 8) => DType::U64,
-            _ => return None,
-        })
-    };
-    let d = match f {
-        "?" => Some(DType::BOOL),
-        "c" | "B" => Some(DType::U8),
-        "b" | "h" | "i" | "l" | "q" | "n" => int(true),
-        "H" | "I" | "L" | "Q" | "N" => int(false),
-        "e" => Some(DType::F16),
-        "f" => Some(DType::F32),
-        "d" => Some(DType::F64),
-        "Zf" => Some(DType::C64),
-        "Zd" => Some(DType::C128),
+    // The integer codes name a C type whose size the item size tells: the
+    // table's own code of that size and signedness.
+    let sized = |codes: [&'static str; 4]| match itemsize {
+        1 => Some(codes[0]),
+        2 => Some(codes[1]),
+        4 => Some(codes[2]),
+        8 => Some(codes[3]),
         _ => None,
     };
+    let canonical = match f {
+        "c" => Some("B"),
+        "b" | "h" | "i" | "l" | "q" | "n" => sized(["b", "h", "i", "q"]),
+        "B" | "H" | "I" | "L" | "Q" | "N" => sized(["B", "H", "I", "Q"]),
+        other => Some(other),
+    };
+    let d = canonical.and_then(|c| {
+        DTYPES
+            .iter()
+            .find(|r| r.format.is_some_and(|rf| rf.to_bytes() == c.as_bytes()))
+    });
     match d {
-        Some(d) if itemsize == self::itemsize(d) => Ok(d),
+        Some(r) if itemsize == self::itemsize(r.dtype) => Ok(r.dtype),
         _ => Err(format!(
             "unsupported element type (buffer format `{format}`, {itemsize} bytes per item): shardport carries bool, integers, floats (incl. bfloat16 and float8 via ml_dtypes) and complex"
         )),

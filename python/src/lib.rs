@@ -30,6 +30,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
     m.add_function(wrap_pyfunction!(logs::flush_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(node::engine_config, m)?)?;
     m.add_class::<node::PyNode>()?;
     m.add_class::<handle::PyHandle>()?;
     m.add_class::<mem::Shard>()?;

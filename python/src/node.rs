@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -16,7 +16,7 @@ use pyo3::{
 use shardport_abi::{Device, ShardId};
 use shardport_host::vocab::OnDowngrade;
 use shardport_host::{
-    config::{self, Origin},
+    config::{self, EngineOverrides, Exposed, Origin},
     metrics::prometheus,
     Config, DevicePtr, FetchMode, Handle, HostError, Node, Selection, TensorSpec,
 };
@@ -26,7 +26,7 @@ use crate::{
     errors::{host_err, py_err, Kind},
     handle::PyHandle,
     logs::{self, unlocked, Category},
-    mem::{CudaShard, InBuffer, OutBuffer, PrivateBuf, Shard, ViewOrigin},
+    mem::{CudaShard, InBuffer, OutBuffer, Shard, ViewOrigin},
 };
 
 /// How long `close()` waits for calls in flight on other threads.
@@ -55,65 +55,152 @@ fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
     }
 }
 
-/// Builds the config: `None` (the embedded library config), a path, TOML text or a dict.
-/// Relative plugin paths also resolve in `plugin_dir` (the package's bundled
-/// plugins).
-fn load_config(config: Option<&Bound<'_, PyAny>>, plugin_dir: Option<PathBuf>) -> PyResult<Config> {
-    let text_origin = |name: &str| match &plugin_dir {
+/// The forms a config comes in from Python, before the host reads it.
+enum Given {
+    /// `None`: the embedded library config.
+    Library,
+    /// A dict, as TOML text.
+    Dict(String),
+    /// A path or a string (the host's rule, [`config::Source::of_str`],
+    /// tells a file from TOML text).
+    Source(config::Source),
+}
+
+/// What `config` is, or `None` when it is none of the accepted forms.
+fn given(config: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Given>> {
+    let Some(c) = config.filter(|c| !c.is_none()) else {
+        return Ok(Some(Given::Library));
+    };
+    Ok(Some(if let Ok(d) = c.downcast::<PyDict>() {
+        Given::Dict(dict_to_toml(d)?)
+    } else if c.is_instance_of::<PyString>() {
+        Given::Source(config::Source::of_str(&c.extract::<String>()?))
+    } else if let Ok(p) = c.extract::<PathBuf>() {
+        Given::Source(config::Source::File(p))
+    } else {
+        return Ok(None);
+    }))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+/// Builds the config: `None` (the embedded library config), a path, TOML
+/// text or a dict. Text resolves relative plugin paths in `plugin_dir`.
+fn load_config(config: Option<&Bound<'_, PyAny>>, plugin_dir: Option<&Path>) -> PyResult<Config> {
+    let text_origin = |name: &str| match plugin_dir {
         Some(dir) => Origin::Text {
             name: name.to_owned(),
-            base_dir: dir.clone(),
+            base_dir: dir.to_path_buf(),
             search_deps: false,
         },
         None => Origin::embedded(),
     };
     let cfg_err = |e: &dyn std::fmt::Display| py_err(Kind::Config, e.to_string());
-    let mut cfg = match config {
-        None => config::parse_str(
+    match given(config)? {
+        Some(Given::Library) => config::parse_str(
             config::LIBRARY_CONFIG,
             text_origin(config::LIBRARY_CONFIG_ORIGIN),
         )
-        .map_err(|e| cfg_err(&e))?,
-        Some(c) if c.is_none() => config::parse_str(
-            config::LIBRARY_CONFIG,
-            text_origin(config::LIBRARY_CONFIG_ORIGIN),
-        )
-        .map_err(|e| cfg_err(&e))?,
-        Some(c) => {
-            if let Ok(d) = c.downcast::<PyDict>() {
-                config::parse_str(&dict_to_toml(d)?, text_origin("<config dict>"))
-                    .map_err(|e| cfg_err(&e))?
-            } else if c.is_instance_of::<PyString>() {
-                let s: String = c.extract()?;
-                // TOML text has a `=` or a table header; anything else is a path.
-                if s.contains('=') || s.trim_start().starts_with('[') {
-                    config::parse_str(&s, text_origin("<config string>"))
-                        .map_err(|e| cfg_err(&e))?
-                } else {
-                    config::load(Path::new(&s)).map_err(|e| cfg_err(&e))?
+        .map_err(|e| cfg_err(&e)),
+        Some(Given::Dict(text)) => {
+            config::parse_str(&text, text_origin("<config dict>")).map_err(|e| cfg_err(&e))
+        }
+        Some(Given::Source(src)) => src
+            .load(text_origin("<config string>"))
+            .map_err(|e| cfg_err(&e)),
+        None => Err(py_err(
+            Kind::Config,
+            format!(
+                "config must be None, a path, TOML text or a dict, not {}",
+                type_name(config.expect("None is a form"))
+            ),
+        )),
+    }
+}
+
+/// What this binding changes in every config its node runs: at start, and
+/// as the node's reload hook at every reload (so `reload()` of the node's
+/// own file changes nothing).
+#[derive(Clone)]
+struct Adjust {
+    /// Relative plugin paths also resolve here (the bundled plugins).
+    plugin_dir: Option<PathBuf>,
+    /// The engine's address and name (`shardport.env`).
+    engine: Option<EngineOverrides>,
+}
+
+impl Adjust {
+    fn apply(&self, cfg: &mut Config) -> Result<Vec<Exposed>, config::ConfigError> {
+        if let Some(dir) = &self.plugin_dir {
+            for p in &mut cfg.plugins {
+                let written = Path::new(&p.path_as_written);
+                if written.is_relative() {
+                    p.paths.push(dir.join(written));
                 }
-            } else if let Ok(p) = c.extract::<PathBuf>() {
-                config::load(&p).map_err(|e| cfg_err(&e))?
-            } else {
-                return Err(py_err(
-                    Kind::Config,
-                    format!(
-                        "config must be None, a path, TOML text or a dict, not {}",
-                        c.get_type().name()?
-                    ),
-                ));
             }
         }
-    };
-    if let Some(dir) = plugin_dir {
-        for p in &mut cfg.plugins {
-            let written = Path::new(&p.path_as_written);
-            if written.is_relative() {
-                p.paths.push(dir.join(written));
-            }
+        match &self.engine {
+            Some(e) => e.apply(cfg),
+            None => Ok(Vec::new()),
         }
     }
-    Ok(cfg)
+}
+
+/// `shardport.env`'s overrides applied to a config (the forms `Node`
+/// takes), returned as a dict with the warnings to give (an http transport
+/// exposed without a token).
+#[pyfunction(name = "_engine_config")]
+#[pyo3(signature = (config, name, host))]
+pub(crate) fn engine_config(
+    py: Python<'_>,
+    config: Option<&Bound<'_, PyAny>>,
+    name: Option<String>,
+    host: String,
+) -> PyResult<(PyObject, Vec<String>)> {
+    let cfg_err = |e: String| py_err(Kind::Config, e);
+    let mut table = match given(config)? {
+        Some(Given::Library) => config::Source::Text(config::LIBRARY_CONFIG.to_owned())
+            .table()
+            .map_err(cfg_err)?,
+        Some(Given::Dict(text)) => config::Source::Text(text).table().map_err(cfg_err)?,
+        Some(Given::Source(src)) => src.table().map_err(cfg_err)?,
+        None => {
+            return Err(py_err(
+                Kind::InvalidInput,
+                format!(
+                    "config: expected None, a dict, a path or TOML text, found {}",
+                    type_name(config.expect("None is a form"))
+                ),
+            ))
+        }
+    };
+    let exposed = EngineOverrides { name, host }
+        .apply_table(&mut table)
+        .map_err(cfg_err)?;
+    let v = serde_json::to_value(&table).map_err(|e| py_err(Kind::Config, e.to_string()))?;
+    Ok((
+        json_to_py(py, &v)?,
+        exposed.iter().map(ToString::to_string).collect(),
+    ))
+}
+
+/// Gives `shardport.env.ExposedWithoutTokenWarning` for each (pointing at
+/// the caller's line outside the package; an exception when the filters
+/// say so).
+fn warn_exposed(py: Python<'_>, exposed: &[Exposed]) -> PyResult<()> {
+    if exposed.is_empty() {
+        return Ok(());
+    }
+    let warn = py.import("shardport.env")?.getattr("_warn_exposed")?;
+    for e in exposed {
+        warn.call1((e.to_string(),))?;
+    }
+    Ok(())
 }
 
 impl PyNode {
@@ -190,16 +277,28 @@ fn ids(hs: &[PyHandle]) -> Vec<ShardId> {
 #[pymethods]
 impl PyNode {
     #[new]
-    #[pyo3(signature = (config=None, plugin_dir=None))]
+    #[pyo3(signature = (config=None, plugin_dir=None, engine=None))]
     fn new(
         py: Python<'_>,
         config: Option<&Bound<'_, PyAny>>,
         plugin_dir: Option<PathBuf>,
+        engine: Option<(Option<String>, String)>,
     ) -> PyResult<Self> {
-        let cfg = load_config(config, plugin_dir.clone())?;
+        let mut cfg = load_config(config, plugin_dir.as_deref())?;
+        let adjust = Adjust {
+            plugin_dir: plugin_dir.clone(),
+            engine: engine.map(|(name, host)| EngineOverrides { name, host }),
+        };
+        let exposed = adjust
+            .apply(&mut cfg)
+            .map_err(|e| py_err(Kind::Config, e.to_string()))?;
+        warn_exposed(py, &exposed)?;
         let warnings = cfg.warnings.clone();
         logs::sync_level(py);
         let node = unlocked(py, || Node::start(cfg)).map_err(host_err)?;
+        node.set_reload_hook(Arc::new(move |c: &mut Config| {
+            adjust.apply(c).map(drop).map_err(|e| e.to_string())
+        }));
         for w in &warnings {
             logs::warn(py, Category::Config, w)?;
         }
@@ -229,7 +328,7 @@ impl PyNode {
         let report = match config.filter(|c| !c.is_none()) {
             None => unlocked(py, || node.reload_file(None)),
             Some(c) => {
-                let cfg = load_config(Some(c), self.plugin_dir.clone())?;
+                let cfg = load_config(Some(c), self.plugin_dir.as_deref())?;
                 for w in &cfg.warnings {
                     logs::warn(py, Category::Config, w)?;
                 }
@@ -403,33 +502,10 @@ impl PyNode {
         let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
         let bound = one_handle(handle, "fetch")?;
         let h = &bound.get().inner;
-        if mode == FetchMode::Copy && !node.config().cache.enabled {
-            // Nothing to cache: copy into fresh, untouched zero pages (one
-            // pass over the bytes; the host's copy path zero-fills first).
-            return unlocked(py, || {
-                let len = usize::try_from(h.meta.byte_len).map_err(|_| {
-                    HostError::InvalidShard(format!(
-                        "{} bytes do not fit in memory here",
-                        h.meta.byte_len
-                    ))
-                })?;
-                let max = node.config().node.max_shard_size;
-                if h.meta.byte_len > max {
-                    return Err(HostError::InvalidShard(format!(
-                        "shard {} claims {} bytes, over node.max-shard-size = {max}",
-                        h.id, h.meta.byte_len
-                    )));
-                }
-                let mut buf = PrivateBuf::zeroed(len).map_err(HostError::InvalidShard)?;
-                let sel = node.fetch_into(h, buf.as_mut_slice())?;
-                Ok(Shard::from_copy(h, sel, buf))
-            })
-            .map_err(host_err)
-            .and_then(|shard| {
-                note(py, &node, shard.selection(), mode)?;
-                Ok(shard)
-            });
-        }
+        // A copy comes from the host's copy path as fresh, untouched zero
+        // pages (one pass over the bytes), lent to Python without another
+        // copy; the host checks the claimed size against
+        // `node.max-shard-size` first.
         let shard = unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched))
             .map_err(host_err)?
             .with_origin(|| ViewOrigin {
@@ -772,17 +848,12 @@ fn put_source(
     tags: BTreeMap<String, String>,
     src: &crate::mem::Source,
 ) -> Result<Handle, HostError> {
-    if spec_len(spec) != Some(src.packed_len() as u64) {
+    if spec.byte_len() != Some(src.packed_len() as u64) {
         return Err(HostError::InvalidShard(format!(
             "the buffer has {} bytes, dtype and shape need {:?}",
             src.packed_len(),
-            spec_len(spec)
+            spec.byte_len()
         )));
     }
     node.put_with(spec, tags, |dst| src.copy_to(dst))
-}
-
-fn spec_len(spec: &TensorSpec) -> Option<u64> {
-    let n = spec.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
-    n.checked_mul(itemsize(spec.dtype) as u64)
 }

@@ -218,3 +218,48 @@ def test_config_from_a_file_and_from_text(monkeypatch, tmp_path):
         spenv.apply("/no/such.toml", "k8s")
     with pytest.raises(InvalidInputError, match="found int"):
         spenv.apply(3, "k8s")
+
+
+NODE_TOML = """[node]
+advertise = "127.0.0.1:0"
+
+[[plugin]]
+name = "posix-shm"
+path = "libshardport_posix_shm.so"
+
+[plugin.config]
+segment-prefix = "{prefix}"
+pool-size = "64MiB"
+"""
+
+
+def test_a_node_with_overrides_reloads_its_own_file(monkeypatch, prefix, tmp_path):
+    # The core applies the overrides at start and at every reload: the file
+    # stays a file (errors point into it) and reading it again changes nothing.
+    monkeypatch.setenv("POD_IP", "127.0.0.1")
+    monkeypatch.setenv("POD_NAME", "rollout-1")
+    f = tmp_path / "node.toml"
+    f.write_text(NODE_TOML.format(prefix=prefix))
+    with shardport.Node(str(f), addr_from="k8s") as node:
+        assert node.name == "rollout-1"
+        h = node.put(np.arange(3, dtype=np.int32))
+        report = node.reload()
+        assert (report["generation"], report["changes"]) == (1, [])
+        assert node.name == "rollout-1" and node.address == "127.0.0.1:0"
+        f.write_text(NODE_TOML.format(prefix=prefix) + '\n[fetch]\nmode = "sideways"\n')
+        with pytest.raises(ConfigError, match=f"--> {f}:13:8"):
+            node.reload()
+        assert node.stats()["generation"] == 1
+        assert np.asarray(node.fetch(h)).tolist() == [0, 1, 2]
+
+
+def test_a_config_string_is_a_file_or_text_by_the_hosts_rule(prefix, tmp_path):
+    f = tmp_path / "node.toml"
+    f.write_text(NODE_TOML.format(prefix=prefix))
+    for given in (str(f), f, f.read_text()):
+        with shardport.Node(given) as node:
+            assert node.transports == ["posix-shm"]
+    with pytest.raises(ConfigError, match="cannot read config file /no/such.toml"):
+        shardport.Node("/no/such.toml")
+    with pytest.raises(ConfigError, match="--> <config string>:1:6"):
+        shardport.Node("[node\n")

@@ -12,6 +12,12 @@
 //! become warnings carrying their dotted path. [`parse_str`] never touches
 //! the disk; [`load`] reads a file and calls it. [`routing_table`] prints the
 //! effective rules.
+//!
+//! Embedding programs (the Python binding) come in through two more doors,
+//! each kept here so that no binding repeats it: [`Source`] tells a config
+//! file from config text (`source.rs`), and [`EngineOverrides`] applies the
+//! address and name a process takes from its engine (`engine.rs`), to a
+//! checked config or, as the node's reload hook, to every reloaded one.
 
 use std::{
     fmt,
@@ -20,15 +26,21 @@ use std::{
 
 use shardport_kit::parse_byte_size;
 
+use crate::vocab::MAX_ADDR;
+
 mod check;
+mod engine;
 mod rules;
 mod schema;
+mod source;
 mod span;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub use check::parse_str;
+pub use engine::{EngineOverrides, Exposed};
+pub use source::Source;
 pub use span::{ConfigError, KeyPlaces};
 pub use table::routing_table;
 /// The embedded default config `shardport demo` runs on.

@@ -87,14 +87,26 @@ impl TensorSpec {
         }
     }
 
-    fn meta(&self) -> Result<ShardMeta, HostError> {
-        let mut meta = ShardMeta {
+    /// The byte length dtype and shape imply (what a put of this spec
+    /// stores; [`ShardMeta::implied_byte_len`]), `None` for an unknown
+    /// dtype or overflow. Callers that gather the bytes themselves (the
+    /// Python binding) check their buffer against it.
+    pub fn byte_len(&self) -> Option<u64> {
+        self.meta_of_len(0).implied_byte_len()
+    }
+
+    fn meta_of_len(&self, byte_len: u64) -> ShardMeta {
+        ShardMeta {
             dtype: self.dtype,
             shape: RVec::from(self.shape.clone()),
             device: self.device,
-            byte_len: 0,
+            byte_len,
             checksum: ROption::RNone,
-        };
+        }
+    }
+
+    fn meta(&self) -> Result<ShardMeta, HostError> {
+        let mut meta = self.meta_of_len(0);
         meta.byte_len = meta.implied_byte_len().ok_or_else(|| {
             HostError::InvalidShard(format!(
                 "dtype {} with shape {:?} has no byte length",

@@ -530,3 +530,79 @@ impl super::OwnedShard {
         matches!(self.stored, super::Stored::Pool(_))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EngineOverrides;
+
+    /// A node started from `file` with engine overrides, which it also
+    /// sets as its reload hook (as the Python binding does).
+    fn start_with_overrides(file: &Path, overrides: EngineOverrides) -> Node {
+        let mut cfg = config::load(file).unwrap();
+        overrides.apply(&mut cfg).unwrap();
+        let node = Node::start(cfg).unwrap();
+        node.set_reload_hook(Arc::new(move |c: &mut Config| {
+            overrides.apply(c).map(drop).map_err(|e| e.to_string())
+        }));
+        node
+    }
+
+    #[test]
+    fn overrides_survive_a_reload_of_the_file_and_its_errors_keep_their_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "[node]\nadvertise = \"127.0.0.1:9\"\n").unwrap();
+        let node = start_with_overrides(
+            &file,
+            EngineOverrides {
+                name: Some("rank1".into()),
+                host: "10.1.2.3".into(),
+            },
+        );
+        assert_eq!(node.config().node.name, "rank1");
+        assert_eq!(node.config().node.advertise, "10.1.2.3:9");
+        // The file again: the hook gives it the same name and address.
+        let same = node.reload_file(None).unwrap();
+        assert!(same.changes.is_empty(), "{:?}", same.changes);
+        assert_eq!(node.config().node.advertise, "10.1.2.3:9");
+        // A bad value in the file points at it.
+        std::fs::write(
+            &file,
+            "[node]\nadvertise = \"127.0.0.1:9\"\n[fetch]\nmode = \"sideways\"\n",
+        )
+        .unwrap();
+        let e = node.reload_file(None).unwrap_err().to_string();
+        assert!(e.contains(&format!("--> {}:4:8", file.display())), "{e}");
+        // So does a bad value only the overrides read (an http bind).
+        std::fs::write(
+            &file,
+            "[node]\nadvertise = \"127.0.0.1:9\"\n[[plugin]]\nname = \"http\"\npath = \"h.so\"\n[plugin.config]\nbind = \"nohostport\"\n",
+        )
+        .unwrap();
+        let e = node.reload_file(None).unwrap_err().to_string();
+        assert!(
+            e.contains("`plugin.http.config.bind`: expected `host:port`"),
+            "{e}"
+        );
+        assert!(e.contains(&format!("--> {}:7:1", file.display())), "{e}");
+        assert_eq!(node.stats().generation, 1);
+    }
+
+    #[test]
+    fn without_the_hook_a_reload_of_the_file_would_undo_the_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "[node]\nname = \"as-written\"\n").unwrap();
+        let mut cfg = config::load(&file).unwrap();
+        EngineOverrides {
+            name: Some("rank1".into()),
+            host: "10.1.2.3".into(),
+        }
+        .apply(&mut cfg)
+        .unwrap();
+        let node = Node::start(cfg).unwrap();
+        let e = node.reload_file(None).unwrap_err().to_string();
+        assert!(e.contains("restart"), "{e}");
+    }
+}

@@ -152,8 +152,10 @@ class Node(_CoreNode):
         addr_from: Optional[str] = None,
     ) -> Node:
         d = Path(plugin_dir) if plugin_dir is not None else _default_plugin_dir()
-        config = env.apply(config, addr_from)
-        self = super().__new__(cls, config, str(d))
+        # The core reads the config and applies the engine's overrides (at
+        # start and at every reload), so a file stays a file.
+        engine = env.detect(addr_from)._engine()
+        self = super().__new__(cls, config, str(d), engine)
         self._device_refs = {}
         return self
 

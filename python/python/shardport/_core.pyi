@@ -13,6 +13,12 @@ def flush_logs() -> None:
     returns; call this after changing the logger's level, or to see the
     records of background threads (the http server) without another call."""
 
+def _engine_config(
+    config: Any, name: Optional[str], host: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``shardport.env``'s overrides applied by the host to a config (the
+    forms :class:`Node` takes), as a dict, with the warnings to give."""
+
 Mode = Literal["view", "copy"]
 HandleLike = Union["Handle", Iterable["Handle"]]
 
@@ -122,7 +128,12 @@ class CudaShard:
 class Node:
     """The native node; use :class:`shardport.Node`."""
 
-    def __new__(cls, config: Any = None, plugin_dir: Optional[Union[str, os.PathLike[str]]] = None) -> "Node": ...
+    def __new__(
+        cls,
+        config: Any = None,
+        plugin_dir: Optional[Union[str, os.PathLike[str]]] = None,
+        engine: Optional[tuple[Optional[str], str]] = None,
+    ) -> "Node": ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -29,15 +29,18 @@ is initialized in this process, torchrun if ``TORCHELASTIC_RUN_ID`` or all of
 missing or malformed is an :class:`~shardport.errors.InvalidInputError`
 naming the variable.
 
-**What the overrides change** (every other key stays as written):
+**What the overrides change** (every other key stays as written; the
+host applies them, to the config a :class:`shardport.Node` starts with and
+to every config it reloads, so a node started from a file can ``reload()``
+it and its errors point at ``file:line:col``):
 
 - ``node.name``: the name above.
 - ``node.advertise``: ``<address>:<port>``, the port kept from the config
   (the address decides locality: an owner whose advertised address is one of
   this machine's is "same node" by address; shared memory also needs the
   identity to agree, see ``locality.same-node``).
-- the http plugin's ``bind``: ``<address>:<port>`` with the configured port
-  (``0``: ephemeral) when the address is not loopback, so consumers on other
+- the ``bind`` of every plugin whose transport is http: ``<address>:<port>``
+  with the configured port (``0``: ephemeral) when the address is not loopback, so consumers on other
   machines reach it; a ``bind`` on the unspecified address (``0.0.0.0:7071``)
   is kept and ``advertise`` is set to the address instead. An http transport
   that would serve beyond loopback without ``auth-token``/``auth-token-env``
@@ -57,10 +60,9 @@ import socket
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .errors import ConfigError, InvalidInputError, ShardportWarning
+from .errors import InvalidInputError, ShardportWarning
 
 __all__ = [
     "ADDR_FROM_ENV",
@@ -116,18 +118,27 @@ class EngineEnv:
     def overrides(self, config: Mapping[str, Any]) -> dict:
         """``config`` (a dict as :func:`shardport.default_config` returns) with
         this environment's overrides applied; ``config`` is not modified."""
-        cfg = copy.deepcopy(dict(config))
         if self.source == "none" or self.host is None:
-            return cfg
-        node = cfg.setdefault("node", {})
-        if self.name:
-            node["name"] = self.name
-        _, port = _split_host_port(node.get("advertise", "127.0.0.1:0"), "node.advertise")
-        node["advertise"] = _join_host_port(self.host, port)
-        for p in cfg.get("plugin", []):
-            if p.get("name") == "http" or "shardport_http" in str(p.get("path", "")):
-                _override_http(p, self.host)
-        return cfg
+            return copy.deepcopy(dict(config))
+        return self._applied(dict(config))
+
+    def _engine(self) -> Optional[tuple[Optional[str], str]]:
+        """What :class:`shardport.Node` hands the core: ``(name, host)``, or
+        ``None`` when nothing changes."""
+        if self.source == "none" or self.host is None:
+            return None
+        return (self.name, self.host)
+
+    def _applied(self, config: Any) -> dict:
+        # The host applies the overrides (its config::EngineOverrides): the
+        # same code a node runs at start and, as its reload hook, at every
+        # reload.
+        from ._core import _engine_config
+
+        out, exposed = _engine_config(config, self.name, self.host)
+        for message in exposed:
+            _warn_exposed(message)
+        return out
 
 
 def detect(addr_from: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> EngineEnv:
@@ -168,7 +179,7 @@ def apply(
     e = detect(addr_from, environ)
     if e.source == "none":
         return config
-    return e.overrides(_as_dict(config))
+    return e._applied(config)
 
 
 # --------------------------------------------------------------------------
@@ -328,51 +339,10 @@ def _route_to(master: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def _split_host_port(addr: str, what: str) -> tuple[str, int]:
-    host, sep, port = str(addr).rpartition(":")
-    try:
-        p = int(port)
-    except ValueError:
-        p = -1
-    if not sep or not host or not 0 <= p <= 65535:
-        raise ConfigError(f"`{what}`: expected `host:port`, found {addr!r}")
-    return host.strip("[]"), p
-
-
-def _join_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host.lower() == "localhost"
-
-
-def _is_unspecified(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
-
-
-def _override_http(plugin: dict, host: str) -> None:
-    pc = plugin.setdefault("config", {})
-    bind_host, port = _split_host_port(pc.get("bind", "127.0.0.1:0"), "plugin.http.config.bind")
-    if _is_unspecified(bind_host):
-        pc.setdefault("advertise", host)
-    elif not _is_loopback(host):
-        pc["bind"] = _join_host_port(host, port)
-    else:
-        return  # loopback stays loopback
-    if "auth-token" not in pc and "auth-token-env" not in pc:
-        warnings.warn(
-            f"the http transport will serve shard bytes on {pc['bind']} with no "
-            "auth token: set plugin.http.config.auth-token-env",
-            ExposedWithoutTokenWarning,
-            stacklevel=_caller_level(),
-        )
+def _warn_exposed(message: str) -> None:
+    """Gives an :class:`ExposedWithoutTokenWarning` (the host's text),
+    pointing at the caller's line outside this package."""
+    warnings.warn(message, ExposedWithoutTokenWarning, stacklevel=_caller_level())
 
 
 def _caller_level() -> int:
@@ -384,38 +354,3 @@ def _caller_level() -> int:
         f, level = f.f_back, level + 1
     return level
 
-
-def _as_dict(config: Any) -> dict:
-    """The forms :class:`shardport.Node` takes, as a dict."""
-    import tomllib
-
-    from . import default_config
-
-    if config is None:
-        return default_config()
-    if isinstance(config, Mapping):
-        return copy.deepcopy(dict(config))
-    if isinstance(config, os.PathLike) or (
-        isinstance(config, str) and "\n" not in config and Path(config).is_file()
-    ):
-        path = Path(config)
-        try:
-            cfg = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read config file {path}: {e}") from None
-        # Relative plugin paths resolve against the file's directory first.
-        for p in cfg.get("plugin", []):
-            rel = p.get("path")
-            if isinstance(rel, str) and not os.path.isabs(rel) and (path.parent / rel).exists():
-                p["path"] = str((path.parent / rel).resolve())
-        return cfg
-    if isinstance(config, str):
-        if "\n" not in config and config.endswith(".toml"):
-            raise ConfigError(f"cannot read config file {config}: no such file")
-        try:
-            return tomllib.loads(config)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config text is not valid TOML: {e}") from None
-    raise InvalidInputError(
-        f"config: expected None, a dict, a path or TOML text, found {type(config).__name__}"
-    )

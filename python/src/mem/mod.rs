@@ -14,7 +14,6 @@
 //! array, torch tensor, memoryview or `Shard` reaching it goes away.
 
 use std::{
-    alloc::Layout,
     any::Any,
     ffi::{c_char, c_int, c_void, CStr},
     ptr::{self, NonNull},
@@ -28,15 +27,14 @@ use pyo3::{
     types::{PyBytes, PyDict, PyTuple},
 };
 use shardport_abi::{DType, ShardId};
-use shardport_host::{
-    node::HUGE_PAGES_FROM, DeviceView, FetchMode, Fetched, Selection, ShardBytes,
-};
+use shardport_host::{DeviceView, FetchMode, Fetched, Selection, ShardBytes};
 
 use crate::{
     convert::{buffer_format, dlpack_dtype, dtype_name, itemsize},
     errors::{py_err, Kind},
 };
 
+mod buffer;
 mod cuda_shard;
 mod dlpack;
 mod input;
@@ -44,7 +42,7 @@ mod private;
 mod shard;
 
 #[allow(clippy::wildcard_imports)]
-use self::dlpack::*;
+use self::{buffer::*, dlpack::*};
 
 pub(crate) use cuda_shard::CudaShard;
 pub(crate) use input::{InBuffer, OutBuffer, Source};

@@ -1,5 +1,5 @@
 //! `Shard`: a fetched CPU shard lent to Python (buffer protocol, DLPack,
-//! `numpy()`, `torch()`), and `_RawBytes`, its bytes as a flat buffer.
+//! `numpy()`, `torch()`).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -92,32 +92,6 @@ impl Shard {
             shape,
             selection,
         }
-    }
-
-    /// A copy fetched with `fetch_into` into `buf` (see `Node.fetch`).
-    pub(crate) fn from_copy(
-        handle: &shardport_host::Handle,
-        selection: Selection,
-        buf: PrivateBuf,
-    ) -> Shard {
-        let data = Fetched {
-            id: handle.id,
-            meta: handle.meta.clone(),
-            data: Arc::new(ShardBytes::Owned(Vec::new())),
-            selection,
-            elapsed: std::time::Duration::ZERO,
-        };
-        let mut shard = Shard::from_fetched(data);
-        shard.ptr = if buf.len == 0 {
-            shard.ptr
-        } else {
-            buf.ptr as usize
-        };
-        shard.len = buf.len;
-        shard.flat = Box::new([buf.len as isize, 1]);
-        shard.writable = true;
-        shard.keep = Arc::new(buf);
-        shard
     }
 
     fn item(&self) -> usize {
@@ -479,108 +453,5 @@ impl Shard {
             self.selection.transport,
             if self.writable { "False" } else { "True" },
         )
-    }
-}
-
-/// The bytes of a shard as a flat `B` buffer, whatever the dtype: what
-/// `Shard.__array__` reinterprets as bfloat16/float8 (the buffer protocol
-/// has no format for them). Holds the shard's bytes like the shard does.
-#[pyclass(module = "shardport._core", name = "_RawBytes", frozen)]
-pub(super) struct RawBytes {
-    _keep: Keep,
-    ptr: usize,
-    len: usize,
-    writable: bool,
-    flat: Box<[isize; 2]>,
-}
-
-#[pymethods]
-impl RawBytes {
-    // SAFETY: as for `Shard`'s buffer: every pointer lives in `self`, which
-    // `view.obj` keeps alive until the buffer is released.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        let me = slf.get();
-        if flags & ffi::PyBUF_WRITABLE != 0 && !me.writable {
-            return Err(PyBufferError::new_err("the shard is read-only"));
-        }
-        let format = if flags & ffi::PyBUF_FORMAT != 0 {
-            c"B".as_ptr().cast_mut()
-        } else {
-            ptr::null_mut()
-        };
-        let layout = BufferLayout::bytes(format, &me.flat);
-        let (ptr, len, writable) = (me.ptr, me.len, me.writable);
-        // SAFETY: `view` is valid for writes per the protocol.
-        unsafe { fill_buffer(view, slf.into_any(), ptr, len, writable, layout, flags) };
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
-}
-
-/// The shape of what a buffer export shows: `format` (null: unformatted),
-/// item size, and `ndim` dimensions with their shape and byte strides.
-struct BufferLayout {
-    format: *mut c_char,
-    itemsize: isize,
-    ndim: c_int,
-    shape: *mut isize,
-    strides: *mut isize,
-}
-
-impl BufferLayout {
-    /// Plain bytes, one dimension: `flat` is `[len, 1]` (the shape, then
-    /// the stride).
-    fn bytes(format: *mut c_char, flat: &[isize; 2]) -> BufferLayout {
-        BufferLayout {
-            format,
-            itemsize: 1,
-            ndim: 1,
-            shape: flat.as_ptr().cast_mut(),
-            strides: flat[1..].as_ptr().cast_mut(),
-        }
-    }
-}
-
-/// Fills a `Py_buffer` with `len` bytes at `ptr` laid out as `layout`,
-/// honouring the consumer's `flags`: without `PyBUF_ND` it sees one
-/// dimension of `len / itemsize` items and no shape, without
-/// `PyBUF_STRIDES` no strides. `view.obj` takes a reference to `obj`.
-///
-/// # Safety
-/// `view` is valid for writes, and every pointer in `layout`, like `ptr`,
-/// lives in `obj` (which the reference keeps until the buffer is released).
-unsafe fn fill_buffer(
-    view: *mut ffi::Py_buffer,
-    obj: Bound<'_, PyAny>,
-    ptr: usize,
-    len: usize,
-    writable: bool,
-    layout: BufferLayout,
-    flags: c_int,
-) {
-    let nd = flags & ffi::PyBUF_ND != 0;
-    let strided = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
-    // SAFETY: the caller's contract.
-    unsafe {
-        (*view).buf = ptr as *mut c_void;
-        (*view).len = len as isize;
-        (*view).readonly = c_int::from(!writable);
-        (*view).itemsize = layout.itemsize;
-        (*view).format = layout.format;
-        (*view).ndim = if nd { layout.ndim } else { 1 };
-        (*view).shape = if nd { layout.shape } else { ptr::null_mut() };
-        (*view).strides = if strided {
-            layout.strides
-        } else {
-            ptr::null_mut()
-        };
-        (*view).suboffsets = ptr::null_mut();
-        (*view).internal = ptr::null_mut();
-        (*view).obj = obj.into_ptr();
     }
 }
