@@ -20,6 +20,7 @@ pub(crate) enum Kind {
     TransportUnavailable,
     Storage,
     Closed,
+    PermissionDenied,
 }
 
 impl Kind {
@@ -36,6 +37,7 @@ impl Kind {
             Kind::TransportUnavailable => "TransportUnavailableError",
             Kind::Closed => "ClosedError",
             Kind::Storage => "StorageError",
+            Kind::PermissionDenied => "PermissionDeniedError",
         }
     }
 }

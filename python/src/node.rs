@@ -41,6 +41,8 @@ pub struct PyNode {
     /// Where relative plugin paths of this node's configs also resolve
     /// (kept for `reload`).
     plugin_dir: Option<PathBuf>,
+    /// The control endpoint `serve_control` started (stopped by `close`).
+    control: Mutex<Option<shardport_control::ControlServer>>,
 }
 
 fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
@@ -307,6 +309,7 @@ impl PyNode {
             node: Mutex::new(Some(node)),
             name,
             plugin_dir,
+            control: Mutex::new(None),
         })
     }
 
@@ -347,10 +350,54 @@ impl PyNode {
     /// Removes every shard this node owns and stops its transports. Shards
     /// already fetched from it stay readable. Idempotent.
     fn close(&self, py: Python<'_>) {
+        let control = self
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        unlocked(py, || drop(control));
         let node = self.node.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(node) = node {
             unlocked(py, || node.shutdown(CLOSE_GRACE));
         }
+    }
+
+    /// Serves this node's control endpoint (the one `shardport serve` runs:
+    /// stats, metrics, remove, drain, reload...) on `bind` (default: the
+    /// config's `control.bind`; the library config's is an ephemeral port on
+    /// loopback) with the bearer `token` (default: the config's
+    /// `control.auth-token` / `auth-token-env`) and the config's TLS files.
+    /// Returns the address it listens on; a second call returns the same.
+    /// Other processes remove this node's shards with
+    /// `shardport.remove_remote(address, ids, token)`. Stopped by `close()`.
+    #[pyo3(signature = (bind=None, token=None))]
+    fn serve_control(
+        &self,
+        py: Python<'_>,
+        bind: Option<&str>,
+        token: Option<String>,
+    ) -> PyResult<String> {
+        let node = self.node()?;
+        if let Some(addr) = self.control_address() {
+            return Ok(addr);
+        }
+        // Started without the lock (the GIL is released meanwhile); of two
+        // calls racing here the first to finish stays.
+        let cfg = node.config().control.clone();
+        let server = unlocked(py, || crate::control::serve(&node, &cfg, bind, token))?;
+        let mut control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = control.get_or_insert(server);
+        Ok(kept.addr().to_string())
+    }
+
+    /// The address `serve_control` listens on, or None.
+    #[getter]
+    fn control_address(&self) -> Option<String> {
+        self.control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.addr().to_string())
     }
 
     /// True once `close()` was called.

@@ -27,7 +27,15 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 
 from . import env, errors
-from ._core import DEFAULT_CONFIG, CudaShard, Handle, Shard, __version__, flush_logs
+from ._core import (
+    DEFAULT_CONFIG,
+    CudaShard,
+    Handle,
+    Shard,
+    __version__,
+    flush_logs,
+    remove_remote,
+)
 from ._core import Node as _CoreNode
 from .errors import (
     BadHandleError,
@@ -38,6 +46,7 @@ from .errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    PermissionDeniedError,
     ShardportError,
     StorageError,
     TransportError,
@@ -67,10 +76,12 @@ __all__ = [
     "TransportUnavailableError",
     "ClosedError",
     "StorageError",
+    "PermissionDeniedError",
     "ShardportWarning",
     "DowngradeWarning",
     "ConfigWarning",
     "flush_logs",
+    "remove_remote",
     "__version__",
 ]
 

@@ -19,6 +19,21 @@ def _engine_config(
     """``shardport.env``'s overrides applied by the host to a config (the
     forms :class:`Node` takes), as a dict, with the warnings to give."""
 
+def remove_remote(
+    address: str,
+    ids: Iterable[Union["Handle", str]],
+    token: Optional[str] = None,
+    ca: Optional[Union[str, os.PathLike[str]]] = None,
+    timeout: float = 10.0,
+) -> list[str]:
+    """Asks the control endpoint at ``address`` (``host:port``, from the
+    owner's :meth:`Node.serve_control`) to remove the shards ``ids``
+    (``Handle`` objects or 32-hex-digit ids) its node owns, with the bearer
+    ``token``; over HTTPS when ``ca`` names the CA file (PEM) to trust.
+    Returns the ids it did not own. Raises ``PermissionDeniedError`` for a
+    refused token, ``InvalidInputError`` for a malformed id,
+    ``TransportError`` when the endpoint cannot be reached."""
+
 Mode = Literal["view", "copy"]
 HandleLike = Union["Handle", Iterable["Handle"]]
 
@@ -137,6 +152,14 @@ class Node:
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
+    def serve_control(self, bind: Optional[str] = None, token: Optional[str] = None) -> str:
+        """Serves this node's control endpoint (stats, metrics, remove,
+        drain, reload; the one ``shardport serve`` runs) on ``bind``
+        (default: the config's ``control.bind``, an ephemeral loopback port
+        in the library config) with the bearer ``token`` (default: the
+        config's). Returns its address; stopped by :meth:`close`."""
+    @property
+    def control_address(self) -> Optional[str]: ...
     def __enter__(self) -> "Node": ...
     def __exit__(self, *exc: Any) -> bool: ...
     def _put_buffer(self, obj: Any, dtype: Optional[str] = None, tags: Optional[Mapping[str, str]] = None) -> Handle: ...

@@ -25,6 +25,7 @@ __all__ = [
     "TransportUnavailableError",
     "ClosedError",
     "StorageError",
+    "PermissionDeniedError",
     "ShardportWarning",
     "DowngradeWarning",
     "ConfigWarning",
@@ -83,6 +84,11 @@ class ClosedError(ShardportError):
 class StorageError(ShardportError):
     """The owner's storage refused the shard, e.g. the shared-memory pool is
     full (the message says how full and which setting to raise)."""
+
+
+class PermissionDeniedError(ShardportError, PermissionError):
+    """A node's control endpoint refused the request's bearer token (none
+    given, or the wrong one): see :func:`shardport.remove_remote`."""
 
 
 class ShardportWarning(UserWarning):
