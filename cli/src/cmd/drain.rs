@@ -9,13 +9,8 @@ pub struct Args {
     /// Control endpoints of the consumer nodes (repeatable).
     #[arg(long = "node", required = true)]
     nodes: Vec<String>,
-    /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
-    #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Speak HTTPS, trusting the CA certificates (PEM) in this file (or
-    /// $SHARDPORT_CA).
-    #[arg(long, env = "SHARDPORT_CA", value_name = "FILE")]
-    ca: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    auth: super::ControlAuth,
     /// Shard ids (32 hex digits), comma separated.
     #[arg(
         long,
@@ -39,8 +34,8 @@ pub fn run(args: Args) -> Outcome {
     post_each(
         &args.nodes,
         "/v1/drain",
-        args.token.as_deref(),
-        args.ca.as_deref(),
+        args.auth.token.as_deref(),
+        args.auth.ca.as_deref(),
         &body.to_string(),
         "drain",
         |r| format!("drained {}", r["drained"]),

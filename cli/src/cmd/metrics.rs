@@ -15,8 +15,8 @@ pub struct Args {
 
 /// `GET /v1/metrics.json` or `GET /metrics`.
 pub fn run(args: Args) -> Outcome {
-    let token = args.target.token.as_deref();
-    let ca = args.target.ca.as_deref();
+    let token = args.target.auth.token.as_deref();
+    let ca = args.target.auth.ca.as_deref();
     if args.json {
         let r = control_call(
             &args.target.node,

@@ -68,10 +68,17 @@ pub struct NodeArgs {
     /// The node's control endpoint.
     #[arg(long, default_value = config::DEFAULT_CONTROL_BIND)]
     pub node: String,
-    /// Bearer token of the control endpoint (or $SHARDPORT_TOKEN).
+    #[command(flatten)]
+    pub auth: ControlAuth,
+}
+
+/// `--token T --ca FILE`: how to speak to control endpoints.
+#[derive(clap::Args)]
+pub struct ControlAuth {
+    /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
     #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Speak HTTPS to the control endpoint, trusting the CA certificates
+    /// Speak HTTPS to the control endpoints, trusting the CA certificates
     /// (PEM) in this file (or $SHARDPORT_CA); for nodes with
     /// `control.tls-cert` set.
     #[arg(long, env = "SHARDPORT_CA", value_name = "FILE")]

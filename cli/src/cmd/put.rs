@@ -59,8 +59,8 @@ pub fn run(args: Args) -> Outcome {
         &args.target.node,
         "POST",
         &path,
-        args.target.token.as_deref(),
-        args.target.ca.as_deref(),
+        args.target.auth.token.as_deref(),
+        args.target.auth.ca.as_deref(),
         &body,
         PUT_TIMEOUT,
     )?;

@@ -15,13 +15,8 @@ pub struct Args {
     /// Control endpoints, reloaded one at a time in this order (repeatable).
     #[arg(long = "node", required = true)]
     nodes: Vec<String>,
-    /// Bearer token of the control endpoints (or $SHARDPORT_TOKEN).
-    #[arg(long, env = "SHARDPORT_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Speak HTTPS, trusting the CA certificates (PEM) in this file (or
-    /// $SHARDPORT_CA).
-    #[arg(long, env = "SHARDPORT_CA", value_name = "FILE")]
-    ca: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    auth: super::ControlAuth,
     /// The config to apply, read here and sent to each node (relative
     /// plugin paths resolve against its directory on the node's machine).
     /// Without it each node reads its own config file again.
@@ -55,8 +50,8 @@ pub fn run(args: Args) -> Outcome {
             n,
             "POST",
             "/v1/reload",
-            args.token.as_deref(),
-            args.ca.as_deref(),
+            args.auth.token.as_deref(),
+            args.auth.ca.as_deref(),
             body.as_bytes(),
             CONTROL_CALL_TIMEOUT,
         );

@@ -15,8 +15,8 @@ pub fn run(args: Args) -> Outcome {
         &args.target.node,
         "GET",
         "/v1/stats",
-        args.target.token.as_deref(),
-        args.target.ca.as_deref(),
+        args.target.auth.token.as_deref(),
+        args.target.auth.ca.as_deref(),
         &[],
         CONTROL_CALL_TIMEOUT,
     )?;
