@@ -67,19 +67,17 @@ def test_an_unknown_key_is_a_config_warning_at_its_line(tmp_path, prefix):
 
 @pytest.mark.parametrize("required", [True, False])
 def test_a_refused_plugin_option_is_a_config_error_at_its_line(tmp_path, prefix, required):
-    text = (
-        shardport.DEFAULT_CONFIG.replace(
-            'pool-size = "768MiB"', f'pool-size = "16MiB"\nsegment-prefix = "{prefix}"'
-        )
-        .replace(
-            'path = "libshardport_http.so"\n',
-            f'path = "libshardport_http.so"\nrequired = {str(required).lower()}\n',
-        )
-        .replace(
-            'bind = "127.0.0.1:0"',
-            'bind = "127.0.0.1:0"\ntls-cert = "/nonexistent/cert.pem"\ntls-key = "/nonexistent/key.pem"',
-        )
+    text = shardport.DEFAULT_CONFIG.replace(
+        'pool-size = "768MiB"', f'pool-size = "16MiB"\nsegment-prefix = "{prefix}"'
     )
+    # The http plugin's table (the control table above it has a `bind` too).
+    head, http = text.split('path = "libshardport_http.so"\n', 1)
+    http = http.replace(
+        'bind = "127.0.0.1:0"',
+        'bind = "127.0.0.1:0"\ntls-cert = "/nonexistent/cert.pem"\ntls-key = "/nonexistent/key.pem"',
+        1,
+    )
+    text = head + f'path = "libshardport_http.so"\nrequired = {str(required).lower()}\n' + http
     p = tmp_path / "node.toml"
     p.write_text(text)
     line = text.splitlines().index('tls-cert = "/nonexistent/cert.pem"') + 1
