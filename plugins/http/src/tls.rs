@@ -107,18 +107,21 @@ pub(crate) fn setup(cfg: &Config) -> PluginResult<Tls> {
         Some((cert_path, key_path)) => {
             let chain = certs(cfg, "tls-cert", cert_path)?;
             let key = private_key(cfg, "tls-key", key_path)?;
+            // A failure names the three files, whichever refused.
+            let refused = |ca: &Path, e| {
+                config_error(
+                    cfg,
+                    ("tls-cert", cert_path),
+                    ("tls-key", key_path),
+                    ("tls-client-ca", ca),
+                    e,
+                )
+            };
             let (clients, ca) = match (files.client_auth, &files.client_ca) {
                 (ClientAuth::Required, Some(ca)) => {
                     let roots = roots(cfg, "tls-client-ca", ca)?;
-                    let v = tls::client_verifier(tls::bulk_provider(), roots).map_err(|e| {
-                        config_error(
-                            cfg,
-                            ("tls-cert", cert_path),
-                            ("tls-key", key_path),
-                            ("tls-client-ca", ca),
-                            e,
-                        )
-                    })?;
+                    let v = tls::client_verifier(tls::bulk_provider(), roots)
+                        .map_err(|e| refused(ca, e))?;
                     (Some(v), ca.as_path())
                 }
                 _ => (None, cert_path.as_path()),
@@ -126,16 +129,8 @@ pub(crate) fn setup(cfg: &Config) -> PluginResult<Tls> {
             // Consumers do not resume sessions (a pooled connection lives
             // long); the base sends no tickets, bytes a pooled connection
             // would only have to skip.
-            let sc =
-                tls::server_config(tls::bulk_provider(), chain, key, clients).map_err(|e| {
-                    config_error(
-                        cfg,
-                        ("tls-cert", cert_path),
-                        ("tls-key", key_path),
-                        ("tls-client-ca", ca),
-                        e,
-                    )
-                })?;
+            let sc = tls::server_config(tls::bulk_provider(), chain, key, clients)
+                .map_err(|e| refused(ca, e))?;
             Some(Arc::new(sc))
         }
     };
