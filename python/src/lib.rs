@@ -13,6 +13,7 @@
 //! is why this crate cannot `forbid(unsafe_code)` as `host` does).
 #![deny(unsafe_code)]
 
+mod config;
 mod control;
 mod convert;
 #[allow(unsafe_code)]
@@ -31,7 +32,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
     m.add_function(wrap_pyfunction!(logs::flush_logs, m)?)?;
-    m.add_function(wrap_pyfunction!(node::engine_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::engine_config, m)?)?;
     m.add_function(wrap_pyfunction!(control::remove_remote, m)?)?;
     m.add_class::<node::PyNode>()?;
     m.add_class::<handle::PyHandle>()?;
