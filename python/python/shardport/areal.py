@@ -216,6 +216,16 @@ class ShardportRTensorBackend:
         """Fetches shards (``TensorShardInfo`` objects or shard ids), in input
         order: shardport's in batches of ``max_shards_per_request``, AReaL's
         own through the delegate. Raises :class:`ShardportRTensorError`."""
+        if len(shards) == 1:
+            # AReaL's to_local: one shard at a time, the common case; the
+            # same checks as the loop below, without its lists.
+            sid = getattr(shards[0], "shard_id", shards[0])
+            if sid.__class__ is str and sid[4:5] == ":" and sid.startswith(ID_PREFIX):
+                try:
+                    shard = self.node.fetch(Handle.from_base64url(sid[5:]), mode=self.mode)
+                    return [shard.torch() if sid[3] == "t" else shard.numpy()]
+                except ShardportError as e:
+                    raise ShardportRTensorError(f"Failed to fetch shard: {e}") from e
         out: list[Any] = [None] * len(shards)
         theirs: list[int] = []
         ours: list[tuple[int, Handle, str]] = []
