@@ -18,12 +18,12 @@
 
 use shardport_abi::{Capabilities, DeviceKind, IdentityParts};
 
-use crate::vocab::{DeviceSel, FetchMode, SameNodeMatch, TransportName};
 use crate::{
     config::{Experiment, Route, RouteWhen},
     experiment,
     handle::Handle,
     identity::NodeIdentity,
+    vocab::{DeviceSel, FetchMode, SameNodeMatch, TransportName},
 };
 
 /// What selection needs to know about one loaded plugin.

@@ -11,10 +11,9 @@ use std::{
 
 use pyo3::{prelude::*, types::PyDict};
 use shardport_abi::{Device, ShardId};
-use shardport_host::vocab::OnDowngrade;
 use shardport_host::{
-    config::EngineOverrides, metrics::prometheus, Config, DevicePtr, FetchMode, Handle, HostError,
-    Node, Selection, TensorSpec,
+    config::EngineOverrides, metrics::prometheus, vocab::OnDowngrade, Config, DevicePtr, FetchMode,
+    Handle, HostError, Node, Selection, TensorSpec,
 };
 
 use crate::{

@@ -9,9 +9,9 @@ use super::{
     BenchError, BenchOptions,
 };
 use crate::worker::{Request, WorkerProcess};
-use shardport_host::vocab::FetchMode;
 use shardport_host::{
     node::{Node, TensorSpec},
+    vocab::FetchMode,
     Handle,
 };
 

@@ -44,10 +44,10 @@ use super::{
     BenchError, BenchOptions,
 };
 use crate::worker::{check_pattern, fill_pattern, Request, WorkerProcess};
-use shardport_host::vocab::{FetchMode, Storage, TransportName};
 use shardport_host::{
     handle::Handle,
     node::{Fetched, Node, TensorSpec},
+    vocab::{FetchMode, Storage, TransportName},
 };
 
 /// Runs cells; owns the nodes and processes they share.

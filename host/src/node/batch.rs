@@ -12,12 +12,11 @@ use std::{
 use shardport_abi::{AbiError, ErrorKind, ImportItem, RResult, RSlice, RSliceMut};
 
 use super::{lock, zeroed, Fetched, Generation, Node};
-use crate::vocab::FetchMode;
 use crate::{
     error::HostError,
     handle::Handle,
     select::{Attempt, Plan},
-    vocab::{ShardBytes, TransportName},
+    vocab::{FetchMode, ShardBytes, TransportName},
 };
 
 impl Node {

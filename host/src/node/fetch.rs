@@ -8,14 +8,13 @@ use std::{
 use shardport_abi::{AbiError, ErrorKind, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
 use super::{checksum::compute, lock, zeroed, Fetched, Generation, Node, Selection};
-use crate::vocab::{FetchMode, OnDowngrade};
 use crate::{
     error::HostError,
     experiment::ArmEvent,
     handle::Handle,
     loader::LoadedPlugin,
     select::{Attempt, Plan},
-    vocab::{ShardBytes, TransportName},
+    vocab::{FetchMode, OnDowngrade, ShardBytes, TransportName},
 };
 
 impl Node {

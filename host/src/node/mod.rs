@@ -38,7 +38,6 @@ use shardport_abi::{
 use shardport_kit::hash::IdHashMap;
 
 use crate::error::LoadError;
-use crate::vocab::{FetchMode, Storage};
 use crate::{
     cache::{Cache, CacheStats},
     config::Config,
@@ -51,6 +50,7 @@ use crate::{
     metrics::{ArmCounters, Metrics},
     select::PluginFacts,
     services::{Clock, SystemClock},
+    vocab::{FetchMode, Storage},
 };
 
 mod admin;

@@ -6,10 +6,10 @@
 use shardport_abi::{DeviceKind, OwnerClaim, RSlice};
 
 use super::{Generation, Node};
-use crate::vocab::FetchMode;
 use crate::{
     handle::Handle,
     select::{plan, Attempt, Local, Plan},
+    vocab::FetchMode,
 };
 
 /// Which memory the fetch result lands in: host memory cannot hold a device

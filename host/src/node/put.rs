@@ -17,12 +17,11 @@ use super::{
     checksum::{checksum, copy_and_checksum},
     lock, zeroed, Generation, Node, OwnedShard, Stored, TensorSpec,
 };
-use crate::vocab::ChecksumPolicy;
 use crate::{
     error::HostError,
     handle::{Export, Handle},
     loader::LoadedPlugin,
-    vocab::{TransportName, MAX_DESCRIPTOR, MAX_TAGS, MAX_TAG_LEN},
+    vocab::{ChecksumPolicy, TransportName, MAX_DESCRIPTOR, MAX_TAGS, MAX_TAG_LEN},
 };
 
 /// What the exports of one put produced.

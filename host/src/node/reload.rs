@@ -26,11 +26,11 @@ use serde::Serialize;
 use shardport_abi::{ErrorKind, ShardId};
 
 use super::{lock, Generation, Node};
-use crate::vocab::{Storage, TransportName};
 use crate::{
     config::{self, Config, Experiment, Origin},
     error::HostError,
     loader::{config_refusal, load_instance, LoadedPlugin},
+    vocab::{Storage, TransportName},
 };
 
 /// What a reload did.
