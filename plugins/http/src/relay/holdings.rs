@@ -38,6 +38,16 @@ pub(crate) enum End {
 /// The fewest pieces a windowed copy keeps, whatever `relay-window` says.
 pub(crate) const MIN_WINDOW_PIECES: u64 = 4;
 
+/// Bytes a copy of `len` bytes counts against `relay-cache` under
+/// `relay-window` `window` (0: the whole copy).
+fn budget_bytes(len: u64, window: u64) -> u64 {
+    if window == 0 {
+        len
+    } else {
+        len.min(window)
+    }
+}
+
 #[derive(Debug)]
 struct State {
     /// Bytes per piece, 0 until the owner said.
@@ -91,11 +101,7 @@ impl Holding {
     /// Bytes this copy counts against `relay-cache`: the window, or the
     /// whole shard.
     pub(crate) fn budget_bytes(&self) -> u64 {
-        if self.window == 0 {
-            self.len
-        } else {
-            self.window
-        }
+        budget_bytes(self.len, self.window)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -269,13 +275,12 @@ impl Holdings {
     fn reserve(&self, id: ShardId, len: u64) -> Option<Arc<Holding>> {
         let mut map = self.map();
         Self::prune_locked(&mut map, self.keep);
-        let h = Arc::new(Holding::new(id, len, self.window));
-        let len = h.budget_bytes();
-        if map.contains_key(&id) || len > self.budget {
+        let need = budget_bytes(len, self.window);
+        if map.contains_key(&id) || need > self.budget {
             return None;
         }
         let mut used: u64 = map.values().map(|h| h.budget_bytes()).sum();
-        if used + len > self.budget {
+        if used + need > self.budget {
             let mut complete: Vec<(Instant, ShardId, u64)> = map
                 .values()
                 .filter_map(|h| match h.end() {
@@ -285,7 +290,7 @@ impl Holdings {
                 .collect();
             complete.sort();
             for (_, old, n) in complete {
-                if used + len <= self.budget {
+                if used + need <= self.budget {
                     break;
                 }
                 if let Some(h) = map.remove(&old) {
@@ -293,10 +298,11 @@ impl Holdings {
                 }
                 used -= n;
             }
-            if used + len > self.budget {
+            if used + need > self.budget {
                 return None;
             }
         }
+        let h = Arc::new(Holding::new(id, len, self.window));
         map.insert(id, Arc::clone(&h));
         Some(h)
     }
