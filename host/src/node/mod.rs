@@ -638,8 +638,13 @@ fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
     // size the allocator refuses; below `PROBE_FROM` a refusal is the
     // allocator's abort, as for any small allocation, and the probe would
     // double the cost of a small fetch), then take it zeroed from the
-    // allocator: `vec![0; n]` is a calloc, whose large blocks are fresh
-    // zero pages, so the bytes are written once (by the copy into them).
+    // allocator: `vec![0; n]` is a calloc. It is not free: a block the
+    // allocator maps fresh is zeroed by the kernel page by page, and one it
+    // reuses from its heap (glibc's mmap threshold rises to the size of the
+    // last large block freed) is cleared with memset; either way the bytes
+    // are written twice, once zero and once by the copy (26-33% of the CPU
+    // of a many-consumer copy load: BENCHMARKS.md, sixth session). Reusing
+    // destination buffers would avoid it.
     const PROBE_FROM: usize = 1 << 20;
     if n >= PROBE_FROM {
         let mut probe = Vec::<u8>::new();
