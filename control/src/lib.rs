@@ -181,7 +181,15 @@ pub fn parse_id(s: &str) -> Result<shardport_abi::ShardId, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{constant_time_eq, parse_id};
+    use shardport_abi::ShardId;
+
+    #[test]
+    fn ids_parse() {
+        let id = ShardId::from_u128(0xabc);
+        assert_eq!(parse_id(&id.to_string()), Ok(id));
+        assert!(parse_id("xyz").is_err());
+    }
 
     #[test]
     fn constant_time_compare() {

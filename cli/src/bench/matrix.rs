@@ -574,8 +574,8 @@ impl<'a> Runner<'a> {
                 seed,
                 tags: Default::default(),
             })?;
-            let id: ShardId =
-                crate::worker::parse_id(put.id.as_deref().unwrap_or_default()).map_err(other)?;
+            let id: ShardId = shardport_control::parse_id(put.id.as_deref().unwrap_or_default())
+                .map_err(other)?;
             let handle = put.handle.unwrap_or_default();
             let verify = (i == 0).then_some(seed);
             let only = Some(spec.transport.to_owned());
