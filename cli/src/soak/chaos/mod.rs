@@ -163,8 +163,6 @@ mod tests;
 #[allow(clippy::wildcard_imports)]
 use self::config::*;
 pub use self::config::{config_text, shm_names, Rng, Role};
-#[cfg(test)]
-use self::report::shm_mapped_bytes;
 use self::report::{add_swept, label_series, summarize};
 pub use self::report::{ChaosReport, ChaosSnapshot, ProcUsage, ReloadCounts};
 

@@ -1,6 +1,7 @@
 //! Unit tests of the chaos soak's pieces (the whole soak runs in
 //! tests/e2e/chaos.rs).
 
+use super::report::shm_mapped_bytes;
 use super::*;
 
 fn opts() -> ChaosOptions {
