@@ -41,10 +41,19 @@ done
 cp target/release/shardport "$out/"
 cp target/release/examples/cuda_ipc_peer "$out/examples/"
 # faulty-plugin: the e2e cuda tests load it (its `unreachable` mode).
+# The tests load the plugins of their own build from deps/: there the http
+# plugin has the test-only `test-device-is-host` feature (the e2e staging
+# tests with host memory standing in need it); the one beside the CLI, which
+# the benchmarks and the Python package use, is the release build without it.
 for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so; do
     cp "$so" "$out/"
-    cp "$so" "$out/deps/"
+    cp "target/release/deps/${so##*/}" "$out/deps/"
 done
+refusal="does not accept it"
+grep -q "$refusal" "$out/libshardport_http.so" ||
+    { echo "gpu-carry: the release http plugin accepts test-device-is-host" >&2; exit 1; }
+! grep -q "$refusal" "$out/deps/libshardport_http.so" ||
+    { echo "gpu-carry: the tests' http plugin lacks test-device-is-host" >&2; exit 1; }
 strip "$out"/shardport "$out"/examples/* "$out"/deps/*-gpu "$out"/*.so "$out"/deps/*.so
 cp scripts/bench_torch_ipc.py scripts/bench_fetch_cuda.py scripts/bench_cuda_ipc.sh scripts/probe_cuda_alloc.py .device-carry/
 # The Python package (release wheel, unpacked; release plugins inside) and
