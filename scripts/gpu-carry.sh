@@ -8,7 +8,12 @@
 #   .device-carry/release/deps/e2e-gpu               the end-to-end test binary
 #   .device-carry/release/deps/shardport_cuda_ipc-gpu  cuda-ipc's unit tests
 #   .device-carry/release/deps/conformance-gpu         its conformance suite
-#   .device-carry/release/deps/libshardport_*.so     (tests look in deps/)
+#   .device-carry/release/deps/shardport_cuda-gpu      the CUDA driver crate's tests
+#   .device-carry/release/deps/shardport_cli-gpu       the CLI's unit tests (GPU cells' memory)
+#   .device-carry/release/deps/libshardport_http.so  (tests look in deps/; the
+#                                                     other plugins are copied
+#                                                     there from release/ at run
+#                                                     time, to stay under 64 MiB)
 #   .device-carry/run-gpu-checks.sh                  what to run there
 #
 # The layout mirrors target/release so the tests find the .so files and the
@@ -32,8 +37,9 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["target"]["name"] + " " + m["executable"])'
 }
-mapfile -t tests < <(collect -p shardport --test e2e; collect -p shardport-cuda-ipc --lib --test conformance)
-[ "${#tests[@]}" -eq 3 ] || { echo "gpu-carry: expected 3 test binaries, found: ${tests[*]}" >&2; exit 1; }
+mapfile -t tests < <(collect -p shardport --test e2e; collect -p shardport-cuda-ipc --lib --test conformance
+    collect -p shardport-cuda --lib; collect -p shardport-cli --lib)
+[ "${#tests[@]}" -eq 5 ] || { echo "gpu-carry: expected 5 test binaries, found: ${tests[*]}" >&2; exit 1; }
 for t in "${tests[@]}"; do
     name=${t%% *}; exe=${t#* }
     cp "$exe" "$out/deps/${name//-/_}-gpu"
@@ -47,8 +53,8 @@ cp target/release/examples/cuda_ipc_peer "$out/examples/"
 # the benchmarks and the Python package use, is the release build without it.
 for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so; do
     cp "$so" "$out/"
-    cp "target/release/deps/${so##*/}" "$out/deps/"
 done
+cp target/release/deps/libshardport_http.so "$out/deps/"
 refusal="does not accept it"
 grep -q "$refusal" "$out/libshardport_http.so" ||
     { echo "gpu-carry: the release http plugin accepts test-device-is-host" >&2; exit 1; }
@@ -66,9 +72,10 @@ if [ -x .venv/bin/maturin ]; then
     mkdir -p .device-carry/py
     .venv/bin/python -m zipfile -e "$wheels"/shardport-*.whl .device-carry/py
     rm -rf "$wheels" .device-carry/py/shardport-*.dist-info
+    # The package's plugins are the release ones beside the CLI, copied
+    # into _plugins/ at run time (carried once).
     rm -f .device-carry/py/shardport/_plugins/*.so
-    cp target/release/libshardport_{posix_shm,http,cuda_ipc}.so .device-carry/py/shardport/_plugins/
-    strip .device-carry/py/shardport/*.so .device-carry/py/shardport/_plugins/*.so
+    strip .device-carry/py/shardport/*.so
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     for pkg in _pytest pytest pluggy iniconfig packaging py.py; do
         cp -r "$site/$pkg" .device-carry/py/
@@ -88,12 +95,46 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi -L || true
 shm_before=$(ls /dev/shm | sort)
+# Plugins carried once: the tests' deps/ (http excepted: its test build is
+# carried) and the Python package take the release builds.
+for so in posix_shm cuda_ipc faulty_plugin; do
+    cp "$here/release/libshardport_$so.so" "$here/release/deps/"
+done
+if [ -d "$here/py" ]; then
+    mkdir -p "$here/py/shardport/_plugins"
+    cp "$here"/release/libshardport_{posix_shm,http,cuda_ipc}.so "$here/py/shardport/_plugins/"
+fi
 rc=0
 python3 "$here"/probe_cuda_alloc.py || rc=1
 "$here"/release/deps/shardport_cuda_ipc-gpu --nocapture --test-threads 1 || rc=1
 "$here"/release/deps/e2e-gpu cuda --nocapture --test-threads 1 || rc=1
 "$here"/release/deps/conformance-gpu --nocapture --test-threads 1 || rc=1
 "$here"/release/deps/e2e-gpu conformance::cuda_ipc --nocapture --test-threads 1 || rc=1
+"$here"/release/deps/shardport_cuda-gpu --nocapture --test-threads 1 || rc=1
+"$here"/release/deps/shardport_cli-gpu gpu --nocapture --test-threads 1 || rc=1
+# The CLI's GPU cells: put_device, the view (fetch_device), the device copy
+# (fetch_device_into) and the staged fetch forced over http, each beside its
+# same-run limit (cuMemcpyDtoD; the slowest of pinned D2H, raw TCP, pinned H2D).
+# A config of its own: no posix-shm pool (the machine's /dev/shm may be
+# small, and the GPU paths need none).
+cat > "$here/gpu-bench.toml" <<TOML
+[node]
+name = "gpu-bench"
+[put]
+storage = "heap"
+checksum = "none"
+[[plugin]]
+name = "http"
+path = "$here/release/libshardport_http.so"
+[plugin.config]
+bind = "127.0.0.1:0"
+[[plugin]]
+name = "cuda-ipc"
+path = "$here/release/libshardport_cuda_ipc.so"
+TOML
+"$here"/release/shardport bench --config "$here/gpu-bench.toml" \
+    --paths cuda-ipc,cuda-copy,cuda-http --sizes 4KiB,1MiB,64MiB,256MiB,1GiB \
+    --reps 10 --json "$here/bench-gpu.json" || rc=1
 SHARDPORT_BIN_DIR="$here/release" bash "$here"/bench_cuda_ipc.sh || rc=1
 python3 "$here"/bench_torch_ipc.py || rc=1
 if [ -d "$here/py" ]; then

@@ -21,5 +21,6 @@ pub mod ab_report;
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod gpu;
 pub mod soak;
 pub mod worker;

@@ -6,17 +6,16 @@
 //! The Python package (`python/python/shardport`) adds input normalisation
 //! (NumPy dtypes, torch tensors), the exception classes and the AReaL adapter.
 //!
-//! Where to start reading: [`node`], then [`mem`] (with [`cuda`], the only
-//! modules with `unsafe`: the buffer protocol and DLPack are raw-pointer C
-//! ABIs, and `cuda` asks the CUDA driver which GPU an address is on and allocates
-//! the device memory of copies fetched from other machines; which
-//! is why this crate cannot `forbid(unsafe_code)` as `host` does).
+//! Where to start reading: [`node`], then [`mem`] (the only module with
+//! `unsafe`: the buffer protocol and DLPack are raw-pointer C ABIs, which is
+//! why this crate cannot `forbid(unsafe_code)` as `host` does). [`cuda`]
+//! asks the CUDA driver which GPU an address is on and allocates the device
+//! memory of copies fetched from other machines, through `shardport_cuda`.
 #![deny(unsafe_code)]
 
 mod config;
 mod control;
 mod convert;
-#[allow(unsafe_code)]
 mod cuda;
 mod errors;
 mod handle;

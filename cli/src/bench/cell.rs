@@ -3,6 +3,8 @@
 //! path and operation ([`limit_parts`]) and how their samples combine
 //! ([`cell_limit`]).
 
+use shardport_abi::DeviceKind;
+
 use super::{
     limits::Limits,
     spec::{FetchLimit, Op, PathSpec},
@@ -104,8 +106,12 @@ impl Cell {
     ) -> Cell {
         let limit = cell_limit(spec, op, size, paired, limits);
         let ratio = limit.as_ref().map(|l| l.median_us / samples.median_us);
-        let target_us = (op == Op::Fetch && spec.fetch_limit == FetchLimit::LatencyTarget)
-            .then_some(VIEW_TARGET_US);
+        let moves_nothing = match op {
+            Op::Fetch => spec.fetch_limit == FetchLimit::LatencyTarget,
+            Op::Put => spec.device != DeviceKind::CPU,
+            Op::PutFetch => false,
+        };
+        let target_us = moves_nothing.then_some(VIEW_TARGET_US);
         Cell {
             path: spec.id,
             op,
@@ -135,21 +141,31 @@ pub enum LimitPart {
     /// Raw TCP loopback carrying the shard: a round trip, from 1 MiB up the
     /// faster of that and a one-way stream on the same sockets.
     Tcp,
+    /// One `cuMemcpyDtoD` of the shard between two buffers of device 0.
+    DeviceCopy,
+    /// The slowest of a pinned device-to-host copy, the TCP limit and a
+    /// pinned host-to-device copy of the shard, each taken once.
+    Staged,
 }
 
 /// What the fastest way to do a cell's work consists of: a put is one
-/// memcpy into storage; a copy fetch one memcpy or one TCP round trip; a
-/// zero-copy fetch moves nothing (judged by its latency target instead).
+/// memcpy into storage; a copy fetch one memcpy, one TCP round trip, one
+/// device-to-device copy or the slowest stage of a staged copy; a zero-copy
+/// fetch moves nothing, nor does a device put (it exports the caller's
+/// memory): those are judged by the latency target instead.
 pub fn limit_parts(spec: &PathSpec, op: Op) -> Vec<LimitPart> {
     let fetch = match spec.fetch_limit {
         FetchLimit::LatencyTarget => None,
         FetchLimit::Memcpy => Some(LimitPart::MemcpyFromShm),
         FetchLimit::Tcp => Some(LimitPart::Tcp),
+        FetchLimit::DeviceCopy => Some(LimitPart::DeviceCopy),
+        FetchLimit::Staged => Some(LimitPart::Staged),
     };
+    let put = (spec.device == DeviceKind::CPU).then_some(LimitPart::Memcpy);
     match op {
-        Op::Put => vec![LimitPart::Memcpy],
+        Op::Put => put.into_iter().collect(),
         Op::Fetch => fetch.into_iter().collect(),
-        Op::PutFetch => std::iter::once(LimitPart::Memcpy).chain(fetch).collect(),
+        Op::PutFetch => put.into_iter().chain(fetch).collect(),
     }
 }
 
@@ -157,6 +173,8 @@ fn limit_name(parts: &[LimitPart]) -> String {
     let word = |p: &LimitPart| match p {
         LimitPart::Memcpy | LimitPart::MemcpyFromShm => "memcpy",
         LimitPart::Tcp => "tcp",
+        LimitPart::DeviceCopy => "device copy",
+        LimitPart::Staged => "slowest of d2h, tcp, h2d",
     };
     match parts {
         [LimitPart::Memcpy, LimitPart::MemcpyFromShm] => "2x memcpy".into(),
@@ -187,6 +205,8 @@ pub fn cell_limit(
                     limits.memcpy_at(size).map(|l| l.samples.median_us)
                 }
                 LimitPart::Tcp => limits.tcp_at(size).map(|l| l.samples.median_us),
+                // Only ever paired: the limits table is the CPU's.
+                LimitPart::DeviceCopy | LimitPart::Staged => None,
             })
             .sum::<Option<f64>>()?,
     };
@@ -226,6 +246,13 @@ mod tests {
         );
         assert_eq!(parts(PathId::Http, Op::Fetch), [Tcp]);
         assert_eq!(parts(PathId::Http, Op::PutFetch), [Memcpy, Tcp]);
+        // A device put exports the caller's memory: no bytes, no limit.
+        use LimitPart::{DeviceCopy, Staged};
+        assert_eq!(parts(PathId::CudaIpc, Op::Put), []);
+        assert_eq!(parts(PathId::CudaIpc, Op::Fetch), []);
+        assert_eq!(parts(PathId::CudaCopy, Op::Fetch), [DeviceCopy]);
+        assert_eq!(parts(PathId::CudaCopy, Op::PutFetch), [DeviceCopy]);
+        assert_eq!(parts(PathId::CudaHttp, Op::PutFetch), [Staged]);
 
         let limits = Limits {
             memcpy: vec![limit(4096, 1.0)],
@@ -270,5 +297,24 @@ mod tests {
             &limits,
         );
         assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
+        // A device put is judged by the latency target; a GPU copy has no
+        // limit from the (CPU) table, only a paired one.
+        let staged = PathId::CudaHttp.spec();
+        let cell = Cell::measured(
+            staged,
+            Op::Put,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
+        assert!(cell_limit(staged, Op::Fetch, 4096, None, &limits).is_none());
+        let l = cell_limit(staged, Op::Fetch, 4096, Some(&paired), &limits).unwrap();
+        assert_eq!(
+            (l.name.as_str(), l.median_us),
+            ("slowest of d2h, tcp, h2d", 4.0)
+        );
     }
 }

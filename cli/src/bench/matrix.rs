@@ -34,7 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shardport_abi::ShardId;
+use shardport_abi::{DeviceKind, ShardId};
 
 use super::{
     cell::{limit_parts, LimitPart},
@@ -43,11 +43,15 @@ use super::{
     stats::Summary,
     BenchError, BenchOptions,
 };
-use crate::worker::{check_pattern, fill_pattern, Request, WorkerProcess};
+use crate::{
+    gpu::{self, DeviceMem, GpuLimits},
+    worker::{check_pattern, fill_pattern, Request, WorkerProcess},
+};
 use shardport_host::{
     handle::Handle,
     node::{Fetched, Node, TensorSpec},
     vocab::{FetchMode, Storage, TransportName},
+    DevicePtr,
 };
 
 /// Runs cells; owns the nodes and processes they share.
@@ -61,6 +65,11 @@ pub struct Runner<'a> {
     consumer_proc: Option<WorkerProcess>,
     sampler: LimitSampler,
     seed: u64,
+    /// Device memory of this process for the GPU paths: the put source
+    /// `(size, memory)` holding the pattern for seed 1, and a fetch
+    /// destination.
+    device_source: Option<(u64, DeviceMem)>,
+    device_dst: Option<DeviceMem>,
 }
 
 /// Takes limit samples between a cell's samples.
@@ -74,6 +83,8 @@ struct LimitSampler {
     dst: Vec<u8>,
     /// The TCP pair for the current size.
     tcp: Option<(u64, TcpPair)>,
+    /// Device and pinned buffers for the GPU paths' limits (made at first use).
+    gpu: Option<GpuLimits>,
 }
 
 /// Shared memory for the memcpy limit: on this project's VMs a copy out of
@@ -156,7 +167,7 @@ impl LimitSampler {
         let shm = match part {
             LimitPart::Memcpy => Place::IntoShm,
             LimitPart::MemcpyFromShm => Place::OutOfShm,
-            LimitPart::Tcp => return Vec::new(),
+            LimitPart::Tcp | LimitPart::DeviceCopy | LimitPart::Staged => return Vec::new(),
         };
         let places = [Place::Anon]
             .into_iter()
@@ -215,20 +226,40 @@ impl LimitSampler {
                         None => anon,
                     }
                 }
-                LimitPart::Tcp => {
-                    if self.tcp.as_ref().is_none_or(|(s, _)| *s != size) {
-                        self.tcp = None; // one pair at a time
-                        let pair =
-                            TcpPair::new(n).map_err(|e| other(format!("raw TCP loopback: {e}")))?;
-                        self.tcp = Some((size, pair));
-                    }
-                    let (_, pair) = self.tcp.as_mut().expect("just set");
-                    pair.best()
-                        .map_err(|e| other(format!("raw TCP loopback: {e}")))?
+                LimitPart::Tcp => self.tcp(size)?,
+                LimitPart::DeviceCopy => self.gpu()?.device_copy(size).map_err(other)?,
+                LimitPart::Staged => {
+                    let d2h = self.gpu()?.to_host(size).map_err(other)?;
+                    let tcp = self.tcp(size)?;
+                    let h2d = self.gpu()?.to_device(size).map_err(other)?;
+                    d2h.max(tcp).max(h2d)
                 }
             };
         }
         Ok(total)
+    }
+
+    /// One sample of the raw TCP limit at `size`.
+    fn tcp(&mut self, size: u64) -> Result<Duration, BenchError> {
+        if self.tcp.as_ref().is_none_or(|(s, _)| *s != size) {
+            self.tcp = None; // one pair at a time
+            let pair =
+                TcpPair::new(size as usize).map_err(|e| other(format!("raw TCP loopback: {e}")))?;
+            self.tcp = Some((size, pair));
+        }
+        let (_, pair) = self.tcp.as_mut().expect("just set");
+        pair.best()
+            .map_err(|e| other(format!("raw TCP loopback: {e}")))
+    }
+
+    /// The GPU limits' buffers, made at first use (as long as the largest
+    /// size).
+    fn gpu(&mut self) -> Result<&mut GpuLimits, BenchError> {
+        if self.gpu.is_none() {
+            let largest = self.source.len() as u64;
+            self.gpu = Some(GpuLimits::new(largest).map_err(other)?);
+        }
+        Ok(self.gpu.as_mut().expect("just made"))
     }
 }
 
@@ -334,8 +365,11 @@ impl<'a> Runner<'a> {
                 source,
                 dst,
                 tcp: None,
+                gpu: None,
             },
             seed: 1000,
+            device_source: None,
+            device_dst: None,
         }
     }
 
@@ -480,13 +514,32 @@ impl<'a> Runner<'a> {
         times: &mut Timings,
     ) -> Result<(), BenchError> {
         self.put_node(spec.transport)?;
-        let tensor = TensorSpec::bytes(size);
+        let device = spec.device != DeviceKind::CPU;
+        if device && self.device_source.as_ref().is_none_or(|(n, _)| *n != size) {
+            self.device_source = None;
+            let mem = DeviceMem::new(size).map_err(other)?;
+            mem.fill(1).map_err(other)?;
+            self.device_source = Some((size, mem));
+        }
+        let tensor = if device {
+            gpu::spec(size)
+        } else {
+            TensorSpec::bytes(size)
+        };
         let transport = TransportName::new(spec.transport).map_err(other)?;
         for _ in 0..rounds {
             let node = &self.put_nodes[spec.transport];
-            let src = &self.sampler.source[..size as usize];
             let t = Instant::now();
-            let h = node.put(src, &tensor, BTreeMap::new())?;
+            let h = match &self.device_source {
+                Some((_, mem)) if device => {
+                    node.put_device(DevicePtr(mem.addr()), size, &tensor, BTreeMap::new())?
+                }
+                _ => node.put(
+                    &self.sampler.source[..size as usize],
+                    &tensor,
+                    BTreeMap::new(),
+                )?,
+            };
             times.cell.push(t.elapsed());
             let exported = h.export(&transport).is_some();
             node.remove(&[h.id]);
@@ -510,7 +563,15 @@ impl<'a> Runner<'a> {
         times: &mut Timings,
     ) -> Result<(), BenchError> {
         let seed = self.seed;
-        let (id, h) = put_remote(self.owner()?, size, seed)?;
+        let (id, h) = if spec.device == DeviceKind::CPU {
+            put_remote(self.owner()?, size, seed)?
+        } else {
+            let put = self
+                .owner()?
+                .call(&Request::PutDevice { len: size, seed })?;
+            let h = decode(put.handle.as_deref().unwrap_or_default())?;
+            (put.id.unwrap_or_default(), h)
+        };
         let h = only(h, spec.transport)?;
         let result = self.fetch_rounds(spec, &h, seed, rounds, parts, times);
         self.owner()?.call(&Request::Remove { ids: vec![id] })?;
@@ -526,6 +587,9 @@ impl<'a> Runner<'a> {
         parts: &[LimitPart],
         times: &mut Timings,
     ) -> Result<(), BenchError> {
+        if spec.device != DeviceKind::CPU {
+            return self.fetch_device_rounds(spec, h, seed, rounds, parts, times);
+        }
         let node = self.consumer;
         let size = h.meta.byte_len;
         let mut dst = match spec.mode {
@@ -556,6 +620,46 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
+    /// [`fetch_rounds`](Self::fetch_rounds) of a GPU shard: device views,
+    /// or copies into this process's device memory; the first round's
+    /// bytes are read back and checked (after its timing).
+    fn fetch_device_rounds(
+        &mut self,
+        spec: &PathSpec,
+        h: &Handle,
+        seed: u64,
+        rounds: usize,
+        parts: &[LimitPart],
+        times: &mut Timings,
+    ) -> Result<(), BenchError> {
+        let node = self.consumer;
+        let size = h.meta.byte_len;
+        let copy = spec.mode == FetchMode::Copy;
+        if copy && self.device_dst.as_ref().is_none_or(|m| m.len() != size) {
+            self.device_dst = None;
+            self.device_dst = Some(DeviceMem::new(size).map_err(other)?);
+        }
+        for i in 0..rounds {
+            let t = Instant::now();
+            let (sel, addr, view) = match &self.device_dst {
+                Some(dst) if copy => {
+                    let sel = node.fetch_device_into(h, DevicePtr(dst.addr()), size)?;
+                    (sel, dst.addr(), None)
+                }
+                _ => {
+                    let v = node.fetch_device(h)?;
+                    (v.selection().clone(), v.addr().0, Some(v))
+                }
+            };
+            times.cell.push(t.elapsed());
+            let ok = i > 0 || gpu::holds_pattern(addr, size, seed).map_err(other)?;
+            drop(view);
+            check_served(spec, &sel.transport, sel.mode, Some(ok))?;
+            self.pair(parts, size, times)?;
+        }
+        Ok(())
+    }
+
     fn put_fetch(
         &mut self,
         spec: &PathSpec,
@@ -569,10 +673,14 @@ impl<'a> Runner<'a> {
         self.consumer_proc()?;
         for i in 0..rounds {
             let owner = self.owner.as_mut().expect("started");
-            let put = owner.call(&Request::PutBuffer {
-                len: size,
-                seed,
-                tags: Default::default(),
+            let put = owner.call(&if spec.device == DeviceKind::CPU {
+                Request::PutBuffer {
+                    len: size,
+                    seed,
+                    tags: Default::default(),
+                }
+            } else {
+                Request::PutDevice { len: size, seed }
             })?;
             let id: ShardId = shardport_control::parse_id(put.id.as_deref().unwrap_or_default())
                 .map_err(other)?;
@@ -580,6 +688,12 @@ impl<'a> Runner<'a> {
             let verify = (i == 0).then_some(seed);
             let only = Some(spec.transport.to_owned());
             let request = match spec.mode {
+                _ if spec.device != DeviceKind::CPU => Request::FetchDevice {
+                    handle,
+                    into: spec.mode == FetchMode::Copy,
+                    only,
+                    seed: verify,
+                },
                 FetchMode::View => Request::Fetch {
                     handle,
                     mode: Some(FetchMode::View),

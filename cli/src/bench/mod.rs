@@ -123,7 +123,7 @@ pub fn availability(spec: &PathSpec, node: &Node) -> Result<(), String> {
         ));
     }
     if let Some(why) = spec.blocker() {
-        return Err(why.to_owned());
+        return Err(why);
     }
     Ok(())
 }

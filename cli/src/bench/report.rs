@@ -276,6 +276,8 @@ fn latency_target(
 fn limit_word(path: PathId, op: Op) -> &'static str {
     match (path, op) {
         (PathId::Http, Op::Fetch) => "TCP loopback",
+        (PathId::CudaHttp, _) => "the slowest of pinned D2H, TCP loopback, pinned H2D",
+        (PathId::CudaCopy, _) => "cuMemcpyDtoD",
         _ => "memcpy",
     }
 }
@@ -337,6 +339,14 @@ pub fn targets(cells: &[Cell], extras: &[Extra], stream: Option<&SizeLimit>) -> 
         ));
     }
     out.push(http);
+    // Issue 23: a GPU shard staged over http, largest size measured.
+    out.push(ratio_target(
+        cells,
+        PathId::CudaHttp,
+        Op::Fetch,
+        "GPU shard staged over http",
+        MIN_RATIO,
+    ));
 
     for (name, path, op, p50, p99) in [
         (
@@ -714,7 +724,7 @@ mod tests {
     #[test]
     fn targets_without_cells_are_not_measured() {
         let t = targets(&[], &[], None);
-        assert_eq!(t.len(), 12);
+        assert_eq!(t.len(), 13);
         assert!(t.iter().all(|t| t.met.is_none()), "{t:?}");
     }
 }

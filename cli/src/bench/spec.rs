@@ -6,9 +6,19 @@
 //! mode, and the shard's device. `matrix` drives every path through the same
 //! three operations; a path is skipped (with the reason in the table and the
 //! JSON) when its plugin is not loaded, is unhealthy, lacks a capability it
-//! needs, or needs something the host cannot do yet ([`PathSpec::blocker`]).
-//! `cuda-ipc` is listed but blocked: this CLI links no CUDA library to
-//! allocate device memory with; `scripts/bench_cuda_ipc.sh` measures it.
+//! needs, or needs something this process cannot do ([`PathSpec::blocker`]:
+//! the GPU paths need the CUDA driver here, to allocate device memory and to
+//! read fetched bytes back).
+//!
+//! # The GPU paths
+//! `cuda-ipc` views a GPU shard in place, `cuda-copy` copies it device to
+//! device, both through cuda-ipc on one machine; `cuda-http` forces the
+//! shard over http, staged through pinned host memory on both ends, which is
+//! what a consumer on another node gets. Their puts export the caller's
+//! device memory and move no bytes, so they are judged by the latency
+//! target; a `cuda-copy` fetch is compared with one `cuMemcpyDtoD` of the
+//! same size, a `cuda-http` fetch with the slowest of a pinned
+//! device-to-host copy, the raw TCP limit and a pinned host-to-device copy.
 
 use std::{fmt, str::FromStr};
 
@@ -28,6 +38,12 @@ pub enum PathId {
     Http,
     /// cuda-ipc, a GPU shard opened in place.
     CudaIpc,
+    /// cuda-ipc, a GPU shard copied device to device into the consumer's
+    /// device memory (`fetch_device_into`).
+    CudaCopy,
+    /// http, a GPU shard staged through pinned host memory at both ends
+    /// into the consumer's device memory (what another node gets).
+    CudaHttp,
 }
 
 /// One operation of the matrix.
@@ -68,6 +84,12 @@ pub enum FetchLimit {
     Memcpy,
     /// One round trip on a raw TCP loopback socket pair carrying the shard.
     Tcp,
+    /// One device-to-device copy of the shard (`cuMemcpyDtoD`).
+    DeviceCopy,
+    /// The slowest of a pinned device-to-host copy, the TCP limit and a
+    /// pinned host-to-device copy of the shard: the stages of a staged
+    /// fetch, which overlap, so the slowest bounds it.
+    Staged,
 }
 
 /// Every path the bench knows, in table order.
@@ -102,19 +124,35 @@ pub const PATHS: &[PathSpec] = &[
         mode: FetchMode::View,
         device: DeviceKind::CUDA,
         needs: Capabilities::CUDA,
-        // Device-to-device bandwidth is not measured yet; until it is, a
-        // cuda-ipc open is judged like a zero-copy view.
         fetch_limit: FetchLimit::LatencyTarget,
+    },
+    PathSpec {
+        id: PathId::CudaCopy,
+        transport: "cuda-ipc",
+        mode: FetchMode::Copy,
+        device: DeviceKind::CUDA,
+        needs: Capabilities::CUDA,
+        fetch_limit: FetchLimit::DeviceCopy,
+    },
+    PathSpec {
+        id: PathId::CudaHttp,
+        transport: "http",
+        mode: FetchMode::Copy,
+        device: DeviceKind::CUDA,
+        needs: Capabilities::CUDA,
+        fetch_limit: FetchLimit::Staged,
     },
 ];
 
-/// Paths measured when `--paths` is not given (cuda-ipc is tried; without
-/// its plugin it shows as skipped with the reason).
+/// Paths measured when `--paths` is not given (the GPU paths are tried;
+/// without a GPU, or its plugin, they show as skipped with the reason).
 pub const DEFAULT_PATHS: &[PathId] = &[
     PathId::ShmView,
     PathId::ShmCopy,
     PathId::Http,
     PathId::CudaIpc,
+    PathId::CudaCopy,
+    PathId::CudaHttp,
 ];
 
 /// Sizes measured when `--sizes` is not given.
@@ -135,6 +173,8 @@ impl PathId {
             PathId::ShmCopy => "shm-copy",
             PathId::Http => "http",
             PathId::CudaIpc => "cuda-ipc",
+            PathId::CudaCopy => "cuda-copy",
+            PathId::CudaHttp => "cuda-http",
         }
     }
 
@@ -148,10 +188,15 @@ impl PathId {
 }
 
 impl PathSpec {
-    /// Why the host cannot drive this path yet, whatever the plugin says.
-    pub fn blocker(&self) -> Option<&'static str> {
-        (self.device != DeviceKind::CPU)
-            .then_some("this bench allocates CPU memory only; GPU shards are measured by scripts/bench_cuda_ipc.sh (put_device, fetch_device, beside cuMemcpyDtoD and torch IPC)")
+    /// Why this process cannot drive this path, whatever the plugin says:
+    /// a GPU path without a usable CUDA driver here.
+    pub fn blocker(&self) -> Option<String> {
+        if self.device == DeviceKind::CPU {
+            return None;
+        }
+        crate::gpu::available()
+            .err()
+            .map(|why| format!("this GPU path needs the CUDA driver in the bench process: {why}"))
     }
 }
 
@@ -240,7 +285,7 @@ mod tests {
         let e = "shm".parse::<PathId>().unwrap_err();
         assert_eq!(
             e,
-            "unknown path `shm`; expected one of shm-view, shm-copy, http, cuda-ipc"
+            "unknown path `shm`; expected one of shm-view, shm-copy, http, cuda-ipc, cuda-copy, cuda-http"
         );
         assert!("get".parse::<Op>().unwrap_err().contains("`get`"));
         assert_eq!(parse_size("4KiB"), Ok(4096));
@@ -249,8 +294,16 @@ mod tests {
     }
 
     #[test]
-    fn only_device_paths_are_blocked() {
-        assert!(PathId::ShmView.spec().blocker().is_none());
-        assert!(PathId::CudaIpc.spec().blocker().is_some());
+    fn only_device_paths_are_blocked_and_only_without_a_driver() {
+        for p in PATHS {
+            let blocked = p.blocker();
+            match (p.device == DeviceKind::CPU, crate::gpu::available()) {
+                (true, _) | (false, Ok(_)) => assert_eq!(blocked, None, "{}", p.id),
+                (false, Err(why)) => {
+                    let b = blocked.unwrap_or_default();
+                    assert!(b.contains(&why), "{}: {b}", p.id);
+                }
+            }
+        }
     }
 }

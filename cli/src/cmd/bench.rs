@@ -19,7 +19,8 @@ pub struct Args {
     /// Shard sizes, comma separated [default: 4KiB,64KiB,1MiB,4MiB,64MiB,256MiB].
     #[arg(long, value_delimiter = ',', value_parser = bench::spec::parse_size)]
     sizes: Vec<u64>,
-    /// Paths, comma separated: shm-view, shm-copy, http, cuda-ipc
+    /// Paths, comma separated: shm-view, shm-copy, http, cuda-ipc,
+    /// cuda-copy, cuda-http
     /// [default: all; a path whose plugin is absent is listed as skipped].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(PathId))]
     paths: Vec<PathId>,

@@ -96,6 +96,33 @@ pub enum Request {
         #[serde(default)]
         seed: Option<u64>,
     },
+    /// Put `len` bytes of device memory this worker keeps on `cuda:0`
+    /// (filled with the pattern for `seed` once, untimed, and reused while
+    /// `len` and `seed` stay the same) with `Node::put_device`: times the
+    /// export (`shardport bench`'s GPU cells).
+    PutDevice {
+        /// Byte length.
+        len: u64,
+        /// Pattern seed.
+        seed: u64,
+    },
+    /// Fetch a GPU shard: a device view (`Node::fetch_device`), or with
+    /// `into` a copy into device memory this worker reuses
+    /// (`Node::fetch_device_into`); timed, then, when `seed` is given, the
+    /// bytes are read back to the host and checked against its pattern.
+    FetchDevice {
+        /// Hex of the handle's binary form.
+        handle: String,
+        /// Copy into this worker's device memory instead of viewing.
+        #[serde(default)]
+        into: bool,
+        /// Use only this transport's export (drops the handle's others).
+        #[serde(default)]
+        only: Option<String>,
+        /// Pattern seed to verify against.
+        #[serde(default)]
+        seed: Option<u64>,
+    },
     /// Fetch copies of several shards at once (`Node::fetch_many`, owners
     /// in parallel); verify each against the pattern for its seed when
     /// `seeds` is given (one per handle).
@@ -347,6 +374,10 @@ struct State {
     source: Option<(u64, Vec<u8>)>,
     /// `fetch_buffer`'s destination.
     scratch: Vec<u8>,
+    /// `put_device`'s source: `(seed, device memory)`.
+    device_source: Option<(u64, crate::gpu::DeviceMem)>,
+    /// `fetch_device`'s destination when it copies.
+    device_scratch: Option<crate::gpu::DeviceMem>,
 }
 
 /// Serves requests until `exit` or end of input.
@@ -417,6 +448,13 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             },
             Err(e) => Reply::err(e),
         },
+        Request::PutDevice { len, seed } => ops::put_device(node, state, len, seed),
+        Request::FetchDevice {
+            handle,
+            into,
+            only,
+            seed,
+        } => ops::fetch_device(node, state, &handle, into, only.as_deref(), seed),
         Request::FetchMany { handles, seeds } => ops::fetch_many(node, &handles, seeds),
         Request::Put {
             len,

@@ -8,6 +8,7 @@ use shardport_host::{
     handle::Handle,
     node::{Node, TensorSpec},
     vocab::FetchMode,
+    DevicePtr,
 };
 
 use super::{check_pattern, decode_handle, fill_pattern, parse_id, Reply, State};
@@ -85,6 +86,92 @@ pub(super) fn fetch_buffer(
             }
         }
         Err(e) => Reply::host_err(&e),
+    }
+}
+
+/// `put_device`: a device put of the memory this worker keeps for
+/// `(len, seed)`.
+pub(super) fn put_device(node: &Node, state: &mut State, len: u64, seed: u64) -> Reply {
+    let source = match &mut state.device_source {
+        Some((s, mem)) if *s == seed && mem.len() == len => mem,
+        slot => {
+            *slot = None; // the old memory goes before the new is allocated
+            let mem = match crate::gpu::DeviceMem::new(len).and_then(|m| m.fill(seed).map(|()| m)) {
+                Ok(m) => m,
+                Err(e) => return Reply::err(format!("device memory for the put: {e}")),
+            };
+            &mut slot.insert((seed, mem)).1
+        }
+    };
+    let start = Instant::now();
+    let put = node.put_device(
+        DevicePtr(source.addr()),
+        len,
+        &crate::gpu::spec(len),
+        BTreeMap::new(),
+    );
+    match put {
+        Ok(h) => Reply {
+            ns: Some(start.elapsed().as_nanos() as u64),
+            handle: Some(hex::encode(h.to_bytes())),
+            id: Some(h.id.to_string()),
+            ..Reply::ok()
+        },
+        Err(e) => Reply::err(e),
+    }
+}
+
+/// `fetch_device`: a device view, or a copy into this worker's device
+/// memory, timed; verified on the host afterwards when `seed` is given.
+pub(super) fn fetch_device(
+    node: &Node,
+    state: &mut State,
+    handle: &str,
+    into: bool,
+    only: Option<&str>,
+    seed: Option<u64>,
+) -> Reply {
+    let h = match decode_handle(handle, only) {
+        Ok(h) => h,
+        Err(e) => return Reply::err(e),
+    };
+    let len = h.meta.byte_len;
+    if into && state.device_scratch.as_ref().is_none_or(|m| m.len() != len) {
+        state.device_scratch = None;
+        match crate::gpu::DeviceMem::new(len) {
+            Ok(m) => state.device_scratch = Some(m),
+            Err(e) => return Reply::err(format!("device memory for the fetch: {e}")),
+        }
+    }
+    let start = Instant::now();
+    // The view (when viewing) lives until the bytes are checked.
+    let fetched = match (&state.device_scratch, into) {
+        (Some(dst), true) => node
+            .fetch_device_into(&h, DevicePtr(dst.addr()), len)
+            .map(|sel| (sel, dst.addr(), None)),
+        _ => node
+            .fetch_device(&h)
+            .map(|v| (v.selection().clone(), v.addr().0, Some(v))),
+    };
+    let ns = start.elapsed().as_nanos() as u64;
+    let (sel, addr, _view) = match fetched {
+        Ok(f) => f,
+        Err(e) => return Reply::host_err(&e),
+    };
+    let verified = match seed.map(|s| crate::gpu::holds_pattern(addr, len, s)) {
+        Some(Err(e)) => return Reply::err(format!("reading the fetched bytes back: {e}")),
+        Some(Ok(v)) => Some(v),
+        None => None,
+    };
+    Reply {
+        id: Some(h.id.to_string()),
+        ns: Some(ns),
+        transport: Some(sel.transport),
+        reason: Some(sel.reason),
+        downgraded: Some(sel.downgraded),
+        mode: Some(sel.mode),
+        verified,
+        ..Reply::ok()
     }
 }
 

@@ -1,52 +1,24 @@
-//! The only module with `unsafe`: the CUDA driver API (through cudarc's raw
-//! `driver::sys` bindings, loaded at run time) and the lease board's shared
-//! memory mapping.
-//!
-//! # Overview
-//! [`probe`] decides whether a driver exists at all: cudarc panics on the
-//! first call into a missing library, so nothing else here is called until
-//! `probe` succeeded (the [`Driver`] value is the proof). Every driver call
-//! returns its `CUresult`; [`check`] turns a failure into a [`CudaError`]
-//! naming the call and the driver's own error name.
-//!
-//! # Contexts
-//! Every entry point makes the device's **primary context** current on the
-//! calling thread first ([`Driver::bind`]): the host calls plugins from any
-//! thread, and a primary context is what frameworks (PyTorch) share, so IPC
-//! handles opened here are valid in their kernels too. A primary context is
-//! retained at most once per device per process (a process-wide registry,
-//! [`Driver::gpu`]) and released when the last value using it (a [`Gpu`]
-//! held by a transport, a staged buffer, an event, an opened mapping) is
-//! dropped; what else in the process retained it (the CUDA runtime,
-//! PyTorch) keeps it alive independently.
-//!
-//! # Streams
-//! Every operation here is issued on the **legacy default stream** (the
-//! NULL stream) of the primary context. It waits for prior work of every
-//! *blocking* stream of that context (including a per-thread default
-//! stream), but NOT for streams created non-blocking (`cudaStreamNonBlocking`,
-//! which is what PyTorch's side streams are): a producer that wrote its
-//! tensor on such a stream must synchronize it (or make the default stream
-//! wait on it) before `put_device`.
+//! The only module with `unsafe`: the CUDA driver calls of this plugin
+//! alone (IPC memory and event handles here, VMM export and import in
+//! `vmm`, through cudarc's raw `driver::sys` bindings loaded at run time)
+//! and the lease board's shared memory mapping. The driver calls every
+//! GPU user shares (the probe, primary contexts, allocations, copies,
+//! pointer queries, errors naming the call) are `shardport_cuda`'s; its
+//! crate documentation says how contexts and streams are used, and this
+//! plugin follows it: every entry point binds the device's primary context,
+//! every operation is on the legacy default stream.
 //!
 //! # Failure modes
 //! A driver error never panics. cudarc panics on the first call of a
 //! symbol the loaded library lacks, so [`probe`] looks every symbol this
-//! module calls up front ([`REQUIRED_SYMBOLS`]) and reports a driver that
-//! lacks one as unavailable: after a successful probe no call can panic.
+//! plugin calls up front ([`IPC_SYMBOLS`], beside the shared crate's own)
+//! and reports a driver that lacks one as unavailable: after a successful
+//! probe no call can panic.
 
-use std::{
-    collections::BTreeMap,
-    ffi::{c_void, CStr},
-    fmt,
-    os::raw::c_uint,
-    ptr::NonNull,
-    sync::{atomic::AtomicU64, Arc, Mutex, PoisonError, Weak},
-};
+use std::{ffi::c_void, fmt, os::raw::c_uint, ptr::NonNull, sync::atomic::AtomicU64};
 
 use cudarc::driver::sys::{
-    self, CUcontext, CUdevice, CUdeviceptr, CUevent, CUevent_flags, CUipcEventHandle,
-    CUipcMemHandle, CUipcMem_flags, CUmemorytype, CUpointer_attribute, CUresult,
+    self, CUdeviceptr, CUevent, CUevent_flags, CUipcEventHandle, CUipcMemHandle, CUipcMem_flags,
 };
 use rustix::{
     fd::OwnedFd,
@@ -54,6 +26,7 @@ use rustix::{
     io::Errno,
     shm,
 };
+pub(crate) use shardport_cuda::{check, CudaError, DeviceBuffer, Gpu, MemKind};
 
 mod vmm;
 
@@ -62,87 +35,25 @@ pub(crate) use vmm::{AllocKind, VmmMapping, MAX_CHUNKS};
 /// Bytes in a CUDA IPC memory or event handle.
 pub(crate) const IPC_HANDLE_LEN: usize = 64;
 
-/// A failed driver call: which call, and the driver's error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CudaError {
-    /// The driver call (`cuIpcOpenMemHandle`).
-    pub call: &'static str,
-    /// The `CUresult` code.
-    pub code: u32,
-    /// The driver's name for it (`CUDA_ERROR_INVALID_VALUE`).
-    pub name: String,
-}
-
-impl fmt::Display for CudaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed: {} ({})", self.call, self.name, self.code)
-    }
-}
-
-impl CudaError {
-    /// True for `CUDA_ERROR_INVALID_VALUE`.
-    pub(crate) fn is_invalid_value(&self) -> bool {
-        self.code == CUresult::CUDA_ERROR_INVALID_VALUE as u32
-    }
-}
-
-/// Turns a `CUresult` into `Ok` or a [`CudaError`] naming `call`.
-fn check(call: &'static str, r: CUresult) -> Result<(), CudaError> {
-    if r == CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    let mut name: *const std::os::raw::c_char = std::ptr::null();
-    // SAFETY: only reached after `probe` loaded the library (every caller
-    // holds a `Driver` or is `probe` itself after `is_culib_present`);
-    // `cuGetErrorName` writes a pointer to a static NUL-terminated string or
-    // leaves it untouched on an unknown code.
-    let known = unsafe { sys::cuGetErrorName(r, &mut name) } == CUresult::CUDA_SUCCESS;
-    let name = if known && !name.is_null() {
-        // SAFETY: the driver returned a static NUL-terminated string.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        format!("{r:?}")
-    };
-    Err(CudaError {
-        call,
-        code: r as u32,
-        name,
-    })
-}
-
-/// Proof that the driver library is loaded and initialised; the only way to
-/// reach the driver calls below.
+/// The driver, with the symbols this plugin calls itself checked too (the
+/// IPC and VMM calls below, [`IPC_SYMBOLS`]): the only way to reach them.
+/// The calls every user of the driver shares (contexts, allocations,
+/// copies, pointer queries) are `shardport_cuda`'s, reached through `Deref`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Driver {
-    /// `cuDriverGetVersion`, e.g. 12080.
-    pub version: i32,
-    /// `cuDeviceGetCount`.
-    pub devices: u32,
+pub(crate) struct Driver(pub(crate) shardport_cuda::Driver);
+
+impl std::ops::Deref for Driver {
+    type Target = shardport_cuda::Driver;
+
+    fn deref(&self) -> &shardport_cuda::Driver {
+        &self.0
+    }
 }
 
-/// Every driver symbol this module calls (cudarc's names: the `_v2` entry
+/// The driver symbols this plugin calls itself, beyond
+/// [`shardport_cuda::REQUIRED_SYMBOLS`] (cudarc's names: the `_v2` entry
 /// points where the API has them). `probe` fails unless all are present.
-pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorName",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetUuid_v2",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-    "cuPointerGetAttribute",
-    "cuMemGetAddressRange_v2",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
-    "cuMemsetD8_v2",
-    "cuStreamSynchronize",
+pub(crate) const IPC_SYMBOLS: &[&str] = &[
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
@@ -167,102 +78,16 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemGetAllocationGranularity",
     "cuMemAllocAsync",
     "cuMemAllocManaged",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
 ];
 
-/// Loads the driver library if present and initialises it. `Err` is the
-/// reason the transport is unavailable, phrased for an operator.
+/// Loads the driver library if present and initialises it (once per
+/// process, `shardport_cuda::probe`), and checks [`IPC_SYMBOLS`]. `Err` is
+/// the reason the transport is unavailable, phrased for an operator.
 pub(crate) fn probe() -> Result<Driver, String> {
-    // SAFETY: `is_culib_present` only tries to dlopen the library names.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(
-            "no CUDA driver: libcuda.so could not be loaded (no NVIDIA driver on this \
-                    machine, or it is not on the library path)"
-                .to_owned(),
-        );
-    }
-    // cudarc resolves each symbol on its first call and panics when it is
-    // missing: look them all up now, so that no later call can panic.
-    // SAFETY: `culib` loads the library `is_culib_present` just found (it
-    // only panics when none loads); the symbols are looked up, not called.
-    let lib = unsafe { sys::culib() };
-    let missing: Vec<&str> = REQUIRED_SYMBOLS
-        .iter()
-        .copied()
-        // SAFETY: a lookup only; the pointer is never called or read.
-        .filter(|name| unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err())
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "the CUDA driver library lacks {} (driver too old for CUDA 12 IPC?)",
-            missing.join(", ")
-        ));
-    }
-    // SAFETY: cuInit takes flags 0; the library is loaded.
-    check("cuInit", unsafe { sys::cuInit(0) })
-        .map_err(|e| format!("CUDA driver present but {e}"))?;
-    let mut version = 0;
-    // SAFETY: out-pointer to a live local.
-    check("cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut version)
-    })
-    .map_err(|e| e.to_string())?;
-    let mut count = 0;
-    // SAFETY: out-pointer to a live local; cuInit succeeded.
-    check("cuDeviceGetCount", unsafe {
-        sys::cuDeviceGetCount(&mut count)
-    })
-    .map_err(|e| e.to_string())?;
-    if count <= 0 {
-        return Err(format!(
-            "CUDA driver {version} loaded but it sees no GPU (CUDA_VISIBLE_DEVICES?)"
-        ));
-    }
-    Ok(Driver {
-        version,
-        devices: count as u32,
-    })
-}
-
-/// One retain of a device's primary context, released on drop (when the
-/// last [`Gpu`] sharing it is gone).
-#[derive(Debug)]
-struct PrimaryCtx {
-    dev: CUdevice,
-    ctx: CUcontext,
-}
-
-// SAFETY: a CUcontext is a driver handle usable from any thread once made
-// current there (`bind`); the value holds no thread-local state.
-unsafe impl Send for PrimaryCtx {}
-// SAFETY: as above; it is only passed to the driver.
-unsafe impl Sync for PrimaryCtx {}
-
-impl Drop for PrimaryCtx {
-    fn drop(&mut self) {
-        // SAFETY: this value holds exactly one retain of `dev`'s primary
-        // context (taken in `Driver::gpu`), released once, here; every
-        // buffer, event and mapping made in it holds a `Gpu` (an `Arc` of
-        // this value), so none is left.
-        let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
-        if let Err(e) = check("cuDevicePrimaryCtxRelease", r) {
-            tracing::warn!(target: "cuda_ipc", error = %e, "releasing a primary context failed");
-        }
-    }
-}
-
-/// Primary contexts this process retained, by ordinal: at most one retain
-/// per device at a time, shared by every transport instance.
-static PRIMARY: Mutex<BTreeMap<u32, Weak<PrimaryCtx>>> = Mutex::new(BTreeMap::new());
-
-/// One device with its retained primary context (shared; released when the
-/// last clone is dropped).
-#[derive(Debug, Clone)]
-pub(crate) struct Gpu {
-    pub ordinal: u32,
-    pub uuid: [u8; 16],
-    ctx: Arc<PrimaryCtx>,
+    let d = shardport_cuda::probe()?;
+    d.require(IPC_SYMBOLS)
+        .map_err(|e| format!("{e}: cuda-ipc needs CUDA 12 IPC and VMM calls"))?;
+    Ok(Driver(d))
 }
 
 /// An owned event created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`,
@@ -281,10 +106,7 @@ unsafe impl Sync for Event {}
 impl Drop for Event {
     fn drop(&mut self) {
         let r = (|| {
-            // SAFETY: the context is retained while `self.gpu` lives.
-            check("cuCtxSetCurrent", unsafe {
-                sys::cuCtxSetCurrent(self.gpu.ctx.ctx)
-            })?;
+            self.gpu.bind()?;
             // SAFETY: the event was created or opened by this value and is
             // destroyed once, here. A `Driver` existed to make it.
             check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(self.ev) })
@@ -295,132 +117,7 @@ impl Drop for Event {
     }
 }
 
-/// What kind of memory an address is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MemKind {
-    /// Device memory of device `ordinal`.
-    Device { ordinal: u32 },
-    /// Not device memory the driver knows (host memory).
-    Host,
-}
-
 impl Driver {
-    /// Device `ordinal` with its primary context retained: the process's
-    /// existing retain when one is alive, else a new one (so a device is
-    /// retained at most once at a time, whatever the threads and instances).
-    pub(crate) fn gpu(&self, ordinal: u32) -> Result<Gpu, CudaError> {
-        let mut dev: CUdevice = 0;
-        // SAFETY: out-pointer to a live local; the driver is initialised.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal as i32)
-        })?;
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: out-pointer to a live local of the right type.
-        check("cuDeviceGetUuid", unsafe {
-            sys::cuDeviceGetUuid_v2(&mut uuid, dev)
-        })?;
-        let uuid = uuid.bytes.map(|b| b as u8);
-        let mut registry = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(ctx) = registry.get(&ordinal).and_then(Weak::upgrade) {
-            return Ok(Gpu { ordinal, uuid, ctx });
-        }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a live local. Released by `PrimaryCtx`'s
-        // drop, once, when the last `Gpu` using it is gone.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-        })?;
-        let ctx = Arc::new(PrimaryCtx { dev, ctx });
-        registry.insert(ordinal, Arc::downgrade(&ctx));
-        Ok(Gpu { ordinal, uuid, ctx })
-    }
-
-    /// Makes `gpu`'s primary context current on this thread.
-    pub(crate) fn bind(&self, gpu: &Gpu) -> Result<(), CudaError> {
-        // SAFETY: `ctx` is a retained primary context (see `gpu`).
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(gpu.ctx.ctx)
-        })
-    }
-
-    /// Classifies `addr` (`cuPointerGetAttribute(MEMORY_TYPE)`); the caller
-    /// has bound a context.
-    pub(crate) fn mem_kind(&self, addr: u64) -> Result<MemKind, CudaError> {
-        let mut ty: c_uint = 0;
-        // SAFETY: the attribute is a `CUmemorytype` (unsigned int) written to
-        // a live local; any address may be queried.
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ty as *mut c_uint).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                addr,
-            )
-        };
-        match check("cuPointerGetAttribute(MEMORY_TYPE)", r) {
-            Ok(()) => {}
-            // Plain (unregistered) host memory is unknown to the driver.
-            Err(e) if e.is_invalid_value() => return Ok(MemKind::Host),
-            Err(e) => return Err(e),
-        }
-        if ty != CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint {
-            return Ok(MemKind::Host);
-        }
-        let mut ordinal: i32 = -1;
-        // SAFETY: the attribute is an int written to a live local.
-        check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ordinal as *mut i32).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                addr,
-            )
-        })?;
-        Ok(MemKind::Device {
-            ordinal: ordinal.max(0) as u32,
-        })
-    }
-
-    /// The process-unique buffer id of the allocation containing `addr`
-    /// (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): never reused within a process, so
-    /// it is the allocation generation a consumer's cache compares.
-    pub(crate) fn buffer_id(&self, addr: u64) -> Result<u64, CudaError> {
-        let mut id: u64 = 0;
-        // SAFETY: the attribute is an unsigned long long written to a local.
-        check("cuPointerGetAttribute(BUFFER_ID)", unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut id as *mut u64).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                addr,
-            )
-        })?;
-        Ok(id)
-    }
-
-    /// Base and size of the allocation containing `addr`.
-    pub(crate) fn address_range(&self, addr: u64) -> Result<(u64, u64), CudaError> {
-        let mut base: CUdeviceptr = 0;
-        let mut size: usize = 0;
-        // SAFETY: out-pointers to live locals.
-        check("cuMemGetAddressRange", unsafe {
-            sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr)
-        })?;
-        Ok((base, size as u64))
-    }
-
-    /// `cuMemAlloc` on `gpu` (legacy, IPC-exportable; never the
-    /// stream-ordered pool). Binds `gpu`'s context.
-    pub(crate) fn alloc(&self, gpu: &Gpu, len: u64) -> Result<DeviceBuffer, CudaError> {
-        self.bind(gpu)?;
-        let mut p: CUdeviceptr = 0;
-        // SAFETY: out-pointer to a live local; a context is bound.
-        check("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut p, len.max(1) as usize)
-        })?;
-        Ok(DeviceBuffer {
-            addr: p,
-            gpu: gpu.clone(),
-        })
-    }
-
     /// Benchmarks: `iters` synchronous copies of `len` bytes at device
     /// address `dev` to pinned host memory, then `iters` back; the seconds
     /// each direction took. A context is bound by the caller.
@@ -470,7 +167,7 @@ impl Driver {
         len: u64,
     ) -> Result<DeviceBuffer, CudaError> {
         let buf = self.alloc(gpu, len)?;
-        self.copy_dtod(buf.addr, src, len)?;
+        self.copy_dtod(buf.addr(), src, len)?;
         Ok(buf)
     }
 
@@ -487,90 +184,8 @@ impl Driver {
         // contract), and only after the driver said `data` is not device
         // memory, so it is host memory the host lent.
         let bytes = unsafe { data.as_slice() };
-        self.copy_htod(buf.addr, bytes)?;
+        self.copy_htod(buf.addr(), bytes)?;
         Ok(buf)
-    }
-
-    /// Visible devices' ordinals and UUIDs (no context needed).
-    pub(crate) fn device_uuids(&self) -> Result<Vec<(u32, [u8; 16])>, CudaError> {
-        let mut out = Vec::new();
-        for ordinal in 0..self.devices {
-            let mut dev: CUdevice = 0;
-            // SAFETY: out-pointer to a live local; the driver is initialised.
-            check("cuDeviceGet", unsafe {
-                sys::cuDeviceGet(&mut dev, ordinal as i32)
-            })?;
-            let mut uuid = sys::CUuuid { bytes: [0; 16] };
-            // SAFETY: out-pointer to a live local of the right type.
-            check("cuDeviceGetUuid", unsafe {
-                sys::cuDeviceGetUuid_v2(&mut uuid, dev)
-            })?;
-            out.push((ordinal, uuid.bytes.map(|b| b as u8)));
-        }
-        Ok(out)
-    }
-
-    /// Copies host bytes to device memory (synchronous). Host memory safety
-    /// rests on `src` being a live slice; a device address that is not
-    /// mapped makes the driver fail the call (it is never dereferenced by
-    /// the CPU). Callers pass only ranges they checked against an allocation.
-    pub(crate) fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `src` is a live slice of `src.len()` readable bytes; `dst`
-        // is a device address the driver validates.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
-        })
-    }
-
-    /// Copies device memory to host bytes (synchronous). `dst` is a live
-    /// exclusive slice, so the host side is sound; the device range is
-    /// validated by the driver (see `copy_htod`).
-    pub(crate) fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), CudaError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `dst` is a live exclusive slice of `dst.len()` writable
-        // bytes; `src` is a device address the driver validates.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
-        })
-    }
-
-    /// Copies device to device and waits for the copy to finish. Touches no
-    /// host memory; device addresses are validated by the driver. The
-    /// destination belongs to the caller (the `import_into_device` contract).
-    pub(crate) fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<(), CudaError> {
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: no host memory is involved; the driver validates both
-        // device ranges.
-        check("cuMemcpyDtoD", unsafe {
-            sys::cuMemcpyDtoD_v2(dst, src, len as usize)
-        })?;
-        // cuMemcpyDtoD is issued on the legacy default stream and may return
-        // before the copy ends: wait for that stream (not the whole context,
-        // which would also wait for unrelated non-blocking streams), so the
-        // lease that covers `src` can end when this returns.
-        // SAFETY: a context is bound; the NULL stream is its legacy stream.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(std::ptr::null_mut())
-        })
-    }
-
-    /// Fills `len` bytes of device memory with `byte` (tests and benchmarks).
-    pub(crate) fn memset(&self, dst: u64, byte: u8, len: u64) -> Result<(), CudaError> {
-        // SAFETY: no host memory is involved; the driver validates the range.
-        check("cuMemsetD8", unsafe {
-            sys::cuMemsetD8_v2(dst, byte, len as usize)
-        })?;
-        // SAFETY: a context is bound; the NULL stream is its legacy stream.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(std::ptr::null_mut())
-        })
     }
 
     /// The IPC handle of the allocation whose **base** is `base`.
@@ -667,39 +282,6 @@ impl Driver {
         check("cuEventSynchronize", unsafe {
             sys::cuEventSynchronize(ev.ev)
         })
-    }
-}
-
-/// Device memory this plugin allocated (`cuMemAlloc`), freed on drop.
-/// The owner drops it only once no consumer lease covers it (the board).
-#[derive(Debug)]
-pub(crate) struct DeviceBuffer {
-    addr: u64,
-    gpu: Gpu,
-}
-
-impl DeviceBuffer {
-    /// Device address of the first byte.
-    pub(crate) fn addr(&self) -> u64 {
-        self.addr
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        let r = (|| {
-            // SAFETY: the primary context is retained while `self.gpu` lives.
-            check("cuCtxSetCurrent", unsafe {
-                sys::cuCtxSetCurrent(self.gpu.ctx.ctx)
-            })?;
-            // SAFETY: `addr` came from cuMemAlloc in `Driver::alloc` and is
-            // freed once, here; no copy is pending (copies are synchronous)
-            // and the owner drops buffers only when no lease is held.
-            check("cuMemFree", unsafe { sys::cuMemFree_v2(self.addr) })
-        })();
-        if let Err(e) = r {
-            tracing::warn!(target: "cuda_ipc", addr = self.addr, error = %e, "freeing a staged device buffer failed");
-        }
     }
 }
 

@@ -145,10 +145,10 @@ fn with_fake_gpu() -> TransportBox {
     guard_constructor(testing::context("cuda-ipc", ""), |ctx| {
         crate::create_with(ctx, || {
             Ok(crate::Live {
-                driver: crate::sys::Driver {
+                driver: crate::sys::Driver(shardport_cuda::Driver {
                     version: 12080,
                     devices: 1,
-                },
+                }),
                 uuids: vec![(0, [2; 16])],
             })
         })

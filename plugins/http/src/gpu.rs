@@ -27,30 +27,21 @@
 
 use std::{
     collections::BTreeMap,
-    ffi::{c_void, CStr},
-    ptr::NonNull,
+    ffi::c_void,
     sync::{Arc, Condvar, Mutex, OnceLock, PoisonError},
     time::{Duration, Instant},
 };
 
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+pub(crate) use shardport_cuda::ContextGuard;
+use shardport_cuda::{Gpu, PinnedBuffer};
 
-/// Driver symbols used here; the probe fails unless all are present
-/// (cudarc panics at the first call of a missing one).
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorName",
-    "cuDeviceGet",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
-    "cuPointerGetAttribute",
-    "cuMemcpyDtoH_v2",
+/// Driver symbols this module calls itself, beyond the shared crate's
+/// (`shardport_cuda::REQUIRED_SYMBOLS`): the probe fails unless all are
+/// present (cudarc panics at the first call of a missing one).
+const HTTP_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
     "cuStreamCreate",
-    "cuStreamSynchronize",
     "cuStreamDestroy_v2",
     "cuEventCreate",
     "cuEventRecord",
@@ -58,120 +49,48 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
 ];
 
-fn check(call: &str, r: CUresult) -> Result<(), String> {
-    if r == CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    let mut name: *const std::os::raw::c_char = std::ptr::null();
-    // SAFETY: only reached after the probe loaded the library; the driver
-    // writes a pointer to a static string or leaves it null.
-    let known = unsafe { sys::cuGetErrorName(r, &mut name) } == CUresult::CUDA_SUCCESS;
-    let name = if known && !name.is_null() {
-        // SAFETY: a static NUL-terminated string of the driver.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        format!("{r:?}")
-    };
-    Err(format!("{call} failed: {name}"))
+fn check(call: &'static str, r: CUresult) -> Result<(), String> {
+    shardport_cuda::check(call, r).map_err(|e| e.to_string())
 }
 
-/// The CUDA driver, probed once per process: `Ok` with the primary
-/// contexts retained so far (retained once per device and kept for the
-/// process's life, as frameworks do), or why it cannot be used.
+/// The CUDA driver, probed once per process, with the devices whose primary
+/// contexts this plugin retained (once per device, kept for the process's
+/// life, as frameworks do).
 struct Driver {
-    contexts: Mutex<BTreeMap<u32, usize>>,
+    cuda: shardport_cuda::Driver,
+    gpus: Mutex<BTreeMap<u32, Gpu>>,
 }
 
 fn driver() -> Result<&'static Driver, String> {
     static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
-            std::panic::catch_unwind(probe)
-                .map_err(|_| "the CUDA driver probe panicked".to_owned())?
+            let cuda = shardport_cuda::probe()?;
+            cuda.require(HTTP_SYMBOLS)?;
+            Ok(Driver {
+                cuda,
+                gpus: Mutex::default(),
+            })
         })
         .as_ref()
         .map_err(Clone::clone)
 }
 
-fn probe() -> Result<Driver, String> {
-    // SAFETY: only tries to dlopen the library names.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("no CUDA driver: libcuda.so could not be loaded".to_owned());
-    }
-    // SAFETY: loads the library just found; symbols are looked up, not called.
-    let lib = unsafe { sys::culib() };
-    let missing: Vec<&str> = REQUIRED_SYMBOLS
-        .iter()
-        .copied()
-        // SAFETY: a lookup only.
-        .filter(|name| unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err())
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "the CUDA driver library lacks {}",
-            missing.join(", ")
-        ));
-    }
-    // SAFETY: flags 0; the library is loaded.
-    check("cuInit", unsafe { sys::cuInit(0) })?;
-    Ok(Driver {
-        contexts: Mutex::default(),
-    })
-}
-
 impl Driver {
+    /// Device `ordinal`, its primary context retained.
+    fn gpu(&self, ordinal: u32) -> Result<Gpu, String> {
+        let mut gpus = self.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = gpus.get(&ordinal) {
+            return Ok(g.clone());
+        }
+        let g = self.cuda.gpu(ordinal).map_err(|e| e.to_string())?;
+        gpus.insert(ordinal, g.clone());
+        Ok(g)
+    }
+
     /// Makes device `ordinal`'s primary context current on this thread.
     fn bind(&self, ordinal: u32) -> Result<(), String> {
-        let mut contexts = self.contexts.lock().unwrap_or_else(PoisonError::into_inner);
-        let ctx = match contexts.get(&ordinal) {
-            Some(&c) => c as CUcontext,
-            None => {
-                let mut dev: CUdevice = 0;
-                // SAFETY: out-pointer to a live local.
-                check("cuDeviceGet", unsafe {
-                    sys::cuDeviceGet(&mut dev, ordinal as i32)
-                })?;
-                let mut ctx: CUcontext = std::ptr::null_mut();
-                // SAFETY: out-pointer to a live local; retained for the
-                // process's life (never released: see `Driver`).
-                check("cuDevicePrimaryCtxRetain", unsafe {
-                    sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-                })?;
-                contexts.insert(ordinal, ctx as usize);
-                ctx
-            }
-        };
-        // SAFETY: a retained primary context.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
-    }
-}
-
-/// The calling thread's current CUDA context, put back when dropped: the
-/// calls here bind primary contexts on threads that belong to the caller
-/// (a fetch runs on the host's calling thread), and a framework there
-/// (PyTorch) follows the current context.
-pub(crate) struct ContextGuard(Option<usize>);
-
-impl ContextGuard {
-    /// Remembers the current context (nothing when no driver is loaded).
-    pub(crate) fn save() -> ContextGuard {
-        ContextGuard(driver().ok().and_then(|_| {
-            let mut c: CUcontext = std::ptr::null_mut();
-            // SAFETY: out-pointer to a live local; the driver is loaded.
-            let r = unsafe { sys::cuCtxGetCurrent(&mut c) };
-            (r == CUresult::CUDA_SUCCESS).then_some(c as usize)
-        }))
-    }
-}
-
-impl Drop for ContextGuard {
-    fn drop(&mut self) {
-        if let Some(c) = self.0 {
-            // SAFETY: the context that was current (or null, for none).
-            let _ = unsafe { sys::cuCtxSetCurrent(c as CUcontext) };
-        }
+        self.gpu(ordinal)?.bind().map_err(|e| e.to_string())
     }
 }
 
@@ -198,28 +117,10 @@ impl Staging {
         match self {
             Staging::HostStandIn => Ok(0),
             Staging::Cuda => {
+                // The query needs a context: without one, device 0's is
+                // bound (the caller restores the thread's, `ContextGuard`).
                 let d = driver()?;
-                let mut current: CUcontext = std::ptr::null_mut();
-                // SAFETY: out-pointer to a live local.
-                check("cuCtxGetCurrent", unsafe {
-                    sys::cuCtxGetCurrent(&mut current)
-                })?;
-                if current.is_null() {
-                    // The query needs a context; the caller restores the
-                    // thread's (see `ContextGuard`).
-                    d.bind(0)?;
-                }
-                let mut ordinal: i32 = -1;
-                // SAFETY: the attribute is an int written to a live local.
-                check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
-                    sys::cuPointerGetAttribute(
-                        (&mut ordinal as *mut i32).cast::<c_void>(),
-                        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                        addr,
-                    )
-                })?;
-                u32::try_from(ordinal)
-                    .map_err(|_| format!("address {addr:#x} is not device memory of this process"))
+                d.cuda.device_of(addr).map_err(|e| e.to_string())
             }
         }
     }
@@ -230,17 +131,9 @@ impl Staging {
         match self {
             Staging::HostStandIn => Ok(Pinned::Heap(vec![0; len].into_boxed_slice())),
             Staging::Cuda => {
-                // cuMemHostAlloc needs a current context.
-                driver()?.bind(ordinal)?;
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: out-pointer to a live local; CU_MEMHOSTALLOC_PORTABLE
-                // (1): pinned for every context, so a pool buffer serves
-                // shards of any device.
-                check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut p, len.max(1), 1)
-                })?;
-                let ptr = NonNull::new(p.cast::<u8>()).ok_or("cuMemHostAlloc returned null")?;
-                Ok(Pinned::Cuda { ptr, len, ordinal })
+                let d = driver()?;
+                let pinned = d.cuda.alloc_pinned(&d.gpu(ordinal)?, len);
+                Ok(Pinned::Cuda(pinned.map_err(|e| e.to_string())?))
             }
         }
     }
@@ -265,11 +158,7 @@ impl Staging {
             Staging::Cuda => {
                 let d = driver()?;
                 d.bind(ordinal)?;
-                // SAFETY: `dst` is a live exclusive slice; the device range
-                // is validated by the driver.
-                check("cuMemcpyDtoH", unsafe {
-                    sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
-                })
+                d.cuda.copy_dtoh(dst, src).map_err(|e| e.to_string())
             }
         }
     }
@@ -321,64 +210,26 @@ impl Staging {
     }
 }
 
-/// A host buffer for pieces: pinned by the driver, or plain heap memory in
-/// the host stand-in mode. Freed on drop.
+/// A host buffer for pieces: pinned by the driver (made in a device's
+/// context, freed in it), or plain heap memory in the host stand-in mode.
 #[derive(Debug)]
 pub(crate) enum Pinned {
-    /// Made in device `ordinal`'s context (freed in it).
-    Cuda {
-        ptr: NonNull<u8>,
-        len: usize,
-        ordinal: u32,
-    },
+    Cuda(PinnedBuffer),
     Heap(Box<[u8]>),
 }
-
-// SAFETY: an exclusively owned allocation; nothing in it is thread-affine.
-unsafe impl Send for Pinned {}
-// SAFETY: shared access only reads through `&self`.
-unsafe impl Sync for Pinned {}
 
 impl Pinned {
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
-            // SAFETY: `len` bytes allocated by cuMemHostAlloc, owned by
-            // this value, borrowed for `self`'s lifetime.
-            Pinned::Cuda { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts(ptr.as_ptr(), *len)
-            },
+            Pinned::Cuda(b) => b.as_slice(),
             Pinned::Heap(b) => b,
         }
     }
 
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
-            // SAFETY: as above, exclusively borrowed.
-            Pinned::Cuda { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
-            },
+            Pinned::Cuda(b) => b.as_mut_slice(),
             Pinned::Heap(b) => b,
-        }
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        if let Pinned::Cuda { ptr, ordinal, .. } = self {
-            let _restore = ContextGuard::save();
-            // The free needs a current context, and may run on any thread.
-            let r = driver().and_then(|d| d.bind(*ordinal)).and_then(|()| {
-                // SAFETY: allocated by cuMemHostAlloc (so the driver is
-                // loaded), freed once, here; no copy into it is pending
-                // (copies into owner buffers are synchronous, and an
-                // uploader synchronizes its stream before its buffers drop).
-                check("cuMemFreeHost", unsafe {
-                    sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>())
-                })
-            });
-            if let Err(e) = r {
-                tracing::warn!(target: "http", error = %e, "freeing a pinned buffer failed");
-            }
         }
     }
 }

@@ -96,10 +96,7 @@ impl VmmMapping {
 impl Drop for VmmMapping {
     fn drop(&mut self) {
         let r = (|| {
-            // SAFETY: the context is retained while `self.gpu` lives.
-            check("cuCtxSetCurrent", unsafe {
-                sys::cuCtxSetCurrent(self.gpu.ctx.ctx)
-            })?;
+            self.gpu.bind()?;
             if self.mapped > 0 {
                 // SAFETY: `[va, va + mapped)` is exactly what `vmm_import`
                 // mapped; no view of it is left (the cache closes a mapping
@@ -392,10 +389,11 @@ impl Driver {
                 sys::cuStreamSynchronize(std::ptr::null_mut())
             })?;
         }
-        Ok(DeviceBuffer {
-            addr: p,
-            gpu: gpu.clone(),
-        })
+        // SAFETY: `p` was just allocated in `gpu`'s context by an allocator
+        // `cuMemFree` releases (managed memory, or pool memory whose
+        // allocation the stream synchronization above completed), `len`
+        // bytes, owned by nothing else.
+        Ok(unsafe { DeviceBuffer::adopt(p, len, gpu) })
     }
 }
 
