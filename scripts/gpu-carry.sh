@@ -27,6 +27,11 @@ rm -rf .device-carry
 mkdir -p "$out/deps" "$out/examples"
 cargo build --release --quiet -p shardport-cli -p shardport-posix-shm -p shardport-http -p shardport-cuda-ipc -p shardport-faulty-plugin
 cargo build --release --quiet -p shardport --example cuda_ipc_peer
+# The release plugins (what the CLI and the Python package load), copied
+# now: a test build below rewrites the same files in target/.
+for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so; do
+    cp "$so" "$out/"
+done
 # Test executables: the e2e binary of the root package and the cuda-ipc
 # crate's unit tests (their paths come from cargo's JSON messages).
 collect() {
@@ -51,10 +56,14 @@ cp target/release/examples/cuda_ipc_peer "$out/examples/"
 # plugin has the test-only `test-device-is-host` feature (the e2e staging
 # tests with host memory standing in need it); the one beside the CLI, which
 # the benchmarks and the Python package use, is the release build without it.
-for so in target/release/libshardport_{posix_shm,http,cuda_ipc,faulty_plugin}.so; do
-    cp "$so" "$out/"
-done
+# Both http builds write target/release/deps/libshardport_http.so and cargo
+# does not rewrite a build it deems fresh, so the test build is forced and
+# copied at once, then the release build is made again for target/'s sake.
+touch plugins/http/src/lib.rs
+cargo build --release --quiet -p shardport-http --features test-device-is-host
 cp target/release/deps/libshardport_http.so "$out/deps/"
+touch plugins/http/src/lib.rs
+cargo build --release --quiet -p shardport-http
 refusal="does not accept it"
 grep -q "$refusal" "$out/libshardport_http.so" ||
     { echo "gpu-carry: the release http plugin accepts test-device-is-host" >&2; exit 1; }

@@ -143,8 +143,9 @@ pub enum LimitPart {
     Tcp,
     /// One `cuMemcpyDtoD` of the shard between two buffers of device 0.
     DeviceCopy,
-    /// The slowest of a pinned device-to-host copy, the TCP limit and a
-    /// pinned host-to-device copy of the shard, each taken once.
+    /// The slowest of a pinned device-to-host copy, the TCP limit of the
+    /// shard sent in 4 MiB pieces and a pinned host-to-device copy, each
+    /// taken once.
     Staged,
 }
 

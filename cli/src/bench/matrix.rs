@@ -85,7 +85,13 @@ struct LimitSampler {
     tcp: Option<(u64, TcpPair)>,
     /// Device and pinned buffers for the GPU paths' limits (made at first use).
     gpu: Option<GpuLimits>,
+    /// A TCP pair carrying [`STAGED_PIECE`]-byte pieces (made at first use).
+    tcp_pieces: Option<TcpPair>,
 }
+
+/// The piece a staged GPU fetch sends at a time: the http plugin's default
+/// `device-piece`. Its TCP limit streams pieces of this size.
+const STAGED_PIECE: u64 = 4 << 20;
 
 /// Shared memory for the memcpy limit: on this project's VMs a copy out of
 /// or into a tmpfs mapping runs up to ~15% faster than the same copy
@@ -230,7 +236,7 @@ impl LimitSampler {
                 LimitPart::DeviceCopy => self.gpu()?.device_copy(size).map_err(other)?,
                 LimitPart::Staged => {
                     let d2h = self.gpu()?.to_host(size).map_err(other)?;
-                    let tcp = self.tcp(size)?;
+                    let tcp = self.tcp_in_pieces(size)?;
                     let h2d = self.gpu()?.to_device(size).map_err(other)?;
                     d2h.max(tcp).max(h2d)
                 }
@@ -250,6 +256,21 @@ impl LimitSampler {
         let (_, pair) = self.tcp.as_mut().expect("just set");
         pair.best()
             .map_err(|e| other(format!("raw TCP loopback: {e}")))
+    }
+
+    /// One sample of the raw TCP limit of `size` bytes sent as staged
+    /// pieces ([`STAGED_PIECE`] each, from and into cache-resident buffers):
+    /// a shard of one piece or less is one round trip of its own size.
+    fn tcp_in_pieces(&mut self, size: u64) -> Result<Duration, BenchError> {
+        if size <= STAGED_PIECE {
+            return self.tcp(size);
+        }
+        let err = |e: std::io::Error| other(format!("raw TCP loopback: {e}"));
+        if self.tcp_pieces.is_none() {
+            self.tcp_pieces = Some(TcpPair::new(STAGED_PIECE as usize).map_err(err)?);
+        }
+        let pair = self.tcp_pieces.as_mut().expect("just made");
+        pair.best_carrying(size).map_err(err)
     }
 
     /// The GPU limits' buffers, made at first use (as long as the largest
@@ -366,6 +387,7 @@ impl<'a> Runner<'a> {
                 dst,
                 tcp: None,
                 gpu: None,
+                tcp_pieces: None,
             },
             seed: 1000,
             device_source: None,

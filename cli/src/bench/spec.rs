@@ -86,9 +86,10 @@ pub enum FetchLimit {
     Tcp,
     /// One device-to-device copy of the shard (`cuMemcpyDtoD`).
     DeviceCopy,
-    /// The slowest of a pinned device-to-host copy, the TCP limit and a
-    /// pinned host-to-device copy of the shard: the stages of a staged
-    /// fetch, which overlap, so the slowest bounds it.
+    /// The slowest of a pinned device-to-host copy, the TCP limit of the
+    /// shard sent as 4 MiB pieces (cache-resident buffers, as staging sends
+    /// them) and a pinned host-to-device copy: the stages of a staged fetch,
+    /// which overlap, so the slowest bounds it.
     Staged,
 }
 
