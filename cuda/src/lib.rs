@@ -406,16 +406,45 @@ impl Driver {
     }
 
     /// The ordinal, in this process, of the GPU device address `addr` is
-    /// on; `Err` for an address that is not device memory here.
+    /// on (`cuPointerGetAttribute(DEVICE_ORDINAL)`, one call); `Err` for an
+    /// address that is not device memory here. The query needs a current
+    /// context: when the thread has none, device 0's primary context is
+    /// bound for it and the thread is left with none again.
     pub fn device_of(&self, addr: u64) -> Result<u32, CudaError> {
-        match self.mem_kind(addr)? {
-            MemKind::Device { ordinal } => Ok(ordinal),
-            MemKind::Host => Err(CudaError {
-                call: "cuPointerGetAttribute(MEMORY_TYPE)",
-                code: 0,
-                name: format!("address {addr:#x} is not device memory of this process"),
-            }),
-        }
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live local.
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        let _restore = if current.is_null() {
+            let guard = ContextGuard(Some(0));
+            self.gpu(0)?.bind()?;
+            Some(guard)
+        } else {
+            None
+        };
+        let mut ordinal: i32 = -1;
+        // SAFETY: the attribute is an int written to a live local; any
+        // address may be queried.
+        check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast::<c_void>(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        })
+        .map_err(|e| CudaError {
+            name: format!(
+                "{} (address {addr:#x} is not device memory of this process?)",
+                e.name
+            ),
+            ..e
+        })?;
+        u32::try_from(ordinal).map_err(|_| CudaError {
+            call: "cuPointerGetAttribute(DEVICE_ORDINAL)",
+            code: 0,
+            name: format!("address {addr:#x} is not device memory of this process"),
+        })
     }
 
     /// The process-unique buffer id of the allocation containing `addr`

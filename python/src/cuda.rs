@@ -20,10 +20,10 @@ fn driver() -> Result<shardport_cuda::Driver, String> {
 }
 
 /// The ordinal, in this process, of the GPU that device address `addr`
-/// belongs to. The calling thread's context is left as it was.
+/// belongs to (one driver query on a cached fetch's path). The calling
+/// thread's context is left as it was.
 pub(crate) fn device_of(addr: u64) -> Result<i32, String> {
     let d = driver()?;
-    let _restore = ContextGuard::save();
     let ordinal = d.device_of(addr).map_err(|e| {
         format!("the CUDA driver cannot tell which GPU address {addr:#x} is on: {e}")
     })?;

@@ -548,7 +548,10 @@ mod tests {
         // would fail it or hang on the read timeout).
         p.dst.fill(0);
         p.best_carrying(3 * STREAM_LIMIT_MIN as u64 + 1).unwrap();
-        assert!(p.dst.iter().all(|&b| b == 7), "the last piece arrived whole");
+        assert!(
+            p.dst.iter().all(|&b| b == 7),
+            "the last piece arrived whole"
+        );
         p.round_trip().unwrap();
     }
 }
