@@ -106,10 +106,12 @@ impl Cell {
     ) -> Cell {
         let limit = cell_limit(spec, op, size, paired, limits);
         let ratio = limit.as_ref().map(|l| l.median_us / samples.median_us);
+        let view = spec.fetch_limit == FetchLimit::LatencyTarget;
+        let device_put = spec.device != DeviceKind::CPU;
         let moves_nothing = match op {
-            Op::Fetch => spec.fetch_limit == FetchLimit::LatencyTarget,
-            Op::Put => spec.device != DeviceKind::CPU,
-            Op::PutFetch => false,
+            Op::Fetch => view,
+            Op::Put => device_put,
+            Op::PutFetch => view && device_put,
         };
         let target_us = moves_nothing.then_some(VIEW_TARGET_US);
         Cell {
@@ -312,6 +314,17 @@ mod tests {
         );
         assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
         assert!(cell_limit(staged, Op::Fetch, 4096, None, &limits).is_none());
+        // A device put then a device view move nothing either.
+        let cell = Cell::measured(
+            PathId::CudaIpc.spec(),
+            Op::PutFetch,
+            4096,
+            1,
+            Summary::of_us(&mut [2.0]).unwrap(),
+            None,
+            &limits,
+        );
+        assert_eq!((cell.ratio, cell.target_us), (None, Some(VIEW_TARGET_US)));
         let l = cell_limit(staged, Op::Fetch, 4096, Some(&paired), &limits).unwrap();
         assert_eq!(
             (l.name.as_str(), l.median_us),
