@@ -291,17 +291,7 @@ impl Driver {
     /// existing retain when one is alive, else a new one (so a device is
     /// retained at most once at a time, whatever the threads and users).
     pub fn gpu(&self, ordinal: u32) -> Result<Gpu, CudaError> {
-        let mut dev: CUdevice = 0;
-        // SAFETY: out-pointer to a live local; the driver is initialised.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal as i32)
-        })?;
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: out-pointer to a live local of the right type.
-        check("cuDeviceGetUuid", unsafe {
-            sys::cuDeviceGetUuid_v2(&mut uuid, dev)
-        })?;
-        let uuid = uuid.bytes.map(|b| b as u8);
+        let (dev, uuid) = self.device(ordinal)?;
         let mut registry = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(ctx) = registry.get(&ordinal).and_then(Weak::upgrade) {
             return Ok(Gpu { ordinal, uuid, ctx });
@@ -340,12 +330,7 @@ impl Driver {
         // A device handle is its ordinal in the driver API (cuDeviceGet(i)
         // returns i); ask rather than assume.
         for ordinal in 0..self.devices {
-            let mut d: CUdevice = 0;
-            // SAFETY: out-pointer to a live local.
-            check("cuDeviceGet", unsafe {
-                sys::cuDeviceGet(&mut d, ordinal as i32)
-            })?;
-            if d == dev {
+            if self.device(ordinal)?.0 == dev {
                 return Ok(Some(ordinal));
             }
         }
@@ -359,19 +344,14 @@ impl Driver {
         })
     }
 
-    /// Classifies `addr` (`cuPointerGetAttribute(MEMORY_TYPE)`). The query
-    /// needs a current context: when the thread has none, device 0's primary
-    /// context is bound (a caller on a thread it does not own holds a
-    /// [`ContextGuard`]).
+    /// Classifies `addr` (`cuPointerGetAttribute(MEMORY_TYPE)`, then
+    /// `DEVICE_ORDINAL` for device memory), in a context as
+    /// [`in_a_context`](Self::in_a_context) provides.
     pub fn mem_kind(&self, addr: u64) -> Result<MemKind, CudaError> {
-        let mut current: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a live local.
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
-        if current.is_null() {
-            self.gpu(0)?.bind()?;
-        }
+        self.in_a_context(|| self.mem_kind_here(addr))
+    }
+
+    fn mem_kind_here(&self, addr: u64) -> Result<MemKind, CudaError> {
         let mut ty: c_uint = 0;
         // SAFETY: the attribute is a `CUmemorytype` (unsigned int) written to
         // a live local; any address may be queried.
@@ -391,49 +371,44 @@ impl Driver {
         if ty != CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint {
             return Ok(MemKind::Host);
         }
-        let mut ordinal: i32 = -1;
-        // SAFETY: the attribute is an int written to a live local.
-        check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ordinal as *mut i32).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                addr,
-            )
-        })?;
         Ok(MemKind::Device {
-            ordinal: ordinal.max(0) as u32,
+            ordinal: ordinal_attribute(addr)?.max(0) as u32,
         })
     }
 
     /// The ordinal, in this process, of the GPU device address `addr` is
     /// on (`cuPointerGetAttribute(DEVICE_ORDINAL)`, one call); `Err` for an
-    /// address that is not device memory here. The query needs a current
-    /// context: when the thread has none, device 0's primary context is
-    /// bound for it and the thread is left with none again.
+    /// address that is not device memory here. In a context as
+    /// [`in_a_context`](Self::in_a_context) provides.
     pub fn device_of(&self, addr: u64) -> Result<u32, CudaError> {
+        self.in_a_context(|| self.device_of_here(addr))
+    }
+
+    /// Runs `query` in the calling thread's current context, or, when it
+    /// has none, in device 0's primary context bound for the query (and
+    /// retained while it runs), leaving the thread without a context again.
+    fn in_a_context<T>(
+        &self,
+        query: impl FnOnce() -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
         let mut current: CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer to a live local.
         check("cuCtxGetCurrent", unsafe {
             sys::cuCtxGetCurrent(&mut current)
         })?;
-        let _restore = if current.is_null() {
-            let guard = ContextGuard(Some(0));
-            self.gpu(0)?.bind()?;
-            Some(guard)
-        } else {
-            None
-        };
-        let mut ordinal: i32 = -1;
-        // SAFETY: the attribute is an int written to a live local; any
-        // address may be queried.
-        check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ordinal as *mut i32).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                addr,
-            )
-        })
-        .map_err(|e| CudaError {
+        if !current.is_null() {
+            return query();
+        }
+        let gpu = self.gpu(0)?;
+        let restore = ContextGuard(Some(0));
+        gpu.bind()?;
+        let r = query();
+        drop(restore); // before `gpu` may release the context
+        r
+    }
+
+    fn device_of_here(&self, addr: u64) -> Result<u32, CudaError> {
+        let ordinal = ordinal_attribute(addr).map_err(|e| CudaError {
             name: format!(
                 "{} (address {addr:#x} is not device memory of this process?)",
                 e.name
@@ -513,21 +488,24 @@ impl Driver {
 
     /// Visible devices' ordinals and UUIDs (no context needed).
     pub fn device_uuids(&self) -> Result<Vec<(u32, [u8; 16])>, CudaError> {
-        let mut out = Vec::new();
-        for ordinal in 0..self.devices {
-            let mut dev: CUdevice = 0;
-            // SAFETY: out-pointer to a live local; the driver is initialised.
-            check("cuDeviceGet", unsafe {
-                sys::cuDeviceGet(&mut dev, ordinal as i32)
-            })?;
-            let mut uuid = sys::CUuuid { bytes: [0; 16] };
-            // SAFETY: out-pointer to a live local of the right type.
-            check("cuDeviceGetUuid", unsafe {
-                sys::cuDeviceGetUuid_v2(&mut uuid, dev)
-            })?;
-            out.push((ordinal, uuid.bytes.map(|b| b as u8)));
-        }
-        Ok(out)
+        (0..self.devices)
+            .map(|ordinal| Ok((ordinal, self.device(ordinal)?.1)))
+            .collect()
+    }
+
+    /// Device `ordinal`'s driver handle and UUID (no context needed).
+    fn device(&self, ordinal: u32) -> Result<(CUdevice, [u8; 16]), CudaError> {
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a live local; the driver is initialised.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal as i32)
+        })?;
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: out-pointer to a live local of the right type.
+        check("cuDeviceGetUuid", unsafe {
+            sys::cuDeviceGetUuid_v2(&mut uuid, dev)
+        })?;
+        Ok((dev, uuid.bytes.map(|b| b as u8)))
     }
 
     /// Copies host bytes to device memory (synchronous). Host memory safety
@@ -592,6 +570,22 @@ impl Driver {
             sys::cuStreamSynchronize(std::ptr::null_mut())
         })
     }
+}
+
+/// `cuPointerGetAttribute(DEVICE_ORDINAL)` of `addr`, in the thread's
+/// current context (the caller made sure there is one).
+fn ordinal_attribute(addr: u64) -> Result<i32, CudaError> {
+    let mut ordinal: i32 = -1;
+    // SAFETY: the attribute is an int written to a live local; any address
+    // may be queried; only reached through a `Driver` (the library loaded).
+    check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast::<c_void>(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            addr,
+        )
+    })?;
+    Ok(ordinal)
 }
 
 /// Device memory allocated with `cuMemAlloc` (or adopted with

@@ -8,7 +8,7 @@ use shardport_host::{
     handle::Handle,
     node::{Node, TensorSpec},
     vocab::FetchMode,
-    DevicePtr,
+    DevicePtr, HostError, Selection,
 };
 
 use super::{check_pattern, decode_handle, fill_pattern, parse_id, Reply, State};
@@ -37,14 +37,34 @@ pub(super) fn put_buffer(
         }
     };
     let start = Instant::now();
-    match node.put(source, &TensorSpec::bytes(len), tags) {
+    put_reply(start, node.put(source, &TensorSpec::bytes(len), tags))
+}
+
+/// The reply to a put timed from `start`: the handle and the time.
+fn put_reply(start: Instant, put: Result<Handle, HostError>) -> Reply {
+    match put {
         Ok(h) => Reply {
             ns: Some(start.elapsed().as_nanos() as u64),
             handle: Some(hex::encode(h.to_bytes())),
             id: Some(h.id.to_string()),
             ..Reply::ok()
         },
-        Err(e) => Reply::err(e),
+        Err(e) => Reply::host_err(&e),
+    }
+}
+
+/// The reply to a fetch of `h` that took `ns`: which transport served it,
+/// how and why, and whether the bytes were right (when checked).
+fn fetched_reply(h: &Handle, ns: u64, sel: Selection, verified: Option<bool>) -> Reply {
+    Reply {
+        id: Some(h.id.to_string()),
+        ns: Some(ns),
+        transport: Some(sel.transport),
+        reason: Some(sel.reason),
+        downgraded: Some(sel.downgraded),
+        mode: Some(sel.mode),
+        verified,
+        ..Reply::ok()
     }
 }
 
@@ -74,16 +94,8 @@ pub(super) fn fetch_buffer(
     match node.fetch_into(&h, &mut state.scratch) {
         Ok(sel) => {
             let ns = start.elapsed().as_nanos() as u64;
-            Reply {
-                id: Some(h.id.to_string()),
-                ns: Some(ns),
-                transport: Some(sel.transport),
-                reason: Some(sel.reason),
-                downgraded: Some(sel.downgraded),
-                mode: Some(sel.mode),
-                verified: seed.map(|s| check_pattern(&state.scratch, s)),
-                ..Reply::ok()
-            }
+            let verified = seed.map(|s| check_pattern(&state.scratch, s));
+            fetched_reply(&h, ns, sel, verified)
         }
         Err(e) => Reply::host_err(&e),
     }
@@ -110,15 +122,7 @@ pub(super) fn put_device(node: &Node, state: &mut State, len: u64, seed: u64) ->
         &crate::gpu::spec(len),
         BTreeMap::new(),
     );
-    match put {
-        Ok(h) => Reply {
-            ns: Some(start.elapsed().as_nanos() as u64),
-            handle: Some(hex::encode(h.to_bytes())),
-            id: Some(h.id.to_string()),
-            ..Reply::ok()
-        },
-        Err(e) => Reply::err(e),
-    }
+    put_reply(start, put)
 }
 
 /// `fetch_device`: a device view, or a copy into this worker's device
@@ -163,16 +167,7 @@ pub(super) fn fetch_device(
         Some(Ok(v)) => Some(v),
         None => None,
     };
-    Reply {
-        id: Some(h.id.to_string()),
-        ns: Some(ns),
-        transport: Some(sel.transport),
-        reason: Some(sel.reason),
-        downgraded: Some(sel.downgraded),
-        mode: Some(sel.mode),
-        verified,
-        ..Reply::ok()
-    }
+    fetched_reply(&h, ns, sel, verified)
 }
 
 /// `fetch_many`: one batch copy, each shard checked against its seed.
@@ -241,15 +236,10 @@ pub(super) fn put(
         device: shardport_abi::Device::CPU,
     };
     let start = Instant::now();
-    match node.put_with(&spec, tags, |dst| fill_pattern(dst, seed)) {
-        Ok(h) => Reply {
-            handle: Some(hex::encode(h.to_bytes())),
-            id: Some(h.id.to_string()),
-            ns: Some(start.elapsed().as_nanos() as u64),
-            ..Reply::ok()
-        },
-        Err(e) => Reply::host_err(&e),
-    }
+    put_reply(
+        start,
+        node.put_with(&spec, tags, |dst| fill_pattern(dst, seed)),
+    )
 }
 
 /// `fetch`: one fetch, checked, kept until `release` when `hold`.
