@@ -609,27 +609,45 @@ impl<'a> Runner<'a> {
         parts: &[LimitPart],
         times: &mut Timings,
     ) -> Result<(), BenchError> {
-        if spec.device != DeviceKind::CPU {
-            return self.fetch_device_rounds(spec, h, seed, rounds, parts, times);
-        }
         let node = self.consumer;
         let size = h.meta.byte_len;
+        let device = spec.device != DeviceKind::CPU;
         let mut dst = match spec.mode {
-            FetchMode::View => Vec::new(),
-            FetchMode::Copy => vec![0u8; h.meta.byte_len as usize],
+            FetchMode::Copy if !device => vec![0u8; size as usize],
+            _ => Vec::new(),
         };
+        if device
+            && spec.mode == FetchMode::Copy
+            && self.device_dst.as_ref().is_none_or(|m| m.len() != size)
+        {
+            self.device_dst = None;
+            self.device_dst = Some(DeviceMem::new(size).map_err(other)?);
+        }
         for i in 0..rounds {
-            let (served_by, mode, verified) = match spec.mode {
-                FetchMode::View => {
-                    let t = Instant::now();
+            // Each arm times the fetch alone, then checks the first round's
+            // bytes (a GPU shard's read back to the host).
+            let t = Instant::now();
+            let (served_by, mode, verified) = match (&self.device_dst, spec.mode) {
+                (Some(dev), FetchMode::Copy) if device => {
+                    let sel = node.fetch_device_into(h, DevicePtr(dev.addr()), size)?;
+                    times.cell.push(t.elapsed());
+                    let ok = i > 0 || gpu::holds_pattern(dev.addr(), size, seed).map_err(other)?;
+                    (sel.transport, sel.mode, ok)
+                }
+                _ if device => {
+                    let v = node.fetch_device(h)?;
+                    times.cell.push(t.elapsed());
+                    let ok = i > 0 || gpu::holds_pattern(v.addr().0, size, seed).map_err(other)?;
+                    (v.selection().transport.clone(), v.selection().mode, ok)
+                }
+                (_, FetchMode::View) => {
                     let f = node.fetch_mode(h, FetchMode::View)?;
                     black_box(f.data.first());
                     times.cell.push(t.elapsed());
                     let ok = i > 0 || check_pattern(&f.data, seed);
                     (f.selection.transport, f.selection.mode, ok)
                 }
-                FetchMode::Copy => {
-                    let t = Instant::now();
+                (_, FetchMode::Copy) => {
                     let sel = node.fetch_into(h, &mut dst)?;
                     times.cell.push(t.elapsed());
                     let ok = i > 0 || check_pattern(&dst, seed);
@@ -637,46 +655,6 @@ impl<'a> Runner<'a> {
                 }
             };
             check_served(spec, &served_by, mode, Some(verified))?;
-            self.pair(parts, size, times)?;
-        }
-        Ok(())
-    }
-
-    /// [`fetch_rounds`](Self::fetch_rounds) of a GPU shard: device views,
-    /// or copies into this process's device memory; the first round's
-    /// bytes are read back and checked (after its timing).
-    fn fetch_device_rounds(
-        &mut self,
-        spec: &PathSpec,
-        h: &Handle,
-        seed: u64,
-        rounds: usize,
-        parts: &[LimitPart],
-        times: &mut Timings,
-    ) -> Result<(), BenchError> {
-        let node = self.consumer;
-        let size = h.meta.byte_len;
-        let copy = spec.mode == FetchMode::Copy;
-        if copy && self.device_dst.as_ref().is_none_or(|m| m.len() != size) {
-            self.device_dst = None;
-            self.device_dst = Some(DeviceMem::new(size).map_err(other)?);
-        }
-        for i in 0..rounds {
-            let t = Instant::now();
-            let (sel, addr, view) = match &self.device_dst {
-                Some(dst) if copy => {
-                    let sel = node.fetch_device_into(h, DevicePtr(dst.addr()), size)?;
-                    (sel, dst.addr(), None)
-                }
-                _ => {
-                    let v = node.fetch_device(h)?;
-                    (v.selection().clone(), v.addr().0, Some(v))
-                }
-            };
-            times.cell.push(t.elapsed());
-            let ok = i > 0 || gpu::holds_pattern(addr, size, seed).map_err(other)?;
-            drop(view);
-            check_served(spec, &sel.transport, sel.mode, Some(ok))?;
             self.pair(parts, size, times)?;
         }
         Ok(())
