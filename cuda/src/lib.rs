@@ -33,7 +33,14 @@
 //!
 //! # Failure modes
 //! A driver error never panics, and a machine without a driver gets
-//! `Err` from [`probe`] with the reason, phrased for an operator.
+//! `Err` from [`probe`] with the reason, phrased for an operator. The
+//! probe's answer is kept for the life of the process (of the library that
+//! links this crate): a transient `cuInit` failure is not retried.
+//!
+//! One hole is cudarc's, not ours: its `CUresult` is a Rust enum bound to
+//! CUDA 12.8's codes, so a newer driver returning a code 12.8 lacks gives an
+//! invalid enum value. No such code has been seen from the calls made here
+//! (H100/H200, driver 580); binding the returns as integers would close it.
 
 use std::{
     collections::BTreeMap,
@@ -165,7 +172,16 @@ fn load() -> Result<Driver, String> {
         );
     }
     missing_symbols(REQUIRED_SYMBOLS)?;
-    let failed = |e: CudaError| format!("CUDA driver present but {e}");
+    let failed = |e: CudaError| {
+        let stub = if e.name.contains("STUB_LIBRARY") {
+            " (the CUDA toolkit's stub libcuda was loaded: put the NVIDIA driver's \
+             libcuda.so.1 first on the library path, or remove the toolkit's \
+             `stubs` directory from LD_LIBRARY_PATH)"
+        } else {
+            ""
+        };
+        format!("CUDA driver present but {e}{stub}")
+    };
     // SAFETY: cuInit takes flags 0; the library is loaded and has the symbol.
     check("cuInit", unsafe { sys::cuInit(0) }).map_err(failed)?;
     let mut version = 0;
@@ -230,6 +246,17 @@ unsafe impl Sync for PrimaryCtx {}
 
 impl Drop for PrimaryCtx {
     fn drop(&mut self) {
+        // Releasing the last retain resets the context but leaves it current
+        // on this thread: unbind it first, so no later call here (a query
+        // that finds "a current context") runs in a destroyed one.
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live local; the driver is loaded (a
+        // `PrimaryCtx` exists only after a successful probe).
+        let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        if r == CUresult::CUDA_SUCCESS && current == self.ctx {
+            // SAFETY: null unbinds; always valid.
+            let _ = unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
+        }
         // SAFETY: this value holds exactly one retain of `dev`'s primary
         // context (taken in `Driver::gpu`), released once, here; every
         // buffer made in it holds a `Gpu` (an `Arc` of this value), so none
@@ -400,7 +427,7 @@ impl Driver {
             return query();
         }
         let gpu = self.gpu(0)?;
-        let restore = ContextGuard(Some(0));
+        let restore = ContextGuard::none();
         gpu.bind()?;
         let r = query();
         drop(restore); // before `gpu` may release the context
@@ -479,6 +506,10 @@ impl Driver {
             code: 0,
             name: "the driver returned null".to_owned(),
         })?;
+        // The driver does not promise zeroed pages: initialise them, so the
+        // buffer's bytes may be read as a slice before anything wrote them.
+        // SAFETY: `len.max(1)` writable bytes were just allocated at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len.max(1)) };
         Ok(PinnedBuffer {
             ptr,
             len,
@@ -670,9 +701,8 @@ unsafe impl Sync for PinnedBuffer {}
 impl PinnedBuffer {
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len` bytes allocated by cuMemHostAlloc, live until drop;
-        // initialised: the driver hands out zeroed or previously written
-        // pages, read as plain bytes.
+        // SAFETY: `len` bytes allocated by cuMemHostAlloc, live until drop,
+        // zeroed at allocation (`alloc_pinned`), so initialised.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -705,17 +735,24 @@ impl Drop for PinnedBuffer {
 /// (a Python thread), and a framework there (PyTorch) follows the current
 /// context.
 #[derive(Debug)]
-pub struct ContextGuard(Option<usize>);
+pub struct ContextGuard(Option<usize>, std::marker::PhantomData<*const ()>);
 
 impl ContextGuard {
     /// Remembers the current context (nothing when no driver is loaded).
     pub fn save() -> ContextGuard {
-        ContextGuard(probe().ok().and_then(|_| {
+        let current = probe().ok().and_then(|_| {
             let mut c: CUcontext = std::ptr::null_mut();
             // SAFETY: out-pointer to a live local; the driver is loaded.
             let r = unsafe { sys::cuCtxGetCurrent(&mut c) };
             (r == CUresult::CUDA_SUCCESS).then_some(c as usize)
-        }))
+        });
+        ContextGuard(current, std::marker::PhantomData)
+    }
+
+    /// A guard that leaves the thread without a current context when
+    /// dropped (the thread had none).
+    fn none() -> ContextGuard {
+        ContextGuard(Some(0), std::marker::PhantomData)
     }
 }
 

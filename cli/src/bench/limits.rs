@@ -291,16 +291,21 @@ impl TcpPair {
     /// this pair's size: a stream of pieces out of one cache-resident
     /// buffer into another, which is what a staged GPU fetch sends (its
     /// pieces live in small pinned buffers, never in a shard-sized one).
-    /// Measured with the server on this thread's core and on another one,
-    /// the faster kept, as [`best`](Self::best); then the server is parked.
+    /// Whole pieces are sent; a total that is not a multiple of the piece
+    /// is timed pro rata. Measured with the server on this thread's core
+    /// and on another one, the faster kept, as [`best`](Self::best); then
+    /// the server is parked.
     pub fn best_carrying(&mut self, total: u64) -> std::io::Result<Duration> {
-        let n = (total as usize).div_ceil(self.dst.len().max(1)).max(1);
+        let piece = self.dst.len().max(1) as u64;
+        let n = total.div_ceil(piece).max(1);
+        let share = total as f64 / (n * piece) as f64;
         let here = rustix::thread::sched_getcpu();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut best = Duration::MAX;
         for core in [here, (here + 1) % cores.max(1)] {
             self.request(PIN | core as u64)?;
-            best = best.min(self.shards(n)? * n as u32);
+            let per_piece = self.shards(n as usize)?;
+            best = best.min((per_piece * n as u32).mul_f64(share));
             if cores < 2 {
                 break;
             }

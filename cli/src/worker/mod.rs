@@ -374,8 +374,10 @@ struct State {
     source: Option<(u64, Vec<u8>)>,
     /// `fetch_buffer`'s destination.
     scratch: Vec<u8>,
-    /// `put_device`'s source: `(seed, device memory)`.
+    /// `put_device`'s source: `(seed, device memory)`, and the shards put
+    /// from it (removed before the memory is freed).
     device_source: Option<(u64, crate::gpu::DeviceMem)>,
+    device_puts: Vec<ShardId>,
     /// `fetch_device`'s destination when it copies.
     device_scratch: Option<crate::gpu::DeviceMem>,
 }
@@ -409,6 +411,11 @@ pub fn serve(node: &Node, input: impl BufRead, mut output: impl Write) -> io::Re
         if exit {
             break;
         }
+    }
+    // The device memory goes with `state`: nothing may still export it.
+    if let Err(e) = ops::free_device_source(node, &mut state) {
+        tracing::warn!(error = %e, "the worker's device memory is still leased; leaving it allocated");
+        std::mem::forget(state.device_source.take());
     }
     Ok(())
 }
@@ -492,7 +499,13 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 ..Reply::ok()
             }
         }
-        Request::Remove { ids } => ops::remove(node, &ids),
+        Request::Remove { ids } => {
+            let reply = ops::remove(node, &ids);
+            // Removed: no longer exported from the device source.
+            let gone: Vec<ShardId> = ids.iter().filter_map(|s| parse_id(s).ok()).collect();
+            state.device_puts.retain(|id| !gone.contains(id));
+            reply
+        }
         Request::Drain { ids } => ops::drain(node, &ids),
         Request::Sweep => Reply {
             swept: Some(node.sweep_json()),

@@ -104,17 +104,22 @@ pub(super) fn fetch_buffer(
 /// `put_device`: a device put of the memory this worker keeps for
 /// `(len, seed)`.
 pub(super) fn put_device(node: &Node, state: &mut State, len: u64, seed: u64) -> Reply {
-    let source = match &mut state.device_source {
-        Some((s, mem)) if *s == seed && mem.len() == len => mem,
-        slot => {
-            *slot = None; // the old memory goes before the new is allocated
-            let mem = match crate::gpu::DeviceMem::new(len).and_then(|m| m.fill(seed).map(|()| m)) {
-                Ok(m) => m,
-                Err(e) => return Reply::err(format!("device memory for the put: {e}")),
-            };
-            &mut slot.insert((seed, mem)).1
+    if state
+        .device_source
+        .as_ref()
+        .is_none_or(|(s, mem)| *s != seed || mem.len() != len)
+    {
+        // The old memory goes before the new is allocated.
+        if let Err(e) = free_device_source(node, state) {
+            return Reply::err(e);
         }
-    };
+        let mem = match crate::gpu::DeviceMem::new(len).and_then(|m| m.fill(seed).map(|()| m)) {
+            Ok(m) => m,
+            Err(e) => return Reply::err(format!("device memory for the put: {e}")),
+        };
+        state.device_source = Some((seed, mem));
+    }
+    let source = &state.device_source.as_ref().expect("just made").1;
     let start = Instant::now();
     let put = node.put_device(
         DevicePtr(source.addr()),
@@ -122,7 +127,30 @@ pub(super) fn put_device(node: &Node, state: &mut State, len: u64, seed: u64) ->
         &crate::gpu::spec(len),
         BTreeMap::new(),
     );
+    if let Ok(h) = &put {
+        state.device_puts.push(h.id);
+    }
     put_reply(start, put)
+}
+
+/// Frees the device memory `put_device` puts from, after removing the
+/// shards put from it (their exports end); refused, keeping it, while a
+/// consumer still holds a lease on device memory this node exported (the
+/// `put_device` contract).
+pub(super) fn free_device_source(node: &Node, state: &mut State) -> Result<(), String> {
+    if state.device_source.is_none() {
+        return Ok(());
+    }
+    node.remove(&std::mem::take(&mut state.device_puts));
+    match node.device_leases_held() {
+        0 => {
+            state.device_source = None;
+            Ok(())
+        }
+        n => Err(format!(
+            "{n} consumer lease(s) still hold device memory this worker put; it stays allocated"
+        )),
+    }
 }
 
 /// `fetch_device`: a device view, or a copy into this worker's device

@@ -17,14 +17,14 @@
 
 use std::{ffi::c_void, fmt, os::raw::c_uint, ptr::NonNull, sync::atomic::AtomicU64};
 
-use cudarc::driver::sys::{
-    self, CUdeviceptr, CUevent, CUevent_flags, CUipcEventHandle, CUipcMemHandle, CUipcMem_flags,
-};
 use rustix::{
     fd::OwnedFd,
     fs::{self, Mode},
     io::Errno,
     shm,
+};
+use shardport_cuda::sys::{
+    self, CUdeviceptr, CUevent, CUevent_flags, CUipcEventHandle, CUipcMemHandle, CUipcMem_flags,
 };
 pub(crate) use shardport_cuda::{check, CudaError, DeviceBuffer, Gpu, MemKind};
 

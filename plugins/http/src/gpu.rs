@@ -32,7 +32,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use shardport_cuda::sys::{self, CUevent, CUresult, CUstream};
 pub(crate) use shardport_cuda::ContextGuard;
 use shardport_cuda::{Gpu, PinnedBuffer};
 
@@ -118,8 +118,10 @@ impl Staging {
             Staging::HostStandIn => Ok(0),
             Staging::Cuda => {
                 // The query needs a context: without one, device 0's is
-                // bound (the caller restores the thread's, `ContextGuard`).
+                // bound for it. Retained here for the process's life, so
+                // the query never creates and destroys it.
                 let d = driver()?;
+                d.gpu(0)?;
                 d.cuda.device_of(addr).map_err(|e| e.to_string())
             }
         }

@@ -23,7 +23,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
 };
 
-use cudarc::driver::sys::{
+use shardport_cuda::sys::{
     self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUpointer_attribute,
