@@ -10,7 +10,7 @@ use shardport_abi::{DType, Device};
 use shardport_cuda::{ContextGuard, DeviceBuffer, Driver, Gpu, PinnedBuffer};
 use shardport_host::node::TensorSpec;
 
-use crate::worker::{check_pattern, fill_pattern};
+use crate::pattern::{check_pattern, fill_pattern};
 
 /// The driver, or why this process cannot use a GPU.
 pub fn available() -> Result<Driver, String> {

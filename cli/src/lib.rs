@@ -22,5 +22,6 @@ pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod gpu;
+pub mod pattern;
 pub mod soak;
 pub mod worker;

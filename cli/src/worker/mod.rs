@@ -332,35 +332,9 @@ pub fn error_kind(e: &shardport_host::HostError) -> String {
     out
 }
 
-/// Fills `buf` with the deterministic pattern for `seed`.
-pub fn fill_pattern(buf: &mut [u8], seed: u64) {
-    let mut chunks = buf.chunks_exact_mut(8);
-    for (i, c) in (&mut chunks).enumerate() {
-        c.copy_from_slice(&splitmix(seed ^ (i as u64).wrapping_mul(0x9e37_79b9)).to_le_bytes());
-    }
-    let rem = chunks.into_remainder();
-    let tail = splitmix(!seed).to_le_bytes();
-    rem.copy_from_slice(&tail[..rem.len()]);
-}
-
-/// True when `buf` holds exactly the pattern for `seed`.
-pub fn check_pattern(buf: &[u8], seed: u64) -> bool {
-    let mut chunks = buf.chunks_exact(8);
-    for (i, c) in (&mut chunks).enumerate() {
-        if c != splitmix(seed ^ (i as u64).wrapping_mul(0x9e37_79b9)).to_le_bytes() {
-            return false;
-        }
-    }
-    let rem = chunks.remainder();
-    rem == &splitmix(!seed).to_le_bytes()[..rem.len()]
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+// The bench's byte pattern lives in its own module (the GPU helpers
+// need it too); kept here under its old path for callers of `worker`.
+pub use crate::pattern::{check_pattern, fill_pattern};
 
 // A shard id from its 32 hex digits: the control endpoint's own parser.
 use shardport_control::parse_id;
