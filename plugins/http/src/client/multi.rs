@@ -220,8 +220,9 @@ impl Sched {
 
     fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         // Look again when something changes, or when a source may have
-        // become late.
-        let wait = (self.lag(&st) / 4).max(Duration::from_millis(5));
+        // become late: a quarter of the lag, and at most every 50 ms (the
+        // lag shrinks once the first pieces show the usual gap).
+        let wait = (self.lag(&st) / 4).clamp(Duration::from_millis(5), Duration::from_millis(50));
         self.changed
             .wait_timeout(st, wait)
             .unwrap_or_else(PoisonError::into_inner)
@@ -333,11 +334,14 @@ impl Sched {
         wk.at = wk.at.max(k + 1);
         let reads_on = if w == 0 { next_free } else { wk.at < wk.end };
         let go_on = reads_on && !st.stop && st.left > 0;
-        if st.left == 0 {
+        let done = st.left == 0;
+        if done {
             self.finish_locked(&mut st);
         }
         drop(st);
-        if new {
+        // Nobody waits for a piece as such (lateness is a matter of time,
+        // looked at on each wait's timeout); only the end wakes them.
+        if done {
             self.changed.notify_all();
         }
         (new, go_on)
