@@ -31,12 +31,16 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
         rate_bps: 40_000_000,
         fanin_factor: 4,
         kill_relay: true,
+        stall_relay: None,
+        relay_lag: None,
         owner_only: true,
         fanin: true,
         relay_piece: None,
         // Relays keep half of the shard's 16 pieces: windowed copies serve
         // a chain as whole ones do.
         relay_window: Some(2 << 20),
+        // The default: a parent and one alternate per fetch.
+        relay_sources: None,
         exe: util::shardport_bin(),
         plugin_dir: util::plugin_lib("shardport-http")
             .parent()
@@ -58,6 +62,11 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     let k = r.killed_relay.as_ref().expect("the kill run took place");
     assert!(k.survivors_verified, "{k:?}");
     assert!(k.failovers >= 1, "a survivor failed over: {k:?}");
+    assert_eq!(r.consumer_done_s.len(), 3);
+    assert!(
+        r.alternate_share >= 0.0 && r.alternate_share <= 1.0,
+        "{r:?}"
+    );
     // Namespaces of this process's testbeds (the other test may run at
     // the same time, so only those of this run's runner are checked: it
     // made and removed them before returning).

@@ -58,9 +58,17 @@ pub struct ClusterOptions {
     pub relay_piece: Option<u64>,
     /// `relay-window` of every consumer, if not the default (whole copies).
     pub relay_window: Option<u64>,
+    /// `relay-sources` of every node, if not the default.
+    pub relay_sources: Option<u32>,
     /// After the other runs of each N, a relayed broadcast of the largest
     /// size in which the chain's first relay is killed mid-way.
     pub kill_relay: bool,
+    /// After the other runs of each N (before a kill), a relayed broadcast
+    /// of the largest size in which the chain's first relay is stopped
+    /// (SIGSTOP) a third of the way through for this long, then continued.
+    pub stall_relay: Option<std::time::Duration>,
+    /// `relay-lag` of every node, if not the default.
+    pub relay_lag: Option<std::time::Duration>,
     /// The `shardport` executable the workers run.
     pub exe: PathBuf,
     /// Where the http plugin library is.
@@ -83,6 +91,15 @@ pub struct ClusterRow {
     /// Share of the broadcast's bytes the consumers received from relays
     /// rather than from the owner.
     pub relay_share: f64,
+    /// Share of the broadcast's bytes the consumers received from
+    /// alternates (sources besides their parent) rather than the parent.
+    pub alternate_share: f64,
+    /// Runs of pieces alternates took over from late sources, all
+    /// consumers together.
+    pub takeovers: u64,
+    /// When each consumer's verified copy was done, seconds after the
+    /// first request (with relays), in node order: the chain's join order.
+    pub consumer_done_s: Vec<f64>,
     /// Broadcast with the owner serving every consumer, seconds.
     pub owner_only_s: f64,
     /// Broadcast floor S / B, seconds.
@@ -104,6 +121,30 @@ pub struct ClusterRow {
     /// whose first relay was killed a third of the way through the floor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_relay: Option<KilledRelay>,
+    /// With `stall_relay` (the last size of each N): the relayed broadcast
+    /// whose first relay was stopped for a while.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled_relay: Option<StalledRelay>,
+}
+
+/// A broadcast whose first relay stopped for a while.
+#[derive(Debug, Clone, Serialize)]
+pub struct StalledRelay {
+    /// How long it was stopped, seconds.
+    pub stopped_s: f64,
+    /// When, seconds after the first request.
+    pub stopped_at_s: f64,
+    /// The stopped relay's own copy done, seconds after the first request.
+    pub stalled_s: f64,
+    /// The last of the other consumers done, seconds after the first
+    /// request.
+    pub others_s: f64,
+    /// Every copy is the owner's.
+    pub verified: bool,
+    /// Runs alternates took over from late sources.
+    pub takeovers: u64,
+    /// Rejoins after a relay failed.
+    pub failovers: u64,
 }
 
 /// A broadcast that lost a relay mid-way.
@@ -149,6 +190,9 @@ impl NodeWorker {
             piece = [
                 opts.relay_piece.map(|p| format!("relay-piece = {p}\n")),
                 opts.relay_window.map(|w| format!("relay-window = {w}\n")),
+                opts.relay_sources.map(|n| format!("relay-sources = {n}\n")),
+                opts.relay_lag
+                    .map(|l| format!("relay-lag = \"{}ms\"\n", l.as_millis().max(1))),
             ]
             .into_iter()
             .flatten()
@@ -195,19 +239,20 @@ impl NodeWorker {
 }
 
 /// One broadcast: the N consumers fetch `handle` at once through `only`;
-/// returns the wall time, the busiest node's CPU share, and whether every
-/// copy was right and came through that transport.
+/// returns the wall time, the busiest node's CPU share, whether every
+/// copy was right and came through that transport, and when each consumer
+/// was done.
 fn broadcast(
     workers: &mut [NodeWorker],
     n: usize,
     handle: &str,
     seed: u64,
     only: &str,
-) -> Result<(f64, f64, bool), String> {
+) -> Result<(f64, f64, bool, Vec<f64>), String> {
     let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
     let start = Instant::now();
     let (consumers, _) = workers[1..].split_at_mut(n);
-    let results: Vec<Result<bool, String>> = std::thread::scope(|s| {
+    let results: Vec<Result<(bool, f64), String>> = std::thread::scope(|s| {
         let joins: Vec<_> = consumers
             .iter_mut()
             .map(|w| {
@@ -217,7 +262,12 @@ fn broadcast(
                         only: Some(only.to_owned()),
                         seed: Some(seed),
                     })
-                    .map(|r| r.verified == Some(true) && r.transport.as_deref() == Some(only))
+                    .map(|r| {
+                        (
+                            r.verified == Some(true) && r.transport.as_deref() == Some(only),
+                            start.elapsed().as_secs_f64(),
+                        )
+                    })
                 })
             })
             .collect();
@@ -232,10 +282,13 @@ fn broadcast(
     let wall = start.elapsed().as_secs_f64();
     let after: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
     let mut verified = true;
+    let mut done = Vec::with_capacity(results.len());
     for r in results {
-        verified &= r?;
+        let (ok, at) = r?;
+        verified &= ok;
+        done.push(at);
     }
-    Ok((wall, busiest_share(&before, &after, wall), verified))
+    Ok((wall, busiest_share(&before, &after, wall), verified, done))
 }
 
 /// A relayed broadcast of `size` bytes in which node 1, the chain's first
@@ -305,6 +358,94 @@ fn killed_relay(
     })
 }
 
+/// A relayed broadcast of `size` bytes in which node 1, the chain's first
+/// relay (it joins 100 ms before the others), is stopped (SIGSTOP) a third
+/// of the way through the floor time for `stop`, then continued.
+fn stalled_relay(
+    workers: &mut [NodeWorker],
+    n: usize,
+    size: u64,
+    rate_bps: u64,
+    stop: std::time::Duration,
+) -> Result<StalledRelay, String> {
+    let seed = 8000 + n as u64;
+    let put = workers[0].put(size, seed)?;
+    let handle = put.handle.ok_or("the owner's put gave no handle")?;
+    let totals = |ws: &mut [NodeWorker]| -> Result<(u64, u64), String> {
+        ws[1..=n].iter_mut().try_fold((0u64, 0u64), |(t, f), w| {
+            Ok((
+                t + w.plugin_stat("http", "relay_takeovers_total")?,
+                f + w.plugin_stat("http", "relay_failovers_total")?,
+            ))
+        })
+    };
+    let before = totals(workers)?;
+    let victim = workers[1].w.pid().to_string();
+    let stop_after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
+    let signal = |sig: &str| {
+        let _ = std::process::Command::new("kill")
+            .args([sig, &victim])
+            .status();
+    };
+    let fetch = |w: &mut NodeWorker| {
+        w.call(&Request::FetchBuffer {
+            handle: handle.clone(),
+            only: Some("http".to_owned()),
+            seed: Some(seed),
+        })
+    };
+    let start = Instant::now();
+    let (first, rest) = workers[1..=n].split_at_mut(1);
+    let (stalled, others, verified, stopped_at) = std::thread::scope(|s| {
+        let stalled = s.spawn(|| (fetch(&mut first[0]), start.elapsed().as_secs_f64()));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let joins: Vec<_> = rest
+            .iter_mut()
+            .map(|w| s.spawn(|| (fetch(w), start.elapsed().as_secs_f64())))
+            .collect();
+        std::thread::sleep(stop_after.saturating_sub(start.elapsed()));
+        let stopped_at = start.elapsed().as_secs_f64();
+        signal("-STOP");
+        std::thread::sleep(stop);
+        signal("-CONT");
+        let mut verified = true;
+        let mut others = 0f64;
+        for j in joins {
+            match j.join() {
+                Ok((Ok(r), t)) => {
+                    verified &= r.verified == Some(true);
+                    others = others.max(t);
+                }
+                _ => verified = false,
+            }
+        }
+        let stalled = match stalled.join() {
+            Ok((Ok(r), t)) => {
+                verified &= r.verified == Some(true);
+                t
+            }
+            _ => {
+                verified = false;
+                f64::NAN
+            }
+        };
+        (stalled, others, verified, stopped_at)
+    });
+    let after = totals(workers)?;
+    workers[0].call(&Request::Remove {
+        ids: vec![put.id.unwrap_or_default()],
+    })?;
+    Ok(StalledRelay {
+        stopped_s: stop.as_secs_f64(),
+        stopped_at_s: stopped_at,
+        stalled_s: stalled,
+        others_s: others,
+        verified,
+        takeovers: after.0 - before.0,
+        failovers: after.1 - before.1,
+    })
+}
+
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken
 /// before and after.
 fn busiest_share(before: &[f64], after: &[f64], wall: f64) -> f64 {
@@ -365,6 +506,16 @@ pub fn run_cluster(
             progress(&format!("N = {n}, S = {size} bytes"));
             rows.push(one_row(&mut workers, n, size, opts)?);
         }
+        if let (Some(stop), true) = (opts.stall_relay, n >= 2) {
+            let size = opts.sizes.iter().copied().max().unwrap_or(0);
+            progress(&format!(
+                "N = {n}, S = {size} bytes: a relay stopped for {stop:?} mid-way"
+            ));
+            let st = stalled_relay(&mut workers, n, size, opts.rate_bps, stop)?;
+            if let Some(row) = rows.iter_mut().rev().find(|r| r.size == size) {
+                row.stalled_relay = Some(st);
+            }
+        }
         if opts.kill_relay && n >= 2 {
             let size = opts.sizes.iter().copied().max().unwrap_or(0);
             progress(&format!(
@@ -395,18 +546,29 @@ fn one_row(
     let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
     let (owner_only, owner_only_cpu, direct_ok) = if opts.owner_only {
-        broadcast(workers, n, &handle, seed, "direct")?
+        let (t, cpu, ok, _) = broadcast(workers, n, &handle, seed, "direct")?;
+        (t, cpu, ok)
     } else {
         (f64::NAN, f64::NAN, true)
     };
-    let from_relays = |ws: &mut [NodeWorker]| -> Result<u64, String> {
-        ws[1..=n].iter_mut().try_fold(0u64, |t, w| {
-            Ok(t + w.plugin_stat("http", "relay_bytes_from_holders_total")?)
-        })
+    let total = |ws: &mut [NodeWorker], key: &str| -> Result<u64, String> {
+        ws[1..=n]
+            .iter_mut()
+            .try_fold(0u64, |t, w| Ok(t + w.plugin_stat("http", key)?))
     };
-    let relayed_before = from_relays(workers)?;
-    let (relayed, relayed_cpu, relayed_ok) = broadcast(workers, n, &handle, seed, "http")?;
-    let relay_bytes = from_relays(workers)? - relayed_before;
+    let counters = |ws: &mut [NodeWorker]| -> Result<[u64; 3], String> {
+        Ok([
+            total(ws, "relay_bytes_from_holders_total")?,
+            total(ws, "relay_bytes_from_alternates_total")?,
+            total(ws, "relay_takeovers_total")?,
+        ])
+    };
+    let before = counters(workers)?;
+    let (relayed, relayed_cpu, relayed_ok, consumer_done_s) =
+        broadcast(workers, n, &handle, seed, "http")?;
+    let after = counters(workers)?;
+    let [relay_bytes, alternate_bytes, takeovers] =
+        [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
     let id = put.id.unwrap_or_default();
     // The removal also drops the relays' copies before the fan-in.
     workers[0].call(&Request::Remove { ids: vec![id] })?;
@@ -429,6 +591,9 @@ fn one_row(
         broadcast_s: relayed,
         relays: true,
         relay_share: relay_bytes as f64 / (size as f64 * n as f64),
+        alternate_share: alternate_bytes as f64 / (size as f64 * n as f64),
+        takeovers,
+        consumer_done_s,
         owner_only_s: owner_only,
         floor_s: link(size, opts.rate_bps),
         fanin_s: fanin,
@@ -438,6 +603,7 @@ fn one_row(
         fanin_cpu_share: fanin_cpu,
         verified,
         killed_relay: None,
+        stalled_relay: None,
     })
 }
 
@@ -535,6 +701,28 @@ pub fn table(rows: &[ClusterRow]) -> String {
                 k.survivors_verified
             ));
         }
+        if let Some(st) = &r.stalled_relay {
+            out.push_str(&format!(
+                "       a relay stopped at {:.2} s for {:.2} s: the others done in {:.2} s \
+                 ({:.2}x the floor), it in {:.2} s; {} run(s) taken over, {} failover(s), \
+                 verified {}\n",
+                st.stopped_at_s,
+                st.stopped_s,
+                st.others_s,
+                st.others_s / r.floor_s,
+                st.stalled_s,
+                st.takeovers,
+                st.failovers,
+                st.verified
+            ));
+        }
+        if r.takeovers > 0 || r.alternate_share > 0.0 {
+            out.push_str(&format!(
+                "       from alternates: {:.1}% of the bytes, {} late run(s) taken over\n",
+                r.alternate_share * 100.0,
+                r.takeovers
+            ));
+        }
     }
     out
 }
@@ -600,6 +788,9 @@ mod tests {
             broadcast_s: 1.1,
             relays: true,
             relay_share: 0.5,
+            alternate_share: 0.0,
+            takeovers: 0,
+            consumer_done_s: vec![1.1],
             owner_only_s,
             floor_s: 1.0,
             fanin_s: 1.1,
@@ -609,6 +800,7 @@ mod tests {
             fanin_cpu_share: 0.2,
             verified: true,
             killed_relay: None,
+            stalled_relay: None,
         }
     }
 

@@ -140,6 +140,16 @@ struct ClusterArgs {
     /// through the floor time: the survivors' time and bytes.
     #[arg(long)]
     kill_relay: bool,
+    /// After the other runs of each N (before `--kill-relay`), one more
+    /// relayed broadcast in which the first relay of the chain is stopped
+    /// (SIGSTOP) a third of the way through the floor time for this long
+    /// (`3s`), then continued: the other consumers' time and its own
+    #[arg(long, value_parser = parse_duration)]
+    stall_relay: Option<std::time::Duration>,
+    /// Every node's `relay-lag` (`250ms`): the least time without a piece
+    /// after which a source is late [default: the http plugin's]
+    #[arg(long, value_parser = parse_duration)]
+    lag: Option<std::time::Duration>,
     /// Phases to leave out, comma separated: `owner-only` (the broadcast
     /// with the owner serving everyone), `fan-in`. The broadcast with
     /// relays always runs.
@@ -154,6 +164,11 @@ struct ClusterArgs {
     /// relay a shard of several GiB.
     #[arg(long, value_parser = bench::spec::parse_size)]
     window: Option<u64>,
+    /// Every node's `relay-sources` (sources a relayed fetch takes pieces
+    /// from at once: its parent and alternates) [default: the http
+    /// plugin's, 2]; 1 is the plain chain.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    sources: Option<u32>,
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -174,10 +189,13 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
         rate_bps: args.rate,
         fanin_factor: args.fanin_factor,
         kill_relay: args.kill_relay,
+        stall_relay: args.stall_relay,
+        relay_lag: args.lag,
         owner_only: !args.skip.iter().any(|p| p == "owner-only"),
         fanin: !args.skip.iter().any(|p| p == "fan-in"),
         relay_piece: args.piece,
         relay_window: args.window,
+        relay_sources: args.sources,
         exe,
         plugin_dir,
     };

@@ -236,8 +236,8 @@ pub(crate) struct Config {
 
 /// The `relay*` keys (see `crate::relay`): the consumer's side (`relay`,
 /// `relay-min-size`, `relay-cache`, `relay-window`, `relay-keep`,
-/// `relay-stall-timeout`)
-/// and the owner's (`relay-fanout`, `relay-piece`).
+/// `relay-stall-timeout`), the owner's (`relay-fanout`, `relay-piece`),
+/// and `relay-sources`, which both sides read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RelayConfig {
     /// Consumer: join the owner's relay tree for large shards and serve
@@ -255,6 +255,12 @@ pub(crate) struct RelayConfig {
     pub stall_timeout: Duration,
     /// Owner: consumers served by each holder (the owner included).
     pub fanout: u32,
+    /// Both sides: sources a relayed fetch takes pieces from at once (its
+    /// parent and up to this less one alternates).
+    pub sources: u32,
+    /// Consumer: the least time without a piece after which a source is
+    /// late and an alternate takes its pieces over.
+    pub lag: Duration,
     /// Owner: bytes per verified piece.
     pub piece: u64,
     /// Tests only: a relay flips one bit in every piece it serves.
@@ -274,6 +280,14 @@ pub(crate) const DEFAULT_RELAY_STALL: Duration = Duration::from_secs(5);
 /// Default `relay-fanout`: 1, a chain: every holder's upload link carries one
 /// copy, so with equal links a broadcast runs at one link's rate.
 pub(crate) const DEFAULT_RELAY_FANOUT: u64 = 1;
+/// Default `relay-sources`: the parent and one alternate, which takes over
+/// the pieces a parent that falls behind is late with.
+pub(crate) const DEFAULT_RELAY_SOURCES: u64 = 2;
+/// Default `relay-lag`: 250 ms, past the scheduling jitter of a loaded
+/// machine, far below `relay-stall-timeout`.
+pub(crate) const DEFAULT_RELAY_LAG: Duration = Duration::from_millis(250);
+/// Largest `relay-sources`.
+const MAX_RELAY_SOURCES: u64 = 1 + crate::relay::wire::MAX_ALTERNATES as u64;
 /// Largest `relay-fanout`.
 pub(crate) const MAX_RELAY_FANOUT: u64 = 64;
 /// Default `relay-piece`: 256 KiB: 10 ms at 200 Mbit/s per hop of the
@@ -518,6 +532,12 @@ fn parse_relay(
     let keep = duration("relay-keep", DEFAULT_RELAY_KEEP)?;
     let stall_timeout = duration("relay-stall-timeout", DEFAULT_RELAY_STALL)?;
     let fanout = t.u64_in("relay-fanout", 1..=MAX_RELAY_FANOUT, DEFAULT_RELAY_FANOUT)?;
+    let sources = t.u64_in(
+        "relay-sources",
+        1..=MAX_RELAY_SOURCES,
+        DEFAULT_RELAY_SOURCES,
+    )?;
+    let lag = duration("relay-lag", DEFAULT_RELAY_LAG)?;
     let piece = t.byte_size_in(
         "relay-piece",
         MIN_RELAY_PIECE..=MAX_RELAY_PIECE,
@@ -540,6 +560,8 @@ fn parse_relay(
         keep,
         stall_timeout,
         fanout: fanout as u32,
+        sources: sources as u32,
+        lag,
         piece,
         test_corrupt,
     })

@@ -368,6 +368,8 @@ impl HttpTransport {
             holdings: &self.holdings,
             stall: self.cfg.relay.stall_timeout,
             min_piece: config::MIN_RELAY_PIECE,
+            sources: self.cfg.relay.sources,
+            lag: self.cfg.relay.lag,
         }
     }
 

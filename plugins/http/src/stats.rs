@@ -94,6 +94,11 @@ pub(crate) struct Stats {
     pub relay_fetches: Counter,
     /// Consumer: bytes received from relays rather than from the owner.
     pub relay_bytes_from_holders: Counter,
+    /// Consumer: bytes received from alternates (holders or the owner
+    /// named besides the parent) rather than from the parent.
+    pub relay_bytes_from_alternates: Counter,
+    /// Consumer: runs of pieces an alternate took over from a late source.
+    pub relay_takeovers: Counter,
     /// Consumer: rejoins after a relay failed (refused, closed, stalled,
     /// or sent a piece with the wrong hash).
     pub relay_failovers: Counter,
@@ -148,6 +153,11 @@ impl Stats {
             .gauge_value("relay_copy_bytes", relay.copy_bytes)
             .counter("relay_fetches", &self.relay_fetches)
             .counter("relay_bytes_from_holders", &self.relay_bytes_from_holders)
+            .counter(
+                "relay_bytes_from_alternates",
+                &self.relay_bytes_from_alternates,
+            )
+            .counter("relay_takeovers", &self.relay_takeovers)
             .counter("relay_failovers", &self.relay_failovers)
             .counter("relay_corrupt_pieces", &self.relay_corrupt_pieces)
             .finish()

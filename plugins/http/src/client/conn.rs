@@ -58,6 +58,8 @@ pub(super) struct Conn {
     pub(super) idle_since: Instant,
     /// How long a read that would wait polls first (`spin`).
     pub(super) spin: Duration,
+    /// The socket's read timeout now.
+    pub(super) read_timeout: Duration,
     /// Holds one unit of `client_connections_open`.
     pub(super) _open: Held,
 }

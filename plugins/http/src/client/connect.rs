@@ -82,6 +82,7 @@ impl Client {
             req: Vec::new(),
             idle_since: Instant::now(),
             spin: self.spin,
+            read_timeout: self.request_timeout,
             _open: Held::new(&self.stats, |s| &s.client_connections_open),
         })
     }

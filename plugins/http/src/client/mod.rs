@@ -63,6 +63,7 @@ use crate::{
 
 mod conn;
 mod connect;
+mod multi;
 mod pool;
 mod relay;
 #[cfg(test)]
@@ -130,8 +131,7 @@ struct Request<'r> {
     path: &'r str,
     body: &'r [u8],
     /// The socket's read timeout for this exchange, when not
-    /// `request-timeout` (a relay's `relay-stall-timeout`); the caller does
-    /// not pool a connection that carried one.
+    /// `request-timeout` (a relay's `relay-stall-timeout`).
     read_timeout: Option<Duration>,
 }
 
@@ -643,11 +643,15 @@ impl Client {
             .and_then(|()| conn.stream.flush());
         conn.req = out;
         written.map_err(SendError::NoResponse)?;
-        if let Some(t) = req.read_timeout {
+        // A pooled connection may carry another request's timeout (a
+        // relay's): each request sets its own.
+        let t = req.read_timeout.unwrap_or(self.request_timeout);
+        if conn.read_timeout != t {
             conn.stream
                 .tcp()
                 .set_read_timeout(Some(t))
                 .map_err(SendError::NoResponse)?;
+            conn.read_timeout = t;
         }
         conn.pos = 0;
         conn.end = 0;

@@ -31,6 +31,10 @@ pub(crate) struct RelaySetup<'a> {
     pub stall: Duration,
     /// The smallest piece size an owner may use.
     pub min_piece: u64,
+    /// `relay-sources`: sources one fetch takes pieces from at once.
+    pub sources: u32,
+    /// `relay-lag`: the least time without a piece that makes a source late.
+    pub lag: Duration,
 }
 
 /// The owner's answer to a join.
@@ -42,14 +46,32 @@ enum Joined {
 }
 
 /// Where the bytes of one stream come from.
-struct Source<'s> {
-    addr: &'s str,
-    tls: bool,
-    owner: bool,
+#[derive(Clone, Copy)]
+pub(super) struct Source<'s> {
+    pub(super) addr: &'s str,
+    pub(super) tls: bool,
+    pub(super) owner: bool,
+}
+
+impl<'s> Source<'s> {
+    fn of(parent: &'s Parent, desc: &'s Descriptor) -> Source<'s> {
+        match parent {
+            Parent::Owner => Source {
+                addr: &desc.addr,
+                tls: desc.tls,
+                owner: true,
+            },
+            Parent::Holder(s) => Source {
+                addr: &s.addr,
+                tls: s.tls,
+                owner: false,
+            },
+        }
+    }
 }
 
 /// Where verified pieces go.
-trait Sink {
+pub(super) trait Sink {
     /// Memory to read piece bytes `start..start + n` into directly, when
     /// there is such memory (host memory; not a device).
     fn direct(&mut self, start: usize, n: usize) -> Option<&mut [u8]>;
@@ -111,19 +133,19 @@ impl Sink for DeviceSink<'_> {
 
 /// What one stream from a source showed, besides its result.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     /// The source answered 200 (a relay that did, then went quiet, may be
     /// waiting for its own parent).
-    answered: bool,
+    pub(super) answered: bool,
     /// The relay no longer holds the piece asked for (`relay-window`): not
     /// a failure of the relay; the rest comes from the owner.
-    evicted: bool,
+    pub(super) evicted: bool,
 }
 
 /// The pieces of one shard as the owner hashed them.
-struct Pieces {
-    size: u64,
-    hashes: Vec<u64>,
+pub(super) struct Pieces {
+    pub(super) size: u64,
+    pub(super) hashes: Vec<u64>,
 }
 
 impl Client {
@@ -202,6 +224,8 @@ impl Client {
         let owner_pool = self.pool(&Owner::of(desc));
         let member = member_id();
         let mut at = 0u64;
+        // With more than one source: the pieces held, in any order.
+        let mut have: Option<multi::Have> = None;
         let mut failed: Option<String> = None;
         let mut pieces: Option<Pieces> = None;
         let mut history: Vec<String> = Vec::new();
@@ -214,6 +238,7 @@ impl Client {
                 // Only a member that keeps a copy serves.
                 serves: filling.as_ref().and(setup.serves.clone()),
                 failed: failed.take(),
+                alternates: setup.sources > 1,
             };
             let reply = match self.join(&owner_pool, desc, &join, setup.min_piece)? {
                 Joined::Reply(r) => r,
@@ -240,6 +265,9 @@ impl Client {
                     if let Some(h) = holding {
                         h.set_piece(u64::from(reply.piece));
                     }
+                    if setup.sources > 1 {
+                        have = Some(multi::Have::new(reply.hashes.len() as u64));
+                    }
                     pieces = Some(Pieces {
                         size: u64::from(reply.piece),
                         hashes: reply.hashes,
@@ -260,18 +288,7 @@ impl Client {
             } else {
                 reply.parent
             };
-            let source = match &parent {
-                Parent::Owner => Source {
-                    addr: &desc.addr,
-                    tls: desc.tls,
-                    owner: true,
-                },
-                Parent::Holder(s) => Source {
-                    addr: &s.addr,
-                    tls: s.tls,
-                    owner: false,
-                },
-            };
+            let source = Source::of(&parent, desc);
             if desc.tls && !source.tls {
                 // Never a plain holder for a TLS owner's shard.
                 history.push(format!("relay {} refused (plain HTTP)", source.addr));
@@ -279,9 +296,48 @@ impl Client {
                 self.stats.relay_failovers.inc();
                 continue;
             }
+            // Alternates: when the parent is a holder, and only those a TLS
+            // owner's shard may be fetched from.
+            let alternates: Vec<Source<'_>> = if matches!(parent, Parent::Holder(_)) {
+                reply
+                    .alternates
+                    .iter()
+                    .map(|a| Source::of(a, desc))
+                    .filter(|a| a.tls || !desc.tls)
+                    .take(setup.sources.saturating_sub(1) as usize)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let mut sources = vec![source];
+            sources.extend(alternates);
             let mut seen = Seen::default();
-            let mut stream = |at: &mut u64, seen: &mut Seen| {
-                self.stream_from(&source, desc, at, dst, pieces, holding, setup.stall, seen)
+            let mut stream = |at: &mut u64, seen: &mut Seen| match have.as_mut() {
+                None => self.stream_from(
+                    &sources[0],
+                    desc,
+                    at,
+                    dst,
+                    pieces,
+                    holding,
+                    setup.stall,
+                    seen,
+                ),
+                Some(have) => {
+                    let r = self.fetch_from_sources(
+                        &sources,
+                        desc,
+                        have,
+                        dst,
+                        pieces,
+                        holding,
+                        (setup.stall, setup.lag),
+                        seen,
+                    );
+                    // What a rejoin reports (and the quiet retry's progress).
+                    *at = have.contiguous(pieces.size, desc.len);
+                    r
+                }
             };
             let mut streamed = stream(&mut at, &mut seen);
             // A relay that answered and then went quiet may only be waiting
@@ -313,6 +369,15 @@ impl Client {
                         format!("from owner {} (relay tree root)", desc.addr)
                     } else {
                         format!("from relay {}, owner {}", source.addr, desc.addr)
+                    };
+                    let from = match &have {
+                        Some(h) if h.from_alternates > 0 => format!(
+                            "{from}; {} of {} pieces from alternates ({} late runs taken over)",
+                            h.from_alternates,
+                            pieces.hashes.len(),
+                            h.taken_over
+                        ),
+                        _ => from,
                     };
                     // Short, whatever happened: it ends up in the fetch's reason.
                     let note = match history.len() {
@@ -376,7 +441,10 @@ impl Client {
             }
             return Err(e);
         }
-        let max = 64 + 8 * crate::relay::piece_count(desc.len, min_piece) + 255;
+        let max = 64
+            + 8 * crate::relay::piece_count(desc.len, min_piece)
+            + 255
+            + rwire::MAX_ALTERNATES_BYTES as u64;
         let n = head.content_length.unwrap_or(u64::MAX);
         if n > max {
             return Err(AbiError::internal(format!(

@@ -23,6 +23,10 @@
 //!    `relay-stall-timeout`, a piece with the wrong hash) is reported at the
 //!    next join, which gives another parent; the consumer resumes at the
 //!    first piece it lacks. Only the owner failing fails the fetch.
+//!    With `relay-sources` > 1 the owner also names **alternates** (the
+//!    nearest ancestors above the parent, within the fan-out bound), and
+//!    an alternate takes over the pieces of a parent that is late
+//!    (`crate::client`'s `multi`), without a rejoin.
 //! 5. `unexport` at the owner forgets the tree and sends
 //!    `DELETE /v1/relay/{id}` to every holder, which drops its copy and
 //!    cuts the streams it serves. A consumer only ever reaches a holder

@@ -10,6 +10,14 @@
 //! rejoins itself (a relay whose own parent stalled is alive, only late).
 //! When no live member has a free slot the owner takes the joiner beyond
 //! its fanout: a tree never refuses anyone.
+//!
+//! A joiner that fetches from several sources (`relay-sources` > 1) is also
+//! named **alternates**: its nearest ancestors above its parent (the owner
+//! included) that are live and help fewer than `fanout` members, at most
+//! `sources - 1` of them. It takes pieces from them only when its parent
+//! falls behind. A member's alternates are given back when it rejoins, so
+//! no source ever feeds more than `fanout` children and helps more than
+//! `fanout` others.
 
 use std::{
     collections::HashMap,
@@ -33,6 +41,10 @@ struct Member {
     /// detached, when `depth` is 0).
     parent: usize,
     children: u32,
+    /// Members that have it as an alternate now.
+    helping: u32,
+    /// Its own alternates (`ROOT` for the owner).
+    helpers: Vec<usize>,
     depth: u32,
     alive: bool,
     /// Its last join: after `keep` its copy may be gone.
@@ -48,13 +60,19 @@ const ROOT: usize = usize::MAX;
 pub(crate) struct Placement {
     pub parent: Parent,
     pub recorded: bool,
+    /// Other sources it may take pieces from (only when it asked).
+    pub alternates: Vec<Parent>,
 }
 
 /// The tree of one shard.
 #[derive(Debug)]
 pub(crate) struct Tree {
     fanout: u32,
+    /// `relay-sources`: a member fetches from its parent and at most this
+    /// many less one alternates.
+    sources: u32,
     root_children: u32,
+    root_helping: u32,
     members: Vec<Member>,
     by_id: HashMap<u64, usize>,
     /// The owner serves TLS: plain holders never get children.
@@ -64,10 +82,12 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
-    pub(crate) fn new(fanout: u32, tls: bool, keep: Duration) -> Tree {
+    pub(crate) fn new(fanout: u32, sources: u32, tls: bool, keep: Duration) -> Tree {
         Tree {
             fanout: fanout.max(1),
+            sources: sources.max(1),
             root_children: 0,
+            root_helping: 0,
             members: Vec::new(),
             by_id: HashMap::new(),
             tls,
@@ -91,6 +111,7 @@ impl Tree {
                 return Placement {
                     parent: Parent::Owner,
                     recorded: false,
+                    alternates: Vec::new(),
                 }
             }
             None => {
@@ -100,6 +121,8 @@ impl Tree {
                     serves,
                     parent: ROOT,
                     children: 0,
+                    helping: 0,
+                    helpers: Vec::new(),
                     // Not attached yet.
                     depth: 0,
                     alive: true,
@@ -111,7 +134,20 @@ impl Tree {
         };
         let parent = self.choose(me);
         self.attach(me, parent);
-        let parent = match parent {
+        let alternates = if req.alternates {
+            self.help(me)
+        } else {
+            Vec::new()
+        };
+        Placement {
+            parent: self.source(parent),
+            recorded: true,
+            alternates: alternates.into_iter().map(|a| self.source(a)).collect(),
+        }
+    }
+
+    fn source(&self, i: usize) -> Parent {
+        match i {
             ROOT => Parent::Owner,
             p => Parent::Holder(
                 self.members[p]
@@ -119,11 +155,42 @@ impl Tree {
                     .clone()
                     .expect("only serving members are chosen"),
             ),
-        };
-        Placement {
-            parent,
-            recorded: true,
         }
+    }
+
+    /// Whether member `i` may be sent consumers now.
+    fn can_serve(&self, i: usize) -> bool {
+        let m = &self.members[i];
+        m.alive && m.serves.is_some() && m.joined.elapsed() <= self.keep && m.depth != 0
+    }
+
+    /// Names `me`'s alternates: the nearest ancestors above its parent
+    /// (the owner last) that can serve and help fewer than `fanout`
+    /// members, at most `sources - 1`; counts them as helping.
+    fn help(&mut self, me: usize) -> Vec<usize> {
+        let want = (self.sources as usize - 1).min(super::wire::MAX_ALTERNATES);
+        let mut out = Vec::new();
+        let mut at = self.members[me].parent;
+        // The walk up is bounded: a few levels give sources enough.
+        for _ in 0..8 {
+            if out.len() >= want || at == ROOT {
+                break;
+            }
+            at = self.members[at].parent;
+            if at == ROOT {
+                if self.root_helping < self.fanout {
+                    self.root_helping += 1;
+                    out.push(ROOT);
+                }
+                break;
+            }
+            if self.can_serve(at) && self.members[at].helping < self.fanout {
+                self.members[at].helping += 1;
+                out.push(at);
+            }
+        }
+        self.members[me].helpers.clone_from(&out);
+        out
     }
 
     /// Every address a member serves a copy on (where removals go).
@@ -156,6 +223,12 @@ impl Tree {
     }
 
     fn detach(&mut self, i: usize) {
+        for h in std::mem::take(&mut self.members[i].helpers) {
+            match h {
+                ROOT => self.root_helping = self.root_helping.saturating_sub(1),
+                h => self.members[h].helping = self.members[h].helping.saturating_sub(1),
+            }
+        }
         let p = std::mem::replace(&mut self.members[i].parent, ROOT);
         match p {
             ROOT if self.members[i].depth == 0 => {}
@@ -190,10 +263,7 @@ impl Tree {
         let mut best: Option<(u32, usize)> = None;
         for (i, m) in self.members.iter().enumerate() {
             if i == me
-                || !m.alive
-                || m.serves.is_none()
-                || m.joined.elapsed() > self.keep
-                || m.depth == 0
+                || !self.can_serve(i)
                 || m.children >= self.fanout
                 || best.is_some_and(|(d, _)| d <= m.depth)
                 || self.is_below(i, me)
@@ -244,16 +314,24 @@ impl Tracked {
 pub(crate) struct Trackers {
     map: Mutex<HashMap<ShardId, Arc<Tracked>>>,
     fanout: u32,
+    sources: u32,
     piece: u64,
     tls: bool,
     keep: Duration,
 }
 
 impl Trackers {
-    pub(crate) fn new(fanout: u32, piece: u64, tls: bool, keep: Duration) -> Trackers {
+    pub(crate) fn new(
+        fanout: u32,
+        sources: u32,
+        piece: u64,
+        tls: bool,
+        keep: Duration,
+    ) -> Trackers {
         Trackers {
             map: Mutex::default(),
             fanout,
+            sources,
             piece,
             tls,
             keep,
@@ -269,7 +347,7 @@ impl Trackers {
             Arc::new(Tracked {
                 hashes: tokio::sync::OnceCell::new(),
                 piece: self.piece,
-                tree: Mutex::new(Tree::new(self.fanout, self.tls, self.keep)),
+                tree: Mutex::new(Tree::new(self.fanout, self.sources, self.tls, self.keep)),
             })
         }))
     }
@@ -318,6 +396,7 @@ mod tests {
             from: 0,
             serves: Some(holder(member as u8)),
             failed: failed.map(|f| holder(f).addr),
+            alternates: false,
         })
         .parent
     }
@@ -328,7 +407,7 @@ mod tests {
 
     #[test]
     fn fanout_one_is_a_chain_in_join_order() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
         for m in 2..=6 {
             assert_eq!(join(&mut t, m, None), via(m as u8 - 1));
@@ -337,7 +416,7 @@ mod tests {
 
     #[test]
     fn fanout_two_fills_the_shallowest_level_first() {
-        let mut t = Tree::new(2, false, KEEP);
+        let mut t = Tree::new(2, 1, false, KEEP);
         let parents: Vec<Parent> = (1..=8).map(|m| join(&mut t, m, None)).collect();
         assert_eq!(
             parents,
@@ -356,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         for m in 1..=4 {
             join(&mut t, m, None);
         }
@@ -371,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_rejoining_relay_is_never_put_below_itself() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         for m in 1..=3 {
             join(&mut t, m, None);
         }
@@ -382,12 +461,13 @@ mod tests {
 
     #[test]
     fn leaves_take_slots_but_get_no_children() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         let leaf = JoinRequest {
             member: 9,
             from: 0,
             serves: None,
             failed: None,
+            alternates: false,
         };
         assert_eq!(t.join(&leaf).parent, Parent::Owner);
         // The owner's only slot is the leaf's; nobody else serves: the owner
@@ -399,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
-        let mut t = Tree::new(1, true, KEEP);
+        let mut t = Tree::new(1, 1, true, KEEP);
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
         assert_eq!(join(&mut t, 2, None), Parent::Owner);
         let tls = Serves {
@@ -411,6 +491,7 @@ mod tests {
             from: 0,
             serves: Some(tls.clone()),
             failed: None,
+            alternates: false,
         });
         let _ = &t;
         assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
@@ -418,13 +499,14 @@ mod tests {
 
     #[test]
     fn trees_are_bounded() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         for m in 0..MAX_MEMBERS as u64 + 10 {
             let p = t.join(&JoinRequest {
                 member: m,
                 from: 0,
                 serves: None,
                 failed: None,
+                alternates: false,
             });
             assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
         }
@@ -433,7 +515,7 @@ mod tests {
 
     #[test]
     fn only_a_child_can_report_its_parent_failed() {
-        let mut t = Tree::new(1, false, KEEP);
+        let mut t = Tree::new(1, 1, false, KEEP);
         for m in 1..=3 {
             join(&mut t, m, None);
         }
@@ -446,10 +528,95 @@ mod tests {
 
     #[test]
     fn members_older_than_relay_keep_are_never_parents() {
-        let mut t = Tree::new(1, false, Duration::ZERO);
+        let mut t = Tree::new(1, 1, false, Duration::ZERO);
         assert_eq!(join(&mut t, 1, None), Parent::Owner);
         std::thread::sleep(Duration::from_millis(2));
         // 1's copy may be gone: 2 goes to the owner beyond its fanout.
         assert_eq!(join(&mut t, 2, None), Parent::Owner);
+    }
+
+    fn join_multi(t: &mut Tree, member: u64, failed: Option<u8>) -> Placement {
+        t.join(&JoinRequest {
+            member,
+            from: 0,
+            serves: Some(holder(member as u8)),
+            failed: failed.map(|f| holder(f).addr),
+            alternates: true,
+        })
+    }
+
+    #[test]
+    fn alternates_are_the_ancestors_above_the_parent() {
+        let mut t = Tree::new(1, 3, false, KEEP);
+        let p = join_multi(&mut t, 1, None);
+        assert_eq!((p.parent, p.alternates), (Parent::Owner, vec![]));
+        let p = join_multi(&mut t, 2, None);
+        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
+        // Up to two alternates with relay-sources = 3, each source helping
+        // one member (fanout 1): the owner helps 2 already.
+        let p = join_multi(&mut t, 3, None);
+        assert_eq!((p.parent, p.alternates), (via(2), vec![via(1)]));
+        let p = join_multi(&mut t, 4, None);
+        assert_eq!((p.parent, p.alternates), (via(3), vec![via(2)]));
+        let mut t = Tree::new(2, 3, false, KEEP);
+        join_multi(&mut t, 1, None);
+        join_multi(&mut t, 2, None);
+        // Fanout 2: 1 and 2 under the owner; 3 under 1, helped by the owner.
+        let p = join_multi(&mut t, 3, None);
+        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
+        let p = join_multi(&mut t, 5, None);
+        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
+        // The owner helps two already (its fanout): 6 and 7, under 2, get
+        // none; 8, under 3, gets 1.
+        let p = join_multi(&mut t, 6, None);
+        assert_eq!((p.parent, p.alternates), (via(2), vec![]));
+        let p = join_multi(&mut t, 7, None);
+        assert_eq!((p.parent, p.alternates), (via(2), vec![]));
+        let p = join_multi(&mut t, 8, None);
+        assert_eq!((p.parent, p.alternates), (via(3), vec![via(1)]));
+        // A joiner that did not ask gets none.
+        assert!(t
+            .join(&JoinRequest {
+                member: 5,
+                from: 0,
+                serves: Some(holder(5)),
+                failed: None,
+                alternates: false,
+            })
+            .alternates
+            .is_empty());
+    }
+
+    #[test]
+    fn no_source_helps_more_than_fanout_members_and_rejoins_give_slots_back() {
+        for fanout in [1u32, 2, 3] {
+            let mut t = Tree::new(fanout, 2, false, KEEP);
+            for m in 1..=40 {
+                join_multi(&mut t, m, None);
+            }
+            assert!(t.root_helping <= fanout);
+            for m in &t.members {
+                assert!(m.helping <= fanout, "fanout {fanout}: {m:?}");
+                assert!(m.children <= fanout, "fanout {fanout}: {m:?}");
+                assert!(m.helpers.len() <= 1);
+            }
+        }
+        // Chain 1 <- 2 <- 3 <- 4: 3 has alternate 1; 2 dies, 3 reports it
+        // and is placed under 1; its old alternate is given back, and it
+        // gets the owner.
+        let mut t = Tree::new(1, 2, false, KEEP);
+        for m in 1..=4 {
+            join_multi(&mut t, m, None);
+        }
+        let i1 = t.by_id[&1];
+        assert_eq!(t.members[i1].helping, 1, "1 helps 3");
+        let p = join_multi(&mut t, 3, Some(2));
+        assert_eq!(p.parent, via(1));
+        assert_eq!(p.alternates, vec![Parent::Owner]);
+        assert_eq!(t.members[i1].helping, 0, "given back at the rejoin");
+        // A dead member is never named an alternate: 4 (under 3) rejoins
+        // and gets 1, 3's parent.
+        let p = join_multi(&mut t, 4, None);
+        assert_eq!((p.parent, p.alternates), (via(3), vec![via(1)]));
     }
 }

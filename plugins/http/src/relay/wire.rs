@@ -6,16 +6,24 @@
 //!   0  1  version (1)                         0  1  version (1)
 //!   1  8  member id (random, per fetch)       1  8  shard length
 //!   9  8  from: bytes held (piece-aligned)    9  4  piece size
-//!  17  1  flags: 1 serves, 2 serves TLS      13  1  flags: 1 parent is the owner,
-//!                                                    2 parent serves TLS, 4 keep
-//!                                                    no copy (not recorded)
+//!  17  1  flags: 1 serves, 2 serves TLS,    13  1  flags: 1 parent is the owner,
+//!             4 takes alternates                     2 parent serves TLS, 4 keep
+//!                                                    no copy (not recorded), 8
+//!                                                    alternates follow the hashes
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
 //!  19  a  address it serves on               15  p  parent address (none: owner)
 //!   .  1  f = failed holder's length (0)      .  4  k = piece count
 //!   .  f  the holder that failed it           .  8k xxh3-64 of every piece
+//!                                             .  1  m = alternates (with flag 8)
+//!                                             per alternate:
+//!                                             .  1  1 the owner, 2 serves TLS
+//!                                             .  1  a = address length (0: owner)
+//!                                             .  a  its address
 //!
 //! GET /v1/relay/{id}/{from}   the shard's bytes from `from` (decimal,
 //!                             piece-aligned) to its end, piece by piece
+//! GET /v1/relay/{id}/{from}-{to}  the same, bytes `from..to` (`to` a piece
+//!                             boundary or the shard's end)
 //! DELETE /v1/relay/{id}       a holder drops its copy (sent by the owner)
 //! ```
 
@@ -31,17 +39,23 @@ pub(crate) const PREFIX: &str = "/v1/relay/";
 pub(crate) const MAX_JOIN_REQUEST: usize = 19 + 1 + 2 * MAX_ADDR_LEN;
 const FLAG_SERVES: u8 = 1;
 const FLAG_TLS: u8 = 2;
+const FLAG_ALTERNATES: u8 = 4;
 const PARENT_OWNER: u8 = 1;
 const PARENT_TLS: u8 = 2;
 const NO_COPY: u8 = 4;
+const HAS_ALTERNATES: u8 = 8;
+/// Most alternates a join reply names (`relay-sources` is at most one more).
+pub(crate) const MAX_ALTERNATES: usize = 3;
+/// Longest alternates part of a join reply.
+pub(crate) const MAX_ALTERNATES_BYTES: usize = 1 + MAX_ALTERNATES * (2 + MAX_ADDR_LEN);
 
 /// Which relay endpoint a path names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     /// `/v1/relay/{id}/join`.
     Join(ShardId),
-    /// `/v1/relay/{id}/{from}`.
-    Stream(ShardId, u64),
+    /// `/v1/relay/{id}/{from}` (to the end) or `/v1/relay/{id}/{from}-{to}`.
+    Stream(ShardId, u64, Option<u64>),
     /// `/v1/relay/{id}`.
     Copy(ShardId),
 }
@@ -57,12 +71,35 @@ pub(crate) fn parse_path(rest: &str) -> Result<Endpoint, String> {
     match tail {
         None => Ok(Endpoint::Copy(id)),
         Some("join") => Ok(Endpoint::Join(id)),
-        Some(t) if !t.is_empty() && t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit()) => t
-            .parse()
-            .map(|from| Endpoint::Stream(id, from))
-            .map_err(|_| format!("offset {t:?} does not fit in 64 bits")),
+        Some(t)
+            if !t.is_empty()
+                && t.len() <= 41
+                && t.bytes().all(|b| b.is_ascii_digit() || b == b'-') =>
+        {
+            let offset = |o: &str| {
+                if o.is_empty() || o.len() > 20 || !o.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!(
+                        "expected a decimal byte offset or a range `from-to` after the shard \
+                         id, found {t:?}"
+                    ));
+                }
+                o.parse::<u64>()
+                    .map_err(|_| format!("offset {o:?} does not fit in 64 bits"))
+            };
+            match t.split_once('-') {
+                None => Ok(Endpoint::Stream(id, offset(t)?, None)),
+                Some((from, to)) => {
+                    let (from, to) = (offset(from)?, offset(to)?);
+                    if to <= from {
+                        return Err(format!("the range {t:?} is empty"));
+                    }
+                    Ok(Endpoint::Stream(id, from, Some(to)))
+                }
+            }
+        }
         Some(t) => Err(format!(
-            "expected `join` or a decimal byte offset after the shard id, found {t:?}"
+            "expected `join`, a decimal byte offset or a range `from-to` after the shard id, \
+             found {t:?}"
         )),
     }
 }
@@ -75,6 +112,11 @@ pub(crate) fn join_path(id: ShardId) -> String {
 /// The path streaming `id` from byte `from`.
 pub(crate) fn stream_path(id: ShardId, from: u64) -> String {
     format!("{PREFIX}{id}/{from}")
+}
+
+/// The path streaming bytes `from..to` of `id`.
+pub(crate) fn range_path(id: ShardId, from: u64, to: u64) -> String {
+    format!("{PREFIX}{id}/{from}-{to}")
 }
 
 /// The path of a holder's copy of `id`.
@@ -102,6 +144,9 @@ pub(crate) struct JoinRequest {
     pub serves: Option<Serves>,
     /// The holder that just failed it, if any.
     pub failed: Option<String>,
+    /// It fetches from more than one source at once: the owner may name
+    /// alternates besides the parent.
+    pub alternates: bool,
 }
 
 impl JoinRequest {
@@ -114,7 +159,7 @@ impl JoinRequest {
             None => 0,
             Some(s) => FLAG_SERVES | if s.tls { FLAG_TLS } else { 0 },
         };
-        v.push(flags);
+        v.push(flags | if self.alternates { FLAG_ALTERNATES } else { 0 });
         push_addr(&mut v, self.serves.as_ref().map(|s| s.addr.as_str()));
         push_addr(&mut v, self.failed.as_deref());
         v
@@ -131,7 +176,7 @@ impl JoinRequest {
         let member = r.u64("member id")?;
         let from = r.u64("offset")?;
         let flags = r.u8("flags")?;
-        if flags & !(FLAG_SERVES | FLAG_TLS) != 0 {
+        if flags & !(FLAG_SERVES | FLAG_TLS | FLAG_ALTERNATES) != 0 {
             return Err(format!("unknown join flags {flags:#04x}"));
         }
         let addr = r.addr("serving address")?;
@@ -151,6 +196,7 @@ impl JoinRequest {
             from,
             serves,
             failed,
+            alternates: flags & FLAG_ALTERNATES != 0,
         })
     }
 }
@@ -174,6 +220,10 @@ pub(crate) struct JoinReply {
     /// keep no copy, since no removal would reach it.
     pub no_copy: bool,
     pub hashes: Vec<u64>,
+    /// Other sources the member may take pieces from when its parent
+    /// falls behind (only for a joiner that asked; at most
+    /// [`MAX_ALTERNATES`]).
+    pub alternates: Vec<Parent>,
 }
 
 impl JoinReply {
@@ -183,6 +233,30 @@ impl JoinReply {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = self.encode_head();
         v.extend_from_slice(&encode_hashes(&self.hashes));
+        v.extend_from_slice(&self.encode_alternates());
+        v
+    }
+
+    /// What follows the hashes: the alternates, when there are any.
+    pub(crate) fn encode_alternates(&self) -> Vec<u8> {
+        if self.alternates.is_empty() {
+            return Vec::new();
+        }
+        debug_assert!(self.alternates.len() <= MAX_ALTERNATES);
+        let mut v = Vec::with_capacity(MAX_ALTERNATES_BYTES);
+        v.push(self.alternates.len() as u8);
+        for a in &self.alternates {
+            match a {
+                Parent::Owner => {
+                    v.push(PARENT_OWNER);
+                    push_addr(&mut v, None);
+                }
+                Parent::Holder(s) => {
+                    v.push(if s.tls { PARENT_TLS } else { 0 });
+                    push_addr(&mut v, Some(&s.addr));
+                }
+            }
+        }
         v
     }
 
@@ -193,7 +267,12 @@ impl JoinReply {
         v.push(VERSION);
         v.extend_from_slice(&self.len.to_be_bytes());
         v.extend_from_slice(&self.piece.to_be_bytes());
-        let no_copy = if self.no_copy { NO_COPY } else { 0 };
+        let no_copy = if self.no_copy { NO_COPY } else { 0 }
+            | if self.alternates.is_empty() {
+                0
+            } else {
+                HAS_ALTERNATES
+            };
         match &self.parent {
             Parent::Owner => {
                 v.push(PARENT_OWNER | no_copy);
@@ -229,25 +308,8 @@ impl JoinReply {
         }
         let flags = r.u8("parent flags")?;
         let no_copy = flags & NO_COPY != 0;
-        let flags = flags & !NO_COPY;
-        let addr = r.addr("parent address")?;
-        let parent = match (flags, addr) {
-            (PARENT_OWNER, None) => Parent::Owner,
-            (0 | PARENT_TLS, Some(addr)) => Parent::Holder(Serves {
-                addr,
-                tls: flags == PARENT_TLS,
-            }),
-            (f, a) => {
-                return Err(format!(
-                    "parent flags {f:#04x} do not fit {}",
-                    if a.is_some() {
-                        "an address"
-                    } else {
-                        "a missing address"
-                    }
-                ))
-            }
-        };
+        let has_alternates = flags & HAS_ALTERNATES != 0;
+        let parent = r.source(flags & !(NO_COPY | HAS_ALTERNATES), "parent")?;
         let k = r.u32("piece count")?;
         let want = super::piece_count(len, u64::from(piece));
         if u64::from(k) != want {
@@ -259,6 +321,19 @@ impl JoinReply {
         for _ in 0..k {
             hashes.push(r.u64("piece hash")?);
         }
+        let mut alternates = Vec::new();
+        if has_alternates {
+            let m = r.u8("alternates count")? as usize;
+            if m == 0 || m > MAX_ALTERNATES {
+                return Err(format!(
+                    "{m} alternates (1 to {MAX_ALTERNATES} follow the flag)"
+                ));
+            }
+            for _ in 0..m {
+                let f = r.u8("alternate flags")?;
+                alternates.push(r.source(f, "alternate")?);
+            }
+        }
         r.end("join reply")?;
         Ok(JoinReply {
             len,
@@ -266,6 +341,7 @@ impl JoinReply {
             parent,
             no_copy,
             hashes,
+            alternates,
         })
     }
 }
@@ -334,6 +410,27 @@ impl Reader<'_> {
         Ok(Some(s.to_owned()))
     }
 
+    /// A source: `flags` (1 the owner, 2 TLS) and a length-prefixed
+    /// address, none for the owner.
+    fn source(&mut self, flags: u8, what: &str) -> Result<Parent, String> {
+        let addr = self.addr(&format!("{what} address"))?;
+        match (flags, addr) {
+            (PARENT_OWNER, None) => Ok(Parent::Owner),
+            (0 | PARENT_TLS, Some(addr)) => Ok(Parent::Holder(Serves {
+                addr,
+                tls: flags == PARENT_TLS,
+            })),
+            (f, a) => Err(format!(
+                "{what} flags {f:#04x} do not fit {}",
+                if a.is_some() {
+                    "an address"
+                } else {
+                    "a missing address"
+                }
+            )),
+        }
+    }
+
     fn end(&self, what: &str) -> Result<(), String> {
         if self.at != self.b.len() {
             return Err(format!(
@@ -362,13 +459,23 @@ mod tests {
         );
         assert_eq!(
             parse_path(&rest(&stream_path(id(), 262_144))),
-            Ok(Endpoint::Stream(id(), 262_144))
+            Ok(Endpoint::Stream(id(), 262_144, None))
+        );
+        assert_eq!(
+            parse_path(&rest(&range_path(id(), 16_384, 32_768))),
+            Ok(Endpoint::Stream(id(), 16_384, Some(32_768)))
         );
         assert_eq!(
             parse_path(&rest(&copy_path(id()))),
             Ok(Endpoint::Copy(id()))
         );
         for bad in [
+            "00000000000000000000000000000abc/5-5",
+            "00000000000000000000000000000abc/6-5",
+            "00000000000000000000000000000abc/1-",
+            "00000000000000000000000000000abc/-",
+            "00000000000000000000000000000abc/1-2-3",
+            "00000000000000000000000000000abc/1-99999999999999999999",
             "xyz",
             "00000000000000000000000000000abc/",
             "00000000000000000000000000000abc/-1",
@@ -387,6 +494,7 @@ mod tests {
                 from: 0,
                 serves: None,
                 failed: None,
+                alternates: false,
             },
             JoinRequest {
                 member: u64::MAX,
@@ -396,6 +504,7 @@ mod tests {
                     tls: true,
                 }),
                 failed: Some("node9.example:7071".into()),
+                alternates: true,
             },
         ] {
             assert_eq!(JoinRequest::decode(&req.encode()), Ok(req));
@@ -412,6 +521,7 @@ mod tests {
                 tls: false,
             }),
             failed: None,
+            alternates: false,
         }
         .encode();
         let mut v = good.clone();
@@ -453,6 +563,7 @@ mod tests {
             }),
             no_copy: false,
             hashes: vec![1, 2, 3],
+            alternates: vec![],
         };
         let b = reply.encode();
         assert_eq!(JoinReply::decode(&b, 600, 16), Ok(reply.clone()));
@@ -475,7 +586,59 @@ mod tests {
             parent: Parent::Owner,
             no_copy: true,
             hashes: vec![],
+            alternates: vec![],
         };
         assert_eq!(JoinReply::decode(&owner.encode(), 0, 16), Ok(owner));
+    }
+
+    #[test]
+    fn alternates_follow_the_hashes_when_flagged() {
+        let holder = |n: u8, tls: bool| {
+            Parent::Holder(Serves {
+                addr: format!("10.0.0.{n}:7071"),
+                tls,
+            })
+        };
+        let reply = JoinReply {
+            len: 600,
+            piece: 256,
+            parent: holder(4, false),
+            no_copy: false,
+            hashes: vec![1, 2, 3],
+            alternates: vec![holder(3, true), Parent::Owner],
+        };
+        let b = reply.encode();
+        assert_eq!(JoinReply::decode(&b, 600, 16), Ok(reply.clone()));
+        assert!(b.len() <= 15 + 255 + 4 + 24 + MAX_ALTERNATES_BYTES);
+        // Without the flag, bytes after the hashes are refused.
+        let plain = JoinReply {
+            alternates: vec![],
+            ..reply.clone()
+        }
+        .encode();
+        let mut v = plain.clone();
+        v.extend_from_slice(&reply.encode_alternates());
+        assert!(JoinReply::decode(&v, 600, 16)
+            .unwrap_err()
+            .contains("after the end"));
+        // The flag with no alternates, or more than the limit, is refused.
+        let mut v = plain.clone();
+        v[13] |= HAS_ALTERNATES;
+        v.push(0);
+        assert!(JoinReply::decode(&v, 600, 16)
+            .unwrap_err()
+            .contains("0 alternates"));
+        let mut v = plain;
+        v[13] |= HAS_ALTERNATES;
+        v.push(MAX_ALTERNATES as u8 + 1);
+        assert!(JoinReply::decode(&v, 600, 16)
+            .unwrap_err()
+            .contains("alternates (1 to"));
+        // A cut-short alternate.
+        let mut v = b.clone();
+        v.pop();
+        assert!(JoinReply::decode(&v, 600, 16)
+            .unwrap_err()
+            .contains("cut short"));
     }
 }

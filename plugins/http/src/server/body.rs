@@ -85,6 +85,8 @@ pub(super) enum Part {
         wait: Duration,
         /// The first byte sent (a relay stream resumes mid-shard).
         from: usize,
+        /// One past the last byte sent (the shard's end but for a range).
+        to: usize,
     },
     /// A GPU shard being staged.
     Staging(mpsc::Receiver<Result<Bytes, String>>),
@@ -110,13 +112,13 @@ impl Frames {
         let parts: VecDeque<Part> = parts
             .into_iter()
             .filter(|p| !matches!(p, Part::Ready(c) if c.is_empty()))
-            .filter(|p| !matches!(p, Part::Device { reader, from, .. } if reader.len() <= *from))
+            .filter(|p| !matches!(p, Part::Device { from, to, .. } if to <= from))
             .collect();
         let remaining = parts
             .iter()
             .map(|p| match p {
                 Part::Ready(c) => c.len() as u64,
-                Part::Device { reader, from, .. } => (reader.len() - from) as u64,
+                Part::Device { from, to, .. } => (to - from) as u64,
                 Part::Staging(_) => 0,
             })
             .sum();
@@ -164,13 +166,14 @@ fn tie(bytes: Bytes, in_flight: &Arc<InFlight>) -> Bytes {
     })
 }
 
-/// Starts copying `reader`'s device memory out, piece by piece, from byte
-/// `from`.
+/// Starts copying `reader`'s device memory out, piece by piece, bytes
+/// `from..to`.
 fn stage(
     reader: Reader,
     pool: Arc<PinnedPool>,
     wait: Duration,
     from: usize,
+    to: usize,
 ) -> mpsc::Receiver<Result<Bytes, String>> {
     let (tx, rx) = mpsc::channel(STAGED_AHEAD);
     tokio::task::spawn_blocking(move || {
@@ -178,7 +181,7 @@ fn stage(
             let _ = tx.blocking_send(Err("not a GPU shard".to_owned()));
             return;
         };
-        let len = reader.len();
+        let len = to.min(reader.len());
         let mut reader = Some(reader);
         let mut at = from;
         while at < len {
@@ -234,12 +237,13 @@ impl Body for Frames {
                         pool,
                         wait,
                         from,
+                        to,
                     }) = this.parts.pop_front()
                     else {
                         unreachable!("matched above");
                     };
                     this.parts
-                        .push_front(Part::Staging(stage(reader, pool, wait, from)));
+                        .push_front(Part::Staging(stage(reader, pool, wait, from, to)));
                 }
                 Part::Staging(rx) => match rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,

@@ -104,6 +104,7 @@ fn shared() -> Arc<Shared> {
         )),
         trackers: crate::relay::Trackers::new(
             cfg.relay.fanout,
+            cfg.relay.sources,
             cfg.relay.piece,
             false,
             cfg.relay.keep,

@@ -265,6 +265,7 @@ impl Server {
         let shared = Arc::new(Shared {
             trackers: crate::relay::Trackers::new(
                 cfg.relay.fanout,
+                cfg.relay.sources,
                 cfg.relay.piece,
                 serves_tls,
                 cfg.relay.keep,

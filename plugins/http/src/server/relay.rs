@@ -30,7 +30,9 @@ pub(super) async fn route(
     match endpoint {
         Endpoint::Join(id) if req.method() == Method::POST => join(shared, id, req, peer).await,
         Endpoint::Join(_) => method_not_allowed(req.method(), &path, "POST"),
-        Endpoint::Stream(id, from) if req.method() == Method::GET => stream(shared, id, from).await,
+        Endpoint::Stream(id, from, to) if req.method() == Method::GET => {
+            stream(shared, id, from, to).await
+        }
         Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
         Endpoint::Copy(id) if req.method() == Method::DELETE => drop_copy(shared, id),
         Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE"),
@@ -130,18 +132,22 @@ async fn join(
     let placed = tracked.join(&join);
     drop(reader);
     shared.stats.relay_joins.inc();
-    let head = JoinReply {
+    let reply = JoinReply {
         len,
         piece: piece as u32,
         parent: placed.parent,
         no_copy: !placed.recorded,
         hashes: Vec::new(),
-    }
-    .encode_head();
+        alternates: placed.alternates,
+    };
     framed(
         StatusCode::OK,
         "application/octet-stream",
-        Frames::new([Bytes::from(head), hashes]),
+        Frames::new([
+            Bytes::from(reply.encode_head()),
+            hashes,
+            Bytes::from(reply.encode_alternates()),
+        ]),
     )
 }
 
@@ -233,20 +239,22 @@ async fn read_body(
     }
 }
 
-/// `GET /v1/relay/{id}/{from}`: the owner's own bytes, or this node's
-/// relay copy streamed as its verified pieces arrive.
-async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
+/// `GET /v1/relay/{id}/{from}` (to the end) or `{from}-{to}`: the owner's
+/// own bytes, or this node's relay copy streamed as its verified pieces
+/// arrive.
+async fn stream(shared: &Shared, id: ShardId, from: u64, to: Option<u64>) -> Response<Frames> {
     if let Some(reader) = shared.registry.reader(id) {
         let len = reader.len() as u64;
-        if from > len {
+        let to = to.unwrap_or(len);
+        if from > len || to > len {
             return error(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                &format!("offset {from} is past the end of shard {id} ({len} bytes)"),
+                &format!("bytes {from}..{to} are past the end of shard {id} ({len} bytes)"),
             );
         }
-        shared.stats.bytes_served.add(len - from);
-        let body = Frames::of([part_from(shared, reader, from as usize)]);
+        shared.stats.bytes_served.add(to - from);
+        let body = Frames::of([part_range(shared, reader, from as usize, to as usize)]);
         return relay_response(body, len);
     }
     let Some(holding) = shared.holdings.get(id) else {
@@ -292,14 +300,16 @@ async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
             )
         }
     };
-    if from > holding.len || (from % piece != 0 && from != holding.len) {
+    let len = holding.len;
+    let to = to.unwrap_or(len);
+    let boundary = |at: u64| at <= len && (at % piece == 0 || at == len);
+    if !boundary(from) || !boundary(to) {
         return error(
             StatusCode::BAD_REQUEST,
             "bad_request",
             &format!(
-                "offset {from} is not a piece boundary of shard {id} ({} bytes in pieces of \
-                 {piece})",
-                holding.len
+                "bytes {from}..{to} of shard {id}: each end must be a piece boundary ({len} \
+                 bytes in pieces of {piece})"
             ),
         );
     }
@@ -315,10 +325,9 @@ async fn stream(shared: &Shared, id: ShardId, from: u64) -> Response<Frames> {
             ),
         );
     }
-    let len = holding.len;
-    let rx = spawn_stream(shared, holding, from / piece);
+    let rx = spawn_stream(shared, holding, from / piece, to.div_ceil(piece));
     let mut frames = Frames::of([Part::Staging(rx)]);
-    frames.set_len(len - from);
+    frames.set_len(to - from);
     relay_response(frames, len)
 }
 
@@ -347,7 +356,7 @@ async fn until_filled<T>(
     }
 }
 
-/// Sends the copy's pieces from `first` on, each as soon as it is held;
+/// Sends the copy's pieces `first..end`, each as soon as it is held;
 /// ends the body with an error (a short body for the peer) when the copy
 /// fails. It waits as long as the copy is being filled: a relay whose own
 /// parent stalls does not cut its children off (they would blame it); its
@@ -356,6 +365,7 @@ fn spawn_stream(
     shared: &Shared,
     holding: Arc<Holding>,
     first: u64,
+    end: u64,
 ) -> tokio::sync::mpsc::Receiver<Result<Bytes, String>> {
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_AHEAD);
     let stats = Arc::clone(&shared.stats);
@@ -363,7 +373,7 @@ fn spawn_stream(
     let corrupt = shared.relay_corrupt;
     tokio::spawn(async move {
         let mut k = first;
-        loop {
+        while k < end {
             let next = until_filled(&holding, stall, |h| match h.next(k) {
                 Next::Wait => None,
                 Next::Piece(p) => Some(Ok(Some(p))),

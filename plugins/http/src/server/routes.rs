@@ -216,15 +216,22 @@ pub(super) fn part(shared: &Shared, reader: Reader) -> Part {
 
 /// [`part`] from byte `from` on (`from` <= the shard's length).
 pub(super) fn part_from(shared: &Shared, reader: Reader, from: usize) -> Part {
+    let to = reader.len();
+    part_range(shared, reader, from, to)
+}
+
+/// Bytes `from..to` of `reader`'s shard (`from <= to <= len`).
+pub(super) fn part_range(shared: &Shared, reader: Reader, from: usize, to: usize) -> Part {
     if reader.device().is_some() {
         Part::Device {
             reader,
             pool: Arc::clone(&shared.staging),
             wait: shared.request_timeout,
             from,
+            to,
         }
     } else {
-        Part::Ready(reader.into_bytes().slice(from..))
+        Part::Ready(reader.into_bytes().slice(from..to))
     }
 }
 

@@ -28,6 +28,7 @@ fn forge_member(owner: &Node, id: u128, serves: SocketAddr, auth: Option<&str>) 
             tls: false,
         }),
         failed: None,
+        alternates: false,
     }
     .encode();
     let path = crate::relay::wire::join_path(ShardId::from_u128(id));
@@ -231,7 +232,9 @@ fn a_stalled_holder_is_abandoned_after_the_stall_timeout() {
     // Accepts connections and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     forge_member(&owner, 5, silent.local_addr().unwrap(), None);
-    let c = relay_node("relay-stall-timeout = \"200ms\"");
+    // One source: the parent alone (with more, an alternate takes over
+    // sooner; see below).
+    let c = relay_node("relay-stall-timeout = \"200ms\"\nrelay-sources = 1");
     let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
     assert!(got == data);
     assert!(
@@ -259,6 +262,7 @@ fn what_the_owner_does_not_relay_is_fetched_plainly() {
         from: 0,
         serves: None,
         failed: None,
+        alternates: false,
     }
     .encode();
     let r = post(
@@ -387,7 +391,8 @@ fn a_relay_that_trickles_bytes_is_left_after_the_stall_timeout() {
         })
     };
     forge_member(&owner, 12, addr, None);
-    let c = relay_node("relay-stall-timeout = \"300ms\"");
+    // The parent alone (with more sources, an alternate takes over).
+    let c = relay_node("relay-stall-timeout = \"300ms\"\nrelay-sources = 1");
     let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
     assert!(got == data);
     assert!(note.contains(&format!("relay {addr} failed")), "{note}");
@@ -406,8 +411,10 @@ fn a_relay_waiting_for_its_own_parent_is_not_blamed_by_its_child() {
     // ask the first again rather than report it.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     forge_member(&owner, 13, silent.local_addr().unwrap(), None);
-    let first = relay_node("relay-stall-timeout = \"600ms\"");
-    let second = relay_node("relay-stall-timeout = \"300ms\"");
+    // One source each (with more, the first would take the shard from its
+    // alternate, the owner, without waiting out its timeout).
+    let first = relay_node("relay-stall-timeout = \"600ms\"\nrelay-sources = 1");
+    let second = relay_node("relay-stall-timeout = \"300ms\"\nrelay-sources = 1");
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| fetch_noted(&first.t, &desc, LEN).unwrap());
         // The second joins while the first is stalled: it is put below it.
@@ -428,4 +435,157 @@ fn a_relay_waiting_for_its_own_parent_is_not_blamed_by_its_child() {
     );
     assert_eq!(stat(&second.t, "relay_failovers"), 0);
     drop(silent);
+}
+
+/// A holder at a port of its own that answers every relay request with a
+/// proper head and the first `pieces` pieces of `data` it was asked for,
+/// then sends nothing more (a relay whose process stopped mid-stream).
+struct StallingHolder {
+    addr: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StallingHolder {
+    fn start(data: Arc<Vec<u8>>, piece: usize, pieces: usize) -> StallingHolder {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((mut s, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    s.set_nonblocking(false).unwrap();
+                    let mut head = [0u8; 4096];
+                    let n = s.read(&mut head).unwrap_or(0);
+                    let line = String::from_utf8_lossy(&head[..n]).into_owned();
+                    // GET /v1/relay/{id}/{from}[-{to}] HTTP/1.1
+                    let range = line
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|p| p.rsplit('/').next())
+                        .unwrap_or("0")
+                        .to_owned();
+                    let (from, to) = match range.split_once('-') {
+                        Some((f, t)) => (f.parse().unwrap(), t.parse().unwrap()),
+                        None => (range.parse().unwrap_or(0), data.len()),
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nx-shardport-len: {}\r\n\r\n",
+                        to - from,
+                        data.len()
+                    );
+                    let end = (from + pieces * piece).min(to);
+                    let _ = s.write_all(reply.as_bytes());
+                    let _ = s.write_all(&data[from..end]);
+                    // Open and silent from here on.
+                    held.push(s);
+                }
+            })
+        };
+        StallingHolder {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for StallingHolder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_consumer_whose_parent_stalls_takes_the_rest_from_another_holder() {
+    let owner = node(OWNER);
+    let data = Arc::new(pattern(LEN, 21));
+    let desc = export(&owner.t, 21, &data).unwrap();
+    // owner <- first <- stalling holder <- consumer: the consumer's parent
+    // sends 3 pieces and stops; its alternate is `first`, the parent's
+    // parent.
+    let first = relay_node("");
+    assert!(fetch(&first.t, &desc, LEN).unwrap() == *data);
+    let stalling = StallingHolder::start(Arc::clone(&data), 16 << 10, 3);
+    forge_member(&owner, 21, stalling.addr, None);
+    // A stall timeout far longer than the test: the parent is never left
+    // for being silent that long, the alternate takes over when it is late.
+    let c = relay_node("relay-stall-timeout = \"10m\"");
+    let (got, note) = fetch_noted(&c.t, &desc, LEN).unwrap();
+    assert!(got == *data, "the bytes are the owner's");
+    assert!(
+        note.contains(&format!("from relay {}", stalling.addr)) && note.contains("from alternates"),
+        "{note}"
+    );
+    assert!(!note.contains("failed"), "no failover: {note}");
+    assert_eq!(stat(&c.t, "relay_failovers"), 0);
+    assert!(stat(&c.t, "relay_takeovers") >= 1);
+    // The stalling holder sent at most its 3 pieces; the rest came from
+    // `first`, not the owner (which served `first` alone).
+    let from_alternates = stat(&c.t, "relay_bytes_from_alternates");
+    assert!(
+        from_alternates >= LEN as u64 - 3 * (16 << 10),
+        "{from_alternates}"
+    );
+    assert_eq!(stat(&c.t, "relay_bytes_from_holders"), LEN as u64);
+    assert!(stat(&first.t, "relay_bytes_served") >= from_alternates);
+    assert_eq!(stat(&owner.t, "bytes_served"), LEN as u64);
+    // The consumer's copy is whole and in order: a later joiner below it
+    // gets the right bytes from it.
+    let late = relay_node("relay-sources = 1");
+    let (got, note) = fetch_noted(&late.t, &desc, LEN).unwrap();
+    assert!(got == *data);
+    assert!(note.contains(&format!("from relay {}", c.addr)), "{note}");
+    drop(stalling);
+}
+
+#[test]
+fn many_sources_give_a_concurrent_broadcast_the_right_bytes() {
+    let owner = node(&format!("{OWNER}\nrelay-sources = 4"));
+    let data = pattern(3 << 20, 23);
+    let desc = export(&owner.t, 22, &data).unwrap();
+    let consumers: Vec<Node> = (0..6)
+        .map(|i| relay_node(&format!("relay-sources = {}", 2 + i % 3)))
+        .collect();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter()
+            .map(|c| s.spawn(|| fetch(&c.t, &desc, data.len()).unwrap()))
+            .collect();
+        for j in joins {
+            assert!(j.join().unwrap() == data);
+        }
+    });
+    let relayed: u64 = consumers
+        .iter()
+        .map(|c| stat(&c.t, "relay_bytes_from_holders"))
+        .sum();
+    let served = stat(&owner.t, "bytes_served");
+    assert!(
+        relayed + served >= 6 * data.len() as u64,
+        "every byte came from the owner or a relay (duplicates at most add)"
+    );
+    // Relay streams of a range: piece boundaries only.
+    let path = format!(
+        "{}/0-1000",
+        crate::relay::wire::copy_path(ShardId::from_u128(22))
+    );
+    let r = get(consumers[0].addr, &path, None);
+    assert_eq!(r.status, 400, "{:?}", r.json());
+    assert!(r.json().1.contains("piece boundary"));
+    let ok = crate::relay::wire::range_path(ShardId::from_u128(22), 16 << 10, 48 << 10);
+    let r = get(owner.addr, &ok, None);
+    assert_eq!(r.status, 200);
+    assert!(r.body == data[16 << 10..48 << 10]);
 }
