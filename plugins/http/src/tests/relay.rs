@@ -407,20 +407,28 @@ fn a_relay_waiting_for_its_own_parent_is_not_blamed_by_its_child() {
     let desc = export(&owner.t, 13, &data).unwrap();
     // The first relay's parent will be a silent holder: it stalls, leaves
     // it after its stall timeout (600 ms) and gets the shard from the
-    // owner. The second, below it, gives up waiting sooner (300 ms): it must
-    // ask the first again rather than report it.
+    // owner. The second, below it, gives up waiting sooner (450 ms): it must
+    // ask the first again rather than report it. Its one quiet retry ends
+    // 900 ms after it started waiting, which leaves the first 300 ms past
+    // its own timeout to get bytes flowing (a shorter margin failed on a
+    // loaded machine).
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     forge_member(&owner, 13, silent.local_addr().unwrap(), None);
     // One source each (with more, the first would take the shard from its
     // alternate, the owner, without waiting out its timeout).
     let first = relay_node("relay-stall-timeout = \"600ms\"\nrelay-sources = 1");
-    let second = relay_node("relay-stall-timeout = \"300ms\"\nrelay-sources = 1");
+    let second = relay_node("relay-stall-timeout = \"450ms\"\nrelay-sources = 1");
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| fetch_noted(&first.t, &desc, LEN).unwrap());
-        // The second joins while the first is stalled: it is put below it.
-        std::thread::sleep(Duration::from_millis(50));
+        // The second joins once the first has joined and is waiting on the
+        // silent holder (it has connected to it; the connection is held and
+        // never answered): it is put below the first. Waiting for that
+        // connection, not a fixed time, keeps the order on a loaded machine.
+        let (held, _) = silent.accept().unwrap();
         let b = s.spawn(|| fetch_noted(&second.t, &desc, LEN).unwrap());
-        (a.join().unwrap(), b.join().unwrap())
+        let out = (a.join().unwrap(), b.join().unwrap());
+        drop(held);
+        out
     });
     assert!(a.0 == data && b.0 == data);
     assert!(
