@@ -49,6 +49,8 @@ pub mod services;
 pub mod snapshot;
 
 // Built on the leaves.
+// Copy destinations a node hands out again: a bounded shelf (uses `vocab`).
+pub mod buffers;
 // Host errors, and why a plugin did not load (uses `vocab`).
 pub mod error;
 // Handles: the token `put` returns, binary and JSON forms (uses `vocab`, `identity`).

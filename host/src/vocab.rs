@@ -8,9 +8,15 @@
 //! - Policy values chosen in config: [`FetchMode`], [`OnDowngrade`],
 //!   [`Storage`], [`ChecksumPolicy`], [`SameNodeMatch`], [`DeviceSel`],
 //!   [`CachePolicy`].
-//! - [`ShardBytes`]: the bytes of a fetched shard (a leased view or a copy).
+//! - [`ShardBytes`]: the bytes of a fetched shard (a leased view or a copy,
+//!   a [`CopyBuf`] that returns to where it came from, [`TakeBack`]).
 
-use std::{fmt, ops::Deref, time::Duration};
+use std::{
+    fmt,
+    ops::{Deref, DerefMut},
+    sync::Weak,
+    time::Duration,
+};
 
 use shardport_abi::LeasedView;
 
@@ -206,8 +212,74 @@ pub struct CachePolicy {
 pub enum ShardBytes {
     /// Zero-copy view holding a lease on the owner's memory.
     View(LeasedView),
-    /// An owned copy.
-    Owned(Vec<u8>),
+    /// An owned copy (its buffer goes back to the node's shelf of copy
+    /// destinations when dropped; [`CopyBuf::into_vec`] keeps it).
+    Owned(CopyBuf),
+}
+
+/// Where a [`CopyBuf`]'s bytes go when it is dropped: a node's shelf of
+/// copy destinations ([`buffers`](crate::buffers)).
+pub trait TakeBack: Send + Sync {
+    /// Takes back the bytes of a dropped copy (or frees them).
+    fn take_back(&self, bytes: Vec<u8>);
+}
+
+/// A copy's bytes: owned by its holder, handed back to where they came
+/// from ([`TakeBack`]: the node's shelf of copy destinations) when
+/// dropped, unless taken out with [`into_vec`](Self::into_vec) or that
+/// place is gone.
+pub struct CopyBuf {
+    bytes: Vec<u8>,
+    home: Option<Weak<dyn TakeBack>>,
+}
+
+impl CopyBuf {
+    /// Bytes that belong nowhere (freed when dropped).
+    pub fn detached(bytes: Vec<u8>) -> Self {
+        CopyBuf { bytes, home: None }
+    }
+
+    /// Bytes handed to `home` when dropped.
+    pub fn returning(bytes: Vec<u8>, home: Weak<dyn TakeBack>) -> Self {
+        CopyBuf {
+            bytes,
+            home: Some(home),
+        }
+    }
+
+    /// The bytes, taken out for good: they are never handed back.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.home = None;
+        std::mem::take(&mut self.bytes)
+    }
+}
+
+impl Deref for CopyBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl DerefMut for CopyBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl fmt::Debug for CopyBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CopyBuf({} bytes)", self.bytes.len())
+    }
+}
+
+impl Drop for CopyBuf {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take().and_then(|h| h.upgrade()) {
+            home.take_back(std::mem::take(&mut self.bytes));
+        }
+    }
 }
 
 impl Deref for ShardBytes {

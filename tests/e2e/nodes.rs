@@ -535,3 +535,100 @@ fn a_private_view_served_as_a_copy_says_so() {
     let v = consumer.fetch_mode(&h, FetchMode::View).unwrap();
     assert_eq!(v.selection.mode, FetchMode::View);
 }
+
+/// A consumer node with a copy-destination budget of `copy_buffers`.
+fn copying_consumer(copy_buffers: &str) -> Node {
+    Node::start(util::parse(&format!(
+        "[fetch]\ncopy-buffers = \"{copy_buffers}\"\n{}",
+        util::shm_plugin("pool-size = \"8MiB\"")
+    )))
+    .expect("node starts")
+}
+
+#[test]
+fn copy_destinations_are_reused_and_every_byte_is_the_new_shards() {
+    let owner = node("pool-size = \"64MiB\"");
+    let b = copying_consumer("64MiB");
+    let len = 1 << 20;
+    let put = |fill: u8| {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ fill).collect();
+        let h = owner
+            .put(&bytes, &TensorSpec::bytes(len as u64), Default::default())
+            .unwrap();
+        (h, bytes)
+    };
+    let (h1, bytes1) = put(1);
+    let (h2, bytes2) = put(2);
+    let first = b.fetch_mode(&h1, FetchMode::Copy).unwrap();
+    assert!(!first.data.is_view() && first.data[..] == bytes1[..]);
+    let at = first.data.as_ptr();
+    drop(first);
+    assert_eq!(b.stats().copy_buffers.kept, 1, "the destination came back");
+    // Another shard of the same length: the same memory, all of its bytes
+    // the new shard's (none left of the first).
+    let second = b.fetch_mode(&h2, FetchMode::Copy).unwrap();
+    assert_eq!(second.data.as_ptr(), at, "the kept destination is reused");
+    assert!(
+        second.data[..] == bytes2[..],
+        "bytes of the earlier shard left"
+    );
+    // Held: the next copy gets fresh memory.
+    let third = b.fetch_mode(&h1, FetchMode::Copy).unwrap();
+    assert_ne!(third.data.as_ptr(), at);
+    assert!(third.data[..] == bytes1[..]);
+    // A view takes nothing from the shelf.
+    let view = b.fetch_mode(&h1, FetchMode::View).unwrap();
+    assert!(view.data.is_view() && view.data[..] == bytes1[..]);
+    let s = b.stats().copy_buffers;
+    assert_eq!((s.reused, s.fresh, s.kept), (1, 2, 0));
+    drop((second, third, view));
+    assert_eq!(b.stats().copy_buffers.kept, 2);
+    // A batch reuses them too, and its bytes are right.
+    let many = b
+        .fetch_many(&[h2.clone(), h1.clone()], FetchMode::Copy)
+        .unwrap();
+    assert!(many[0].as_ref().unwrap().data[..] == bytes2[..]);
+    assert!(many[1].as_ref().unwrap().data[..] == bytes1[..]);
+    assert_eq!(b.stats().copy_buffers.reused, 3);
+    drop(many);
+    // `clear` frees what is kept.
+    b.clear();
+    assert_eq!(b.stats().copy_buffers.kept, 0);
+}
+
+#[test]
+fn the_shelf_of_copy_destinations_is_bounded_by_its_budget() {
+    let owner = node("pool-size = \"64MiB\"");
+    let len = 256 << 10;
+    let handles: Vec<_> = (0..12u8)
+        .map(|k| {
+            owner
+                .put(
+                    &vec![k; len],
+                    &TensorSpec::bytes(len as u64),
+                    Default::default(),
+                )
+                .unwrap()
+        })
+        .collect();
+    // 12 copies of 256 KiB held at once, then dropped: a 1 MiB budget keeps 4.
+    let b = copying_consumer("1MiB");
+    let held: Vec<_> = handles
+        .iter()
+        .map(|h| b.fetch_mode(h, FetchMode::Copy).unwrap())
+        .collect();
+    for (k, f) in held.iter().enumerate() {
+        assert!(f.data.iter().all(|&x| x == k as u8));
+    }
+    drop(held);
+    let s = b.stats().copy_buffers;
+    assert_eq!((s.kept, s.kept_bytes), (4, 1 << 20));
+    // A budget of 0 keeps nothing: every copy is fresh.
+    let none = copying_consumer("0");
+    for _ in 0..3 {
+        let f = none.fetch_mode(&handles[0], FetchMode::Copy).unwrap();
+        assert!(f.data.iter().all(|&x| x == 0));
+    }
+    let s = none.stats().copy_buffers;
+    assert_eq!((s.kept, s.reused), (0, 0));
+}

@@ -333,6 +333,10 @@ impl Ctx<'_> {
                 Some(v) if v.get_ref().trim() == "0s" => std::time::Duration::ZERO,
                 Some(v) => self.duration("fetch.exhausted-wait", v, "2s")?,
             },
+            copy_buffers: match &raw.copy_buffers {
+                None => crate::buffers::DEFAULT_BUDGET,
+                Some(v) => self.byte_size("fetch.copy-buffers", v, false, "64MiB")?,
+            },
         })
     }
 

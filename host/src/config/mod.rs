@@ -422,6 +422,9 @@ pub struct FetchConfig {
     /// (`RESOURCE_EXHAUSTED`: the owner's lease table, a full pool) is
     /// retried before the next candidate is tried; zero: at once.
     pub exhausted_wait: std::time::Duration,
+    /// Bytes of copy destinations the node keeps for later copies of the
+    /// same length (see [`buffers`](crate::buffers)); zero: none kept.
+    pub copy_buffers: u64,
 }
 
 /// Put settings.

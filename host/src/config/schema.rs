@@ -111,6 +111,7 @@ pub(super) struct RawFetch {
     pub(super) verify_checksum: Option<bool>,
     pub(super) max_batch: Option<Spanned<i64>>,
     pub(super) exhausted_wait: Option<Spanned<String>>,
+    pub(super) copy_buffers: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize, Default)]

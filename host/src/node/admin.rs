@@ -254,6 +254,7 @@ impl Node {
             cache_entries: cache.entries,
             cache_bytes: cache.bytes,
             cache,
+            copy_buffers: self.inner.copy_buffers.stats(),
             plugins,
             load_failures: live.load_failures.clone(),
             draining: self.draining(),

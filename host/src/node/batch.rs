@@ -11,12 +11,12 @@ use std::{
 
 use shardport_abi::{AbiError, ErrorKind, ImportItem, RResult, RSlice, RSliceMut};
 
-use super::{lock, zeroed, Fetched, Generation, Node};
+use super::{lock, Fetched, Generation, Node};
 use crate::{
     error::HostError,
     handle::Handle,
     select::{Attempt, Plan},
-    vocab::{FetchMode, ShardBytes, TransportName},
+    vocab::{CopyBuf, FetchMode, ShardBytes, TransportName},
 };
 
 impl Node {
@@ -234,10 +234,12 @@ impl Node {
         cursor: &[usize],
     ) -> Vec<(usize, Result<Served, AbiError>)> {
         let p = &g.plugins[pi];
-        let mut bufs: Vec<(usize, Result<Vec<u8>, AbiError>)> = members
+        let mut bufs: Vec<(usize, Result<CopyBuf, AbiError>)> = members
             .iter()
             .map(|&i| {
-                let buf = zeroed(handles[i].meta.byte_len)
+                let buf = self
+                    .inner
+                    .copy_destination(handles[i].meta.byte_len)
                     .map_err(|e| AbiError::new(ErrorKind::RESOURCE_EXHAUSTED, e.to_string()));
                 (i, buf)
             })
@@ -250,7 +252,7 @@ impl Node {
                 items.push(ImportItem {
                     desc: RSlice::from_slice(&handles[*i].exports[export].descriptor),
                     meta: &handles[*i].meta,
-                    dst: RSliceMut::from_mut_slice(buf.as_mut_slice()),
+                    dst: RSliceMut::from_mut_slice(&mut buf[..]),
                 });
                 slots.push(k);
             }
@@ -282,7 +284,7 @@ impl Node {
 }
 
 /// A batch shard's bytes and its transport's note (how it served them).
-type Served = (Vec<u8>, String);
+type Served = (CopyBuf, String);
 
 /// The state of one copy batch, one slot per shard.
 struct Batch {

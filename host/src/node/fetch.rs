@@ -7,7 +7,7 @@ use std::{
 
 use shardport_abi::{AbiError, ErrorKind, LeasedView, ROption, RSlice, RSliceMut, ShardMeta};
 
-use super::{checksum::compute, lock, zeroed, Fetched, Generation, Node, Selection};
+use super::{checksum::compute, lock, Fetched, Generation, Node, Selection};
 use crate::{
     error::HostError,
     experiment::ArmEvent,
@@ -118,7 +118,10 @@ impl Node {
                             // No private views in this transport: a private
                             // copy through it, rather than a slower one.
                             Err(e) if e.kind == ErrorKind::UNSUPPORTED => {
-                                let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
+                                let mut buf = self
+                                    .inner
+                                    .copy_destination(handle.meta.byte_len)
+                                    .map_err(Miss::Stop)?;
                                 import_into(p, desc, &handle.meta, &mut buf, note)
                                     .map(|()| Some(ShardBytes::Owned(buf)))
                             }
@@ -126,7 +129,10 @@ impl Node {
                         }
                     }
                     Target::View | Target::PrivateView | Target::Alloc => {
-                        let mut buf = zeroed(handle.meta.byte_len).map_err(Miss::Stop)?;
+                        let mut buf = self
+                            .inner
+                            .copy_destination(handle.meta.byte_len)
+                            .map_err(Miss::Stop)?;
                         import_into(p, desc, &handle.meta, &mut buf, note)
                             .map(|()| Some(ShardBytes::Owned(buf)))
                     }

@@ -39,6 +39,7 @@ use shardport_kit::hash::IdHashMap;
 
 use crate::error::LoadError;
 use crate::{
+    buffers::{CopyBuffers, ShelfStats},
     cache::{Cache, CacheStats},
     config::Config,
     error::HostError,
@@ -50,7 +51,7 @@ use crate::{
     metrics::{ArmCounters, Metrics},
     select::PluginFacts,
     services::{Clock, SystemClock},
-    vocab::{FetchMode, Storage},
+    vocab::{CopyBuf, FetchMode, Storage},
 };
 
 mod admin;
@@ -211,6 +212,9 @@ pub struct NodeStats {
     pub cache_bytes: u64,
     /// Consumer cache details (oldest age, held entries, evictions, hits).
     pub cache: CacheStats,
+    /// Copy destinations kept for reuse, and how often copies reused one
+    /// (`fetch.copy-buffers`).
+    pub copy_buffers: ShelfStats,
     /// Loaded plugins.
     pub plugins: Vec<PluginStats>,
     /// Plugins that failed to load (one line each).
@@ -315,6 +319,8 @@ struct Inner {
     /// Keyed by ids this node made (a fast hash; see `kit::hash`).
     shards: Mutex<IdHashMap<ShardId, OwnedShard>>,
     cache: Mutex<Cache>,
+    /// Copy destinations that came back, for later copies of the same length.
+    copy_buffers: CopyBuffers,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
     /// Fetches planned so far (per-fetch experiment draws).
@@ -433,6 +439,7 @@ impl Node {
         tracing::info!(target: "node", node = %config.node.name, tag = %tag, plugins = plugins.len(), "node started");
         let started_ns = clock.monotonic_nanos();
         let cache = Cache::new(config.cache);
+        let copy_buffers = CopyBuffers::new(config.fetch.copy_buffers);
         let generation = Generation::new(
             0,
             config,
@@ -459,6 +466,7 @@ impl Node {
                 next_id: AtomicU64::new(1),
                 shards: Mutex::default(),
                 cache: Mutex::new(cache),
+                copy_buffers,
                 started_ns,
                 clock: Arc::clone(&clock),
                 metrics,
@@ -537,6 +545,7 @@ impl Node {
         // Leases end outside the lock (release is a plugin call).
         let cached = lock(&self.inner.cache).clear();
         drop(cached);
+        self.inner.copy_buffers.clear();
     }
 
     /// The handle of an owned shard.
@@ -629,11 +638,28 @@ fn unique_epoch(now: u64) -> u64 {
     now.max(prev + 1)
 }
 
+impl Inner {
+    /// A destination for a copy of `len` bytes: one a finished copy of the
+    /// same length left on the node's shelf (its old bytes still in it: the
+    /// copy overwrites every one), else a fresh zeroed one. Either goes back
+    /// to the shelf when its holder drops it.
+    fn copy_destination(&self, len: u64) -> Result<CopyBuf, HostError> {
+        let n = usize::try_from(len).map_err(|_| too_large(len))?;
+        if let Some(buf) = self.copy_buffers.reuse(n) {
+            return Ok(buf);
+        }
+        Ok(self.copy_buffers.adopt(zeroed(len)?))
+    }
+}
+
+fn too_large(len: u64) -> HostError {
+    HostError::InvalidShard(format!("{len} bytes do not fit in memory here"))
+}
+
 /// A zero-filled buffer of `len` bytes, or an error instead of an abort when
 /// the allocation cannot be made.
 fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
-    let n = usize::try_from(len)
-        .map_err(|_| HostError::InvalidShard(format!("{len} bytes do not fit in memory here")))?;
+    let n = usize::try_from(len).map_err(|_| too_large(len))?;
     // Probe that large memory can be had (an error, not an abort, for a
     // size the allocator refuses; below `PROBE_FROM` a refusal is the
     // allocator's abort, as for any small allocation, and the probe would
@@ -642,9 +668,9 @@ fn zeroed(len: u64) -> Result<Vec<u8>, HostError> {
     // allocator maps fresh is zeroed by the kernel page by page, and one it
     // reuses from its heap (glibc's mmap threshold rises to the size of the
     // last large block freed) is cleared with memset; either way the bytes
-    // are written twice, once zero and once by the copy (26-33% of the CPU
-    // of a many-consumer copy load: BENCHMARKS.md, sixth session). Reusing
-    // destination buffers would avoid it.
+    // are written twice, once zero and once by the copy. Copy fetches
+    // therefore take their destinations from the node's shelf first
+    // (`Inner::copy_destination`).
     const PROBE_FROM: usize = 1 << 20;
     if n >= PROBE_FROM {
         let mut probe = Vec::<u8>::new();

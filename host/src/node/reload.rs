@@ -216,6 +216,7 @@ impl Node {
                 .then(|| Arc::clone(st))
         };
         let cache_policy = next.cache;
+        let copy_buffers = next.fetch.copy_buffers;
         let generation = Generation::new(
             old.number + 1,
             next,
@@ -228,6 +229,7 @@ impl Node {
         let number = generation.number;
         *self.inner.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(generation);
         drop(old);
+        self.inner.copy_buffers.set_budget(copy_buffers);
         // After the swap: no new fetch reaches a removed plugin.
         self.withdraw_exports(&removed);
         book.draining.extend(removed);

@@ -50,7 +50,9 @@ impl Shard {
         } = f;
         let (keep, ptr, len, writable): (Keep, usize, usize, bool) = match Arc::try_unwrap(data) {
             Ok(ShardBytes::Owned(v)) => {
-                let p = PrivateBuf::new(v);
+                // Python owns the bytes from here: they leave the node's
+                // shelf of copy destinations for good.
+                let p = PrivateBuf::new(v.into_vec());
                 let (ptr, len) = (p.ptr as usize, p.len);
                 (Arc::new(p), ptr, len, true)
             }
