@@ -40,7 +40,7 @@ use bytes::Bytes;
 use super::relay::{Pieces, Seen, Sink, Source};
 #[allow(clippy::wildcard_imports)]
 use super::*;
-use crate::relay::{wire as rwire, Holding};
+use crate::relay::Holding;
 
 /// Bytes an alternate is asked for at once (a run), at most.
 const RUN_BYTES: u64 = 4 << 20;
@@ -566,50 +566,9 @@ impl Client {
     ) -> PluginResult<()> {
         let from = run.from * pieces.size;
         let to = (run.to * pieces.size).min(desc.len);
-        let path = if to == desc.len {
-            rwire::stream_path(desc.id, from)
-        } else {
-            rwire::range_path(desc.id, from, to)
-        };
-        let timeout = if source.owner {
-            self.request_timeout
-        } else {
-            stall
-        };
-        let req = Request {
-            method: "GET",
-            path: &path,
-            body: &[],
-            read_timeout: Some(timeout),
-        };
-        let (mut co, head) = self.exchange(pool, &req)?;
-        if head.status != 200 {
-            let e = self.error_response(
-                pool,
-                &head,
-                &mut co,
-                &format!(
-                    "bytes {from}..{to} of shard {} from its relay tree",
-                    desc.id
-                ),
-            );
-            seen.evicted = !source.owner && head.status == 410;
-            return Err(e);
-        }
-        seen.answered = true;
         let want = to - from;
-        if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
-            co.reusable = false;
-            return Err(AbiError::internal(format!(
-                "{} answered {} bytes of a {}-byte shard {} for bytes {from}..{to}: expected \
-                 {want} of {}",
-                source.addr,
-                head.content_length.unwrap_or_default(),
-                head.shard_len.unwrap_or_default(),
-                desc.id,
-                desc.len
-            )));
-        }
+        let (mut co, head, timeout) =
+            self.ask_source(pool, source, desc, (from, to), stall, seen)?;
         if !sched.reading(w, co.conn().stream.tcp().try_clone().ok()) {
             co.reusable = false;
             return Ok(());
@@ -624,19 +583,7 @@ impl Client {
             }
             let mut buf = vec![0u8; n];
             body.read_exact(&mut buf, What::Shard(desc.id))?;
-            if xxhash_rust::xxh3::xxh3_64(&buf) != pieces.hashes[k as usize] {
-                self.stats.relay_corrupt_pieces.inc();
-                return Err(AbiError::new(
-                    ErrorKind::IO,
-                    format!(
-                        "{} sent piece {k} of shard {} (bytes {start}..{}) with a hash other \
-                         than the owner's",
-                        source.addr,
-                        desc.id,
-                        start + n as u64
-                    ),
-                ));
-            }
+            self.check_piece(source, desc, pieces, k as usize, &buf)?;
             if !source.owner {
                 self.stats.relay_bytes_from_holders.add(n as u64);
             }

@@ -8,12 +8,9 @@ use bytes::Bytes;
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
-use crate::{
-    relay::{
-        wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
-        Filling, Holding, Holdings,
-    },
-    stats::Stats,
+use crate::relay::{
+    wire::{self as rwire, JoinReply, JoinRequest, Parent, Serves},
+    Filling, Holding, Holdings,
 };
 
 /// Rejoins one fetch makes before it takes the rest from the owner.
@@ -486,45 +483,9 @@ impl Client {
             addr: source.addr.to_owned(),
             tls: source.tls,
         });
-        let path = rwire::stream_path(desc.id, *at);
-        // A relay gets `relay-stall-timeout` per read; the owner the usual.
-        let timeout = if source.owner {
-            self.request_timeout
-        } else {
-            stall
-        };
-        let req = Request {
-            method: "GET",
-            path: &path,
-            body: &[],
-            read_timeout: (!source.owner).then_some(stall),
-        };
-        let (mut co, head) = self.exchange(&pool, &req)?;
-        if head.status != 200 {
-            let e = self.error_response(
-                &pool,
-                &head,
-                &mut co,
-                &format!("the relay stream of shard {} from byte {at}", desc.id),
-            );
-            // It carried a relay's read timeout: never pooled.
-            co.reusable = source.owner && co.reusable;
-            seen.evicted = !source.owner && head.status == 410;
-            return Err(e);
-        }
-        seen.answered = true;
         let want = desc.len - *at;
-        if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
-            return Err(AbiError::internal(format!(
-                "{} answered {} bytes of a {}-byte shard {} from byte {at}: expected {want} of \
-                 {}",
-                source.addr,
-                head.content_length.unwrap_or_default(),
-                head.shard_len.unwrap_or_default(),
-                desc.id,
-                desc.len
-            )));
-        }
+        let (mut co, head, timeout) =
+            self.ask_source(&pool, source, desc, (*at, desc.len), stall, seen)?;
         let mut body = Body::new(co.conn(), &pool.addr, timeout, want);
         while *at < desc.len {
             let n = pieces.size.min(desc.len - *at) as usize;
@@ -535,34 +496,17 @@ impl Client {
             if !source.owner {
                 body.deadline = Some(Instant::now() + stall);
             }
-            let corrupt = |stats: &Stats| {
-                stats.relay_corrupt_pieces.inc();
-                AbiError::new(
-                    ErrorKind::IO,
-                    format!(
-                        "{} sent piece {k} of shard {} (bytes {start}..{}) with a hash other \
-                         than the owner's",
-                        source.addr,
-                        desc.id,
-                        start + n
-                    ),
-                )
-            };
             // A leaf reads straight into host memory; a relay into a piece
             // of its own (kept for its children), as does a device fetch.
             match (holding, dst.direct(start, n)) {
                 (None, Some(out)) => {
                     body.read_exact(out, What::Shard(desc.id))?;
-                    if xxhash_rust::xxh3::xxh3_64(out) != pieces.hashes[k] {
-                        return Err(corrupt(&self.stats));
-                    }
+                    self.check_piece(source, desc, pieces, k, out)?;
                 }
                 (holding, _) => {
                     let mut buf = vec![0u8; n];
                     body.read_exact(&mut buf, What::Shard(desc.id))?;
-                    if xxhash_rust::xxh3::xxh3_64(&buf) != pieces.hashes[k] {
-                        return Err(corrupt(&self.stats));
-                    }
+                    self.check_piece(source, desc, pieces, k, &buf)?;
                     dst.put(start, &buf)?;
                     if let Some(h) = holding {
                         h.push(Bytes::from(buf));
@@ -577,6 +521,98 @@ impl Client {
         // Connections that carried a relay's shorter timeout are not pooled.
         co.reusable = source.owner && body.complete() && !head.close;
         Ok(())
+    }
+
+    /// Asks `source` for bytes `from..to` of the shard (the stream to its
+    /// end, or a range) and checks the answer's head: 200, and exactly
+    /// those bytes of a shard of the descriptor's length. Returns the
+    /// connection, the head and the read timeout the connection carries (a
+    /// relay's `relay-stall-timeout`, the owner's request timeout). A relay
+    /// connection whose answer was refused is not pooled, nor one whose
+    /// body was not what was asked (it is left unread).
+    pub(super) fn ask_source(
+        &self,
+        pool: &Arc<OwnerPool>,
+        source: &Source<'_>,
+        desc: &Descriptor,
+        (from, to): (u64, u64),
+        stall: Duration,
+        seen: &mut Seen,
+    ) -> PluginResult<(Checkout, ResponseHead, Duration)> {
+        let path = if to == desc.len {
+            rwire::stream_path(desc.id, from)
+        } else {
+            rwire::range_path(desc.id, from, to)
+        };
+        let timeout = if source.owner {
+            self.request_timeout
+        } else {
+            stall
+        };
+        let req = Request {
+            method: "GET",
+            path: &path,
+            body: &[],
+            read_timeout: Some(timeout),
+        };
+        let (mut co, head) = self.exchange(pool, &req)?;
+        if head.status != 200 {
+            let e = self.error_response(
+                pool,
+                &head,
+                &mut co,
+                &format!(
+                    "bytes {from}..{to} of shard {} from its relay tree",
+                    desc.id
+                ),
+            );
+            // It carried a relay's read timeout: never pooled.
+            co.reusable = source.owner && co.reusable;
+            seen.evicted = !source.owner && head.status == 410;
+            return Err(e);
+        }
+        seen.answered = true;
+        let want = to - from;
+        if head.content_length != Some(want) || head.shard_len != Some(desc.len) {
+            co.reusable = false;
+            return Err(AbiError::internal(format!(
+                "{} answered {} bytes of a {}-byte shard {} for bytes {from}..{to}: expected \
+                 {want} of {}",
+                source.addr,
+                head.content_length.unwrap_or_default(),
+                head.shard_len.unwrap_or_default(),
+                desc.id,
+                desc.len
+            )));
+        }
+        Ok((co, head, timeout))
+    }
+
+    /// `Ok` when `piece` (piece `k` of the shard, from `source`) has the
+    /// owner's hash; otherwise counts it corrupt and says who sent what.
+    pub(super) fn check_piece(
+        &self,
+        source: &Source<'_>,
+        desc: &Descriptor,
+        pieces: &Pieces,
+        k: usize,
+        piece: &[u8],
+    ) -> PluginResult<()> {
+        if xxhash_rust::xxh3::xxh3_64(piece) == pieces.hashes[k] {
+            return Ok(());
+        }
+        self.stats.relay_corrupt_pieces.inc();
+        let start = k as u64 * pieces.size;
+        Err(AbiError::new(
+            ErrorKind::IO,
+            format!(
+                "{} sent piece {k} of shard {} (bytes {start}..{}) with a hash other than the \
+                 owner's",
+                source.addr,
+                desc.id,
+                start + piece.len() as u64
+            ),
+        ))
     }
 
     /// Tells the holder at `at` that its copy of `id` is removed.
