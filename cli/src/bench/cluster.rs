@@ -309,52 +309,18 @@ fn killed_relay(
         })
     };
     let before = failovers(workers)?;
-    let victim = workers[1].w.pid();
-    let kill_after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
-    let fetch = |w: &mut NodeWorker| {
-        w.call(&Request::FetchBuffer {
-            handle: handle.clone(),
-            only: Some("http".to_owned()),
-            seed: Some(seed),
-        })
-    };
-    let start = Instant::now();
-    let (first, rest) = workers[1..=n].split_at_mut(1);
-    let (wall, verified, killed_at) = std::thread::scope(|s| {
-        let doomed = s.spawn(|| fetch(&mut first[0]));
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let joins: Vec<_> = rest
-            .iter_mut()
-            .map(|w| s.spawn(|| (fetch(w), start.elapsed().as_secs_f64())))
-            .collect();
-        std::thread::sleep(kill_after.saturating_sub(start.elapsed()));
-        let killed_at = start.elapsed().as_secs_f64();
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &victim.to_string()])
-            .status();
-        let _ = doomed.join();
-        let mut wall = 0f64;
-        let mut verified = true;
-        for j in joins {
-            match j.join() {
-                Ok((Ok(r), t)) => {
-                    verified &= r.verified == Some(true);
-                    wall = wall.max(t);
-                }
-                _ => verified = false,
-            }
-        }
-        (wall, verified, killed_at)
+    let d = disturbed_broadcast(workers, n, (&handle, seed), size, rate_bps, |victim| {
+        signal("-KILL", victim);
     });
     let after = failovers(workers)?;
     workers[0].call(&Request::Remove {
         ids: vec![put.id.unwrap_or_default()],
     })?;
     Ok(KilledRelay {
-        survivors_s: wall,
-        survivors_verified: verified,
+        survivors_s: d.others_s,
+        survivors_verified: d.others_verified,
         failovers: after - before,
-        killed_at_s: killed_at,
+        killed_at_s: d.at_s,
     })
 }
 
@@ -380,70 +346,101 @@ fn stalled_relay(
         })
     };
     let before = totals(workers)?;
-    let victim = workers[1].w.pid().to_string();
-    let stop_after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
-    let signal = |sig: &str| {
-        let _ = std::process::Command::new("kill")
-            .args([sig, &victim])
-            .status();
-    };
+    let d = disturbed_broadcast(workers, n, (&handle, seed), size, rate_bps, |victim| {
+        signal("-STOP", victim);
+        std::thread::sleep(stop);
+        signal("-CONT", victim);
+    });
+    let after = totals(workers)?;
+    workers[0].call(&Request::Remove {
+        ids: vec![put.id.unwrap_or_default()],
+    })?;
+    let (first_verified, stalled) = d.first.unwrap_or((false, f64::NAN));
+    Ok(StalledRelay {
+        stopped_s: stop.as_secs_f64(),
+        stopped_at_s: d.at_s,
+        stalled_s: stalled,
+        others_s: d.others_s,
+        verified: d.others_verified && first_verified,
+        takeovers: after.0 - before.0,
+        failovers: after.1 - before.1,
+    })
+}
+
+/// What a broadcast whose first relay was disturbed gave.
+struct Disturbed {
+    /// Node 1's fetch: whether its bytes verified, and when it ended
+    /// (seconds from the start); `None` when it failed.
+    first: Option<(bool, f64)>,
+    /// When the last of the other nodes' fetches ended.
+    others_s: f64,
+    /// Whether every other node's fetch ended with the right bytes.
+    others_verified: bool,
+    /// When the disturbance began.
+    at_s: f64,
+}
+
+/// Nodes 1..=n fetch `handle` (the pattern for `seed`) over http; node 1,
+/// the chain's first relay, joins 100 ms before the others, and a third of
+/// the way through the floor time `disturb` is called with its pid.
+fn disturbed_broadcast(
+    workers: &mut [NodeWorker],
+    n: usize,
+    (handle, seed): (&str, u64),
+    size: u64,
+    rate_bps: u64,
+    disturb: impl FnOnce(u32),
+) -> Disturbed {
+    let victim = workers[1].w.pid();
+    let after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
     let fetch = |w: &mut NodeWorker| {
         w.call(&Request::FetchBuffer {
-            handle: handle.clone(),
+            handle: handle.to_owned(),
             only: Some("http".to_owned()),
             seed: Some(seed),
         })
     };
     let start = Instant::now();
     let (first, rest) = workers[1..=n].split_at_mut(1);
-    let (stalled, others, verified, stopped_at) = std::thread::scope(|s| {
-        let stalled = s.spawn(|| (fetch(&mut first[0]), start.elapsed().as_secs_f64()));
+    std::thread::scope(|s| {
+        let first = s.spawn(|| (fetch(&mut first[0]), start.elapsed().as_secs_f64()));
         std::thread::sleep(std::time::Duration::from_millis(100));
         let joins: Vec<_> = rest
             .iter_mut()
             .map(|w| s.spawn(|| (fetch(w), start.elapsed().as_secs_f64())))
             .collect();
-        std::thread::sleep(stop_after.saturating_sub(start.elapsed()));
-        let stopped_at = start.elapsed().as_secs_f64();
-        signal("-STOP");
-        std::thread::sleep(stop);
-        signal("-CONT");
-        let mut verified = true;
-        let mut others = 0f64;
+        std::thread::sleep(after.saturating_sub(start.elapsed()));
+        let at_s = start.elapsed().as_secs_f64();
+        disturb(victim);
+        let mut others_verified = true;
+        let mut others_s = 0f64;
         for j in joins {
             match j.join() {
                 Ok((Ok(r), t)) => {
-                    verified &= r.verified == Some(true);
-                    others = others.max(t);
+                    others_verified &= r.verified == Some(true);
+                    others_s = others_s.max(t);
                 }
-                _ => verified = false,
+                _ => others_verified = false,
             }
         }
-        let stalled = match stalled.join() {
-            Ok((Ok(r), t)) => {
-                verified &= r.verified == Some(true);
-                t
-            }
-            _ => {
-                verified = false;
-                f64::NAN
-            }
+        let first = match first.join() {
+            Ok((Ok(r), t)) => Some((r.verified == Some(true), t)),
+            _ => None,
         };
-        (stalled, others, verified, stopped_at)
-    });
-    let after = totals(workers)?;
-    workers[0].call(&Request::Remove {
-        ids: vec![put.id.unwrap_or_default()],
-    })?;
-    Ok(StalledRelay {
-        stopped_s: stop.as_secs_f64(),
-        stopped_at_s: stopped_at,
-        stalled_s: stalled,
-        others_s: others,
-        verified,
-        takeovers: after.0 - before.0,
-        failovers: after.1 - before.1,
+        Disturbed {
+            first,
+            others_s,
+            others_verified,
+            at_s,
+        }
     })
+}
+
+/// Sends `sig` (`-KILL`, `-STOP`...) to process `pid`.
+fn signal(sig: &str, pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
 }
 
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken
