@@ -142,16 +142,13 @@ fn a_relay_past_its_window_sends_a_late_joiner_to_the_owner_unblamed() {
     assert!(message.contains("relay-window"), "{message}");
 }
 
-#[test]
-fn a_concurrent_broadcast_gives_everyone_the_right_bytes() {
-    let owner = node(OWNER);
-    let data = pattern(3 << 20, 9);
-    let desc = export(&owner.t, 2, &data).unwrap();
-    let consumers: Vec<Node> = (0..4).map(|_| relay_node("")).collect();
+/// Every consumer fetches `desc` at once and gets `data`; the bytes the
+/// consumers took from relays, and those the owner served.
+fn broadcast(owner: &Node, consumers: &[Node], desc: &[u8], data: &[u8]) -> (u64, u64) {
     std::thread::scope(|s| {
         let joins: Vec<_> = consumers
             .iter()
-            .map(|c| s.spawn(|| fetch(&c.t, &desc, data.len()).unwrap()))
+            .map(|c| s.spawn(|| fetch(&c.t, desc, data.len()).unwrap()))
             .collect();
         for j in joins {
             assert!(j.join().unwrap() == data);
@@ -161,7 +158,16 @@ fn a_concurrent_broadcast_gives_everyone_the_right_bytes() {
         .iter()
         .map(|c| stat(&c.t, "relay_bytes_from_holders"))
         .sum();
-    let served = stat(&owner.t, "bytes_served");
+    (relayed, stat(&owner.t, "bytes_served"))
+}
+
+#[test]
+fn a_concurrent_broadcast_gives_everyone_the_right_bytes() {
+    let owner = node(OWNER);
+    let data = pattern(3 << 20, 9);
+    let desc = export(&owner.t, 2, &data).unwrap();
+    let consumers: Vec<Node> = (0..4).map(|_| relay_node("")).collect();
+    let (relayed, served) = broadcast(&owner, &consumers, &desc, &data);
     assert_eq!(
         relayed + served,
         4 * data.len() as u64,
@@ -566,20 +572,7 @@ fn many_sources_give_a_concurrent_broadcast_the_right_bytes() {
     let consumers: Vec<Node> = (0..6)
         .map(|i| relay_node(&format!("relay-sources = {}", 2 + i % 3)))
         .collect();
-    std::thread::scope(|s| {
-        let joins: Vec<_> = consumers
-            .iter()
-            .map(|c| s.spawn(|| fetch(&c.t, &desc, data.len()).unwrap()))
-            .collect();
-        for j in joins {
-            assert!(j.join().unwrap() == data);
-        }
-    });
-    let relayed: u64 = consumers
-        .iter()
-        .map(|c| stat(&c.t, "relay_bytes_from_holders"))
-        .sum();
-    let served = stat(&owner.t, "bytes_served");
+    let (relayed, served) = broadcast(&owner, &consumers, &desc, &data);
     assert!(
         relayed + served >= 6 * data.len() as u64,
         "every byte came from the owner or a relay (duplicates at most add)"
