@@ -36,7 +36,7 @@ use std::{
 
 use shardport_abi::{AbiError, PluginResult};
 pub(crate) use shardport_kit::lease::liveness::{
-    judge, Death, Here, Namespaces, ProcessRecord, System, Verdict,
+    judge, Death, Here, Namespaces, Probe, ProcStart, ProcessRecord, System, Verdict,
 };
 
 use crate::sys::PidFd;
@@ -200,7 +200,13 @@ fn judge_bound(rec: &ProcessRecord, here: &Here) -> Result<Watch, Verdict> {
     // No fd: gone already (the judgement's kill says so too), a thread id,
     // an old kernel or a sandbox (then judged again at every check).
     let fd = PidFd::open(rec.pid).ok();
-    match (judge(rec, here, &System), fd) {
+    // An open pidfd is the kernel's word that the pid exists: the
+    // judgement's `kill(pid, 0)` would only repeat it.
+    let verdict = match fd {
+        Some(_) => judge(rec, here, &Exists),
+        None => judge(rec, here, &System),
+    };
+    match (verdict, fd) {
         // A zombie still shows its pid and start time; the pidfd already
         // knows it exited.
         (Verdict::Alive, Some(fd)) if fd.has_exited() == Some(true) => {
@@ -210,6 +216,18 @@ fn judge_bound(rec: &ProcessRecord, here: &Here) -> Result<Watch, Verdict> {
         (Verdict::Alive, None) => Ok(Watch::Unbound),
         (Verdict::Dead(d), _) => Ok(Watch::Dead(d)),
         (unknown @ Verdict::Unknown(_), _) => Err(unknown),
+    }
+}
+
+/// The real system, for a pid whose pidfd was just opened: it exists.
+struct Exists;
+
+impl Probe for Exists {
+    fn exists(&self, _pid: u32) -> Option<bool> {
+        Some(true)
+    }
+    fn start_ticks(&self, pid: u32) -> ProcStart {
+        System.start_ticks(pid)
     }
 }
 

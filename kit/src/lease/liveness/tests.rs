@@ -247,3 +247,27 @@ fn a_reaped_child_is_dead() {
         Verdict::Dead(_)
     ));
 }
+
+#[test]
+fn the_stat_file_is_read_whole_and_a_missing_pid_is_not_found() {
+    let me = std::process::id();
+    let lean = read_stat(me).unwrap();
+    let whole = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+    // The same line (the start time and everything before the counters
+    // that change while a process runs), ending where the file ends.
+    assert!(lean.ends_with('\n'), "{lean:?}");
+    assert_eq!(
+        parse_stat_start_ticks(&lean),
+        parse_stat_start_ticks(&whole)
+    );
+    assert_eq!(
+        lean.split_whitespace().take(4).collect::<Vec<_>>(),
+        whole.split_whitespace().take(4).collect::<Vec<_>>()
+    );
+    assert_eq!(start_ticks(me), parse_stat_start_ticks(&whole));
+    // No such process (pid_max is at most 2^22): the error says not found,
+    // which `System::start_ticks` reports as `Missing`.
+    let e = read_stat(u32::MAX).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    assert_eq!(System.start_ticks(u32::MAX), ProcStart::Missing);
+}
