@@ -37,6 +37,10 @@ use shardport_abi::{ExportRequest, SharedBytes};
 struct ReaderBook {
     readers: usize,
     withdrawn: bool,
+    /// `withdraw` calls waiting for the last reader: only while there are
+    /// any does that reader's drop signal `idle` (a signal is a system
+    /// call, and every response drops a reader).
+    waiting: usize,
 }
 
 /// The bytes one `export` lent us, and who is reading them.
@@ -104,11 +108,13 @@ impl LentBytes {
             if now >= deadline {
                 return Err(book.readers);
             }
+            book.waiting += 1;
             book = self
                 .idle
                 .wait_timeout(book, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            book.waiting -= 1;
         }
         Ok(())
     }
@@ -162,7 +168,7 @@ impl Drop for Reader {
     fn drop(&mut self) {
         let mut book = self.lent.book();
         book.readers -= 1;
-        if book.readers == 0 {
+        if book.readers == 0 && book.waiting > 0 {
             self.lent.idle.notify_all();
         }
     }
@@ -201,6 +207,37 @@ mod tests {
         drop(clone);
         assert_eq!(waiter.join().unwrap(), Ok(()));
         assert_eq!(lent.readers(), 0);
+    }
+
+    #[test]
+    fn the_last_reader_wakes_a_waiting_withdraw() {
+        let data = vec![3u8; 10];
+        let lent = lend(&data);
+        let b = lent.reader().unwrap().into_bytes();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let lent = Arc::clone(&lent);
+            // A deadline far past the receive below: a withdraw that is not
+            // woken by the reader's drop cannot pass this test by timing out.
+            std::thread::spawn(move || tx.send(lent.withdraw(Duration::from_secs(3600))))
+        };
+        // Bounded: the waiter registers at once.
+        for _ in 0..60_000 {
+            if lent.book().waiting == 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(lent.book().waiting, 1, "the withdraw is waiting");
+        drop(b);
+        let woken = rx.recv_timeout(Duration::from_secs(120));
+        assert_eq!(
+            woken,
+            Ok(Ok(())),
+            "the last reader's drop woke the withdraw"
+        );
+        waiter.join().unwrap().expect("the result was received above");
+        assert_eq!(lent.book().waiting, 0);
     }
 
     #[test]

@@ -713,11 +713,13 @@ impl Client {
                         ),
                     ));
                 }
+                st.waiting += 1;
                 st = pool
                     .freed
                     .wait_timeout(st, deadline - now)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
+                st.waiting -= 1;
             }
             st.busy += 1;
         }

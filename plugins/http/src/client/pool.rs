@@ -11,6 +11,9 @@ pub(super) struct PoolState {
     pub(super) busy: usize,
     /// Kept-alive connections, most recently used last.
     pub(super) idle: Vec<Conn>,
+    /// Requests waiting for a slot (`freed` is signalled only for them: a
+    /// signal is a system call, and every request gives its slot back).
+    pub(super) waiting: usize,
 }
 
 /// Connections to one owner.
@@ -65,7 +68,7 @@ impl Drop for Checkout {
             .filter(|c| self.reusable && c.buffered() == 0);
         let now = Instant::now();
         let mut expired = Vec::new();
-        {
+        let wake = {
             let mut st = self.pool.state();
             if let Some(mut c) = keep {
                 c.idle_since = now;
@@ -83,8 +86,11 @@ impl Drop for Checkout {
                 }
             }
             st.busy -= 1;
+            st.waiting > 0
+        };
+        if wake {
+            self.pool.freed.notify_one();
         }
-        self.pool.freed.notify_one();
         drop(expired);
     }
 }
