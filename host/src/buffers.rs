@@ -275,6 +275,48 @@ mod tests {
     }
 
     #[test]
+    fn a_buffer_taken_apart_goes_back_through_its_home() {
+        let shelf = CopyBuffers::new(2 * KEEP_FROM as u64);
+        let (mut bytes, home) = fresh(&shelf, KEEP_FROM, 1).into_parts();
+        let at = bytes.as_ptr();
+        // Taken apart, it is not on the shelf: a fetch of its length gets
+        // other memory meanwhile.
+        assert_eq!(shelf.stats().kept, 0);
+        let other = fresh(&shelf, KEEP_FROM, 2);
+        assert_ne!(other.as_ptr(), at);
+        bytes.fill(7);
+        home.take_back(bytes);
+        let s = shelf.stats();
+        assert_eq!((s.kept, s.kept_bytes, s.dropped), (1, KEEP_FROM as u64, 0));
+        let again = shelf.reuse(KEEP_FROM).expect("handed back");
+        assert_eq!(again.as_ptr(), at, "the same memory");
+        assert!(again.iter().all(|&x| x == 7), "with what its holder wrote");
+        // Handed back again, it is kept again; so is `other`; a third
+        // buffer is over the budget of two: the oldest goes.
+        let (bytes, home) = again.into_parts();
+        home.take_back(bytes);
+        drop(other);
+        let (bytes, home) = shelf.adopt(vec![3; KEEP_FROM]).into_parts();
+        home.take_back(bytes);
+        let s = shelf.stats();
+        assert_eq!(
+            (s.kept, s.kept_bytes, s.dropped),
+            (2, 2 * KEEP_FROM as u64, 1)
+        );
+        // A detached buffer's home is nowhere; a dropped shelf's takes
+        // nothing back (and handing back to it is safe).
+        let (bytes, home) = CopyBuf::detached(vec![0; KEEP_FROM]).into_parts();
+        assert_eq!(format!("{home:?}"), "CopyHome(nowhere)");
+        home.take_back(bytes);
+        assert_eq!(shelf.stats().kept, 2);
+        let (bytes, home) = shelf.adopt(vec![0; KEEP_FROM]).into_parts();
+        assert_eq!(format!("{home:?}"), "CopyHome(a shelf)");
+        drop(shelf);
+        assert_eq!(format!("{home:?}"), "CopyHome(a shelf that is gone)");
+        home.take_back(bytes);
+    }
+
+    #[test]
     fn a_smaller_budget_frees_what_no_longer_fits_and_zero_keeps_nothing() {
         let shelf = CopyBuffers::new(DEFAULT_BUDGET);
         let bufs: Vec<CopyBuf> = (0..4).map(|_| shelf.adopt(vec![0; KEEP_FROM])).collect();

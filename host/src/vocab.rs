@@ -9,7 +9,8 @@
 //!   [`Storage`], [`ChecksumPolicy`], [`SameNodeMatch`], [`DeviceSel`],
 //!   [`CachePolicy`].
 //! - [`ShardBytes`]: the bytes of a fetched shard (a leased view or a copy,
-//!   a [`CopyBuf`] that returns to where it came from, [`TakeBack`]).
+//!   a [`CopyBuf`] that returns to where it came from, [`TakeBack`],
+//!   [`CopyHome`]).
 
 use std::{
     fmt,
@@ -251,6 +252,46 @@ impl CopyBuf {
     pub fn into_vec(mut self) -> Vec<u8> {
         self.home = None;
         std::mem::take(&mut self.bytes)
+    }
+
+    /// The bytes and where they go back to, for a holder that cannot keep
+    /// them as a `CopyBuf` (the Python binding lends them out through raw
+    /// pointers, and must not hold a value that derefs to them while
+    /// Python writes): it hands them back with [`CopyHome::take_back`]
+    /// once nothing reaches them any more.
+    pub fn into_parts(mut self) -> (Vec<u8>, CopyHome) {
+        let home = CopyHome(self.home.take());
+        (std::mem::take(&mut self.bytes), home)
+    }
+}
+
+/// Where the bytes of a [`CopyBuf`] taken apart with
+/// [`CopyBuf::into_parts`] go back to: the node's shelf of copy
+/// destinations (held weakly: a shelf that is gone, its node dropped,
+/// takes nothing back), or nowhere.
+pub struct CopyHome(Option<Weak<dyn TakeBack>>);
+
+impl CopyHome {
+    /// Hands `bytes` back (or frees them: no home, or a home that is gone,
+    /// full or over its budget). The caller must hold no pointer to them
+    /// any more: the shelf gives them out again as another copy's
+    /// destination.
+    pub fn take_back(self, bytes: Vec<u8>) {
+        drop(CopyBuf {
+            bytes,
+            home: self.0,
+        });
+    }
+}
+
+impl fmt::Debug for CopyHome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let to = match &self.0 {
+            None => "nowhere",
+            Some(h) if h.strong_count() == 0 => "a shelf that is gone",
+            Some(_) => "a shelf",
+        };
+        write!(f, "CopyHome({to})")
     }
 }
 

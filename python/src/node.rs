@@ -397,10 +397,12 @@ impl PyNode {
         let mode = parse_mode(mode)?.unwrap_or(node.config().fetch.mode);
         let bound = one_handle(handle, "fetch")?;
         let h = &bound.get().inner;
-        // A copy comes from the host's copy path as fresh, untouched zero
-        // pages (one pass over the bytes), lent to Python without another
-        // copy; the host checks the claimed size against
-        // `node.max-shard-size` first.
+        // A copy comes from the host's copy path (one pass over the bytes,
+        // into a buffer from the node's shelf of copy destinations when one
+        // of the same length is there, else fresh zero pages), lent to
+        // Python without another copy, and handed back to the shelf when
+        // the last Python object reaching it is gone; the host checks the
+        // claimed size against `node.max-shard-size` first.
         let shard = unlocked(py, || node.fetch_mode(h, mode).map(Shard::from_fetched))
             .map_err(host_err)?
             .with_origin(|| ViewOrigin {

@@ -11,7 +11,9 @@
 //! DLPack capsule holds a clone of `keep` in its manager context and drops
 //! it in the deleter (which consumers may call from any thread, without the
 //! GIL: it only drops Rust values). So the lease ends when the last NumPy
-//! array, torch tensor, memoryview or `Shard` reaching it goes away.
+//! array, torch tensor, memoryview or `Shard` reaching it goes away, and
+//! only then does a private copy's buffer go back to the node's shelf of
+//! copy destinations ([`PrivateBuf`]), to be handed out again.
 
 use std::{
     any::Any,

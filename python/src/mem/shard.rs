@@ -50,9 +50,10 @@ impl Shard {
         } = f;
         let (keep, ptr, len, writable): (Keep, usize, usize, bool) = match Arc::try_unwrap(data) {
             Ok(ShardBytes::Owned(v)) => {
-                // Python owns the bytes from here: they leave the node's
-                // shelf of copy destinations for good.
-                let p = PrivateBuf::new(v.into_vec());
+                // Python owns the bytes from here; they go back to the
+                // node's shelf of copy destinations when the last Python
+                // object reaching them is gone (`PrivateBuf`).
+                let p = PrivateBuf::from_copy(v);
                 let (ptr, len) = (p.ptr as usize, p.len);
                 (Arc::new(p), ptr, len, true)
             }
