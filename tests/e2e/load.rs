@@ -40,6 +40,11 @@ fn bench_load_serves_every_consumer_and_reports_each_point() {
         // Every consumer got fetches served.
         assert!(row["share_min"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["churn_puts"].as_u64().unwrap() > 0, "{row}");
+        // Half the fetches are copies, and the same consumers measured the
+        // copy limit after the point.
+        assert!(row["copy_gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["copy_limit_gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["late_start_ms"].as_f64().unwrap() >= 0.0, "{row}");
     }
 }
 

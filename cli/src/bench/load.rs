@@ -15,6 +15,25 @@
 //! keeps only that transport's export). The owner meanwhile puts and
 //! removes 64 KiB shards of its own at a paced rate (churn on the pool, the
 //! board and both transports' export tables).
+//!
+//! # The copy limit of each point
+//! Copies are most of the work, and what they cost depends on how many
+//! consumers copy: each consumer writes into its own destinations (its
+//! node's shelf keeps one buffer per shard length), so C consumers write
+//! into C sets of them. Up to a few sets they stay in the caches; at 64
+//! sets of 5.1 MiB they do not, and every copy then pays the memory's
+//! bandwidth (on this project's 2-vCPU VM a 4 MiB memcpy fell from 13.6
+//! GB/s with 8 destinations taken in turn to 8.3-8.6 with 64, a NumPy
+//! loop, 2026-11-27), and each switch between consumer processes finds the
+//! next one's destinations colder. So after each point the same C
+//! consumers measure the copy limit together ([`copy_limit`]): each copies
+//! the shards' bytes from views into destinations of its own, as fast as
+//! it can (no fetch, no lease, no http), for [`LIMIT_TIME`] with one
+//! `memcpy` per copy and as long again with large copies split across
+//! threads, the faster kept: what this machine copies with C processes
+//! copying, under the same scheduler. The
+//! row reports the consumers' copy rate during the point beside it. A curve
+//! whose copies hold their ratio to that limit scales as the machine does.
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
@@ -66,6 +85,15 @@ pub struct LoadRow {
     pub error_samples: BTreeMap<String, String>,
     /// The owner's CPU seconds per GB moved.
     pub owner_cpu_s_per_gb: f64,
+    /// The bytes fetched as copies per second, GB/s.
+    pub copy_gbps: f64,
+    /// How late the latest consumer began after the point's common start,
+    /// ms (its loop still ended with the others').
+    pub late_start_ms: f64,
+    /// This machine's copy rate into this many consumers' destinations,
+    /// measured right after the point ([`copy_limit`]), GB/s; 0 when not
+    /// measured.
+    pub copy_limit_gbps: f64,
     /// Shards the owner put (and removed) meanwhile.
     pub churn_puts: u64,
 }
@@ -116,6 +144,7 @@ pub fn run_load(
             .map(|i| spawn(&format!("consumer {i}")))
             .collect::<Result<Vec<_>, _>>()?;
         let duration_ms = opts.duration.as_millis() as u64;
+        let start_unix_ns = start_after(start_margin(c));
         let owner_cpu = owner.cpu_seconds();
         let (results, churn) = std::thread::scope(|s| {
             let churn = s.spawn(|| {
@@ -124,6 +153,7 @@ pub fn run_load(
                     &Request::Churn {
                         duration_ms,
                         per_s: opts.churn_per_s,
+                        start_unix_ns,
                     },
                 )
             });
@@ -137,6 +167,7 @@ pub fn run_load(
                         view_share: opts.view_share,
                         http_share: opts.http_share,
                         seed: 0x5eed + i as u64,
+                        start_unix_ns,
                     };
                     s.spawn(move || call(w, &Request::Load(spec)))
                 })
@@ -159,10 +190,16 @@ pub fn run_load(
         for r in results {
             loops.push(r?.load.ok_or("a consumer's reply had no load result")?);
         }
+        let mut row = aggregate(c, &loops, owner_cpu, churn_puts);
+        if opts.view_share < 1.0 {
+            progress(&format!("{c} consumers, the copy limit"));
+            row.copy_limit_gbps =
+                copy_limit(&mut consumers, &handles, opts.duration.min(LIMIT_TIME))?;
+        }
         for mut w in consumers {
             let _ = w.call(&Request::Exit);
         }
-        rows.push(aggregate(c, &loops, owner_cpu, churn_puts));
+        rows.push(row);
     }
     let _ = owner.call(&Request::Exit);
     Ok(rows)
@@ -176,6 +213,7 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
         .max(1e-9);
     let fetches: u64 = loops.iter().map(|l| l.fetches).sum();
     let bytes: u64 = loops.iter().map(|l| l.bytes).sum();
+    let copied: u64 = loops.iter().map(|l| l.copied_bytes).sum();
     let mut errors_by_kind = BTreeMap::new();
     let mut error_samples = BTreeMap::new();
     for l in loops {
@@ -211,17 +249,104 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
         error_samples,
         owner_cpu_s_per_gb: owner_cpu / (bytes as f64 / 1e9).max(1e-9),
         churn_puts,
+        copy_gbps: copied as f64 / secs / 1e9,
+        late_start_ms: loops.iter().map(|l| l.late_ns).max().unwrap_or(0) as f64 / 1e6,
+        copy_limit_gbps: 0.0,
     }
 }
+
+/// The copy limit of a point, GB/s: every consumer at once copies the
+/// shards' bytes from views into destinations of its own
+/// (`worker::load::run_copy_limit`), for `time` with one `memcpy` per copy
+/// and for `time` again with large copies split across threads as the
+/// product's copies are; the faster of the two (with all cores busy, a
+/// second thread per copy only costs; with cores idle, it is how a large
+/// copy goes fastest).
+fn copy_limit(
+    consumers: &mut [WorkerProcess],
+    handles: &[String],
+    time: Duration,
+) -> Result<f64, String> {
+    let single = copy_rate(consumers, handles, time, false)?;
+    let split = copy_rate(consumers, handles, time, true)?;
+    Ok(single.max(split))
+}
+
+/// Every consumer's copies (one way) at once; their bytes over the longest
+/// loop, GB/s.
+fn copy_rate(
+    consumers: &mut [WorkerProcess],
+    handles: &[String],
+    time: Duration,
+    split: bool,
+) -> Result<f64, String> {
+    let start_unix_ns = start_after(start_margin(consumers.len()));
+    let results: Vec<Result<Reply, String>> = std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, w)| {
+                let spec = LoopSpec {
+                    handles: handles.to_vec(),
+                    duration_ms: time.as_millis() as u64,
+                    view_share: 0.0,
+                    http_share: 0.0,
+                    seed: 0xc0b1 + i as u64,
+                    start_unix_ns,
+                };
+                s.spawn(move || call(w, &Request::CopyLimit { spec, split }))
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a consumer thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut bytes = 0u64;
+    let mut secs = 1e-9f64;
+    for r in results {
+        let l = r?
+            .load
+            .ok_or("a consumer's reply had no copy-limit result")?;
+        bytes += l.copied_bytes;
+        secs = secs.max(l.elapsed_ns as f64 / 1e9);
+    }
+    Ok(bytes as f64 / secs / 1e9)
+}
+
+/// How long before a point's common start its requests go out: time for
+/// every consumer to receive its request, warm up (`worker::load`'s
+/// `warm_up`: each shard fetched once) and be waiting when the window
+/// opens (a consumer that is not starts late, and is reported so,
+/// `late_start_ms`).
+fn start_margin(consumers: usize) -> Duration {
+    Duration::from_millis(300) + Duration::from_millis(20) * consumers as u32
+}
+
+/// Nanoseconds since the Unix epoch, `after` from now.
+fn start_after(after: Duration) -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        + after)
+        .as_nanos() as u64
+}
+
+/// How long each way of a point's copy limit runs at most (the point's
+/// duration when shorter).
+pub const LIMIT_TIME: Duration = Duration::from_millis(1500);
 
 /// The rows as a table.
 pub fn table(rows: &[LoadRow]) -> String {
     let mut out = String::from(
-        "consumers   shards/s        GB/s     p50 us     p99 us   share min..max   owner CPU s/GB   errors   churn puts\n",
+        "consumers   shards/s        GB/s     p50 us     p99 us   share min..max   owner CPU s/GB   errors   churn puts   copies GB/s (limit, ratio)\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<11} {:<15.0} {:<8.2} {:>7.1} {:>10.1}   {:.2}..{:.2}       {:>8.3}        {:>6}   {:>10}\n",
+            "{:<11} {:<15.0} {:<8.2} {:>7.1} {:>10.1}   {:.2}..{:.2}       {:>8.3}        {:>6}   {:>10}   {}\n",
             r.consumers,
             r.shards_per_s,
             r.gbps,
@@ -231,8 +356,15 @@ pub fn table(rows: &[LoadRow]) -> String {
             r.share_max,
             r.owner_cpu_s_per_gb,
             r.errors,
-            r.churn_puts
+            r.churn_puts,
+            copies(r)
         ));
+        if r.late_start_ms > 0.0 {
+            out.push_str(&format!(
+                "            the latest consumer began {:.1} ms after the common start\n",
+                r.late_start_ms
+            ));
+        }
         for (kind, message) in &r.error_samples {
             out.push_str(&format!(
                 "            {} x {kind}, e.g.: {message}\n",
@@ -240,7 +372,53 @@ pub fn table(rows: &[LoadRow]) -> String {
             ));
         }
     }
+    if let Some(line) = against_peak(rows) {
+        out.push_str(&line);
+    }
     out
+}
+
+/// A row's copy rate, its limit and their ratio (`-` without a limit).
+fn copies(r: &LoadRow) -> String {
+    if r.copy_limit_gbps > 0.0 {
+        format!(
+            "{:.2} ({:.2}, {:.2}x)",
+            r.copy_gbps,
+            r.copy_limit_gbps,
+            r.copy_gbps / r.copy_limit_gbps
+        )
+    } else {
+        format!("{:.2} (-)", r.copy_gbps)
+    }
+}
+
+/// The last point against the peak of the curve: the raw rate, the copy
+/// limit, and the copies' ratio to their limit. `None` for fewer than two
+/// points.
+pub fn against_peak(rows: &[LoadRow]) -> Option<String> {
+    let last = rows.last()?;
+    let peak = rows
+        .iter()
+        .max_by(|a, b| a.shards_per_s.total_cmp(&b.shards_per_s))?;
+    if rows.len() < 2 || peak.shards_per_s <= 0.0 {
+        return None;
+    }
+    let mut line = format!(
+        "{} consumers against the peak ({} consumers): shards/s {:.2}x",
+        last.consumers,
+        peak.consumers,
+        last.shards_per_s / peak.shards_per_s
+    );
+    if last.copy_limit_gbps > 0.0 && peak.copy_limit_gbps > 0.0 && peak.copy_gbps > 0.0 {
+        let ratio = |r: &LoadRow| r.copy_gbps / r.copy_limit_gbps;
+        line.push_str(&format!(
+            "; the copy limit {:.2}x; copies against their limit {:.2}x",
+            last.copy_limit_gbps / peak.copy_limit_gbps,
+            ratio(last) / ratio(peak)
+        ));
+    }
+    line.push('\n');
+    Some(line)
 }
 
 /// An SVG of the curves: shards/s and p99 latency against consumers (each
@@ -296,6 +474,35 @@ mod tests {
         assert_eq!(row.p50_us, 1.0);
         assert_eq!(row.p99_us, 5.0);
         assert_eq!(row.churn_puts, 9);
+        assert_eq!(row.late_start_ms, 0.0);
+        let mut late = l(10, vec![1000]);
+        late.late_ns = 2_500_000;
+        late.copied_bytes = 4_000_000_000;
+        let r2 = aggregate(2, &[l(10, vec![1000]), late], 0.5, 1);
+        assert_eq!(r2.late_start_ms, 2.5);
+        assert_eq!(r2.copy_gbps, 4.0);
+        // The last point against the peak: raw rate, copy limit, and the
+        // copies' ratio to it.
+        let mut peak = r2.clone();
+        peak.shards_per_s = 100.0;
+        peak.copy_gbps = 4.0;
+        peak.copy_limit_gbps = 8.0;
+        let mut last = peak.clone();
+        last.consumers = 64;
+        last.shards_per_s = 80.0;
+        last.copy_gbps = 3.0;
+        last.copy_limit_gbps = 4.0;
+        let line = against_peak(&[peak.clone(), last]).unwrap();
+        assert_eq!(
+            line,
+            "64 consumers against the peak (2 consumers): shards/s 0.80x; the copy limit 0.50x; \
+             copies against their limit 1.50x\n"
+        );
+        assert_eq!(
+            against_peak(&[peak]),
+            None,
+            "one point has no peak to compare"
+        );
         let svg = svg(&[row]);
         assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
         assert!(svg.trim_end().ends_with("</svg>"), "{svg}");

@@ -33,6 +33,42 @@ pub struct LoopSpec {
     pub http_share: f64,
     /// Seed of this loop's choices.
     pub seed: u64,
+    /// When the loop starts, nanoseconds since the Unix epoch (0: at once).
+    /// Every consumer of a point gets the same start, so their loops cover
+    /// one window of wall-clock time, `duration_ms` long from it: a loop
+    /// started at its own moment would run while others have not started
+    /// or have stopped, and the point's rate, the consumers' shares and its
+    /// copy limit would count those stretches as if all ran together.
+    #[serde(default)]
+    pub start_unix_ns: u64,
+}
+
+/// The longest a loop waits for its start.
+pub const MAX_START_WAIT: Duration = Duration::from_secs(60);
+
+/// The start of a loop scheduled at `start_unix_ns` (0: now): waits (at
+/// most [`MAX_START_WAIT`]) for it and returns the instant that stands for
+/// it, and how late this loop began (the request arrived after the start:
+/// the loop then still ends with the others).
+fn scheduled_start(start_unix_ns: u64) -> (Instant, Duration) {
+    if start_unix_ns == 0 {
+        return (Instant::now(), Duration::ZERO);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let at = Duration::from_nanos(start_unix_ns);
+    match at.checked_sub(now) {
+        Some(wait) => {
+            std::thread::sleep(wait.min(MAX_START_WAIT));
+            (Instant::now(), Duration::ZERO)
+        }
+        None => {
+            let late = now - at;
+            let here = Instant::now();
+            (here.checked_sub(late).unwrap_or(here), late)
+        }
+    }
 }
 
 /// What one loop did.
@@ -42,6 +78,9 @@ pub struct LoopResult {
     pub fetches: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// The bytes of the fetches made as copies (views move none).
+    #[serde(default)]
+    pub copied_bytes: u64,
     /// Failed fetches by error kind.
     pub errors: BTreeMap<String, u64>,
     /// The first message of each error kind (what the transports said).
@@ -49,8 +88,11 @@ pub struct LoopResult {
     pub error_samples: BTreeMap<String, String>,
     /// A uniform sample of the successful fetches' latencies, ns.
     pub latencies_ns: Vec<u64>,
-    /// How long the loop ran, ns.
+    /// How long the loop ran, ns, from its scheduled start.
     pub elapsed_ns: u64,
+    /// How late after its scheduled start the loop began, ns.
+    #[serde(default)]
+    pub late_ns: u64,
 }
 
 /// A small, seeded generator (splitmix64): the same choices for the same seed.
@@ -92,10 +134,14 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     if shm.is_empty() {
         return Err("no handles".into());
     }
+    if spec.start_unix_ns != 0 {
+        warm_up(node, &shm, &http, spec);
+    }
     let mut rng = Choice(spec.seed);
     let mut out = LoopResult::default();
     let deadline = Duration::from_millis(spec.duration_ms);
-    let start = Instant::now();
+    let (start, late) = scheduled_start(spec.start_unix_ns);
+    out.late_ns = late.as_nanos() as u64;
     let mut seen = 0u64;
     while out.fetches + out.errors.values().sum::<u64>() < MAX_FETCHES_PER_LOOP
         && start.elapsed() < deadline
@@ -117,6 +163,9 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
                 let ns = t.elapsed().as_nanos() as u64;
                 out.fetches += 1;
                 out.bytes += h.meta.byte_len;
+                if mode == FetchMode::Copy {
+                    out.copied_bytes += h.meta.byte_len;
+                }
                 drop(f);
                 seen += 1;
                 // Reservoir sampling: every latency equally likely kept.
@@ -142,6 +191,86 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     Ok(out)
 }
 
+/// Before a scheduled loop starts, what a consumer that has been running
+/// for a while has done already: each shard fetched once as a view and as
+/// a copy through posix-shm (its pages of the owner's pool mapped, its
+/// copy destinations on the node's shelf), and once through http where the
+/// loop fetches through http (a connection to the owner). Not counted:
+/// the loop measures a consumer's steady state, not its first contact,
+/// which `scripts/bench_first_fetch.py` and the fetch benches measure.
+/// Failures here show again, counted, in the loop.
+fn warm_up(node: &Node, shm: &[Handle], http: &[Handle], spec: &LoopSpec) {
+    for h in shm {
+        if spec.view_share > 0.0 {
+            drop(node.fetch_mode(h, FetchMode::View));
+        }
+        if spec.view_share < 1.0 {
+            drop(node.fetch_mode(h, FetchMode::Copy));
+        }
+    }
+    if spec.http_share > 0.0 {
+        for h in http {
+            drop(node.fetch_mode(h, FetchMode::Copy));
+        }
+    }
+}
+
+/// The copy limit of a load point (a worker's `copy_limit` request): the
+/// same copies as [`run_loop`]'s, without the fetch. Views of every shard
+/// through posix-shm (held for the whole loop), one destination per shard
+/// length (as this node's shelf keeps them), then, for `duration_ms`, a
+/// shard chosen at random copied from its view into the destination of its
+/// length, with one `memcpy` or (`split`) with the product's copy routine
+/// (`kit::copy`: pieces of a large copy on several threads). Run by every
+/// consumer of a point at once, it is what the machine copies with that
+/// many processes copying: the same scheduler, the same caches. `fetches`
+/// counts the copies.
+pub fn run_copy_limit(node: &Node, spec: &LoopSpec, split: bool) -> Result<LoopResult, String> {
+    let mut views = Vec::with_capacity(spec.handles.len());
+    for text in &spec.handles {
+        let bytes = hex::decode(text).map_err(|e| format!("bad handle: {e}"))?;
+        let mut h = Handle::from_bytes(&bytes).map_err(|e| format!("bad handle: {e}"))?;
+        if !h.keep_only("posix-shm") {
+            return Err("every handle needs a posix-shm export".into());
+        }
+        let view = node
+            .fetch_mode(&h, FetchMode::View)
+            .map_err(|e| format!("view of shard {}: {e}", h.id))?;
+        views.push(view);
+    }
+    if views.is_empty() {
+        return Err("no handles".into());
+    }
+    let mut destinations: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+    for v in &views {
+        destinations
+            .entry(v.data.len())
+            .or_insert_with(|| vec![1u8; v.data.len()]);
+    }
+    let mut rng = Choice(spec.seed);
+    let mut out = LoopResult::default();
+    let deadline = Duration::from_millis(spec.duration_ms);
+    let (start, late) = scheduled_start(spec.start_unix_ns);
+    out.late_ns = late.as_nanos() as u64;
+    while start.elapsed() < deadline && out.fetches < MAX_FETCHES_PER_LOOP {
+        let src: &[u8] = &views[rng.below(views.len() as u64) as usize].data;
+        let dst = destinations
+            .get_mut(&src.len())
+            .expect("a destination per length");
+        if split {
+            shardport_kit::copy::copy(src, dst);
+        } else {
+            dst.copy_from_slice(src);
+        }
+        out.fetches += 1;
+        out.bytes += src.len() as u64;
+        out.copied_bytes += src.len() as u64;
+    }
+    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+    std::hint::black_box(&destinations);
+    Ok(out)
+}
+
 /// The kind of a fetch error, for counting.
 fn error_kind(e: &shardport_host::HostError) -> String {
     let text = format!("{e:?}");
@@ -152,9 +281,14 @@ fn error_kind(e: &shardport_host::HostError) -> String {
 }
 
 /// The owner's churn (a worker's `churn` request): put and remove 64 KiB
-/// shards for `duration_ms`, at most `per_s` a second (0: as fast as it
-/// can); returns how many it put.
-pub fn run_churn(node: &Node, duration_ms: u64, per_s: u64) -> Result<u64, String> {
+/// shards for `duration_ms` from `start_unix_ns` (as [`LoopSpec`]'s), at
+/// most `per_s` a second (0: as fast as it can); returns how many it put.
+pub fn run_churn(
+    node: &Node,
+    duration_ms: u64,
+    per_s: u64,
+    start_unix_ns: u64,
+) -> Result<u64, String> {
     let bytes = vec![7u8; 64 << 10];
     let spec = shardport_host::TensorSpec {
         dtype: shardport_abi::DType::U8,
@@ -162,7 +296,7 @@ pub fn run_churn(node: &Node, duration_ms: u64, per_s: u64) -> Result<u64, Strin
         device: shardport_abi::Device::CPU,
     };
     let deadline = Duration::from_millis(duration_ms);
-    let start = Instant::now();
+    let (start, _) = scheduled_start(start_unix_ns);
     let mut n = 0u64;
     while start.elapsed() < deadline && n < MAX_FETCHES_PER_LOOP {
         let h = node
@@ -184,6 +318,34 @@ pub fn run_churn(node: &Node, duration_ms: u64, per_s: u64) -> Result<u64, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unix_ns_in(d: Duration, later: bool) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        (if later { now + d } else { now - d }).as_nanos() as u64
+    }
+
+    #[test]
+    fn loops_start_at_their_scheduled_moment_or_count_how_late() {
+        // Now: no wait, not late.
+        let (_, late) = scheduled_start(0);
+        assert_eq!(late, Duration::ZERO);
+        // In the future: waits for it.
+        let before = Instant::now();
+        let (start, late) = scheduled_start(unix_ns_in(Duration::from_millis(30), true));
+        assert_eq!(late, Duration::ZERO);
+        assert!(start >= before + Duration::from_millis(20), "waited");
+        // In the past: begins at once, the start stands back by the delay,
+        // so the loop ends when the others do.
+        let asked = Instant::now();
+        let (start, late) = scheduled_start(unix_ns_in(Duration::from_millis(500), false));
+        assert!(late >= Duration::from_millis(500), "{late:?}");
+        assert!(
+            start <= asked - Duration::from_millis(400),
+            "the start stands back"
+        );
+    }
 
     #[test]
     fn choices_are_seeded_and_shares_hold() {

@@ -135,6 +135,15 @@ pub enum Request {
     },
     /// Fetch in a loop for a while (`shardport bench load`).
     Load(load::LoopSpec),
+    /// Copy the shards' bytes in a loop for a while, without fetching: a
+    /// load point's copy limit (`load::run_copy_limit`).
+    CopyLimit {
+        /// The shards and the loop's duration and seed (its shares unused).
+        spec: load::LoopSpec,
+        /// Large copies in pieces on several threads, as `kit::copy` does,
+        /// rather than one `memcpy`.
+        split: bool,
+    },
     /// Put and remove shards in a loop for `duration_ms` (`shardport bench
     /// load`'s owner churn); replies with how many it put in `count`.
     Churn {
@@ -143,6 +152,9 @@ pub enum Request {
         /// At most this many a second (0: as fast as it can).
         #[serde(default)]
         per_s: u64,
+        /// When to start, nanoseconds since the Unix epoch (0: at once).
+        #[serde(default)]
+        start_unix_ns: u64,
     },
     /// Verify a held fetch result against the pattern for `seed`.
     Check {
@@ -422,7 +434,18 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             },
             Err(e) => Reply::err(e),
         },
-        Request::Churn { duration_ms, per_s } => match load::run_churn(node, duration_ms, per_s) {
+        Request::CopyLimit { spec, split } => match load::run_copy_limit(node, &spec, split) {
+            Ok(r) => Reply {
+                load: Some(r),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::Churn {
+            duration_ms,
+            per_s,
+            start_unix_ns,
+        } => match load::run_churn(node, duration_ms, per_s, start_unix_ns) {
             Ok(n) => Reply {
                 count: Some(n),
                 ..Reply::ok()
