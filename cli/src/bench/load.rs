@@ -85,14 +85,14 @@ pub struct LoadRow {
     pub error_samples: BTreeMap<String, String>,
     /// The owner's CPU seconds per GB moved.
     pub owner_cpu_s_per_gb: f64,
-    /// The bytes fetched as copies per second, GB/s.
+    /// The bytes fetched as copies through posix-shm per second, GB/s.
     pub copy_gbps: f64,
     /// How late the latest consumer began after the point's common start,
     /// ms (its loop still ended with the others').
     pub late_start_ms: f64,
     /// This machine's copy rate into this many consumers' destinations,
     /// measured right after the point ([`copy_limit`]), GB/s; 0 when not
-    /// measured.
+    /// measured (no copies through posix-shm in the workload).
     pub copy_limit_gbps: f64,
     /// Shards the owner put (and removed) meanwhile.
     pub churn_puts: u64,
@@ -191,7 +191,7 @@ pub fn run_load(
             loops.push(r?.load.ok_or("a consumer's reply had no load result")?);
         }
         let mut row = aggregate(c, &loops, owner_cpu, churn_puts);
-        if opts.view_share < 1.0 {
+        if opts.view_share < 1.0 && opts.http_share < 1.0 {
             progress(&format!("{c} consumers, the copy limit"));
             row.copy_limit_gbps =
                 copy_limit(&mut consumers, &handles, opts.duration.min(LIMIT_TIME))?;
