@@ -236,7 +236,10 @@ mod tests {
             Ok(Ok(())),
             "the last reader's drop woke the withdraw"
         );
-        waiter.join().unwrap().expect("the result was received above");
+        waiter
+            .join()
+            .unwrap()
+            .expect("the result was received above");
         assert_eq!(lent.book().waiting, 0);
     }
 
