@@ -81,6 +81,50 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     );
 }
 
+/// The chain's first relay stopped (SIGSTOP) for 6 s a third of the way
+/// through: its child takes pieces from its alternate, reports it late, and
+/// the owner demotes it (moves it out of the chain); every copy, the
+/// stopped relay's own included, is the owner's. 6 s leaves the child
+/// time to report it whatever the lag (at most half of the bench's 5 s
+/// `relay-stall-timeout`, plus two runs of two pieces).
+#[test]
+fn a_stalled_relay_is_demoted_and_every_copy_is_right() {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    let opts = ClusterOptions {
+        nodes: vec![3],
+        sizes: vec![(4 << 20) + 7],
+        rate_bps: 40_000_000,
+        fanin_factor: 4,
+        kill_relay: false,
+        stall_relay: Some(std::time::Duration::from_secs(6)),
+        relay_lag: None,
+        owner_only: false,
+        fanin: false,
+        relay_piece: None,
+        relay_window: None,
+        relay_sources: None,
+        exe: util::shardport_bin(),
+        plugin_dir: util::plugin_lib("shardport-http")
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    };
+    let rows = run_cluster(&opts, &mut |line| eprintln!("{line}")).unwrap();
+    let st = rows[0]
+        .stalled_relay
+        .as_ref()
+        .expect("the stall run took place");
+    assert!(st.verified, "every copy is the owner's: {st:?}");
+    assert!(st.demotions >= 1, "the stopped relay was demoted: {st:?}");
+    assert!(
+        st.late_parents + st.failovers >= 1,
+        "its child reported it: {st:?}"
+    );
+}
+
 #[test]
 fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
     if let Some(why) = Cluster::unavailable() {
