@@ -81,12 +81,16 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     );
 }
 
-/// The chain's first relay stopped (SIGSTOP) for 6 s a third of the way
-/// through: its child takes pieces from its alternate, reports it late, and
-/// the owner demotes it (moves it out of the chain); every copy, the
-/// stopped relay's own included, is the owner's. 6 s leaves the child
-/// time to report it whatever the lag (at most half of the bench's 5 s
-/// `relay-stall-timeout`, plus two runs of two pieces).
+/// The chain's first relay stopped (SIGSTOP) for 3 s a third of the way
+/// through: its child takes pieces from its alternate (the owner), reports
+/// it late, and the owner demotes it (moves it out of the chain); every
+/// copy, the stopped relay's own included, is the owner's. A report needs
+/// the parent silent for 4 lags (the lag: 16 usual gaps between pieces, at
+/// least `relay-lag`) while 2 runs are taken over, so the shard has many
+/// small pieces (16 KiB, 256 of them) and `relay-lag` is 20 ms: the report
+/// comes a few hundred milliseconds into the stop, with most of the shard
+/// still to come. Two consumers: its 4-node testbed is the only one of
+/// that size among these tests (the broadcast test looks for its own).
 #[test]
 fn a_stalled_relay_is_demoted_and_every_copy_is_right() {
     if let Some(why) = Cluster::unavailable() {
@@ -94,16 +98,16 @@ fn a_stalled_relay_is_demoted_and_every_copy_is_right() {
         return;
     }
     let opts = ClusterOptions {
-        nodes: vec![3],
+        nodes: vec![2],
         sizes: vec![(4 << 20) + 7],
         rate_bps: 40_000_000,
         fanin_factor: 4,
         kill_relay: false,
-        stall_relay: Some(std::time::Duration::from_secs(6)),
-        relay_lag: None,
+        stall_relay: Some(std::time::Duration::from_secs(3)),
+        relay_lag: Some(std::time::Duration::from_millis(20)),
         owner_only: false,
         fanin: false,
-        relay_piece: None,
+        relay_piece: Some(16 << 10),
         relay_window: None,
         relay_sources: None,
         exe: util::shardport_bin(),
