@@ -47,6 +47,12 @@ use super::wire::{JoinRequest, Parent, Serves};
 /// without being recorded (bounds the owner's memory per shard).
 pub(crate) const MAX_MEMBERS: usize = 4096;
 
+/// Holders one member may demote: enough for a fetch whose parents stall
+/// again and again (it rejoins at most 16 times), few enough that a client
+/// rejoining to report every parent it is given cannot push a tree's
+/// relays out one by one.
+const MAX_DEMOTIONS_BY_MEMBER: u8 = 4;
+
 /// One joined fetch.
 #[derive(Debug, Clone)]
 struct Member {
@@ -64,6 +70,8 @@ struct Member {
     /// Reported failed or late by a member it fed: never a parent or an
     /// alternate again; placed at the tail when it rejoins.
     demoted: bool,
+    /// Holders its reports demoted.
+    demotions: u8,
     /// Its last join: after `keep` its copy may be gone.
     joined: Instant,
 }
@@ -163,6 +171,7 @@ impl Tree {
                     depth: 0,
                     alive: true,
                     demoted: false,
+                    demotions: 0,
                     joined: Instant::now(),
                 });
                 self.by_id.insert(req.member, self.members.len() - 1);
@@ -256,7 +265,9 @@ impl Tree {
     /// A member reported `addr` failed (dead until it rejoins) or `late`:
     /// when `addr` is the reporter's own parent or one of its alternates
     /// (a member it was given knows; a report about anyone else changes
-    /// nothing), that holder is demoted and detached, freeing its slot.
+    /// nothing), that holder is demoted and detached, freeing its slot; a
+    /// member demotes at most [`MAX_DEMOTIONS_BY_MEMBER`] holders (a failed
+    /// one is marked dead all the same).
     fn reported(&mut self, addr: &str, late: bool, reporter: u64) -> Report {
         let Some(&r) = self.by_id.get(&reporter) else {
             return Report::Ignored;
@@ -283,6 +294,10 @@ impl Tree {
         if self.members[h].demoted {
             return Report::Already;
         }
+        if self.members[r].demotions >= MAX_DEMOTIONS_BY_MEMBER {
+            return Report::Ignored;
+        }
+        self.members[r].demotions += 1;
         self.members[h].demoted = true;
         self.detach(h);
         Report::Demoted(self.members[h].serves.clone().expect("given: it serves"))
@@ -747,6 +762,27 @@ mod tests {
         // A stranger (never joined) cannot demote anyone.
         let p = report(&mut t, 77, 3, true);
         assert_eq!(p.report, Report::Ignored);
+        // One member demotes at most 4 holders, however many parents it
+        // is given and reports: a chain of 12, member 12 reports each
+        // parent it gets.
+        let mut t = Tree::new(1, 1, false, KEEP);
+        for m in 1..=12 {
+            join(&mut t, m, None);
+        }
+        let mut demoted = 0;
+        for _ in 0..10 {
+            let i = t.by_id[&12];
+            let parent = match t.source(t.members[i].parent) {
+                // 10.0.0.{n}:7071 serves member n.
+                Parent::Holder(s) => s.addr[7..s.addr.len() - 5].parse::<u8>().unwrap(),
+                Parent::Owner => break,
+            };
+            if report(&mut t, 12, parent, true).report != Report::Ignored {
+                demoted += 1;
+            }
+        }
+        assert_eq!(demoted, 4);
+        assert_eq!(t.members.iter().filter(|m| m.demoted).count(), 4);
         let i3 = t.by_id[&3];
         assert!(!t.members[i3].demoted);
     }
