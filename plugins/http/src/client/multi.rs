@@ -26,10 +26,14 @@
 //!
 //! A parent that sent pieces in this round and then stays late while the
 //! alternates take over [`LATE_RUNS`] runs from it, silent for at least
-//! [`REPORT_FACTOR`] times the lag, ends the round: the fetch rejoins and reports it late, and the owner
-//! moves it out of the path (demotes it) and names another parent. A relay
-//! the owner demoted is asked to rejoin (`POST /v1/relay/{id}`): its round
-//! ends at the next piece and it rejoins, keeping what it holds.
+//! [`REPORT_FACTOR`] times the lag, ends the round: the fetch rejoins and
+//! reports it late, and the owner moves it out of the path (demotes it)
+//! and names another parent. A relay the owner demoted is asked to rejoin
+//! (`POST /v1/relay/{id}`): its round ends at the next piece (or within
+//! [`MOVE_CHECK`] while none comes) and it rejoins, keeping what it holds.
+//! The parent also reads the pieces of an alternate whose run is late,
+//! lowest first: the copy grows in order, and a stopped alternate would
+//! otherwise hold it, and this relay's children, up.
 //!
 //! A failing alternate ends only its own part (its pieces go back to be
 //! taken again); the parent failing ends the round, and the fetch rejoins
@@ -60,7 +64,7 @@ const LAG_FACTOR: u32 = 16;
 /// Runs the alternates take over from a late parent, with no new piece
 /// from it in between, before the fetch reports it late at a rejoin (so
 /// one hiccup moves nobody)...
-pub(super) const LATE_RUNS: u32 = 2;
+const LATE_RUNS: u32 = 2;
 /// ... and it must have sent nothing for this many times the lag (at
 /// least a second with the default `relay-lag`).
 const REPORT_FACTOR: u32 = 4;

@@ -401,7 +401,7 @@ impl Client {
                 Err(_) if seen.moved => {
                     debug!(target: "http", shard = %desc.id, parent = source.addr, at, "the owner demoted this relay, rejoining (at the tail)");
                     self.stats.relay_moves.inc();
-                    history.push("moved by the owner (demoted: it had fallen behind)".into());
+                    history.push("moved by the owner (a member it fed reported it)".into());
                 }
                 Err(e) if source.owner => return Err(e),
                 Err(e) if seen.late > 0 => {

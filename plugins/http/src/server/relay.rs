@@ -142,7 +142,7 @@ async fn join(
         }
         Report::Ignored => {
             shared.stats.relay_reports_ignored.inc();
-            debug!(target: "http", shard = %id, relay = ?join.failed, late = join.late, "a report about a holder the reporter was not given: ignored");
+            debug!(target: "http", shard = %id, relay = ?join.failed, late = join.late, "a report not acted on: a holder the reporter was not given, or past its demotions");
         }
         Report::None | Report::Already => {}
     }
