@@ -245,7 +245,20 @@ impl Client {
                 late: std::mem::take(&mut late),
                 alternates: setup.sources > 1,
             };
-            let reply = match self.join(&owner_pool, desc, &join, setup.min_piece)? {
+            let joined = match self.join(&owner_pool, desc, &join, setup.min_piece) {
+                // An owner from before late reports refuses the flag
+                // (`unknown join flags`): report the holder failed instead.
+                Err(e) if join.late => {
+                    debug!(target: "http", shard = %desc.id, owner = %desc.addr, error = %e.message, "a late report was refused, reporting the holder failed");
+                    let join = JoinRequest {
+                        late: false,
+                        ..join
+                    };
+                    self.join(&owner_pool, desc, &join, setup.min_piece)
+                }
+                r => r,
+            };
+            let reply = match joined? {
                 Joined::Reply(r) => r,
                 Joined::NotRelayable(why) if pieces.is_none() => {
                     debug!(target: "http", shard = %desc.id, owner = %desc.addr, %why, "not relayed");
