@@ -81,6 +81,54 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     );
 }
 
+/// The chain's first relay stopped (SIGSTOP) for 3 s a third of the way
+/// through: its child takes pieces from its alternate (the owner), reports
+/// it late, and the owner demotes it (moves it out of the chain); every
+/// copy, the stopped relay's own included, is the owner's. A report needs
+/// the parent silent for 4 lags (the lag: 16 usual gaps between pieces, at
+/// least `relay-lag`) while 2 runs are taken over, so the shard has many
+/// small pieces (16 KiB, 256 of them) and `relay-lag` is 20 ms: the report
+/// comes a few hundred milliseconds into the stop, with most of the shard
+/// still to come. Two consumers: its 4-node testbed is the only one of
+/// that size among these tests (the broadcast test looks for its own).
+#[test]
+fn a_stalled_relay_is_demoted_and_every_copy_is_right() {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    let opts = ClusterOptions {
+        nodes: vec![2],
+        sizes: vec![(4 << 20) + 7],
+        rate_bps: 40_000_000,
+        fanin_factor: 4,
+        kill_relay: false,
+        stall_relay: Some(std::time::Duration::from_secs(3)),
+        relay_lag: Some(std::time::Duration::from_millis(20)),
+        owner_only: false,
+        fanin: false,
+        relay_piece: Some(16 << 10),
+        relay_window: None,
+        relay_sources: None,
+        exe: util::shardport_bin(),
+        plugin_dir: util::plugin_lib("shardport-http")
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    };
+    let rows = run_cluster(&opts, &mut |line| eprintln!("{line}")).unwrap();
+    let st = rows[0]
+        .stalled_relay
+        .as_ref()
+        .expect("the stall run took place");
+    assert!(st.verified, "every copy is the owner's: {st:?}");
+    assert!(st.demotions >= 1, "the stopped relay was demoted: {st:?}");
+    assert!(
+        st.late_parents + st.failovers >= 1,
+        "its child reported it: {st:?}"
+    );
+}
+
 #[test]
 fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
     if let Some(why) = Cluster::unavailable() {

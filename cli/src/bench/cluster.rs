@@ -145,6 +145,17 @@ pub struct StalledRelay {
     pub takeovers: u64,
     /// Rejoins after a relay failed.
     pub failovers: u64,
+    /// Relays the owner demoted (moved out of the path) after a child
+    /// reported them failed or late.
+    pub demotions: u64,
+    /// Rejoins of consumers whose parent was late (reported, replaced).
+    pub late_parents: u64,
+    /// Rejoins of relays their owner moved (the stopped relay's, once it
+    /// runs again).
+    pub moves: u64,
+    /// Every consumer's fetch, node 1 (the stopped relay) first: when it
+    /// was done (seconds after the first request) and its reason.
+    pub fetches: Vec<(f64, String)>,
 }
 
 /// A broadcast that lost a relay mid-way.
@@ -337,13 +348,16 @@ fn stalled_relay(
     let seed = 8000 + n as u64;
     let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
-    let totals = |ws: &mut [NodeWorker]| -> Result<(u64, u64), String> {
-        ws[1..=n].iter_mut().try_fold((0u64, 0u64), |(t, f), w| {
-            Ok((
-                t + w.plugin_stat("http", "relay_takeovers_total")?,
-                f + w.plugin_stat("http", "relay_failovers_total")?,
-            ))
-        })
+    let totals = |ws: &mut [NodeWorker]| -> Result<[u64; 5], String> {
+        let mut t = [0u64; 5];
+        for w in &mut ws[1..=n] {
+            t[0] += w.plugin_stat("http", "relay_takeovers_total")?;
+            t[1] += w.plugin_stat("http", "relay_failovers_total")?;
+            t[2] += w.plugin_stat("http", "relay_late_parents_total")?;
+            t[3] += w.plugin_stat("http", "relay_moves_total")?;
+        }
+        t[4] = ws[0].plugin_stat("http", "relay_demotions_total")?;
+        Ok(t)
     };
     let before = totals(workers)?;
     let d = disturbed_broadcast(workers, n, (&handle, seed), size, rate_bps, |victim| {
@@ -362,8 +376,12 @@ fn stalled_relay(
         stalled_s: stalled,
         others_s: d.others_s,
         verified: d.others_verified && first_verified,
-        takeovers: after.0 - before.0,
-        failovers: after.1 - before.1,
+        takeovers: after[0] - before[0],
+        failovers: after[1] - before[1],
+        late_parents: after[2] - before[2],
+        moves: after[3] - before[3],
+        demotions: after[4] - before[4],
+        fetches: d.fetches,
     })
 }
 
@@ -378,6 +396,10 @@ struct Disturbed {
     others_verified: bool,
     /// When the disturbance began.
     at_s: f64,
+    /// Every node's fetch (node 1 first): when it ended and its reason
+    /// (where the bytes came from, and what happened on the way), or its
+    /// error.
+    fetches: Vec<(f64, String)>,
 }
 
 /// Nodes 1..=n fetch `handle` (the pattern for `seed`) over http; node 1,
@@ -414,24 +436,39 @@ fn disturbed_broadcast(
         disturb(victim);
         let mut others_verified = true;
         let mut others_s = 0f64;
+        let mut fetches = Vec::with_capacity(n);
+        let note = |r: &Result<crate::worker::Reply, String>, t: f64| match r {
+            Ok(r) => (t, r.reason.clone().unwrap_or_default()),
+            Err(e) => (t, format!("failed: {e}")),
+        };
+        let first = match first.join() {
+            Ok((r, t)) => {
+                fetches.push(note(&r, t));
+                r.ok().map(|r| (r.verified == Some(true), t))
+            }
+            Err(_) => None,
+        };
         for j in joins {
             match j.join() {
-                Ok((Ok(r), t)) => {
-                    others_verified &= r.verified == Some(true);
-                    others_s = others_s.max(t);
+                Ok((r, t)) => {
+                    fetches.push(note(&r, t));
+                    match r {
+                        Ok(r) => {
+                            others_verified &= r.verified == Some(true);
+                            others_s = others_s.max(t);
+                        }
+                        Err(_) => others_verified = false,
+                    }
                 }
-                _ => others_verified = false,
+                Err(_) => others_verified = false,
             }
         }
-        let first = match first.join() {
-            Ok((Ok(r), t)) => Some((r.verified == Some(true), t)),
-            _ => None,
-        };
         Disturbed {
             first,
             others_s,
             others_verified,
             at_s,
+            fetches,
         }
     })
 }
@@ -702,7 +739,7 @@ pub fn table(rows: &[ClusterRow]) -> String {
             out.push_str(&format!(
                 "       a relay stopped at {:.2} s for {:.2} s: the others done in {:.2} s \
                  ({:.2}x the floor), it in {:.2} s; {} run(s) taken over, {} failover(s), \
-                 verified {}\n",
+                 {} late parent(s) replaced, {} demotion(s), {} relay move(s), verified {}\n",
                 st.stopped_at_s,
                 st.stopped_s,
                 st.others_s,
@@ -710,6 +747,9 @@ pub fn table(rows: &[ClusterRow]) -> String {
                 st.stalled_s,
                 st.takeovers,
                 st.failovers,
+                st.late_parents,
+                st.demotions,
+                st.moves,
                 st.verified
             ));
         }

@@ -169,6 +169,7 @@ fn start(
     tls: &tls::Tls,
     stats: &Arc<Stats>,
     holdings: &Arc<Holdings>,
+    client: &Arc<Client>,
 ) -> PluginResult<Serving> {
     // Called inside the context's guard, whose dispatcher forwards events to
     // the host: hand it to every runtime thread.
@@ -194,6 +195,7 @@ fn start(
         rt.handle(),
         Arc::clone(stats),
         Arc::clone(holdings),
+        Arc::clone(client),
     )?;
     tracing::info!(
         target: "http",
@@ -249,7 +251,13 @@ impl HttpTransport {
         if let Some(s) = self.serving.get() {
             return Ok(s);
         }
-        match start(&self.cfg, &self.tls, &self.stats, &self.holdings) {
+        match start(
+            &self.cfg,
+            &self.tls,
+            &self.stats,
+            &self.holdings,
+            &self.client,
+        ) {
             Ok(s) => {
                 *last = None;
                 Ok(self.serving.get_or_init(|| s))

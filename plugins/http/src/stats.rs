@@ -86,6 +86,12 @@ pub(crate) struct Stats {
     /// Owner: removal notices sent to relay holders / that failed.
     pub relay_removals_sent: Counter,
     pub relay_removal_failures: Counter,
+    /// Owner: relays demoted after a member they fed reported them failed
+    /// or late (moved to the tail when they rejoin).
+    pub relay_demotions: Counter,
+    /// Owner: reports of a failed or late holder the reporter was never
+    /// given (they change nothing).
+    pub relay_reports_ignored: Counter,
     /// Relay: bytes of relay copies served to other consumers.
     pub relay_bytes_served: Counter,
     /// Relay: copies dropped because their owner removed the shard.
@@ -104,6 +110,12 @@ pub(crate) struct Stats {
     pub relay_failovers: Counter,
     /// Consumer: pieces whose hash did not match the owner's.
     pub relay_corrupt_pieces: Counter,
+    /// Consumer: rejoins because the parent was late and the alternates had
+    /// taken over from it (the owner names another parent).
+    pub relay_late_parents: Counter,
+    /// Relay: rejoins because the owner demoted this relay (it asked with
+    /// `POST /v1/relay/{id}`).
+    pub relay_moves: Counter,
 }
 
 impl Stats {
@@ -147,6 +159,8 @@ impl Stats {
             .gauge_value("relay_trees", relay.trees)
             .counter("relay_removals_sent", &self.relay_removals_sent)
             .counter("relay_removal_failures", &self.relay_removal_failures)
+            .counter("relay_demotions", &self.relay_demotions)
+            .counter("relay_reports_ignored", &self.relay_reports_ignored)
             .counter("relay_bytes_served", &self.relay_bytes_served)
             .counter("relay_copies_dropped", &self.relay_copies_dropped)
             .gauge_value("relay_copies", relay.copies)
@@ -159,6 +173,8 @@ impl Stats {
             )
             .counter("relay_takeovers", &self.relay_takeovers)
             .counter("relay_failovers", &self.relay_failovers)
+            .counter("relay_late_parents", &self.relay_late_parents)
+            .counter("relay_moves", &self.relay_moves)
             .counter("relay_corrupt_pieces", &self.relay_corrupt_pieces)
             .finish()
     }

@@ -24,6 +24,17 @@
 //! source) until it comes. What is held survives a rejoin: a fetch whose
 //! parent failed resumes with only the pieces it lacks.
 //!
+//! A parent that sent pieces in this round and then stays late while the
+//! alternates take over [`LATE_RUNS`] runs from it, silent for at least
+//! [`REPORT_FACTOR`] times the lag, ends the round: the fetch rejoins and
+//! reports it late, and the owner moves it out of the path (demotes it)
+//! and names another parent. A relay the owner demoted is asked to rejoin
+//! (`POST /v1/relay/{id}`): its round ends at the next piece (or within
+//! [`MOVE_CHECK`] while none comes) and it rejoins, keeping what it holds.
+//! The parent also reads the pieces of an alternate whose run is late,
+//! lowest first: the copy grows in order, and a stopped alternate would
+//! otherwise hold it, and this relay's children, up.
+//!
 //! A failing alternate ends only its own part (its pieces go back to be
 //! taken again); the parent failing ends the round, and the fetch rejoins
 //! as with one source. When every piece is here, sockets still waiting on
@@ -50,6 +61,16 @@ const RUNS_AT_LEAST: u64 = 8;
 /// A source is late when no piece came for this many times the usual time
 /// between two pieces, and at least `relay-lag`.
 const LAG_FACTOR: u32 = 16;
+/// Runs the alternates take over from a late parent, with no new piece
+/// from it in between, before the fetch reports it late at a rejoin (so
+/// one hiccup moves nobody)...
+const LATE_RUNS: u32 = 2;
+/// ... and it must have sent nothing for this many times the lag (at
+/// least a second with the default `relay-lag`).
+const REPORT_FACTOR: u32 = 4;
+/// How often a round waiting for pieces looks whether its owner asked this
+/// relay to rejoin.
+const MOVE_CHECK: Duration = Duration::from_millis(50);
 
 /// The pieces one fetch holds, kept across its rejoins.
 pub(super) struct Have {
@@ -157,6 +178,15 @@ struct State {
     /// piece is here).
     stop: bool,
     taken_over: u64,
+    /// Runs taken over from the parent since its last new piece.
+    parent_runs: u32,
+    /// The round ended because the parent stayed late for [`LATE_RUNS`]
+    /// runs: it is to be reported.
+    parent_late: bool,
+    /// The parent sent a new piece in this round. One that never did is
+    /// not reported late: it may only hold less than this fetch (a relay
+    /// placed below a member behind it); its stall timeout still applies.
+    parent_delivered: bool,
 }
 
 impl State {
@@ -166,6 +196,31 @@ impl State {
         (from..self.got.len() as u64)
             .find(free)
             .or_else(|| (0..from.min(self.got.len() as u64)).find(free))
+    }
+
+    /// Whether the parent may read piece `k`: nobody holds it, and nobody
+    /// was asked for it or the alternate asked is late (its run stalled: a
+    /// stopped alternate would hold up the copy's growth in order, and so
+    /// this relay's own children, until its stall timeout). A piece that
+    /// then comes twice is dropped.
+    fn parent_may_read(&self, k: u64, lag: Duration, now: Instant) -> bool {
+        if self.got[k as usize] {
+            return false;
+        }
+        !self.asked[k as usize]
+            || self.work[1..].iter().any(|wk| {
+                wk.busy && wk.at <= k && k < wk.end && wk.since.is_some_and(|s| now - s > lag)
+            })
+    }
+
+    /// The first piece at or after `from` (then from the start) the
+    /// parent may read.
+    fn parent_from(&self, from: u64, lag: Duration) -> Option<u64> {
+        let now = Instant::now();
+        let n = self.got.len() as u64;
+        (from..n)
+            .find(|&k| self.parent_may_read(k, lag, now))
+            .or_else(|| (0..from.min(n)).find(|&k| self.parent_may_read(k, lag, now)))
     }
 }
 
@@ -197,6 +252,9 @@ impl Sched {
                 interval_ns: 0,
                 stop: false,
                 taken_over: 0,
+                parent_runs: 0,
+                parent_late: false,
+                parent_delivered: false,
             }),
             changed: Condvar::new(),
             run,
@@ -239,8 +297,9 @@ impl Sched {
             if st.stop || st.left == 0 {
                 return None;
             }
-            let at = st.work[0].at;
-            if let Some(from) = st.free_from(at) {
+            // The lowest piece first: a late alternate's run holds up the
+            // copy's growth in order.
+            if let Some(from) = st.parent_from(0, self.lag(&st)) {
                 let n = st.got.len() as u64;
                 let wk = &mut st.work[0];
                 wk.at = from;
@@ -277,6 +336,19 @@ impl Sched {
             }
             if late(&st.work[0]) {
                 let at = st.work[0].at;
+                let silent = st.work[0].since.map_or(Duration::ZERO, |s| now - s);
+                if st.parent_runs >= LATE_RUNS
+                    && st.parent_delivered
+                    && silent >= lag * REPORT_FACTOR
+                    && st.free_from(at).is_some()
+                {
+                    // Late run after run: the owner should move it.
+                    st.parent_late = true;
+                    self.finish_locked(&mut st);
+                    drop(st);
+                    self.changed.notify_all();
+                    return None;
+                }
                 if let Some(from) = st.free_from(at) {
                     let n = st.got.len() as u64;
                     let mut to = from;
@@ -288,6 +360,7 @@ impl Sched {
                         to += 1;
                     }
                     st.taken_over += 1;
+                    st.parent_runs += 1;
                     return Some(self.start(&mut st, w, from, to));
                 }
             }
@@ -317,6 +390,10 @@ impl Sched {
         if new {
             st.got[k as usize] = true;
             st.left -= 1;
+            if w == 0 {
+                st.parent_runs = 0;
+                st.parent_delivered = true;
+            }
         }
         let now = Instant::now();
         if let Some(since) = st.work[w].since {
@@ -328,7 +405,20 @@ impl Sched {
             };
         }
         let n = st.got.len() as u64;
-        let next_free = k + 1 < n && !st.got[k as usize + 1] && !st.asked[k as usize + 1];
+        let next_free = k + 1 < n
+            && if w == 0 {
+                let lag = self.lag(&st);
+                // A late alternate's run below this piece: go back for it
+                // first (the copy grows in order).
+                let behind = st.work[1..].iter().any(|wk| {
+                    wk.busy
+                        && wk.since.is_some_and(|s| now - s > lag)
+                        && (wk.at..wk.end.min(k)).any(|j| !st.got[j as usize])
+                });
+                !behind && st.parent_may_read(k + 1, lag, now)
+            } else {
+                !st.got[k as usize + 1] && !st.asked[k as usize + 1]
+            };
         let wk = &mut st.work[w];
         wk.since = Some(now);
         wk.at = wk.at.max(k + 1);
@@ -434,6 +524,8 @@ impl Client {
         );
         let (tx, rx) = mpsc::channel::<Delivered>();
         let mut taken: PluginResult<()> = Ok(());
+        // The owner demoted this relay: end the round, rejoin.
+        let mut moved = false;
         let results: Vec<(PluginResult<()>, Seen)> = std::thread::scope(|s| {
             let workers: Vec<_> = sources
                 .iter()
@@ -455,8 +547,21 @@ impl Client {
                 .collect();
             drop(tx);
             // Ends when every source has left (the channel's senders are
-            // gone), after the pieces they sent.
-            for (k, bytes, w) in rx {
+            // gone), after the pieces they sent. Between pieces it looks
+            // whether the owner asked this relay to rejoin (a relay whose
+            // own sources are silent is moved all the same).
+            loop {
+                let (k, bytes, w) = match rx.recv_timeout(MOVE_CHECK) {
+                    Ok(d) => d,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if !moved && holding.is_some_and(|h| h.take_rejoin()) {
+                            moved = true;
+                            sched.stop();
+                        }
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                };
                 if taken.is_err() {
                     continue;
                 }
@@ -468,6 +573,9 @@ impl Client {
                 }
                 taken = have.take(k, bytes, dst, pieces.size, holding);
                 if taken.is_err() {
+                    sched.stop();
+                } else if !moved && holding.is_some_and(|h| h.take_rejoin()) {
+                    moved = true;
                     sched.stop();
                 }
             }
@@ -483,7 +591,10 @@ impl Client {
                 })
                 .collect()
         });
-        let taken_over = sched.state().taken_over;
+        let (taken_over, parent_late, parent_runs) = {
+            let st = sched.state();
+            (st.taken_over, st.parent_late, st.parent_runs)
+        };
         have.taken_over += taken_over;
         self.stats.relay_takeovers.add(taken_over);
         taken?;
@@ -497,6 +608,20 @@ impl Client {
         }
         if have.count == n {
             return Ok(());
+        }
+        if moved {
+            seen.moved = true;
+            return Err(AbiError::unavailable(format!(
+                "the owner of shard {} moved this relay: rejoining",
+                desc.id
+            )));
+        }
+        if parent_late {
+            seen.late = parent_runs;
+            return Err(AbiError::unavailable(format!(
+                "{} stayed late while alternates took over {parent_runs} runs of shard {}",
+                sources[0].addr, desc.id
+            )));
         }
         main?;
         Err(AbiError::unavailable(format!(

@@ -137,6 +137,11 @@ pub(super) struct Seen {
     /// The relay no longer holds the piece asked for (`relay-window`): not
     /// a failure of the relay; the rest comes from the owner.
     pub(super) evicted: bool,
+    /// The parent stayed late while the alternates took over this many
+    /// runs from it (0: it did not): it is reported late at the rejoin.
+    pub(super) late: u32,
+    /// The owner demoted this relay and asked it to rejoin.
+    pub(super) moved: bool,
 }
 
 /// The pieces of one shard as the owner hashed them.
@@ -224,6 +229,8 @@ impl Client {
         // With more than one source: the pieces held, in any order.
         let mut have: Option<multi::Have> = None;
         let mut failed: Option<String> = None;
+        // `failed` was late, not failed.
+        let mut late = false;
         let mut pieces: Option<Pieces> = None;
         let mut history: Vec<String> = Vec::new();
         // A relay no longer held what this fetch needs: the owner serves the rest.
@@ -235,9 +242,23 @@ impl Client {
                 // Only a member that keeps a copy serves.
                 serves: filling.as_ref().and(setup.serves.clone()),
                 failed: failed.take(),
+                late: std::mem::take(&mut late),
                 alternates: setup.sources > 1,
             };
-            let reply = match self.join(&owner_pool, desc, &join, setup.min_piece)? {
+            let joined = match self.join(&owner_pool, desc, &join, setup.min_piece) {
+                // An owner from before late reports refuses the flag
+                // (`unknown join flags`): report the holder failed instead.
+                Err(e) if join.late => {
+                    debug!(target: "http", shard = %desc.id, owner = %desc.addr, error = %e.message, "a late report was refused, reporting the holder failed");
+                    let join = JoinRequest {
+                        late: false,
+                        ..join
+                    };
+                    self.join(&owner_pool, desc, &join, setup.min_piece)
+                }
+                r => r,
+            };
+            let reply = match joined? {
                 Joined::Reply(r) => r,
                 Joined::NotRelayable(why) if pieces.is_none() => {
                     debug!(target: "http", shard = %desc.id, owner = %desc.addr, %why, "not relayed");
@@ -388,7 +409,24 @@ impl Client {
                     };
                     return Ok(Some(ImportInfo { note: note.into() }));
                 }
+                // Before the owner's arm: a relay whose parent is the
+                // owner is moved too (the owner is not failing).
+                Err(_) if seen.moved => {
+                    debug!(target: "http", shard = %desc.id, parent = source.addr, at, "the owner demoted this relay, rejoining (at the tail)");
+                    self.stats.relay_moves.inc();
+                    history.push("moved by the owner (a member it fed reported it)".into());
+                }
                 Err(e) if source.owner => return Err(e),
+                Err(e) if seen.late > 0 => {
+                    debug!(target: "http", shard = %desc.id, relay = source.addr, error = %e.message, at, "parent late, reporting it and rejoining");
+                    self.stats.relay_late_parents.inc();
+                    history.push(format!(
+                        "relay {} late ({} runs taken over), replaced",
+                        source.addr, seen.late
+                    ));
+                    failed = Some(source.addr.to_owned());
+                    late = true;
+                }
                 Err(e) if seen.evicted => {
                     debug!(target: "http", shard = %desc.id, relay = source.addr, error = %e.message, at, "relay window passed, the owner serves the rest");
                     history.push(format!(
@@ -517,6 +555,15 @@ impl Client {
                 self.stats.relay_bytes_from_holders.add(n as u64);
             }
             *at += n as u64;
+            if *at < desc.len && holding.is_some_and(|h| h.take_rejoin()) {
+                // The owner demoted this relay: rejoin (the connection is
+                // left with its body unread: not pooled).
+                seen.moved = true;
+                return Err(AbiError::unavailable(format!(
+                    "the owner of shard {} moved this relay: rejoining",
+                    desc.id
+                )));
+            }
         }
         // Connections that carried a relay's shorter timeout are not pooled.
         co.reusable = source.owner && body.complete() && !head.close;
@@ -613,6 +660,32 @@ impl Client {
                 start + piece.len() as u64
             ),
         ))
+    }
+
+    /// Tells the relay at `at`, which the owner just demoted, to rejoin the
+    /// tree of `id` (`POST /v1/relay/{id}`), waiting up to `wait` for the
+    /// answer (a stopped relay answers when it runs again).
+    pub(crate) fn ask_rejoin(&self, at: &Serves, id: ShardId, wait: Duration) -> PluginResult<()> {
+        let pool = self.pool(&Owner {
+            addr: at.addr.clone(),
+            tls: at.tls,
+        });
+        let path = rwire::copy_path(id);
+        let req = Request {
+            method: "POST",
+            path: &path,
+            body: &[],
+            read_timeout: Some(wait.max(self.connect_timeout)),
+        };
+        let (mut co, head) = self.exchange(&pool, &req)?;
+        let r = if head.status == 200 {
+            Ok(())
+        } else {
+            Err(self.error_response(&pool, &head, &mut co, &format!("the move of {id}")))
+        };
+        // A few bytes of JSON, and a read timeout of its own: not pooled.
+        co.reusable = false;
+        r
     }
 
     /// Tells the holder at `at` that its copy of `id` is removed.

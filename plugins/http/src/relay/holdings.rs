@@ -67,6 +67,9 @@ pub(crate) struct Holding {
     window: u64,
     state: Mutex<State>,
     changed: tokio::sync::Notify,
+    /// Its owner demoted this relay (`POST /v1/relay/{id}`): the fetch
+    /// filling it rejoins the tree at its next piece.
+    rejoin: std::sync::atomic::AtomicBool,
 }
 
 /// What a reader waiting for piece `k` gets.
@@ -95,7 +98,27 @@ impl Holding {
                 end: End::Filling,
             }),
             changed: tokio::sync::Notify::new(),
+            rejoin: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Asks the fetch filling this copy to rejoin its tree (its owner moved
+    /// it); whether the copy is still being filled (a complete or failed
+    /// copy has no fetch to ask).
+    pub(crate) fn ask_rejoin(&self) -> bool {
+        if self.end() != End::Filling {
+            return false;
+        }
+        self.rejoin
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    /// Whether the owner asked the filling fetch to rejoin (the request is
+    /// taken: asked once, rejoined once).
+    pub(crate) fn take_rejoin(&self) -> bool {
+        self.rejoin
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes this copy counts against `relay-cache`: the window, or the

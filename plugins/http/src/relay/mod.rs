@@ -26,7 +26,11 @@
 //!    With `relay-sources` > 1 the owner also names **alternates** (the
 //!    nearest ancestors above the parent, within the fan-out bound), and
 //!    an alternate takes over the pieces of a parent that is late
-//!    (`crate::client`'s `multi`), without a rejoin.
+//!    (`crate::client`'s `multi`), without a rejoin; a parent that stays
+//!    late is reported late at a rejoin. The owner **demotes** a holder a
+//!    member it fed reported failed or late ([`tree`]): it leaves its
+//!    slot, is told to rejoin (`POST /v1/relay/{id}`) and is placed at
+//!    the tail, out of everyone's path.
 //! 5. `unexport` at the owner forgets the tree and sends
 //!    `DELETE /v1/relay/{id}` to every holder, which drops its copy and
 //!    cuts the streams it serves. A consumer only ever reaches a holder

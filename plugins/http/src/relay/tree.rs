@@ -8,6 +8,20 @@
 //! cycle would starve it). A member reported failed by a child is marked
 //! dead and frees its slot at its parent; it comes back to life when it
 //! rejoins itself (a relay whose own parent stalled is alive, only late).
+//!
+//! **Demotion** (placement after a stall): a member reported by a child
+//! that it was given as parent or alternate, failed or late (its
+//! alternates took over from it), is *demoted*: detached from its slot (the
+//! reporter, rejoining, may take it), never again an alternate, a parent
+//! only when no other holder has a free slot (rather than the owner beyond
+//! its fanout), and told (by the server, a `POST` to its copy) to rejoin;
+//! at that rejoin it is placed at the **tail**: under the deepest member
+//! with a free slot outside its own subtree, where it keeps fetching
+//! without being in anyone's path. It stays demoted for the tree's life (a
+//! relay that stalled once may again; the owner cannot see it recover). Its children that did
+//! not report it stay under it until they rejoin (so it is never placed
+//! below them). A report about a member the reporter was not given changes
+//! nothing and is counted as ignored.
 //! When no live member has a free slot the owner takes the joiner beyond
 //! its fanout: a tree never refuses anyone.
 //!
@@ -33,6 +47,12 @@ use super::wire::{JoinRequest, Parent, Serves};
 /// without being recorded (bounds the owner's memory per shard).
 pub(crate) const MAX_MEMBERS: usize = 4096;
 
+/// Holders one member may demote: enough for a fetch whose parents stall
+/// again and again (it rejoins at most 16 times), few enough that a client
+/// rejoining to report every parent it is given cannot push a tree's
+/// relays out one by one.
+const MAX_DEMOTIONS_BY_MEMBER: u8 = 4;
+
 /// One joined fetch.
 #[derive(Debug, Clone)]
 struct Member {
@@ -47,6 +67,11 @@ struct Member {
     helpers: Vec<usize>,
     depth: u32,
     alive: bool,
+    /// Reported failed or late by a member it fed: never a parent or an
+    /// alternate again; placed at the tail when it rejoins.
+    demoted: bool,
+    /// Holders its reports demoted.
+    demotions: u8,
     /// Its last join: after `keep` its copy may be gone.
     joined: Instant,
 }
@@ -62,6 +87,23 @@ pub(crate) struct Placement {
     pub recorded: bool,
     /// Other sources it may take pieces from (only when it asked).
     pub alternates: Vec<Parent>,
+    /// What the join's report did.
+    pub report: Report,
+}
+
+/// What a join's report of a failed or late holder did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// The join reported nothing.
+    None,
+    /// The holder was demoted now: it is to be told to rejoin (at the
+    /// tail) where it serves.
+    Demoted(Serves),
+    /// The holder was the reporter's, and demoted already.
+    Already,
+    /// The reporter was never given that holder (or is not recorded): the
+    /// report changed nothing.
+    Ignored,
 }
 
 /// The tree of one shard.
@@ -97,9 +139,10 @@ impl Tree {
 
     /// Records a join and answers whom the member fetches from.
     pub(crate) fn join(&mut self, req: &JoinRequest) -> Placement {
-        if let Some(failed) = &req.failed {
-            self.mark_failed(failed, req.member);
-        }
+        let report = match &req.failed {
+            Some(failed) => self.reported(failed, req.late, req.member),
+            None => Report::None,
+        };
         let me = match self.by_id.get(&req.member) {
             Some(&i) => {
                 self.detach(i);
@@ -112,6 +155,7 @@ impl Tree {
                     parent: Parent::Owner,
                     recorded: false,
                     alternates: Vec::new(),
+                    report,
                 }
             }
             None => {
@@ -126,13 +170,19 @@ impl Tree {
                     // Not attached yet.
                     depth: 0,
                     alive: true,
+                    demoted: false,
+                    demotions: 0,
                     joined: Instant::now(),
                 });
                 self.by_id.insert(req.member, self.members.len() - 1);
                 self.members.len() - 1
             }
         };
-        let parent = self.choose(me);
+        let parent = if self.members[me].demoted {
+            self.choose_tail(me)
+        } else {
+            self.choose(me)
+        };
         self.attach(me, parent);
         let alternates = if req.alternates {
             self.help(me)
@@ -143,6 +193,7 @@ impl Tree {
             parent: self.source(parent),
             recorded: true,
             alternates: alternates.into_iter().map(|a| self.source(a)).collect(),
+            report,
         }
     }
 
@@ -160,6 +211,12 @@ impl Tree {
 
     /// Whether member `i` may be sent consumers now.
     fn can_serve(&self, i: usize) -> bool {
+        !self.members[i].demoted && self.could_serve(i)
+    }
+
+    /// [`can_serve`](Self::can_serve), demoted or not (a demoted member is
+    /// a parent only when no other holder has a slot).
+    fn could_serve(&self, i: usize) -> bool {
         let m = &self.members[i];
         m.alive && m.serves.is_some() && m.joined.elapsed() <= self.keep && m.depth != 0
     }
@@ -205,21 +262,45 @@ impl Tree {
         out
     }
 
-    /// Marks `addr` dead when it is the reporter's own parent (a child is
-    /// the one that knows; a report about anyone else changes nothing).
-    fn mark_failed(&mut self, addr: &str, reporter: u64) {
+    /// A member reported `addr` failed (dead until it rejoins) or `late`:
+    /// when `addr` is the reporter's own parent or one of its alternates
+    /// (a member it was given knows; a report about anyone else changes
+    /// nothing), that holder is demoted and detached, freeing its slot; a
+    /// member demotes at most [`MAX_DEMOTIONS_BY_MEMBER`] holders (a failed
+    /// one is marked dead all the same).
+    fn reported(&mut self, addr: &str, late: bool, reporter: u64) -> Report {
         let Some(&r) = self.by_id.get(&reporter) else {
-            return;
+            return Report::Ignored;
         };
-        let p = self.members[r].parent;
-        if p == ROOT || self.members[r].depth == 0 {
-            return;
+        let m = &self.members[r];
+        let given = |i: usize| {
+            i != ROOT
+                && self.members[i]
+                    .serves
+                    .as_ref()
+                    .is_some_and(|s| s.addr == addr)
+        };
+        let parent = (m.depth != 0).then_some(m.parent);
+        let Some(h) = parent
+            .into_iter()
+            .chain(m.helpers.iter().copied())
+            .find(|&i| given(i))
+        else {
+            return Report::Ignored;
+        };
+        if !late {
+            self.members[h].alive = false;
         }
-        let parent = &self.members[p];
-        if parent.alive && parent.serves.as_ref().is_some_and(|s| s.addr == addr) {
-            self.members[p].alive = false;
-            self.detach(p);
+        if self.members[h].demoted {
+            return Report::Already;
         }
+        if self.members[r].demotions >= MAX_DEMOTIONS_BY_MEMBER {
+            return Report::Ignored;
+        }
+        self.members[r].demotions += 1;
+        self.members[h].demoted = true;
+        self.detach(h);
+        Report::Demoted(self.members[h].serves.clone().expect("given: it serves"))
     }
 
     fn detach(&mut self, i: usize) {
@@ -255,15 +336,30 @@ impl Tree {
 
     /// The shallowest live serving member with a free slot that is not
     /// `me` or below it; the owner when it has a free slot at depth 0, or
-    /// when nobody else does.
+    /// when nobody else does. Demoted members come last: one is a parent
+    /// only when no other holder has a slot (rather than the owner beyond
+    /// its fanout).
     fn choose(&self, me: usize) -> usize {
         if self.root_children < self.fanout {
             return ROOT;
         }
+        self.shallowest(me, false)
+            .or_else(|| self.shallowest(me, true))
+            .unwrap_or(ROOT)
+    }
+
+    /// The shallowest member with a free slot outside `me`'s subtree that
+    /// can serve (`demoted`: or could, demoted).
+    fn shallowest(&self, me: usize, demoted: bool) -> Option<usize> {
         let mut best: Option<(u32, usize)> = None;
         for (i, m) in self.members.iter().enumerate() {
+            let serves = if demoted {
+                m.demoted && self.could_serve(i)
+            } else {
+                self.can_serve(i)
+            };
             if i == me
-                || !self.can_serve(i)
+                || !serves
                 || m.children >= self.fanout
                 || best.is_some_and(|(d, _)| d <= m.depth)
                 || self.is_below(i, me)
@@ -272,7 +368,61 @@ impl Tree {
             }
             best = Some((m.depth, i));
         }
-        best.map_or(ROOT, |(_, i)| i)
+        best.map(|(_, i)| i)
+    }
+
+    /// Where a demoted member rejoins: under the deepest member that can
+    /// serve, has a free slot and is outside its subtree (ties: the latest
+    /// recorded), out of everyone's path; where no member has a slot, as
+    /// [`choose`](Self::choose).
+    fn choose_tail(&self, me: usize) -> usize {
+        let below = self.subtree(me);
+        let mut best: Option<(u32, usize)> = None;
+        for (i, m) in self.members.iter().enumerate() {
+            if below[i]
+                || !self.can_serve(i)
+                || m.children >= self.fanout
+                || best.is_some_and(|(d, _)| d > m.depth)
+            {
+                continue;
+            }
+            best = Some((m.depth, i));
+        }
+        best.map_or_else(|| self.choose(me), |(_, i)| i)
+    }
+
+    /// Which members are `root` or below it, in one pass (each path up is
+    /// walked once).
+    fn subtree(&self, root: usize) -> Vec<bool> {
+        // 0: not known yet, 1: below, 2: not below.
+        let mut known = vec![0u8; self.members.len()];
+        let mut path = Vec::new();
+        for start in 0..self.members.len() {
+            let mut i = start;
+            let verdict = loop {
+                if i == root {
+                    break 1;
+                }
+                if i == ROOT {
+                    break 2;
+                }
+                if known[i] != 0 {
+                    break known[i];
+                }
+                if path.len() > self.members.len() {
+                    break 1; // a cycle (never built): treat as below
+                }
+                path.push(i);
+                i = self.members[i].parent;
+            };
+            for j in path.drain(..) {
+                known[j] = verdict;
+            }
+            if root < known.len() {
+                known[root] = 1;
+            }
+        }
+        known.into_iter().map(|k| k == 1).collect()
     }
 
     /// Whether `i` is `ancestor` or in its subtree.
@@ -396,6 +546,7 @@ mod tests {
             from: 0,
             serves: Some(holder(member as u8)),
             failed: failed.map(|f| holder(f).addr),
+            late: false,
             alternates: false,
         })
         .parent
@@ -467,6 +618,7 @@ mod tests {
             from: 0,
             serves: None,
             failed: None,
+            late: false,
             alternates: false,
         };
         assert_eq!(t.join(&leaf).parent, Parent::Owner);
@@ -491,6 +643,7 @@ mod tests {
             from: 0,
             serves: Some(tls.clone()),
             failed: None,
+            late: false,
             alternates: false,
         });
         let _ = &t;
@@ -506,6 +659,7 @@ mod tests {
                 from: 0,
                 serves: None,
                 failed: None,
+                late: false,
                 alternates: false,
             });
             assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
@@ -535,12 +689,128 @@ mod tests {
         assert_eq!(join(&mut t, 2, None), Parent::Owner);
     }
 
+    fn report(t: &mut Tree, member: u64, reported: u8, late: bool) -> Placement {
+        t.join(&JoinRequest {
+            member,
+            from: 0,
+            serves: Some(holder_of(member)),
+            failed: Some(holder(reported).addr),
+            late,
+            alternates: true,
+        })
+    }
+
+    fn holder_of(member: u64) -> Serves {
+        holder(member as u8)
+    }
+
+    #[test]
+    fn a_late_parent_is_demoted_and_rejoins_at_the_tail() {
+        let mut t = Tree::new(1, 2, false, KEEP);
+        for m in 1..=5 {
+            join_multi(&mut t, m, None);
+        }
+        // owner <- 1 <- 2 <- 3 <- 4 <- 5; 2 reports 1 late: 1 is demoted
+        // (to be told to rejoin), 2 takes its slot under the owner.
+        let p = report(&mut t, 2, 1, true);
+        assert_eq!(p.report, Report::Demoted(holder(1)));
+        assert_eq!(p.parent, Parent::Owner);
+        // 1 rejoins: at the tail, under 5, out of everyone's path; its
+        // alternate is 5's parent.
+        let p = join_multi(&mut t, 1, None);
+        assert_eq!((p.parent, p.alternates), (via(5), vec![via(4)]));
+        assert_eq!(p.report, Report::None);
+        // Nobody is given 1 while a healthy holder has a slot: 3 rejoins
+        // (say its parent failed) and goes under... the only free slot, 1,
+        // is demoted; 2 is 3's own parent, reported by 3: so the owner.
+        let p = report(&mut t, 3, 2, false);
+        assert_eq!(p.report, Report::Demoted(holder(2)));
+        // 3's subtree (4, 5, 1) is below it: the owner beyond its fanout.
+        assert_eq!(p.parent, Parent::Owner);
+        // A new joiner: no healthy holder has a slot; the demoted tail 1
+        // takes it rather than the owner beyond its fanout.
+        assert_eq!(join_multi(&mut t, 6, None).parent, via(1));
+        // Bounds hold throughout.
+        assert!(t.root_helping <= 1);
+        for m in &t.members {
+            assert!(m.children <= 1 && m.helping <= 1, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_demoted_relay_is_never_an_alternate_and_reports_it_was_not_given_change_nothing() {
+        let mut t = Tree::new(1, 3, false, KEEP);
+        for m in 1..=4 {
+            join_multi(&mut t, m, None);
+        }
+        // owner <- 1 <- 2 <- 3 <- 4; 3's alternate is 1, 4's is 2.
+        // 3 reports 1 (its alternate, not its parent) late: demoted, and 3
+        // takes the slot it frees.
+        let p = report(&mut t, 3, 1, true);
+        assert_eq!(p.report, Report::Demoted(holder(1)));
+        assert_eq!(p.parent, Parent::Owner);
+        // 2, still 1's child until it rejoins, reports it too: demoted
+        // already, nothing more to tell.
+        assert_eq!(report(&mut t, 2, 1, true).report, Report::Already);
+        // 1 is nobody's alternate any more.
+        let p = join_multi(&mut t, 4, None);
+        assert!(!p.alternates.contains(&via(1)), "{p:?}");
+        // Reports about a holder the reporter was never given: ignored,
+        // nothing changes.
+        let p = report(&mut t, 4, 2, true);
+        assert_eq!((p.report, p.parent), (Report::Ignored, via(3)));
+        // A stranger (never joined) cannot demote anyone.
+        let p = report(&mut t, 77, 3, true);
+        assert_eq!(p.report, Report::Ignored);
+        // One member demotes at most 4 holders, however many parents it
+        // is given and reports: a chain of 12, member 12 reports each
+        // parent it gets.
+        let mut t = Tree::new(1, 1, false, KEEP);
+        for m in 1..=12 {
+            join(&mut t, m, None);
+        }
+        let mut demoted = 0;
+        for _ in 0..10 {
+            let i = t.by_id[&12];
+            let parent = match t.source(t.members[i].parent) {
+                // 10.0.0.{n}:7071 serves member n.
+                Parent::Holder(s) => s.addr[7..s.addr.len() - 5].parse::<u8>().unwrap(),
+                Parent::Owner => break,
+            };
+            if report(&mut t, 12, parent, true).report != Report::Ignored {
+                demoted += 1;
+            }
+        }
+        assert_eq!(demoted, 4);
+        assert_eq!(t.members.iter().filter(|m| m.demoted).count(), 4);
+        let i3 = t.by_id[&3];
+        assert!(!t.members[i3].demoted);
+    }
+
+    #[test]
+    fn a_demoted_relay_is_never_placed_below_the_children_it_still_has() {
+        let mut t = Tree::new(2, 1, false, KEEP);
+        for m in 1..=7 {
+            join(&mut t, m, None);
+        }
+        // Fanout 2: owner <- {1, 2}; 1 <- {3, 4}; 2 <- {5, 6}; 3 <- 7.
+        // 4 reports 1 late; 3 (and 7 below it) stay under 1 until they
+        // rejoin.
+        let p = report(&mut t, 4, 1, true);
+        assert_eq!(p.report, Report::Demoted(holder(1)));
+        // 1 rejoins: the deepest free slot outside its subtree (7 is below
+        // it): 5 or 6 (depth 2), the latest recorded.
+        let p = join_multi(&mut t, 1, None);
+        assert_eq!(p.parent, via(6));
+    }
+
     fn join_multi(t: &mut Tree, member: u64, failed: Option<u8>) -> Placement {
         t.join(&JoinRequest {
             member,
             from: 0,
             serves: Some(holder(member as u8)),
             failed: failed.map(|f| holder(f).addr),
+            late: false,
             alternates: true,
         })
     }
@@ -581,6 +851,7 @@ mod tests {
                 from: 0,
                 serves: Some(holder(5)),
                 failed: None,
+                late: false,
                 alternates: false,
             })
             .alternates

@@ -7,7 +7,8 @@
 //!   1  8  member id (random, per fetch)       1  8  shard length
 //!   9  8  from: bytes held (piece-aligned)    9  4  piece size
 //!  17  1  flags: 1 serves, 2 serves TLS,    13  1  flags: 1 parent is the owner,
-//!             4 takes alternates                     2 parent serves TLS, 4 keep
+//!             4 takes alternates, 8 the             2 parent serves TLS, 4 keep
+//!             failed holder was late
 //!                                                    no copy (not recorded), 8
 //!                                                    alternates follow the hashes
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
@@ -25,6 +26,8 @@
 //! GET /v1/relay/{id}/{from}-{to}  the same, bytes `from..to` (`to` a piece
 //!                             boundary or the shard's end)
 //! DELETE /v1/relay/{id}       a holder drops its copy (sent by the owner)
+//! POST /v1/relay/{id}         a holder rejoins the tree at its next piece
+//!                             (sent by the owner to a relay it demoted)
 //! ```
 
 use shardport_abi::ShardId;
@@ -40,6 +43,7 @@ pub(crate) const MAX_JOIN_REQUEST: usize = 19 + 1 + 2 * MAX_ADDR_LEN;
 const FLAG_SERVES: u8 = 1;
 const FLAG_TLS: u8 = 2;
 const FLAG_ALTERNATES: u8 = 4;
+const FLAG_LATE: u8 = 8;
 const PARENT_OWNER: u8 = 1;
 const PARENT_TLS: u8 = 2;
 const NO_COPY: u8 = 4;
@@ -56,7 +60,8 @@ pub(crate) enum Endpoint {
     Join(ShardId),
     /// `/v1/relay/{id}/{from}` (to the end) or `/v1/relay/{id}/{from}-{to}`.
     Stream(ShardId, u64, Option<u64>),
-    /// `/v1/relay/{id}`.
+    /// `/v1/relay/{id}`: `DELETE` drops the copy, `POST` asks its fetch to
+    /// rejoin the tree.
     Copy(ShardId),
 }
 
@@ -144,6 +149,10 @@ pub(crate) struct JoinRequest {
     pub serves: Option<Serves>,
     /// The holder that just failed it, if any.
     pub failed: Option<String>,
+    /// `failed` did not fail: it was late, and the member's alternates
+    /// took over from it (the owner moves it out of others' paths all the
+    /// same).
+    pub late: bool,
     /// It fetches from more than one source at once: the owner may name
     /// alternates besides the parent.
     pub alternates: bool,
@@ -159,7 +168,11 @@ impl JoinRequest {
             None => 0,
             Some(s) => FLAG_SERVES | if s.tls { FLAG_TLS } else { 0 },
         };
-        v.push(flags | if self.alternates { FLAG_ALTERNATES } else { 0 });
+        v.push(
+            flags
+                | if self.alternates { FLAG_ALTERNATES } else { 0 }
+                | if self.late { FLAG_LATE } else { 0 },
+        );
         push_addr(&mut v, self.serves.as_ref().map(|s| s.addr.as_str()));
         push_addr(&mut v, self.failed.as_deref());
         v
@@ -176,7 +189,7 @@ impl JoinRequest {
         let member = r.u64("member id")?;
         let from = r.u64("offset")?;
         let flags = r.u8("flags")?;
-        if flags & !(FLAG_SERVES | FLAG_TLS | FLAG_ALTERNATES) != 0 {
+        if flags & !(FLAG_SERVES | FLAG_TLS | FLAG_ALTERNATES | FLAG_LATE) != 0 {
             return Err(format!("unknown join flags {flags:#04x}"));
         }
         let addr = r.addr("serving address")?;
@@ -190,12 +203,17 @@ impl JoinRequest {
             (false, Some(_)) => return Err("an address is given without the serves flag".into()),
         };
         let failed = r.addr("failed holder's address")?;
+        let late = flags & FLAG_LATE != 0;
+        if late && failed.is_none() {
+            return Err("the late flag is set without the late holder's address".into());
+        }
         r.end("join request")?;
         Ok(JoinRequest {
             member,
             from,
             serves,
             failed,
+            late,
             alternates: flags & FLAG_ALTERNATES != 0,
         })
     }
@@ -494,6 +512,7 @@ mod tests {
                 from: 0,
                 serves: None,
                 failed: None,
+                late: false,
                 alternates: false,
             },
             JoinRequest {
@@ -504,6 +523,7 @@ mod tests {
                     tls: true,
                 }),
                 failed: Some("node9.example:7071".into()),
+                late: false,
                 alternates: true,
             },
         ] {
@@ -521,6 +541,7 @@ mod tests {
                 tls: false,
             }),
             failed: None,
+            late: false,
             alternates: false,
         }
         .encode();

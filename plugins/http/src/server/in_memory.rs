@@ -75,9 +75,13 @@ fn shared() -> Arc<Shared> {
     let cfg = Config::parse("fuzz", &format!("auth-token = \"{TOKEN}\"\nmax-batch = 64"))
         .expect("the in-memory server's config is valid");
     let bound = "127.0.0.1:7070".parse().expect("a socket address");
+    let stats = Arc::new(Stats::default());
+    let client = crate::client::Client::new(&cfg, None, Arc::clone(&stats))
+        .expect("the in-memory server's client config is valid");
     Arc::new(Shared {
+        client: Arc::new(client),
         registry: Arc::new(Registry::default()),
-        stats: Arc::new(Stats::default()),
+        stats,
         token: cfg.auth_token.clone(),
         bound,
         advertised: bound.to_string(),

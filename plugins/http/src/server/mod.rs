@@ -183,6 +183,8 @@ struct Shared {
     relay_stall: Duration,
     /// Tests only: corrupt every relayed piece.
     relay_corrupt: bool,
+    /// Owner: tells demoted relays to rejoin.
+    client: Arc<crate::client::Client>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -212,6 +214,7 @@ impl Server {
         rt: &tokio::runtime::Handle,
         stats: Arc<Stats>,
         holdings: Arc<crate::relay::Holdings>,
+        client: Arc<crate::client::Client>,
     ) -> PluginResult<Server> {
         let listener = std::net::TcpListener::bind(cfg.bind).map_err(|e| {
             let mut err = AbiError::io(
@@ -273,6 +276,7 @@ impl Server {
             holdings,
             relay_stall: cfg.relay.stall_timeout,
             relay_corrupt: cfg.relay.test_corrupt,
+            client,
             registry: Arc::default(),
             stats,
             token: cfg.auth_token.clone(),

@@ -6,6 +6,7 @@
 use super::*;
 use crate::relay::{
     holdings::{End, Next},
+    tree::Report,
     wire::{self as rwire, Endpoint, JoinReply, JoinRequest},
     Holding,
 };
@@ -35,7 +36,8 @@ pub(super) async fn route(
         }
         Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
         Endpoint::Copy(id) if req.method() == Method::DELETE => drop_copy(shared, id),
-        Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE"),
+        Endpoint::Copy(id) if req.method() == Method::POST => rejoin(shared, id),
+        Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE, POST"),
     }
 }
 
@@ -132,6 +134,18 @@ async fn join(
     let placed = tracked.join(&join);
     drop(reader);
     shared.stats.relay_joins.inc();
+    match &placed.report {
+        Report::Demoted(moved) => {
+            shared.stats.relay_demotions.inc();
+            debug!(target: "http", shard = %id, relay = %moved.addr, late = join.late, "relay demoted: it rejoins at the tail");
+            tell_to_rejoin(shared, id, moved.clone());
+        }
+        Report::Ignored => {
+            shared.stats.relay_reports_ignored.inc();
+            debug!(target: "http", shard = %id, relay = ?join.failed, late = join.late, "a report not acted on: a holder the reporter was not given, or past its demotions");
+        }
+        Report::None | Report::Already => {}
+    }
     let reply = JoinReply {
         len,
         piece: piece as u32,
@@ -149,6 +163,20 @@ async fn join(
             Bytes::from(reply.encode_alternates()),
         ]),
     )
+}
+
+/// Tells the relay at `at`, just demoted, to rejoin `id`'s tree (where it
+/// is placed at the tail), off the runtime: a stopped relay answers only
+/// once it runs again, within `relay-stall-timeout` (or it was reported
+/// failed, and its own stalled fetch rejoins anyway).
+fn tell_to_rejoin(shared: &Shared, id: ShardId, at: rwire::Serves) {
+    let client = Arc::clone(&shared.client);
+    let wait = shared.relay_stall;
+    drop(tokio::task::spawn_blocking(move || {
+        if let Err(e) = client.ask_rejoin(&at, id, wait) {
+            debug!(target: "http", shard = %id, relay = %at.addr, error = %e.message, "a demoted relay was not told to rejoin; it stays where it is until its own next join");
+        }
+    }));
 }
 
 /// The xxh3-64 of every `piece`-byte piece of the shard `reader` reads:
@@ -423,6 +451,14 @@ fn drop_copy(shared: &Shared, id: ShardId) -> Response<Frames> {
         shared.stats.relay_copies_dropped.inc();
     }
     json(StatusCode::OK, format!("{{\"dropped\":{had}}}"))
+}
+
+/// `POST /v1/relay/{id}`: the owner demoted this relay; its fetch of `id`
+/// rejoins the tree at its next piece. Anyone with the token may ask: a
+/// rejoin only asks the owner again, which decides from its own records.
+fn rejoin(shared: &Shared, id: ShardId) -> Response<Frames> {
+    let asked = shared.holdings.get(id).is_some_and(|h| h.ask_rejoin());
+    json(StatusCode::OK, format!("{{\"rejoining\":{asked}}}"))
 }
 
 /// Drops expired relay copies every `period` until shutdown.
