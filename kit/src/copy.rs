@@ -11,6 +11,17 @@
 //! Below that a thread's start (tens of microseconds) costs more than it
 //! saves, and the copy is one `copy_from_slice`.
 //!
+//! A split copy starts threads only for cores that look idle at that
+//! moment ([`threads_now`]: fewer runnable tasks on the machine than it
+//! has cores, from `/proc/loadavg`, read at most once a millisecond). On a
+//! machine whose cores are all busy, such as dozens of consumer processes
+//! on a few cores, a second thread adds no capacity: it only costs its
+//! start and exit and makes the copy wait until the new thread, queued
+//! behind every other runnable task, has run. At 64 consumer processes on
+//! 2 vCPUs, starting a thread per split copy meant about 1,150 thread
+//! starts a second and 1.5-1.6x the CPU per fetch of 8 consumers
+//! (BENCHMARKS.md, seventh session).
+//!
 //! ```
 //! let src = vec![7u8; 1 << 20];
 //! let mut dst = vec![0u8; 1 << 20];
@@ -18,7 +29,11 @@
 //! assert_eq!(src, dst);
 //! ```
 
-use std::{num::NonZeroUsize, sync::OnceLock};
+use std::{
+    num::NonZeroUsize,
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
 
 /// Copies at least this long are split across cores.
 pub const PARALLEL_MIN: usize = 4 << 20;
@@ -39,8 +54,12 @@ pub fn copy(src: &[u8], dst: &mut [u8]) {
         dst.len(),
         "kit::copy: source and destination lengths differ"
     );
-    let threads = threads_for(src.len());
-    if threads <= 1 {
+    split_copy(src, dst, threads_now(src.len()));
+}
+
+/// [`copy`] in `threads` pieces (1: the caller's `copy_from_slice`).
+fn split_copy(src: &[u8], dst: &mut [u8], threads: usize) {
+    if threads <= 1 || src.is_empty() {
         dst.copy_from_slice(src);
         return;
     }
@@ -90,11 +109,93 @@ pub fn threads_for(len: usize) -> usize {
     cores().min(MAX_THREADS).min(len / PIECE_MIN).max(1)
 }
 
+/// Threads a copy of `len` bytes uses now: [`threads_for`], less the cores
+/// that are busy at this moment (the caller's thread always copies). 1
+/// when every core of the machine has a runnable task: the copy is then
+/// the caller's alone.
+pub fn threads_now(len: usize) -> usize {
+    let most = threads_for(len);
+    if most <= 1 {
+        return 1;
+    }
+    most.min(1 + spare_cores())
+}
+
 /// The cores this process may run on, asked once (the answer reads cgroup
 /// files: too slow to ask per copy).
 fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
+}
+
+/// How long one reading of the machine's runnable tasks is used.
+const SPARE_CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// Cores of the machine with nothing to run at this moment: its online
+/// cores less its runnable tasks (the fourth field of `/proc/loadavg`,
+/// which counts the caller). Both are the whole machine's, not this
+/// process's share (`/proc/loadavg` is not per cgroup), so they are
+/// compared with each other; [`cores`] still bounds the threads. Read at
+/// most once per [`SPARE_CHECK_EVERY`] in a process (a reading costs a few
+/// microseconds, a split copy hundreds). Where the files cannot be read,
+/// every core counts as spare, as before this check.
+fn spare_cores() -> usize {
+    static LAST: Mutex<Option<(Instant, usize)>> = Mutex::new(None);
+    let mut last = crate::lock(&LAST);
+    let now = Instant::now();
+    if let Some((at, spare)) = *last {
+        if now.duration_since(at) < SPARE_CHECK_EVERY {
+            return spare;
+        }
+    }
+    let spare = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| runnable_tasks(&text))
+        .map_or(MAX_THREADS, |running| {
+            online_cores().saturating_sub(running)
+        });
+    *last = Some((now, spare));
+    spare
+}
+
+/// The machine's online cores (`/sys/devices/system/cpu/online`, a list
+/// such as `0-3,8-11`), read once; [`cores`] where it cannot be read.
+fn online_cores() -> usize {
+    static ONLINE: OnceLock<usize> = OnceLock::new();
+    *ONLINE.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|list| count_cpu_list(&list))
+            .unwrap_or_else(cores)
+    })
+}
+
+/// The runnable tasks in a `/proc/loadavg` text (`0.52 0.61 0.58 3/712 4096`: 3).
+fn runnable_tasks(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The number of cores in a kernel CPU list (`0-3,8-11`: 8); `None` when
+/// malformed or empty.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.trim().split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<usize>().ok()?, hi.parse::<usize>().ok()?),
+            None => {
+                let c = part.parse::<usize>().ok()?;
+                (c, c)
+            }
+        };
+        n += hi.checked_sub(lo)? + 1;
+    }
+    (n > 0).then_some(n)
 }
 
 #[cfg(test)]
@@ -112,6 +213,27 @@ mod tests {
     }
 
     #[test]
+    fn busy_cores_are_not_given_copy_threads() {
+        assert_eq!(runnable_tasks("0.52 0.61 0.58 3/712 4096\n"), Some(3));
+        assert_eq!(runnable_tasks("0.00 0.01 0.05 1/80 17"), Some(1));
+        assert_eq!(runnable_tasks("0.52 0.61 0.58"), None);
+        assert_eq!(runnable_tasks("a b c x/712 4096"), None);
+        assert_eq!(count_cpu_list("0-1\n"), Some(2));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
+        assert_eq!(count_cpu_list("0-3,5"), Some(5));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("0-x"), None);
+        // Whatever this machine's load: never more than the static
+        // bound, never fewer than the caller, one for small copies.
+        assert_eq!(threads_now(PARALLEL_MIN - 1), 1);
+        let now = threads_now(1 << 40);
+        assert!((1..=threads_for(1 << 40)).contains(&now), "{now}");
+        assert!(online_cores() >= 1);
+    }
+
+    #[test]
     fn every_byte_lands_where_it_belongs_at_every_split() {
         // Odd lengths around the thresholds: the last piece is shorter.
         for len in [
@@ -126,6 +248,12 @@ mod tests {
             let mut dst = vec![0xA5u8; len];
             copy(&src, &mut dst);
             assert!(src == dst, "copy of {len} bytes differs");
+            // The split itself, whatever this machine's load allows now.
+            for threads in 2..=MAX_THREADS {
+                let mut dst = vec![0xA5u8; len];
+                split_copy(&src, &mut dst, threads);
+                assert!(src == dst, "copy of {len} bytes in {threads} differs");
+            }
         }
     }
 

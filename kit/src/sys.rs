@@ -176,7 +176,7 @@ impl ReadOnlyMap {
             return true;
         }
         // Large copies in pieces across cores, as `kit::copy::copy` does.
-        let piece = dst.len().div_ceil(super::copy::threads_for(dst.len()));
+        let piece = dst.len().div_ceil(super::copy::threads_now(dst.len()));
         let copy_piece = |from: MappedPiece, d: &mut [u8]| {
             // SAFETY: `from` is `d.len()` readable bytes inside the mapping
             // (see `MappedPiece`); `dst` is an exclusive Rust buffer, not
