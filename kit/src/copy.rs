@@ -29,11 +29,7 @@
 //! assert_eq!(src, dst);
 //! ```
 
-use std::{
-    num::NonZeroUsize,
-    sync::{Mutex, OnceLock},
-    time::{Duration, Instant},
-};
+use std::{num::NonZeroUsize, sync::OnceLock};
 
 /// Copies at least this long are split across cores.
 pub const PARALLEL_MIN: usize = 4 << 20;
@@ -118,84 +114,14 @@ pub fn threads_now(len: usize) -> usize {
     if most <= 1 {
         return 1;
     }
-    most.min(1 + spare_cores())
+    most.min(1 + crate::busy::spare_cores().unwrap_or(MAX_THREADS))
 }
 
 /// The cores this process may run on, asked once (the answer reads cgroup
 /// files: too slow to ask per copy).
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
-}
-
-/// How long one reading of the machine's runnable tasks is used.
-const SPARE_CHECK_EVERY: Duration = Duration::from_millis(1);
-
-/// Cores of the machine with nothing to run at this moment: its online
-/// cores less its runnable tasks (the fourth field of `/proc/loadavg`,
-/// which counts the caller). Both are the whole machine's, not this
-/// process's share (`/proc/loadavg` is not per cgroup), so they are
-/// compared with each other; [`cores`] still bounds the threads. Read at
-/// most once per [`SPARE_CHECK_EVERY`] in a process (a reading costs a few
-/// microseconds, a split copy hundreds). Where the files cannot be read,
-/// every core counts as spare, as before this check.
-fn spare_cores() -> usize {
-    static LAST: Mutex<Option<(Instant, usize)>> = Mutex::new(None);
-    let mut last = crate::lock(&LAST);
-    let now = Instant::now();
-    if let Some((at, spare)) = *last {
-        if now.duration_since(at) < SPARE_CHECK_EVERY {
-            return spare;
-        }
-    }
-    let spare = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| runnable_tasks(&text))
-        .map_or(MAX_THREADS, |running| {
-            online_cores().saturating_sub(running)
-        });
-    *last = Some((now, spare));
-    spare
-}
-
-/// The machine's online cores (`/sys/devices/system/cpu/online`, a list
-/// such as `0-3,8-11`), read once; [`cores`] where it cannot be read.
-fn online_cores() -> usize {
-    static ONLINE: OnceLock<usize> = OnceLock::new();
-    *ONLINE.get_or_init(|| {
-        std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|list| count_cpu_list(&list))
-            .unwrap_or_else(cores)
-    })
-}
-
-/// The runnable tasks in a `/proc/loadavg` text (`0.52 0.61 0.58 3/712 4096`: 3).
-fn runnable_tasks(loadavg: &str) -> Option<usize> {
-    loadavg
-        .split_whitespace()
-        .nth(3)?
-        .split('/')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// The number of cores in a kernel CPU list (`0-3,8-11`: 8); `None` when
-/// malformed or empty.
-fn count_cpu_list(list: &str) -> Option<usize> {
-    let mut n = 0;
-    for part in list.trim().split(',') {
-        let (lo, hi) = match part.split_once('-') {
-            Some((lo, hi)) => (lo.parse::<usize>().ok()?, hi.parse::<usize>().ok()?),
-            None => {
-                let c = part.parse::<usize>().ok()?;
-                (c, c)
-            }
-        };
-        n += hi.checked_sub(lo)? + 1;
-    }
-    (n > 0).then_some(n)
 }
 
 #[cfg(test)]
@@ -214,23 +140,11 @@ mod tests {
 
     #[test]
     fn busy_cores_are_not_given_copy_threads() {
-        assert_eq!(runnable_tasks("0.52 0.61 0.58 3/712 4096\n"), Some(3));
-        assert_eq!(runnable_tasks("0.00 0.01 0.05 1/80 17"), Some(1));
-        assert_eq!(runnable_tasks("0.52 0.61 0.58"), None);
-        assert_eq!(runnable_tasks("a b c x/712 4096"), None);
-        assert_eq!(count_cpu_list("0-1\n"), Some(2));
-        assert_eq!(count_cpu_list("0"), Some(1));
-        assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
-        assert_eq!(count_cpu_list("0-3,5"), Some(5));
-        assert_eq!(count_cpu_list(""), None);
-        assert_eq!(count_cpu_list("3-1"), None);
-        assert_eq!(count_cpu_list("0-x"), None);
         // Whatever this machine's load: never more than the static
         // bound, never fewer than the caller, one for small copies.
         assert_eq!(threads_now(PARALLEL_MIN - 1), 1);
         let now = threads_now(1 << 40);
         assert!((1..=threads_for(1 << 40)).contains(&now), "{now}");
-        assert!(online_cores() >= 1);
     }
 
     #[test]

@@ -59,6 +59,7 @@
 
 pub mod adapter;
 pub mod admission;
+mod busy;
 pub mod check;
 pub mod codec;
 pub mod copy;
