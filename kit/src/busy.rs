@@ -1,8 +1,8 @@
 //! How busy the machine's cores are right now, for work that only pays
-//! while a core is idle: splitting a copy across threads (`copy`), polling
-//! a socket instead of sleeping (`poll`). On a machine whose cores all
-//! have work (many processes on few cores), a second copy thread adds no
-//! capacity and a polling thread takes the core from the one it waits for.
+//! while a core is idle: splitting a copy across threads (`copy`). On a
+//! machine whose cores all have work (many processes on few cores), a
+//! second copy thread adds no capacity. Also the cores this process may
+//! use ([`cores`]).
 //!
 //! The reading is the machine's runnable tasks (the fourth field of
 //! `/proc/loadavg`, which counts the caller) against its online cores
@@ -14,6 +14,7 @@
 //! before this check.
 
 use std::{
+    num::NonZeroUsize,
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
 };
@@ -47,6 +48,13 @@ pub(crate) fn spare_cores() -> Option<usize> {
     load().map(|(running, online)| online.saturating_sub(running))
 }
 
+/// The cores this process may run on, asked once (the answer reads cgroup
+/// files: too slow to ask per copy).
+pub(crate) fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
+}
+
 /// The machine's online cores (a list such as `0-3,8-11`), read once; the
 /// cores this process may use where it cannot be read.
 fn online_cores() -> usize {
@@ -55,7 +63,7 @@ fn online_cores() -> usize {
         std::fs::read_to_string("/sys/devices/system/cpu/online")
             .ok()
             .and_then(|list| count_cpu_list(&list))
-            .unwrap_or_else(crate::copy::cores)
+            .unwrap_or_else(cores)
     })
 }
 

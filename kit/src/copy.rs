@@ -29,7 +29,7 @@
 //! assert_eq!(src, dst);
 //! ```
 
-use std::{num::NonZeroUsize, sync::OnceLock};
+use crate::busy::cores;
 
 /// Copies at least this long are split across cores.
 pub const PARALLEL_MIN: usize = 4 << 20;
@@ -115,13 +115,6 @@ pub fn threads_now(len: usize) -> usize {
         return 1;
     }
     most.min(1 + crate::busy::spare_cores().unwrap_or(MAX_THREADS))
-}
-
-/// The cores this process may run on, asked once (the answer reads cgroup
-/// files: too slow to ask per copy).
-pub(crate) fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
 }
 
 #[cfg(test)]
