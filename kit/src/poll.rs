@@ -43,14 +43,24 @@ pub fn nothing_to_read(tcp: &TcpStream) -> bool {
 /// arrive, so that the read which follows finds them instead of sleeping.
 /// One non-blocking peek per turn, yielding the core between turns;
 /// nothing is consumed. With TLS the peek sees the ciphertext, which is
-/// what the read waits for too. A zero `spin` returns at once.
-pub fn await_bytes(tcp: &TcpStream, spin: Duration) {
+/// what the read waits for too. A zero `spin` returns at once. Returns
+/// `false` when the poll gave up (nothing arrived within `spin`; always
+/// for a zero `spin`), `true` when there is something to read: a caller
+/// whose polls keep giving up (a stream paced by a slow link, whose bytes
+/// come milliseconds apart) can stop polling.
+pub fn await_bytes(tcp: &TcpStream, spin: Duration) -> bool {
     if spin.is_zero() {
-        return;
+        return false;
     }
     let until = Instant::now() + spin;
     // Bytes, the end of the stream or an error end the poll: the read sees it.
-    while nothing_to_read(tcp) && Instant::now() < until {
+    loop {
+        if !nothing_to_read(tcp) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
         std::thread::yield_now();
     }
 }
@@ -68,10 +78,11 @@ mod tests {
         let (mut server, _) = listener.accept().unwrap();
         assert!(nothing_to_read(&client));
         // Nothing arrives: the poll gives up (the test would hang otherwise).
-        await_bytes(&client, Duration::from_millis(2));
+        assert!(!await_bytes(&client, Duration::from_millis(2)));
+        assert!(!await_bytes(&client, Duration::ZERO));
         // Bytes arrive: the poll returns and they are all still there.
         server.write_all(b"response").unwrap();
-        await_bytes(&client, Duration::from_secs(3600));
+        assert!(await_bytes(&client, Duration::from_secs(3600)));
         assert!(!nothing_to_read(&client));
         let mut got = [0u8; 8];
         client.read_exact(&mut got).unwrap();

@@ -98,11 +98,10 @@ impl Conn {
     /// Polls before a body read that would wait, like before the head:
     /// the body of a large response arrives in pieces, and a consumer that
     /// sleeps between them wakes late for each. Plain TCP only: a TLS
-    /// stream may hold decrypted bytes the socket no longer shows.
-    pub(super) fn await_body_bytes(&self) {
-        if matches!(self.stream, Stream::Plain(_)) {
-            await_bytes(self.stream.tcp(), self.spin);
-        }
+    /// stream may hold decrypted bytes the socket no longer shows. Returns
+    /// `false` when the poll gave up (see [`Body::read_exact`]).
+    pub(super) fn await_body_bytes(&self) -> bool {
+        matches!(self.stream, Stream::Plain(_)) && await_bytes(self.stream.tcp(), self.spin)
     }
 
     /// Whether a pooled connection can carry a request: the owner has not
@@ -172,7 +171,16 @@ pub(super) struct Body<'c> {
     /// never trips the socket's per-read timeout): set per piece for
     /// relays.
     pub(super) deadline: Option<Instant>,
+    /// Polls before the reads of this body that gave up in a row. After
+    /// [`MAX_FRUITLESS_POLLS`] the body's reads stop polling: its bytes
+    /// come slower than a poll lasts (a relay's stream, paced by a link of
+    /// a few hundred Mbit/s), and each poll was a `spin` of a core spent
+    /// peeking and yielding. Reset when a poll finds bytes.
+    fruitless_polls: u32,
 }
+
+/// Polls that give up in a row before a body's reads stop polling.
+const MAX_FRUITLESS_POLLS: u32 = 4;
 
 impl<'c> Body<'c> {
     pub(super) fn new(conn: &'c mut Conn, addr: &'c str, timeout: Duration, total: u64) -> Self {
@@ -184,6 +192,7 @@ impl<'c> Body<'c> {
             received: 0,
             total,
             deadline: None,
+            fruitless_polls: 0,
         }
     }
 
@@ -229,7 +238,13 @@ impl<'c> Body<'c> {
         self.count(filled);
         while filled < dst.len() {
             let rest = dst.len() - filled;
-            self.conn.await_body_bytes();
+            if self.fruitless_polls < MAX_FRUITLESS_POLLS {
+                if self.conn.await_body_bytes() {
+                    self.fruitless_polls = 0;
+                } else {
+                    self.fruitless_polls += 1;
+                }
+            }
             let r = if rest >= self.conn.buf.len() {
                 read_retrying(&mut self.conn.stream, &mut dst[filled..])
             } else {
