@@ -53,6 +53,12 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     assert!(r.verified, "every copy matches the owner's bytes: {r:?}");
     assert_eq!((r.nodes, r.size), (3, (4 << 20) + 7));
     assert!(r.broadcast_s > 0.0 && r.owner_only_s > 0.0 && r.fanin_s > 0.0);
+    // The machine's CPU during the relayed broadcast, read from /proc/stat.
+    assert!(
+        (0.0..=1.0).contains(&r.broadcast_machine_busy)
+            && (0.0..=r.broadcast_machine_busy).contains(&r.broadcast_machine_kernel),
+        "{r:?}"
+    );
     // Consumers after the first fetched from relays (a chain: all but one).
     assert!(r.relays && r.relay_share > 0.0, "relays served: {r:?}");
     let burst = shardport_cli::cluster::burst_bytes(40_000_000);

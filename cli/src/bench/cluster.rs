@@ -25,7 +25,11 @@
 //! CPU: each node's user + system time during each phase, from
 //! `/proc/<pid>/stat` of its worker, reported as the busiest node's share
 //! of the phase's wall time, so a run shows whether the links or the CPU
-//! were the bottleneck.
+//! were the bottleneck; and, for the relayed broadcast, the whole
+//! machine's (`/proc/stat`): how much of all its cores was busy, and how
+//! much of that in the kernel, where the testbed's own network (the
+//! bridge, the tbf qdiscs, every node's TCP) runs and no node's time
+//! shows it.
 
 use std::{
     path::{Path, PathBuf},
@@ -115,6 +119,11 @@ pub struct ClusterRow {
     pub owner_only_cpu_share: f64,
     /// The busiest node's CPU time over the fan-in's wall time.
     pub fanin_cpu_share: f64,
+    /// The share of all the machine's cores busy during the relayed
+    /// broadcast (`/proc/stat`; NaN where it cannot be read).
+    pub broadcast_machine_busy: f64,
+    /// The part of it in the kernel (system, irq and softirq time).
+    pub broadcast_machine_kernel: f64,
     /// Every copy verified against the owner's pattern.
     pub verified: bool,
     /// With `kill_relay` (the last size of each N): the relayed broadcast
@@ -598,8 +607,14 @@ fn one_row(
         ])
     };
     let before = counters(workers)?;
+    let machine_before = MachineCpu::now();
     let (relayed, relayed_cpu, relayed_ok, consumer_done_s) =
         broadcast(workers, n, &handle, seed, "http")?;
+    let (machine_busy, machine_kernel) = MachineCpu::now()
+        .zip(machine_before)
+        .map_or((f64::NAN, f64::NAN), |(after, before)| {
+            after.busy_since(&before)
+        });
     let after = counters(workers)?;
     let [relay_bytes, alternate_bytes, takeovers] =
         [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
@@ -635,10 +650,52 @@ fn one_row(
         broadcast_cpu_share: relayed_cpu,
         owner_only_cpu_share: owner_only_cpu,
         fanin_cpu_share: fanin_cpu,
+        broadcast_machine_busy: machine_busy,
+        broadcast_machine_kernel: machine_kernel,
         verified,
         killed_relay: None,
         stalled_relay: None,
     })
+}
+
+/// The machine's CPU time so far, all cores together (the first line of
+/// `/proc/stat`, in clock ticks).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MachineCpu {
+    total: u64,
+    idle: u64,
+    kernel: u64,
+}
+
+impl MachineCpu {
+    fn now() -> Option<MachineCpu> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// From `cpu  user nice system idle iowait irq softirq steal ...`.
+    fn parse(stat: &str) -> Option<MachineCpu> {
+        let mut f = stat.lines().next()?.split_whitespace();
+        if f.next()? != "cpu" {
+            return None;
+        }
+        let v: Vec<u64> = f.take(8).map(str::parse).collect::<Result<_, _>>().ok()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = v[..] else {
+            return None;
+        };
+        Some(MachineCpu {
+            total: user + nice + system + idle + iowait + irq + softirq + steal,
+            idle: idle + iowait,
+            kernel: system + irq + softirq,
+        })
+    }
+
+    /// Since `before`: the busy share of all cores, and the kernel's share.
+    fn busy_since(&self, before: &MachineCpu) -> (f64, f64) {
+        let total = self.total.saturating_sub(before.total).max(1) as f64;
+        let idle = self.idle.saturating_sub(before.idle) as f64;
+        let kernel = self.kernel.saturating_sub(before.kernel) as f64;
+        (1.0 - idle / total, kernel / total)
+    }
 }
 
 /// Fan-in: nodes 1..=n own one shard each; node n + 1 fetches them all in
@@ -724,6 +781,13 @@ pub fn table(rows: &[ClusterRow]) -> String {
             pct(r.fanin_cpu_share),
             r.verified
         ));
+        if r.broadcast_machine_busy.is_finite() {
+            out.push_str(&format!(
+                "       the machine during the relayed broadcast: {:.0}% of its cores busy, {:.0}% in the kernel\n",
+                r.broadcast_machine_busy * 100.0,
+                r.broadcast_machine_kernel * 100.0
+            ));
+        }
         if let Some(k) = &r.killed_relay {
             out.push_str(&format!(
                 "       a relay killed at {:.2} s: survivors done in {:.2} s ({:.2}x the floor), \
@@ -835,6 +899,8 @@ mod tests {
             broadcast_cpu_share: 0.01,
             owner_only_cpu_share: 0.01,
             fanin_cpu_share: 0.2,
+            broadcast_machine_busy: f64::NAN,
+            broadcast_machine_kernel: f64::NAN,
             verified: true,
             killed_relay: None,
             stalled_relay: None,
@@ -855,5 +921,28 @@ mod tests {
         let table = table(&rows);
         assert_eq!(table.lines().count(), 5);
         assert!(table.contains("4.00x"), "{table}");
+        let mut busy = row(2, 1, 2.0);
+        (busy.broadcast_machine_busy, busy.broadcast_machine_kernel) = (0.44, 0.31);
+        assert!(crate::bench::cluster::table(&[busy])
+            .contains("44% of its cores busy, 31% in the kernel"),);
+    }
+
+    #[test]
+    fn the_machine_s_cpu_is_read_from_proc_stat() {
+        let a = MachineCpu::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n").unwrap();
+        let b = MachineCpu::parse("cpu  160 0 90 860 50 0 40 0 0 0\n").unwrap();
+        // 200 ticks: 60 idle, 80 kernel (40 system, 40 softirq).
+        let (busy, kernel) = b.busy_since(&a);
+        assert!(
+            (busy - 0.7).abs() < 1e-12 && (kernel - 0.4).abs() < 1e-12,
+            "{busy} {kernel}"
+        );
+        assert_eq!(MachineCpu::parse("cpu0 1 2 3 4 5 6 7 8"), None);
+        assert_eq!(MachineCpu::parse("cpu  1 2 3"), None);
+        assert_eq!(MachineCpu::parse(""), None);
+        assert!(
+            MachineCpu::now().is_some(),
+            "this machine's /proc/stat reads"
+        );
     }
 }
