@@ -666,48 +666,44 @@ impl Client {
     /// tree of `id` (`POST /v1/relay/{id}`), waiting up to `wait` for the
     /// answer (a stopped relay answers when it runs again).
     pub(crate) fn ask_rejoin(&self, at: &Serves, id: ShardId, wait: Duration) -> PluginResult<()> {
-        let pool = self.pool(&Owner {
-            addr: at.addr.clone(),
-            tls: at.tls,
-        });
-        let path = rwire::copy_path(id);
-        let req = Request {
-            method: "POST",
-            path: &path,
-            body: &[],
-            read_timeout: Some(wait.max(self.connect_timeout)),
-        };
-        let (mut co, head) = self.exchange(&pool, &req)?;
-        let r = if head.status == 200 {
-            Ok(())
-        } else {
-            Err(self.error_response(&pool, &head, &mut co, &format!("the move of {id}")))
-        };
-        // A few bytes of JSON, and a read timeout of its own: not pooled.
-        co.reusable = false;
-        r
+        let wait = wait.max(self.connect_timeout);
+        self.tell_holder(at, id, "POST", wait, &format!("the move of {id}"))
     }
 
     /// Tells the holder at `at` that its copy of `id` is removed.
     pub(crate) fn drop_copy(&self, at: &Serves, id: ShardId) -> PluginResult<()> {
+        let wait = self.connect_timeout;
+        self.tell_holder(at, id, "DELETE", wait, &format!("the removal of {id}"))
+    }
+
+    /// `method` on the holder's copy of `id` (`/v1/relay/{id}`), answered
+    /// within `wait`: 200, or the error the holder answered, naming `what`.
+    fn tell_holder(
+        &self,
+        at: &Serves,
+        id: ShardId,
+        method: &'static str,
+        wait: Duration,
+        what: &str,
+    ) -> PluginResult<()> {
         let pool = self.pool(&Owner {
             addr: at.addr.clone(),
             tls: at.tls,
         });
         let path = rwire::copy_path(id);
         let req = Request {
-            method: "DELETE",
+            method,
             path: &path,
             body: &[],
-            read_timeout: Some(self.connect_timeout),
+            read_timeout: Some(wait),
         };
         let (mut co, head) = self.exchange(&pool, &req)?;
         let r = if head.status == 200 {
             Ok(())
         } else {
-            Err(self.error_response(&pool, &head, &mut co, &format!("the removal of {id}")))
+            Err(self.error_response(&pool, &head, &mut co, what))
         };
-        // Its body is a few bytes of JSON: not worth reading to pool it.
+        // A few bytes of JSON, and a read timeout of its own: not pooled.
         co.reusable = false;
         r
     }
