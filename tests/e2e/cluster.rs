@@ -16,6 +16,31 @@ use shardport_cli::{
 
 use crate::util;
 
+/// `n` consumers of a 4 MiB + 7 shard over 40 Mbit/s links (a fan-in link
+/// 4 times faster), the plugins' defaults, no owner-only broadcast, no
+/// fan-in, nobody killed or stopped: what a test then changes.
+fn testbed(n: usize) -> ClusterOptions {
+    ClusterOptions {
+        nodes: vec![n],
+        sizes: vec![(4 << 20) + 7],
+        rate_bps: 40_000_000,
+        fanin_factor: 4,
+        kill_relay: false,
+        stall_relay: None,
+        relay_lag: None,
+        owner_only: false,
+        fanin: false,
+        relay_piece: None,
+        relay_window: None,
+        relay_sources: None,
+        exe: util::shardport_bin(),
+        plugin_dir: util::plugin_lib("shardport-http")
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    }
+}
+
 #[test]
 fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     if let Some(why) = Cluster::unavailable() {
@@ -26,26 +51,14 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     // third of the way through is mid-stream (or, on a slow machine, dead
     // before its children connect: a failover either way).
     let opts = ClusterOptions {
-        nodes: vec![3],
-        sizes: vec![(4 << 20) + 7],
-        rate_bps: 40_000_000,
-        fanin_factor: 4,
         kill_relay: true,
-        stall_relay: None,
-        relay_lag: None,
         owner_only: true,
         fanin: true,
-        relay_piece: None,
         // Relays keep half of the shard's 16 pieces: windowed copies serve
         // a chain as whole ones do.
         relay_window: Some(2 << 20),
-        // The default: a parent and one alternate per fetch.
-        relay_sources: None,
-        exe: util::shardport_bin(),
-        plugin_dir: util::plugin_lib("shardport-http")
-            .parent()
-            .unwrap()
-            .to_path_buf(),
+        // relay_sources: the default, a parent and one alternate per fetch.
+        ..testbed(3)
     };
     let rows = run_cluster(&opts, &mut |line| eprintln!("{line}")).unwrap();
     assert_eq!(rows.len(), 1);
@@ -104,23 +117,10 @@ fn a_stalled_relay_is_demoted_and_every_copy_is_right() {
         return;
     }
     let opts = ClusterOptions {
-        nodes: vec![2],
-        sizes: vec![(4 << 20) + 7],
-        rate_bps: 40_000_000,
-        fanin_factor: 4,
-        kill_relay: false,
         stall_relay: Some(std::time::Duration::from_secs(3)),
         relay_lag: Some(std::time::Duration::from_millis(20)),
-        owner_only: false,
-        fanin: false,
         relay_piece: Some(16 << 10),
-        relay_window: None,
-        relay_sources: None,
-        exe: util::shardport_bin(),
-        plugin_dir: util::plugin_lib("shardport-http")
-            .parent()
-            .unwrap()
-            .to_path_buf(),
+        ..testbed(2)
     };
     let rows = run_cluster(&opts, &mut |line| eprintln!("{line}")).unwrap();
     let st = rows[0]

@@ -110,6 +110,31 @@ fn call(w: &mut WorkerProcess, req: &Request) -> Result<Reply, String> {
     w.call(req).map_err(|e| e.to_string())
 }
 
+/// Sends each consumer its request (`request(i)` for the `i`-th) at once,
+/// one thread per consumer, and returns their replies in order.
+fn call_each(
+    consumers: &mut [WorkerProcess],
+    request: impl Fn(usize) -> Request,
+) -> Vec<Result<Reply, String>> {
+    std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, w)| {
+                let req = request(i);
+                s.spawn(move || call(w, &req))
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a consumer thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
 /// Runs every point; `progress` gets a line per step.
 pub fn run_load(
     opts: &LoadOptions,
@@ -157,28 +182,16 @@ pub fn run_load(
                     },
                 )
             });
-            let joins: Vec<_> = consumers
-                .iter_mut()
-                .enumerate()
-                .map(|(i, w)| {
-                    let spec = LoopSpec {
-                        handles: handles.clone(),
-                        duration_ms,
-                        view_share: opts.view_share,
-                        http_share: opts.http_share,
-                        seed: 0x5eed + i as u64,
-                        start_unix_ns,
-                    };
-                    s.spawn(move || call(w, &Request::Load(spec)))
+            let results = call_each(&mut consumers, |i| {
+                Request::Load(LoopSpec {
+                    handles: handles.clone(),
+                    duration_ms,
+                    view_share: opts.view_share,
+                    http_share: opts.http_share,
+                    seed: 0x5eed + i as u64,
+                    start_unix_ns,
                 })
-                .collect();
-            let results: Vec<Result<Reply, String>> = joins
-                .into_iter()
-                .map(|j| {
-                    j.join()
-                        .unwrap_or_else(|_| Err("a consumer thread panicked".into()))
-                })
-                .collect();
+            });
             let churn = churn
                 .join()
                 .unwrap_or_else(|_| Err("the churn thread panicked".into()));
@@ -281,29 +294,16 @@ fn copy_rate(
     split: bool,
 ) -> Result<f64, String> {
     let start_unix_ns = start_after(start_margin(consumers.len()));
-    let results: Vec<Result<Reply, String>> = std::thread::scope(|s| {
-        let joins: Vec<_> = consumers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, w)| {
-                let spec = LoopSpec {
-                    handles: handles.to_vec(),
-                    duration_ms: time.as_millis() as u64,
-                    view_share: 0.0,
-                    http_share: 0.0,
-                    seed: 0xc0b1 + i as u64,
-                    start_unix_ns,
-                };
-                s.spawn(move || call(w, &Request::CopyLimit { spec, split }))
-            })
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| {
-                j.join()
-                    .unwrap_or_else(|_| Err("a consumer thread panicked".into()))
-            })
-            .collect()
+    let results = call_each(consumers, |i| Request::CopyLimit {
+        spec: LoopSpec {
+            handles: handles.to_vec(),
+            duration_ms: time.as_millis() as u64,
+            view_share: 0.0,
+            http_share: 0.0,
+            seed: 0xc0b1 + i as u64,
+            start_unix_ns,
+        },
+        split,
     });
     let mut bytes = 0u64;
     let mut secs = 1e-9f64;

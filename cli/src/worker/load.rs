@@ -123,8 +123,7 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     let mut shm = Vec::with_capacity(spec.handles.len());
     let mut http = Vec::with_capacity(spec.handles.len());
     for text in &spec.handles {
-        let bytes = hex::decode(text).map_err(|e| format!("bad handle: {e}"))?;
-        let h = Handle::from_bytes(&bytes).map_err(|e| format!("bad handle: {e}"))?;
+        let h = super::decode_handle(text, None)?;
         let mut a = h.clone();
         let mut b = h;
         if !a.keep_only("posix-shm") || !b.keep_only("http") {
@@ -227,11 +226,7 @@ fn warm_up(node: &Node, shm: &[Handle], http: &[Handle], spec: &LoopSpec) {
 pub fn run_copy_limit(node: &Node, spec: &LoopSpec, split: bool) -> Result<LoopResult, String> {
     let mut views = Vec::with_capacity(spec.handles.len());
     for text in &spec.handles {
-        let bytes = hex::decode(text).map_err(|e| format!("bad handle: {e}"))?;
-        let mut h = Handle::from_bytes(&bytes).map_err(|e| format!("bad handle: {e}"))?;
-        if !h.keep_only("posix-shm") {
-            return Err("every handle needs a posix-shm export".into());
-        }
+        let h = super::decode_handle(text, Some("posix-shm"))?;
         let view = node
             .fetch_mode(&h, FetchMode::View)
             .map_err(|e| format!("view of shard {}: {e}", h.id))?;
