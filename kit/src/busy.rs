@@ -1,7 +1,8 @@
 //! How busy the machine's cores are right now, for work that only pays
-//! while a core is idle: splitting a copy across threads (`copy`). On a
-//! machine whose cores all have work (many processes on few cores), a
-//! second copy thread adds no capacity. Also the cores this process may
+//! while a core is idle: splitting a copy across threads (`copy`), polling
+//! a socket instead of sleeping (`poll::core_to_spare`). On a machine whose
+//! cores all have work (many processes on few cores), a second copy thread
+//! adds no capacity and a polling thread takes a core from one with work. Also the cores this process may
 //! use ([`cores`]).
 //!
 //! The reading is the machine's runnable tasks (the fourth field of

@@ -3,7 +3,10 @@
 //! halt (`guest_halt_poll_ns` = 0), more than a small request's whole round
 //! trip. [`await_bytes`] polls first, for a bounded time, then lets the
 //! read that follows sleep as usual. Used by the http transport's consumer
-//! and by `shardport bench`'s TCP limit.
+//! and owner and by `shardport bench`'s TCP limit. A poll pays only while
+//! a core is idle: [`core_to_spare`] tells whether one is (on a machine
+//! whose cores all have work, a polling thread takes a core from a task
+//! that has work, and the poll itself waits for its turn).
 //!
 //! ```
 //! use std::{io::{Read, Write}, net::{TcpListener, TcpStream}, time::Duration};
@@ -21,13 +24,21 @@
 //! ```
 
 use std::{
-    net::TcpStream,
+    os::fd::AsFd,
     time::{Duration, Instant},
 };
 
+/// Whether a thread may poll now without taking a core from another task:
+/// the machine's runnable tasks, the caller included, are at most its
+/// online cores (read at most once a millisecond; see the `busy` module).
+/// `true` where that cannot be read.
+pub fn core_to_spare() -> bool {
+    crate::busy::load().is_none_or(|(running, online)| running <= online)
+}
+
 /// True when `tcp` has nothing to read right now: no bytes, no end of
 /// stream, no error (one non-blocking peek, consuming nothing).
-pub fn nothing_to_read(tcp: &TcpStream) -> bool {
+pub fn nothing_to_read(tcp: impl AsFd) -> bool {
     let mut probe = [0u8; 1];
     match rustix::net::recv(
         tcp,
@@ -48,14 +59,14 @@ pub fn nothing_to_read(tcp: &TcpStream) -> bool {
 /// for a zero `spin`), `true` when there is something to read: a caller
 /// whose polls keep giving up (a stream paced by a slow link, whose bytes
 /// come milliseconds apart) can stop polling.
-pub fn await_bytes(tcp: &TcpStream, spin: Duration) -> bool {
+pub fn await_bytes(tcp: impl AsFd, spin: Duration) -> bool {
     if spin.is_zero() {
         return false;
     }
     let until = Instant::now() + spin;
     // Bytes, the end of the stream or an error end the poll: the read sees it.
     loop {
-        if !nothing_to_read(tcp) {
+        if !nothing_to_read(&tcp) {
             return true;
         }
         if Instant::now() >= until {
@@ -67,7 +78,10 @@ pub fn await_bytes(tcp: &TcpStream, spin: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
+    use std::{
+        io::{Read, Write},
+        net::TcpStream,
+    };
 
     use super::*;
 
@@ -91,5 +105,36 @@ mod tests {
         drop(server);
         await_bytes(&client, Duration::from_secs(3600));
         assert_eq!(client.read(&mut got).unwrap(), 0);
+    }
+
+    #[test]
+    fn no_core_to_spare_while_every_core_has_work() {
+        let online = crate::busy::load().map_or(1, |(_, online)| online);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinners: Vec<_> = (0..online + 2)
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let until = Instant::now() + Duration::from_secs(20);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until
+                    {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        // The reading is the machine's, taken at most once a millisecond:
+        // look until it shows the spinners (they run until told to stop).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut spare = true;
+        while spare && Instant::now() < deadline {
+            spare = core_to_spare();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        assert!(!spare, "{} spinning threads on {online} cores", online + 2);
     }
 }

@@ -61,7 +61,7 @@ const POLL: Duration = Duration::from_micros(200);
 fn read_polling(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
-        await_bytes(s, POLL);
+        await_bytes(&*s, POLL);
         match s.read(&mut buf[filled..]) {
             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,

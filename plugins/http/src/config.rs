@@ -80,9 +80,11 @@ pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// sleeping thread takes 30-40 us to wake (the guest halts its idle vCPUs:
 /// `guest_halt_poll_ns` = 0): a 4 KiB fetch took ~70 us with a sleeping
 /// consumer and 11-14 us with a polling one (BENCHMARKS.md, 2026-11-26).
-/// Owners never poll: a polling server thread held responses back and
-/// competed with the consumers for the cores.
+/// Owners poll only after a response, for `owner-spin`.
 pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Default `owner-spin`: 200 us. How long an owner's connection polls for
+/// the next request after writing a response, while a core is idle.
+pub(crate) const DEFAULT_OWNER_SPIN: Duration = Duration::from_micros(200);
 /// Longest accepted `spin`: 1 ms (beyond that, polling only burns CPU).
 pub(crate) const MAX_SPIN: Duration = Duration::from_millis(1);
 /// Longest accepted duration for any timeout: one day (a typo guard).
@@ -216,6 +218,8 @@ pub(crate) struct Config {
     pub header_timeout: Duration,
     /// Consumer: polling for a response before sleeping (0: never poll).
     pub spin: Duration,
+    /// Owner: polling for the next request after a response (0: never).
+    pub owner_spin: Duration,
     pub max_connections_per_owner: usize,
     pub max_connections: usize,
     pub max_pending: usize,
@@ -394,6 +398,8 @@ impl Config {
         let request_timeout = duration("request-timeout", DEFAULT_REQUEST_TIMEOUT)?;
         let header_timeout = duration("header-timeout", DEFAULT_HEADER_TIMEOUT)?;
         let spin = t.duration_in("spin", Duration::ZERO..=MAX_SPIN, DEFAULT_SPIN)?;
+        let owner_spin =
+            t.duration_in("owner-spin", Duration::ZERO..=MAX_SPIN, DEFAULT_OWNER_SPIN)?;
 
         let max_connections_per_owner = t.u64_in(
             "max-connections-per-owner",
@@ -455,6 +461,7 @@ impl Config {
             request_timeout,
             header_timeout,
             spin,
+            owner_spin,
             max_connections_per_owner: max_connections_per_owner as usize,
             max_connections: max_connections as usize,
             max_pending: max_pending as usize,
@@ -681,6 +688,7 @@ mod tests {
         assert_eq!(c.request_timeout, Duration::from_secs(120));
         assert_eq!(c.header_timeout, Duration::from_secs(10));
         assert_eq!(c.spin, Duration::from_micros(50));
+        assert_eq!(c.owner_spin, DEFAULT_OWNER_SPIN);
         assert_eq!(c.max_connections_per_owner, 4);
         assert_eq!(c.max_connections, 512);
         assert_eq!(c.threads, 2);
@@ -817,6 +825,10 @@ mod tests {
             (
                 "spin = \"2ms\"",
                 "`plugin.http.config.spin`: 2ms is out of range 0s..=1ms",
+            ),
+            (
+                "owner-spin = \"5ms\"",
+                "`plugin.http.config.owner-spin`: 5ms is out of range 0s..=1ms",
             ),
             (
                 "listen = \"now\"",

@@ -38,6 +38,10 @@ pub(crate) struct Stats {
     pub connections_accepted: Counter,
     /// Inbound connections closed by a timeout (idle, slow head, stalled peer).
     pub connections_timed_out: Counter,
+    /// Polls for a connection's next request after a response (`owner-spin`).
+    pub owner_polls: Counter,
+    /// Those that found the next request within `owner-spin`.
+    pub owner_poll_hits: Counter,
     /// Pending inbound connections (no authenticated request yet) closed
     /// to make room for newer ones (`max-pending`, `max-pending-per-peer`).
     pub connections_evicted: Counter,
@@ -140,6 +144,8 @@ impl Stats {
             .counter("connections_evicted", &self.connections_evicted)
             .gauge("connections_open", &self.connections_open)
             .counter("connections_at_limit", &self.connections_at_limit)
+            .counter("owner_polls", &self.owner_polls)
+            .counter("owner_poll_hits", &self.owner_poll_hits)
             .counter("tls_handshake_failures", &self.tls_handshake_failures)
             .gauge("responses_in_flight", &self.responses_in_flight)
             .counter("unexport_timeouts", &self.unexport_timeouts)

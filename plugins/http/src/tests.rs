@@ -24,6 +24,7 @@ use crate::{descriptor::Descriptor, wire, HttpTransport};
 
 mod consumer;
 mod gpu;
+mod owner_poll;
 mod relay;
 mod tls;
 

@@ -98,10 +98,13 @@ impl Conn {
     /// Polls before a body read that would wait, like before the head:
     /// the body of a large response arrives in pieces, and a consumer that
     /// sleeps between them wakes late for each. Plain TCP only: a TLS
-    /// stream may hold decrypted bytes the socket no longer shows. Returns
-    /// `false` when the poll gave up (see [`Body::read_exact`]).
-    pub(super) fn await_body_bytes(&self) -> bool {
-        matches!(self.stream, Stream::Plain(_)) && await_bytes(self.stream.tcp(), self.spin)
+    /// stream may hold decrypted bytes the socket no longer shows. And only
+    /// while a core is idle ([`core_to_spare`]). `None` when it did not
+    /// poll, else whether bytes came (`false`: the poll gave up; see
+    /// [`Body::read_exact`]).
+    pub(super) fn await_body_bytes(&self) -> Option<bool> {
+        (matches!(self.stream, Stream::Plain(_)) && core_to_spare())
+            .then(|| await_bytes(self.stream.tcp(), self.spin))
     }
 
     /// Whether a pooled connection can carry a request: the owner has not
@@ -239,10 +242,10 @@ impl<'c> Body<'c> {
         while filled < dst.len() {
             let rest = dst.len() - filled;
             if self.fruitless_polls < MAX_FRUITLESS_POLLS {
-                if self.conn.await_body_bytes() {
-                    self.fruitless_polls = 0;
-                } else {
-                    self.fruitless_polls += 1;
+                match self.conn.await_body_bytes() {
+                    Some(true) => self.fruitless_polls = 0,
+                    Some(false) => self.fruitless_polls += 1,
+                    None => {}
                 }
             }
             let r = if rest >= self.conn.buf.len() {

@@ -50,7 +50,7 @@ use std::{
 use hyper::StatusCode;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
-use shardport_kit::poll::{await_bytes, nothing_to_read};
+use shardport_kit::poll::{await_bytes, core_to_spare, nothing_to_read};
 use tracing::debug;
 
 use crate::{
@@ -655,7 +655,9 @@ impl Client {
         }
         conn.pos = 0;
         conn.end = 0;
-        await_bytes(conn.stream.tcp(), self.spin);
+        if core_to_spare() {
+            await_bytes(conn.stream.tcp(), self.spin);
+        }
         loop {
             let got = conn.end;
             let n = match read_retrying(&mut conn.stream, &mut conn.buf[got..]) {

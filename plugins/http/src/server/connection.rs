@@ -263,11 +263,84 @@ pub(super) fn expired_at(
 }
 
 /// A connection (TCP, or TLS over TCP) that records progress in its
-/// [`Activity`].
+/// [`Activity`], and polls for the next request after a response
+/// ([`OwnerPoll`]).
 pub(super) struct Tracked<S> {
     pub(super) inner: S,
     pub(super) activity: Arc<Activity>,
+    pub(super) poll: Option<OwnerPoll>,
 }
+
+/// `owner-spin`: once a response is written and flushed, the connection
+/// polls its socket for the next request for up to `spin`, while a core is
+/// idle, before the runtime thread goes back to `epoll_wait`. A runtime
+/// thread that sleeps there wakes 30-40 us late on a VM that halts idle
+/// vCPUs, more than a 64 KiB fetch's whole round trip; when the request
+/// comes within `spin`, the thread finds its readiness at once.
+///
+/// The poll is in the flush, not in a read: hyper reads (to see whether
+/// the peer closed) before it writes a response, and a poll there held the
+/// response back; after the response hyper does not read until woken. It
+/// polls only when nothing of the connection is in flight (no handler or
+/// body alive, so the whole response has left), once per response, and
+/// peeks only (the runtime reads the request as usual; with TLS the peek
+/// sees the ciphertext, which is what it waits for too).
+pub(super) struct OwnerPoll {
+    /// The connection's socket (a duplicate descriptor).
+    fd: std::os::fd::OwnedFd,
+    spin: Duration,
+    stats: Arc<Stats>,
+    /// Bytes were written since the last poll or request bytes.
+    armed: bool,
+}
+
+impl OwnerPoll {
+    /// For a connection on `stream`, unless `owner-spin` is 0.
+    pub(super) fn new(shared: &Shared, stream: &TcpStream) -> Option<OwnerPoll> {
+        use std::os::fd::AsFd;
+        if shared.owner_spin.is_zero() {
+            return None;
+        }
+        let fd = stream.as_fd().try_clone_to_owned().ok()?;
+        Some(OwnerPoll {
+            fd,
+            spin: shared.owner_spin,
+            stats: Arc::clone(&shared.stats),
+            armed: false,
+        })
+    }
+
+    /// After a flush: polls when armed, nothing is in flight and a core is
+    /// idle.
+    fn after_flush(&mut self, activity: &Activity) {
+        if !self.armed || activity.in_flight.load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        self.armed = false;
+        if !core_allowed() {
+            return;
+        }
+        self.stats.owner_polls.inc();
+        if shardport_kit::poll::await_bytes(&self.fd, self.spin) {
+            self.stats.owner_poll_hits.inc();
+        }
+    }
+}
+
+/// Whether a poll may take a core now ([`shardport_kit::poll::core_to_spare`]);
+/// tests may poll whatever the machine's load ([`POLL_AT_ANY_LOAD`]).
+fn core_allowed() -> bool {
+    #[cfg(test)]
+    if POLL_AT_ANY_LOAD.load(Ordering::Relaxed) {
+        return true;
+    }
+    shardport_kit::poll::core_to_spare()
+}
+
+/// Tests: owners poll whatever the machine's load, so what a poll does is
+/// tested on a busy machine too.
+#[cfg(test)]
+pub(crate) static POLL_AT_ANY_LOAD: AtomicBool = AtomicBool::new(false);
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(
@@ -279,8 +352,20 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.on_read();
+            if let Some(poll) = self.poll.as_mut() {
+                poll.armed = false;
+            }
         }
         r
+    }
+}
+
+impl<S> Tracked<S> {
+    fn wrote(&mut self) {
+        self.activity.on_write();
+        if let Some(poll) = self.poll.as_mut() {
+            poll.armed = true;
+        }
     }
 }
 
@@ -292,7 +377,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.on_write();
+            self.wrote();
         }
         r
     }
@@ -304,7 +389,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.on_write();
+            self.wrote();
         }
         r
     }
@@ -315,7 +400,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            let this = &mut *self;
+            if let Some(poll) = this.poll.as_mut() {
+                poll.after_flush(&this.activity);
+            }
+        }
+        r
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -337,8 +429,9 @@ pub(super) async fn serve_connection(
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
+    let poll = OwnerPoll::new(&shared, &stream);
     let Some(acceptor) = shared.tls.clone() else {
-        return serve_http(shared, stream, peer, pending, shutdown).await;
+        return serve_http(shared, stream, poll, peer, pending, shutdown).await;
     };
     // The handshake holds this connection's `max-connections` slot, so it
     // has its own deadline, counted from accept.
@@ -369,7 +462,7 @@ pub(super) async fn serve_connection(
         Err(e) => Err(e),
     };
     match outcome {
-        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown).await,
+        Ok(Ok(tls)) => serve_http(shared, tls, poll, peer, pending, shutdown).await,
         Ok(Err(e)) => {
             shared.stats.tls_handshake_failures.inc();
             debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
@@ -438,10 +531,11 @@ pub(super) async fn refuse_plaintext(stream: &TcpStream) {
 }
 
 /// Runs hyper's HTTP/1.1 state machine on one connection (plain or TLS)
-/// with the watchdog.
+/// with the watchdog, polling after responses with `poll`.
 pub(super) async fn serve_http<S>(
     shared: Arc<Shared>,
     stream: S,
+    poll: Option<OwnerPoll>,
     peer: SocketAddr,
     pending: Pending,
     mut shutdown: watch::Receiver<bool>,
@@ -452,6 +546,7 @@ pub(super) async fn serve_http<S>(
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: Arc::clone(&activity),
+        poll,
     });
     let conn = http1_builder(&shared).serve_connection(
         io,

@@ -91,6 +91,7 @@ fn shared() -> Arc<Shared> {
         request_timeout: cfg.request_timeout,
         idle_timeout: cfg.idle_timeout,
         header_timeout: cfg.header_timeout,
+        owner_spin: Duration::ZERO,
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,

@@ -98,6 +98,8 @@ mod connection;
 mod relay;
 mod routes;
 
+#[cfg(test)]
+pub(crate) use self::connection::POLL_AT_ANY_LOAD;
 #[allow(clippy::wildcard_imports)]
 use self::{connection::*, routes::*};
 /// The request handler over an in-memory connection, for the fuzz targets.
@@ -161,6 +163,9 @@ struct Shared {
     request_timeout: Duration,
     idle_timeout: Duration,
     header_timeout: Duration,
+    /// `owner-spin`: polling for a connection's next request after a
+    /// response (plain TCP; 0: never).
+    owner_spin: Duration,
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
     tls_handshake_timeout: Duration,
@@ -288,6 +293,7 @@ impl Server {
             request_timeout: cfg.request_timeout,
             idle_timeout: cfg.idle_timeout,
             header_timeout: cfg.header_timeout,
+            owner_spin: cfg.owner_spin,
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),

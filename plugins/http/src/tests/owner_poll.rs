@@ -1,0 +1,86 @@
+//! `owner-spin`: an owner's connection polls for the next request after a
+//! response. The tests poll whatever the machine's load
+//! ([`POLL_AT_ANY_LOAD`]), so what a poll does is tested on a busy machine
+//! too; whether a poll finds the next request in time is timing, left to
+//! the bench.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::server::POLL_AT_ANY_LOAD;
+
+/// `rounds` GETs of shard `id` on one keep-alive connection, each read
+/// whole and compared with `data`.
+fn round_trips(addr: SocketAddr, id: u128, data: &[u8], rounds: usize) -> TcpStream {
+    let mut s = connect(addr);
+    let req = format!(
+        "GET {} HTTP/1.1\r\nhost: test\r\n\r\n",
+        wire::shard_path(ShardId::from_u128(id))
+    );
+    for round in 0..rounds {
+        s.write_all(req.as_bytes()).unwrap();
+        let r = read_response(&mut s);
+        assert_eq!(r.status, 200, "round {round}");
+        assert!(r.body == data, "round {round}: body differs");
+    }
+    s
+}
+
+#[test]
+fn an_owner_polls_once_per_response_and_serves_what_follows() {
+    POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
+    let owner = node("owner-spin = \"1ms\"");
+    // Small and large responses: a large one is written in many pieces,
+    // and only the end of the whole response may poll.
+    let small = pattern(64 << 10, 3);
+    let large = pattern(8 << 20, 4);
+    export(&owner.t, 1, &small).unwrap();
+    export(&owner.t, 2, &large).unwrap();
+    let _a = round_trips(owner.addr, 1, &small, 20);
+    let _b = round_trips(owner.addr, 2, &large, 4);
+    let polls = stat(&owner.t, "owner_polls");
+    assert!(polls >= 1, "no poll after 24 responses");
+    assert!(polls <= 24, "{polls} polls for 24 responses");
+    assert!(stat(&owner.t, "owner_poll_hits") <= polls);
+    // A consumer through the transport gets the same bytes.
+    let consumer = node("owner-spin = \"1ms\"");
+    let desc = export(&owner.t, 3, &small).unwrap();
+    for _ in 0..5 {
+        assert!(fetch(&consumer.t, &desc, small.len()).unwrap() == small);
+    }
+    owner.t.unexport(ShardId::from_u128(1)).unwrap();
+    owner.t.unexport(ShardId::from_u128(2)).unwrap();
+    owner.t.unexport(ShardId::from_u128(3)).unwrap();
+}
+
+#[test]
+fn a_peer_that_closes_while_the_owner_polls_is_let_go() {
+    POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
+    let owner = node("owner-spin = \"1ms\"");
+    let data = pattern(4096, 5);
+    export(&owner.t, 7, &data).unwrap();
+    let s = round_trips(owner.addr, 7, &data, 1);
+    wait_for_stat(&owner.t, "connections_accepted", 1);
+    drop(s);
+    // The poll sees the end of the stream; the connection closes.
+    let start = std::time::Instant::now();
+    while stat(&owner.t, "connections_open") != 0 {
+        assert!(
+            start.elapsed() < GENEROUS,
+            "the closed connection stayed open"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    owner.t.unexport(ShardId::from_u128(7)).unwrap();
+}
+
+#[test]
+fn owner_spin_zero_never_polls() {
+    POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
+    let owner = node("owner-spin = \"0s\"");
+    let data = pattern(4096, 6);
+    export(&owner.t, 9, &data).unwrap();
+    let _s = round_trips(owner.addr, 9, &data, 5);
+    assert_eq!(stat(&owner.t, "owner_polls"), 0);
+    owner.t.unexport(ShardId::from_u128(9)).unwrap();
+}
