@@ -1,6 +1,7 @@
 //! Measurements outside the matrix: plugin dispatch, the 1000 x 4 KiB
-//! batch, 10,000 x 4 KiB shards put and fetched from another process, and a
-//! consumer's peak RSS during a large http fetch.
+//! batch, http fetches back to back, 10,000 x 4 KiB shards put and fetched
+//! from another process, and a consumer's peak RSS during a large http
+//! fetch.
 
 use std::{collections::BTreeMap, hint::black_box, time::Instant};
 
@@ -170,6 +171,78 @@ pub fn batch(
             s.n, s.min_us, s.max_us
         ),
     ))
+}
+
+/// Sizes of [`back_to_back`].
+pub const BACK_TO_BACK_SIZES: [u64; 4] = [64 << 10, 256 << 10, 1 << 20, 4 << 20];
+
+/// One http shard of `size` from the owner process fetched `n` times in a
+/// row into one buffer (after 20 untimed fetches), the way a consumer that
+/// reads many pieces one after another does; the matrix's http cell is an
+/// isolated fetch instead (its owner has slept since the last one). Value:
+/// p50 microseconds; the detail has p99 and the same-run TCP limit at that
+/// size ([`tcp_round_trip`](super::limits::tcp_round_trip), taken once the
+/// owner's poll after the last response is over), and their ratio.
+pub fn back_to_back(
+    runner: &mut Runner<'_>,
+    node: &Node,
+    size: u64,
+    n: usize,
+    http_ok: &Result<(), String>,
+) -> Extra {
+    let key = format!("http_back_to_back_{}_p50_us", size >> 10);
+    let name = format!(
+        "http fetch back to back, {}",
+        shardport_kit::format_byte_size(size)
+    );
+    if let Err(why) = http_ok {
+        return Extra::skipped(&key, &name, "us", why.clone());
+    }
+    match back_to_back_samples(runner, node, size, n) {
+        Ok((fetches, limit)) => Extra::value(
+            &key,
+            name,
+            fetches.median_us,
+            "us",
+            format!(
+                "p50 of {} fetches in a row, p99 {:.1} us ({:.1}x p50); TCP limit {:.1} us: {:.2}x",
+                fetches.n,
+                fetches.p99_us,
+                fetches.p99_us / fetches.median_us,
+                limit.samples.median_us,
+                limit.samples.median_us / fetches.median_us
+            ),
+        ),
+        Err(e) => Extra::failed(&key, &name, "us", &e),
+    }
+}
+
+fn back_to_back_samples(
+    runner: &mut Runner<'_>,
+    node: &Node,
+    size: u64,
+    n: usize,
+) -> Result<(super::stats::Summary, super::limits::SizeLimit), BenchError> {
+    const WARMUP: usize = 20;
+    let (id, h) = put_remote(runner.owner()?, size, 31)?;
+    let h = only(h, "http")?;
+    let mut dst = vec![0u8; size as usize];
+    let mut times = Vec::with_capacity(n);
+    let fetched = (0..WARMUP + n.max(1)).try_for_each(|i| {
+        let t = Instant::now();
+        node.fetch_into(&h, &mut dst)?;
+        if i >= WARMUP {
+            times.push(t.elapsed());
+        }
+        Ok::<(), BenchError>(())
+    });
+    runner.owner()?.call(&Request::Remove { ids: vec![id] })?;
+    fetched?;
+    std::thread::sleep(super::matrix::OWNER_POLL_ENDED);
+    let limit = super::limits::tcp_round_trip(size as usize, 2, 20)
+        .map_err(|e| BenchError::Other(format!("raw TCP loopback: {e}")))?;
+    let fetches = super::stats::Summary::of(&times).expect("at least one fetch");
+    Ok((fetches, limit))
 }
 
 /// Shards per second of `round` moving `shards` shards: one untimed round

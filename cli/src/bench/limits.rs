@@ -100,17 +100,40 @@ fn write_polling(s: &TcpStream, buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Socket buffers of a [`TcpPair`] end that hold a whole shard (from 256
+/// KiB to 4 MiB, the kernel's usual ceiling): a fresh pair's buffers start
+/// at 16 KiB (send) and 128 KiB (receive) and grow by the kernel's
+/// autotuning, which some pairs did and some did not in the samples they
+/// lived for (a 256 KiB round trip 20-21 us on one pair, 47-52 us on
+/// another, the same run). A long-lived connection, as the http
+/// consumer's pooled ones, has grown them: the limit must not lag behind
+/// it. Best effort.
+fn socket_buffers(s: &TcpStream, len: usize) {
+    let bytes = len.clamp(256 << 10, 4 << 20);
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, bytes);
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(s, bytes);
+}
+
 /// A request to the [`TcpPair`] server with this bit set moves it to the
 /// core numbered in the low bits.
 const PIN: u64 = 1 << 63;
 
 /// Moves the calling thread to `core` (best effort: a core this process
-/// may not use leaves it where it was).
+/// may not use leaves it where it was); [`ANY_CORE`] lets it run on every
+/// core again (the scheduler places it).
 fn pin_to(core: usize) {
     let mut set = rustix::thread::CpuSet::new();
-    set.set(core);
+    if core == ANY_CORE {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..cores.min(rustix::thread::CpuSet::MAX_CPU)).for_each(|c| set.set(c));
+    } else {
+        set.set(core);
+    }
     let _ = rustix::thread::sched_setaffinity(None, &set);
 }
+
+/// The "core" of a [`PIN`] request that unpins the server.
+const ANY_CORE: usize = 0xffff_ffff;
 
 /// Bytes per stream sample of [`TcpPair::stream`]: enough shards back to
 /// back that one request's latency is spread thin, few enough that a
@@ -204,6 +227,7 @@ impl TcpPair {
                     return;
                 };
                 let _ = s.set_nodelay(true);
+                socket_buffers(&s, len);
                 let src = vec![7u8; len];
                 let mut req = [0u8; 8];
                 let mut poll = true;
@@ -233,6 +257,7 @@ impl TcpPair {
             })?;
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
+        socket_buffers(&stream, len);
         // A lost or short response is an error, never a hung benchmark.
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut pair = TcpPair {
@@ -258,21 +283,25 @@ impl TcpPair {
     /// The TCP limit at this size: the faster of two round trips back to
     /// back (the first may find the server asleep, the second finds it
     /// polling), and from [`STREAM_LIMIT_MIN`] up the faster of that and a
-    /// stream; measured with the server on this thread's core and on
-    /// another one, the faster kept. Then the server is parked
+    /// stream; measured with the server on this thread's core, on another
+    /// one and unpinned, the fastest kept. Then the server is parked
     /// ([`park`](Self::park)).
     ///
-    /// Both placements, because the scheduler picks either and they differ:
+    /// Both pinned placements, because the scheduler picks either and they
+    /// differ:
     /// on 2 vCPUs, with both ends pinned and polling, a 64 KiB round trip
     /// took 9 us on one core and 18-20 us across two, 256 KiB 21 us and
     /// 33 us (1 MiB: 127 us either way); an http fetch whose owner was
     /// woken on the consumer's core beat a limit that had landed across
-    /// cores (LIMIT SUSPECT).
+    /// cores (LIMIT SUSPECT). And unpinned, because the scheduler may move
+    /// either end mid-transfer: 1 MiB http fetches back to back (an owner
+    /// polling, eighth session) took 141-159 us against 147-168 us for the
+    /// best pinned placement.
     pub fn best(&mut self) -> std::io::Result<Duration> {
         let here = rustix::thread::sched_getcpu();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut best = Duration::MAX;
-        for core in [here, (here + 1) % cores.max(1)] {
+        for core in [here, (here + 1) % cores.max(1), ANY_CORE] {
             self.request(PIN | core as u64)?;
             let mut d = self.round_trip()?.min(self.round_trip()?);
             if self.dst.len() >= STREAM_LIMIT_MIN {
@@ -292,8 +321,9 @@ impl TcpPair {
     /// buffer into another, which is what a staged GPU fetch sends (its
     /// pieces live in small pinned buffers, never in a shard-sized one).
     /// Whole pieces are sent; a total that is not a multiple of the piece
-    /// is timed pro rata. Measured with the server on this thread's core
-    /// and on another one, the faster kept, as [`best`](Self::best); then
+    /// is timed pro rata. Measured with the server on this thread's core,
+    /// on another one and unpinned, the fastest kept, as
+    /// [`best`](Self::best); then
     /// the server is parked.
     pub fn best_carrying(&mut self, total: u64) -> std::io::Result<Duration> {
         let piece = self.dst.len().max(1) as u64;
@@ -302,7 +332,7 @@ impl TcpPair {
         let here = rustix::thread::sched_getcpu();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut best = Duration::MAX;
-        for core in [here, (here + 1) % cores.max(1)] {
+        for core in [here, (here + 1) % cores.max(1), ANY_CORE] {
             self.request(PIN | core as u64)?;
             let per_piece = self.shards(n as usize)?;
             best = best.min((per_piece * n as u32).mul_f64(share));

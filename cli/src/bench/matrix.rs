@@ -72,6 +72,10 @@ pub struct Runner<'a> {
     device_dst: Option<DeviceMem>,
 }
 
+/// How long after a response an http owner may still poll for the next
+/// request: the longest `owner-spin` the plugin accepts (1 ms), with room.
+pub const OWNER_POLL_ENDED: std::time::Duration = std::time::Duration::from_micros(250);
+
 /// Takes limit samples between a cell's samples.
 struct LimitSampler {
     /// Warm source bytes, as long as the largest size (also the put source).
@@ -489,6 +493,14 @@ impl<'a> Runner<'a> {
     fn pair(&mut self, parts: &[LimitPart], size: u64, t: &mut Timings) -> Result<(), BenchError> {
         if parts.is_empty() {
             return Ok(());
+        }
+        if parts.contains(&LimitPart::Tcp) {
+            // The http owner polls for the next request after a response
+            // (`owner-spin`): left polling, it would spin on one of the
+            // cores through the limit's sample. Both ends of the limit are
+            // then alone, as its server parks after each sample for the
+            // cell's.
+            std::thread::sleep(OWNER_POLL_ENDED);
         }
         let sample = match self.rotation(parts, size) {
             Some(ways) => {

@@ -283,6 +283,11 @@ fn run_extras(
     extras.push(batch.unwrap_or_else(|e| {
         extras::Extra::failed("batch_shards_per_s", "http batch", "shards/s", &e)
     }));
+    say("http fetches back to back");
+    let reps = if opts.quick { 100 } else { 1000 };
+    for size in extras::BACK_TO_BACK_SIZES {
+        extras.push(extras::back_to_back(runner, node, size, reps, &http_ok));
+    }
     say("many small shards: 4 KiB each, put, and fetched from another process");
     let shm_ok = availability(PathId::ShmCopy.spec(), node);
     let many = if opts.quick {
