@@ -39,7 +39,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    cluster::{burst_bytes, Cluster},
+    cluster::{burst_bytes, wire_bytes, Cluster},
     worker::{Request, WorkerProcess},
 };
 
@@ -108,10 +108,15 @@ pub struct ClusterRow {
     pub owner_only_s: f64,
     /// Broadcast floor S / B, seconds.
     pub floor_s: f64,
+    /// The same with TCP/IP framing: the link carries frames, and S bytes
+    /// of payload take [`wire_bytes`]`(S)` of them (4.6% more), seconds.
+    pub wire_floor_s: f64,
     /// Fan-in time, seconds.
     pub fanin_s: f64,
     /// Fan-in floor N·S / min(fan-in consumer rate, N·B), seconds.
     pub fanin_floor_s: f64,
+    /// The same with TCP/IP framing, seconds.
+    pub fanin_wire_floor_s: f64,
     /// The busiest node's CPU time over the broadcast's wall time (with
     /// relays).
     pub broadcast_cpu_share: f64,
@@ -632,6 +637,7 @@ fn one_row(
     let link = |bytes: u64, rate_bps: u64| {
         bytes.saturating_sub(burst_bytes(rate_bps)) as f64 * 8.0 / rate_bps as f64
     };
+    let wire = |bytes: u64, rate_bps: u64| link(wire_bytes(bytes), rate_bps);
     let consumer_rate = opts.rate_bps.saturating_mul(opts.fanin_factor.max(1));
     Ok(ClusterRow {
         nodes: n,
@@ -647,6 +653,8 @@ fn one_row(
         floor_s: link(size, opts.rate_bps),
         fanin_s: fanin,
         fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
+        wire_floor_s: wire(size, opts.rate_bps),
+        fanin_wire_floor_s: wire(size * n as u64, consumer_rate).max(wire(size, opts.rate_bps)),
         broadcast_cpu_share: relayed_cpu,
         owner_only_cpu_share: owner_only_cpu,
         fanin_cpu_share: fanin_cpu,
@@ -781,6 +789,20 @@ pub fn table(rows: &[ClusterRow]) -> String {
             pct(r.fanin_cpu_share),
             r.verified
         ));
+        out.push_str(&format!(
+            "       floors with TCP/IP framing ({} B per {} B segment): broadcast {} ({} with relays{}), fan-in {} ({})\n",
+            crate::cluster::SEGMENT_FRAMING,
+            crate::cluster::SEGMENT_PAYLOAD,
+            secs(r.wire_floor_s),
+            times(r.broadcast_s / r.wire_floor_s),
+            if r.owner_only_s.is_nan() {
+                String::new()
+            } else {
+                format!(", {} owner only", times(r.owner_only_s / r.wire_floor_s))
+            },
+            secs(r.fanin_wire_floor_s),
+            times(r.fanin_s / r.fanin_wire_floor_s),
+        ));
         if r.broadcast_machine_busy.is_finite() {
             out.push_str(&format!(
                 "       the machine during the relayed broadcast: {:.0}% of its cores busy, {:.0}% in the kernel\n",
@@ -894,8 +916,10 @@ mod tests {
             consumer_done_s: vec![1.1],
             owner_only_s,
             floor_s: 1.0,
+            wire_floor_s: 1.05,
             fanin_s: 1.1,
             fanin_floor_s: 1.0,
+            fanin_wire_floor_s: 1.05,
             broadcast_cpu_share: 0.01,
             owner_only_cpu_share: 0.01,
             fanin_cpu_share: 0.2,
@@ -919,8 +943,13 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 6);
         assert!(svg.trim_end().ends_with("</svg>"));
         let table = table(&rows);
-        assert_eq!(table.lines().count(), 5);
+        // A line per row, and one per row for the floors with framing.
+        assert_eq!(table.lines().count(), 9);
         assert!(table.contains("4.00x"), "{table}");
+        assert!(
+            table.contains("broadcast 1.05 s (1.05x with relays, 3.81x owner only)"),
+            "{table}"
+        );
         let mut busy = row(2, 1, 2.0);
         (busy.broadcast_machine_busy, busy.broadcast_machine_kernel) = (0.44, 0.31);
         assert!(crate::bench::cluster::table(&[busy])
