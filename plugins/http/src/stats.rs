@@ -42,9 +42,6 @@ pub(crate) struct Stats {
     pub owner_polls: Counter,
     /// Those that found the next request within `owner-spin`.
     pub owner_poll_hits: Counter,
-    /// Response writes that found the socket full for all of `owner-spin`
-    /// and waited for the runtime.
-    pub owner_write_waits: Counter,
     /// Pending inbound connections (no authenticated request yet) closed
     /// to make room for newer ones (`max-pending`, `max-pending-per-peer`).
     pub connections_evicted: Counter,
@@ -149,7 +146,6 @@ impl Stats {
             .counter("connections_at_limit", &self.connections_at_limit)
             .counter("owner_polls", &self.owner_polls)
             .counter("owner_poll_hits", &self.owner_poll_hits)
-            .counter("owner_write_waits", &self.owner_write_waits)
             .counter("tls_handshake_failures", &self.tls_handshake_failures)
             .gauge("responses_in_flight", &self.responses_in_flight)
             .counter("unexport_timeouts", &self.unexport_timeouts)

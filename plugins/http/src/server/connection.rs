@@ -285,18 +285,9 @@ pub(super) struct Tracked<S> {
 /// body alive, so the whole response has left), once per response, and
 /// peeks only (the runtime reads the request as usual; with TLS the peek
 /// sees the ciphertext, which is what it waits for too).
-///
-/// And on plain TCP, a response write that finds the socket's buffer full
-/// retries for up to `spin` (while a core is idle) before the task waits
-/// for the runtime to report room: the consumer drains the buffer within
-/// microseconds, and a runtime thread woken for each refill wakes late
-/// each time (a 256 KiB response refills the buffer several times).
 pub(super) struct OwnerPoll {
     /// The connection's socket (a duplicate descriptor).
     fd: std::os::fd::OwnedFd,
-    /// Plain TCP: writes may go to `fd` directly (never under TLS, whose
-    /// stream writes records).
-    plain: bool,
     spin: Duration,
     stats: Arc<Stats>,
     /// Bytes were written since the last poll or request bytes.
@@ -305,7 +296,7 @@ pub(super) struct OwnerPoll {
 
 impl OwnerPoll {
     /// For a connection on `stream`, unless `owner-spin` is 0.
-    pub(super) fn new(shared: &Shared, stream: &TcpStream, plain: bool) -> Option<OwnerPoll> {
+    pub(super) fn new(shared: &Shared, stream: &TcpStream) -> Option<OwnerPoll> {
         use std::os::fd::AsFd;
         if shared.owner_spin.is_zero() {
             return None;
@@ -313,7 +304,6 @@ impl OwnerPoll {
         let fd = stream.as_fd().try_clone_to_owned().ok()?;
         Some(OwnerPoll {
             fd,
-            plain,
             spin: shared.owner_spin,
             stats: Arc::clone(&shared.stats),
             armed: false,
@@ -333,29 +323,6 @@ impl OwnerPoll {
         self.stats.owner_polls.inc();
         if shardport_kit::poll::await_bytes(&self.fd, self.spin) {
             self.stats.owner_poll_hits.inc();
-        }
-    }
-
-    /// After the runtime found the socket's buffer full: on plain TCP,
-    /// while a core is idle, retries the write on the socket for up to
-    /// `spin`, yielding the core between tries. `None`: still full (the
-    /// runtime's wake-up stays registered).
-    fn write_full(&self, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
-        if !self.plain || !core_allowed() {
-            return None;
-        }
-        let until = Instant::now() + self.spin;
-        loop {
-            match rustix::io::writev(&self.fd, bufs) {
-                Ok(n) => return Some(Ok(n)),
-                Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {}
-                Err(e) => return Some(Err(e.into())),
-            }
-            if Instant::now() >= until {
-                self.stats.owner_write_waits.inc();
-                return None;
-            }
-            std::thread::yield_now();
         }
     }
 }
@@ -408,16 +375,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let mut r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if r.is_pending() {
-            if let Some(w) = self
-                .poll
-                .as_ref()
-                .and_then(|p| p.write_full(&[io::IoSlice::new(buf)]))
-            {
-                r = Poll::Ready(w);
-            }
-        }
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote();
         }
@@ -429,12 +387,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let mut r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if r.is_pending() {
-            if let Some(w) = self.poll.as_ref().and_then(|p| p.write_full(bufs)) {
-                r = Poll::Ready(w);
-            }
-        }
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote();
         }
@@ -476,7 +429,7 @@ pub(super) async fn serve_connection(
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
-    let poll = OwnerPoll::new(&shared, &stream, shared.tls.is_none());
+    let poll = OwnerPoll::new(&shared, &stream);
     let Some(acceptor) = shared.tls.clone() else {
         return serve_http(shared, stream, poll, peer, pending, shutdown).await;
     };
