@@ -22,6 +22,10 @@
 //!   all N shards in one `fetch_many`. Floor: the slower of N·S through the
 //!   consumer's link and S through an owner's.
 //!
+//! Each floor is also reported with TCP/IP framing
+//! ([`wire_bytes`]): tbf's rate is of frames, and S bytes of payload
+//! take 4.6% more of them, so no transfer reaches S/B itself.
+//!
 //! CPU: each node's user + system time during each phase, from
 //! `/proc/<pid>/stat` of its worker, reported as the busiest node's share
 //! of the phase's wall time, so a run shows whether the links or the CPU
