@@ -293,7 +293,13 @@ impl Server {
             request_timeout: cfg.request_timeout,
             idle_timeout: cfg.idle_timeout,
             header_timeout: cfg.header_timeout,
-            owner_spin: cfg.owner_spin,
+            // A poll holds the thread it runs on: with one runtime thread,
+            // every other connection would wait for it.
+            owner_spin: if cfg.threads >= 2 {
+                cfg.owner_spin
+            } else {
+                Duration::ZERO
+            },
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),

@@ -84,3 +84,14 @@ fn owner_spin_zero_never_polls() {
     assert_eq!(stat(&owner.t, "owner_polls"), 0);
     owner.t.unexport(ShardId::from_u128(9)).unwrap();
 }
+
+#[test]
+fn an_owner_with_one_runtime_thread_never_polls() {
+    POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
+    let owner = node("owner-spin = \"1ms\"\nthreads = 1");
+    let data = pattern(4096, 8);
+    export(&owner.t, 11, &data).unwrap();
+    let _s = round_trips(owner.addr, 11, &data, 5);
+    assert_eq!(stat(&owner.t, "owner_polls"), 0);
+    owner.t.unexport(ShardId::from_u128(11)).unwrap();
+}
