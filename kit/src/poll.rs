@@ -109,7 +109,10 @@ mod tests {
 
     #[test]
     fn no_core_to_spare_while_every_core_has_work() {
-        let online = crate::busy::load().map_or(1, |(_, online)| online);
+        let Some((_, online)) = crate::busy::load() else {
+            eprintln!("skipped: /proc/loadavg or the online cpu list cannot be read here");
+            return;
+        };
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let spinners: Vec<_> = (0..online + 2)
             .map(|_| {

@@ -238,7 +238,7 @@ fn back_to_back_samples(
     });
     runner.owner()?.call(&Request::Remove { ids: vec![id] })?;
     fetched?;
-    std::thread::sleep(super::matrix::OWNER_POLL_ENDED);
+    std::thread::sleep(super::matrix::owner_poll_ends(node));
     let limit = super::limits::tcp_round_trip(size as usize, 2, 20)
         .map_err(|e| BenchError::Other(format!("raw TCP loopback: {e}")))?;
     let fetches = super::stats::Summary::of(&times).expect("at least one fetch");

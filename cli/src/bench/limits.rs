@@ -100,16 +100,31 @@ fn write_polling(s: &TcpStream, buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Socket buffers of a [`TcpPair`] end that hold a whole shard (from 256
-/// KiB to 4 MiB, the kernel's usual ceiling): a fresh pair's buffers start
-/// at 16 KiB (send) and 128 KiB (receive) and grow by the kernel's
-/// autotuning, which some pairs did and some did not in the samples they
-/// lived for (a 256 KiB round trip 20-21 us on one pair, 47-52 us on
-/// another, the same run). A long-lived connection, as the http
-/// consumer's pooled ones, has grown them: the limit must not lag behind
-/// it. Best effort.
+/// Socket buffers of a [`TcpPair`] end that hold a whole shard below 1
+/// MiB: a fresh pair's buffers start at 16 KiB (send) and 128 KiB
+/// (receive) and grow by the kernel's autotuning, which some pairs did
+/// and some did not in the samples they lived for (a 256 KiB round trip
+/// 20-21 us on one pair, 47-52 us on another, the same run). A long-lived
+/// connection, as the http consumer's pooled ones, has grown them: the
+/// limit must not lag behind it. Setting a size ends the autotuning for
+/// that socket, so it is set only where the kernel grants the whole shard
+/// (`net.core.{r,w}mem_max`) and not from 1 MiB up, where autotuning
+/// grows past it (to 4 MiB and more) and a set size held the limit back.
+/// Best effort.
 fn socket_buffers(s: &TcpStream, len: usize) {
-    let bytes = len.clamp(256 << 10, 4 << 20);
+    let granted = |file: &str| {
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_some_and(|max| max >= len)
+    };
+    if len >= 1 << 20
+        || !granted("/proc/sys/net/core/rmem_max")
+        || !granted("/proc/sys/net/core/wmem_max")
+    {
+        return;
+    }
+    let bytes = len.max(256 << 10);
     let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, bytes);
     let _ = rustix::net::sockopt::set_socket_recv_buffer_size(s, bytes);
 }
@@ -119,16 +134,17 @@ fn socket_buffers(s: &TcpStream, len: usize) {
 const PIN: u64 = 1 << 63;
 
 /// Moves the calling thread to `core` (best effort: a core this process
-/// may not use leaves it where it was); [`ANY_CORE`] lets it run on every
-/// core again (the scheduler places it).
-fn pin_to(core: usize) {
-    let mut set = rustix::thread::CpuSet::new();
+/// may not use leaves it where it was); [`ANY_CORE`] gives it back the
+/// cores it started with, `home` (the scheduler places it).
+fn pin_to(core: usize, home: Option<&rustix::thread::CpuSet>) {
     if core == ANY_CORE {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (0..cores.min(rustix::thread::CpuSet::MAX_CPU)).for_each(|c| set.set(c));
-    } else {
-        set.set(core);
+        if let Some(home) = home {
+            let _ = rustix::thread::sched_setaffinity(None, home);
+        }
+        return;
     }
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(core);
     let _ = rustix::thread::sched_setaffinity(None, &set);
 }
 
@@ -228,6 +244,7 @@ impl TcpPair {
                 };
                 let _ = s.set_nodelay(true);
                 socket_buffers(&s, len);
+                let home = rustix::thread::sched_getaffinity(None).ok();
                 let src = vec![7u8; len];
                 let mut req = [0u8; 8];
                 let mut poll = true;
@@ -245,7 +262,7 @@ impl TcpPair {
                     let n = u64::from_le_bytes(req);
                     poll = n != 0;
                     if n & PIN != 0 {
-                        pin_to((n & !PIN) as usize);
+                        pin_to((n & !PIN) as usize, home.as_ref());
                         continue;
                     }
                     for _ in 0..n.min(1 << 20) {

@@ -70,11 +70,29 @@ pub struct Runner<'a> {
     /// destination.
     device_source: Option<(u64, DeviceMem)>,
     device_dst: Option<DeviceMem>,
+    /// [`owner_poll_ends`] of this config.
+    owner_poll_ends: std::time::Duration,
 }
 
-/// How long after a response an http owner may still poll for the next
-/// request: the longest `owner-spin` the plugin accepts (1 ms), with room.
-pub const OWNER_POLL_ENDED: std::time::Duration = std::time::Duration::from_micros(250);
+/// How long after a response an http owner of this config may still poll
+/// for the next request: the longest `owner-spin` of its http instances
+/// (the plugin's default, 200 us, where unset), and 50 us of room.
+pub fn owner_poll_ends(node: &Node) -> std::time::Duration {
+    const PLUGIN_DEFAULT: std::time::Duration = std::time::Duration::from_micros(200);
+    node.config()
+        .plugins
+        .iter()
+        .filter(|p| p.transport.as_str() == "http")
+        .map(|p| {
+            shardport_kit::options::Options::parse(p.name.as_str(), &p.config_text)
+                .ok()
+                .and_then(|o| o.opt_duration("owner-spin").ok().flatten())
+                .unwrap_or(PLUGIN_DEFAULT)
+        })
+        .max()
+        .unwrap_or_default()
+        + std::time::Duration::from_micros(50)
+}
 
 /// Takes limit samples between a cell's samples.
 struct LimitSampler {
@@ -396,6 +414,7 @@ impl<'a> Runner<'a> {
             seed: 1000,
             device_source: None,
             device_dst: None,
+            owner_poll_ends: owner_poll_ends(consumer),
         }
     }
 
@@ -500,7 +519,7 @@ impl<'a> Runner<'a> {
             // cores through the limit's sample. Both ends of the limit are
             // then alone, as its server parks after each sample for the
             // cell's.
-            std::thread::sleep(OWNER_POLL_ENDED);
+            std::thread::sleep(self.owner_poll_ends);
         }
         let sample = match self.rotation(parts, size) {
             Some(ways) => {

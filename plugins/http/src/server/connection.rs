@@ -271,58 +271,105 @@ pub(super) struct Tracked<S> {
     pub(super) poll: Option<OwnerPoll>,
 }
 
-/// `owner-spin`: once a response is written and flushed, the connection
-/// polls its socket for the next request for up to `spin`, while a core is
-/// idle, before the runtime thread goes back to `epoll_wait`. A runtime
-/// thread that sleeps there wakes 30-40 us late on a VM that halts idle
-/// vCPUs, more than a 64 KiB fetch's whole round trip; when the request
-/// comes within `spin`, the thread finds its readiness at once.
+/// The TCP socket under a connection, for [`OwnerPoll`]'s peeks.
+pub(super) trait Socket {
+    fn socket(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+
+impl Socket for TcpStream {
+    fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
+    fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.get_ref().0.socket()
+    }
+}
+
+/// Polls a connection may miss in a row before it stops polling: its
+/// consumer pauses between requests (a fetch per training step).
+const MAX_FRUITLESS_POLLS: u32 = 4;
+
+/// `owner-spin`: once a response has been written and flushed, the
+/// connection peeks at its socket for the next request for up to `spin`
+/// before the runtime thread goes back to `epoll_wait`. A runtime thread
+/// that sleeps there wakes 30-40 us late on a VM that halts idle vCPUs,
+/// more than a 64 KiB fetch's whole round trip; when the request comes
+/// within `spin`, the thread finds its readiness at once.
 ///
 /// The poll is in the flush, not in a read: hyper reads (to see whether
-/// the peer closed) before it writes a response, and a poll there held the
-/// response back; after the response hyper does not read until woken. It
-/// polls only when nothing of the connection is in flight (no handler or
-/// body alive, so the whole response has left), once per response, and
+/// the peer closed) before it writes a response, and a poll there held
+/// the response back; after the response hyper does not read until woken.
+/// It polls only when nothing of the connection is in flight (no handler
+/// or body alive, so the whole response has left), once per response, and
 /// peeks only (the runtime reads the request as usual; with TLS the peek
 /// sees the ciphertext, which is what it waits for too).
+///
+/// A poll holds its runtime thread, and tokio sees the readiness of other
+/// sockets only in a worker parked on its I/O driver, which none is while
+/// the thread that last held it polls here. So a connection polls only
+/// while it is the owner's only open connection (no other connection's
+/// request can wait behind it), while a core is idle, and not after
+/// [`MAX_FRUITLESS_POLLS`] misses in a row, until a request again comes
+/// within `spin` of the response before it.
 pub(super) struct OwnerPoll {
-    /// The connection's socket (a duplicate descriptor).
-    fd: std::os::fd::OwnedFd,
     spin: Duration,
     stats: Arc<Stats>,
     /// Bytes were written since the last poll or request bytes.
     armed: bool,
+    /// When the last response left.
+    flushed_at: Option<Instant>,
+    /// Polls in a row that ended without a request.
+    fruitless: u32,
 }
 
 impl OwnerPoll {
-    /// For a connection on `stream`, unless `owner-spin` is 0.
-    pub(super) fn new(shared: &Shared, stream: &TcpStream) -> Option<OwnerPoll> {
-        use std::os::fd::AsFd;
-        if shared.owner_spin.is_zero() {
-            return None;
-        }
-        let fd = stream.as_fd().try_clone_to_owned().ok()?;
-        Some(OwnerPoll {
-            fd,
+    /// For one connection, unless `owner-spin` is 0.
+    pub(super) fn new(shared: &Shared) -> Option<OwnerPoll> {
+        (!shared.owner_spin.is_zero()).then(|| OwnerPoll {
             spin: shared.owner_spin,
             stats: Arc::clone(&shared.stats),
             armed: false,
+            flushed_at: None,
+            fruitless: 0,
         })
     }
 
-    /// After a flush: polls when armed, nothing is in flight and a core is
-    /// idle.
-    fn after_flush(&mut self, activity: &Activity) {
+    /// Request bytes arrived; one that came within `spin` of the last
+    /// response shows polling pays again.
+    fn read(&mut self) {
+        self.armed = false;
+        if self
+            .flushed_at
+            .take()
+            .is_some_and(|t| t.elapsed() <= self.spin)
+        {
+            self.fruitless = 0;
+        }
+    }
+
+    /// After a flush: polls when armed, nothing is in flight, this is the
+    /// only open connection, a core is idle, and recent polls paid.
+    fn flushed(&mut self, activity: &Activity, socket: std::os::fd::BorrowedFd<'_>) {
         if !self.armed || activity.in_flight.load(Ordering::Relaxed) != 0 {
             return;
         }
         self.armed = false;
-        if !core_allowed() {
+        self.flushed_at = Some(Instant::now());
+        if self.fruitless >= MAX_FRUITLESS_POLLS
+            || self.stats.connections_open.get() > 1
+            || !core_allowed()
+        {
             return;
         }
         self.stats.owner_polls.inc();
-        if shardport_kit::poll::await_bytes(&self.fd, self.spin) {
+        if shardport_kit::poll::await_bytes(socket, self.spin) {
             self.stats.owner_poll_hits.inc();
+            self.fruitless = 0;
+        } else {
+            self.fruitless += 1;
         }
     }
 }
@@ -353,7 +400,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.on_read();
             if let Some(poll) = self.poll.as_mut() {
-                poll.armed = false;
+                poll.read();
             }
         }
         r
@@ -369,7 +416,7 @@ impl<S> Tracked<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+impl<S: AsyncWrite + Socket + Unpin> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -404,7 +451,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         if matches!(r, Poll::Ready(Ok(()))) {
             let this = &mut *self;
             if let Some(poll) = this.poll.as_mut() {
-                poll.after_flush(&this.activity);
+                poll.flushed(&this.activity, this.inner.socket());
             }
         }
         r
@@ -429,7 +476,7 @@ pub(super) async fn serve_connection(
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
-    let poll = OwnerPoll::new(&shared, &stream);
+    let poll = OwnerPoll::new(&shared);
     let Some(acceptor) = shared.tls.clone() else {
         return serve_http(shared, stream, poll, peer, pending, shutdown).await;
     };
@@ -540,7 +587,7 @@ pub(super) async fn serve_http<S>(
     pending: Pending,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Socket + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new(shared.epoch));
     let io = TokioIo::new(Tracked {

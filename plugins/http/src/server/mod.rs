@@ -164,7 +164,7 @@ struct Shared {
     idle_timeout: Duration,
     header_timeout: Duration,
     /// `owner-spin`: polling for a connection's next request after a
-    /// response (plain TCP; 0: never).
+    /// response (0: never).
     owner_spin: Duration,
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
@@ -293,13 +293,7 @@ impl Server {
             request_timeout: cfg.request_timeout,
             idle_timeout: cfg.idle_timeout,
             header_timeout: cfg.header_timeout,
-            // A poll holds the thread it runs on: with one runtime thread,
-            // every other connection would wait for it.
-            owner_spin: if cfg.threads >= 2 {
-                cfg.owner_spin
-            } else {
-                Duration::ZERO
-            },
+            owner_spin: cfg.owner_spin,
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),

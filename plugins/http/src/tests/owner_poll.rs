@@ -36,21 +36,55 @@ fn an_owner_polls_once_per_response_and_serves_what_follows() {
     let large = pattern(8 << 20, 4);
     export(&owner.t, 1, &small).unwrap();
     export(&owner.t, 2, &large).unwrap();
-    let _a = round_trips(owner.addr, 1, &small, 20);
-    let _b = round_trips(owner.addr, 2, &large, 4);
+    drop(round_trips(owner.addr, 1, &small, 20));
+    wait_for_stat_below(&owner.t, "connections_open", 1);
+    let polls_small = stat(&owner.t, "owner_polls");
+    drop(round_trips(owner.addr, 2, &large, 4));
+    // One connection at a time: a poll after every response, but after a
+    // miss streak (the next request came too late) polls stop for a while.
     let polls = stat(&owner.t, "owner_polls");
-    assert!(polls >= 1, "no poll after 24 responses");
+    assert!(polls_small >= 1, "no poll after 20 responses");
+    assert!(polls > polls_small, "no poll after 4 large responses");
     assert!(polls <= 24, "{polls} polls for 24 responses");
     assert!(stat(&owner.t, "owner_poll_hits") <= polls);
-    // A consumer through the transport gets the same bytes.
-    let consumer = node("owner-spin = \"1ms\"");
-    let desc = export(&owner.t, 3, &small).unwrap();
-    for _ in 0..5 {
-        assert!(fetch(&consumer.t, &desc, small.len()).unwrap() == small);
-    }
     owner.t.unexport(ShardId::from_u128(1)).unwrap();
     owner.t.unexport(ShardId::from_u128(2)).unwrap();
-    owner.t.unexport(ShardId::from_u128(3)).unwrap();
+}
+
+#[test]
+fn an_owner_with_another_open_connection_does_not_poll() {
+    POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
+    let owner = node("owner-spin = \"1ms\"");
+    let data = pattern(64 << 10, 9);
+    export(&owner.t, 5, &data).unwrap();
+    // An idle connection is open: a poll would hold the runtime thread
+    // its requests need.
+    let _idle = round_trips(owner.addr, 5, &data, 1);
+    let before = stat(&owner.t, "owner_polls");
+    let _busy = round_trips(owner.addr, 5, &data, 10);
+    assert_eq!(stat(&owner.t, "owner_polls"), before);
+    // A consumer through the transport gets the same bytes.
+    let consumer = node("owner-spin = \"1ms\"");
+    let desc = export(&owner.t, 6, &data).unwrap();
+    for _ in 0..5 {
+        assert!(fetch(&consumer.t, &desc, data.len()).unwrap() == data);
+    }
+    owner.t.unexport(ShardId::from_u128(5)).unwrap();
+    owner.t.unexport(ShardId::from_u128(6)).unwrap();
+}
+
+/// Waits until gauge `name` of `t` is below `below`; fails after
+/// [`GENEROUS`].
+fn wait_for_stat_below(t: &SharedTransport, name: &str, below: u64) {
+    let start = std::time::Instant::now();
+    while stat(t, name) >= below {
+        assert!(
+            start.elapsed() < GENEROUS,
+            "{name} stayed at {}",
+            stat(t, name)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -86,12 +120,27 @@ fn owner_spin_zero_never_polls() {
 }
 
 #[test]
-fn an_owner_with_one_runtime_thread_never_polls() {
+fn pipelined_requests_are_served() {
     POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
-    let owner = node("owner-spin = \"1ms\"\nthreads = 1");
-    let data = pattern(4096, 8);
+    let owner = node("owner-spin = \"1ms\"");
+    let data = pattern(64 << 10, 8);
     export(&owner.t, 11, &data).unwrap();
-    let _s = round_trips(owner.addr, 11, &data, 5);
-    assert_eq!(stat(&owner.t, "owner_polls"), 0);
+    let req = format!(
+        "GET {} HTTP/1.1\r\nhost: test\r\n\r\n",
+        wire::shard_path(ShardId::from_u128(11))
+    );
+    // Two requests in one write: the second is in hyper's buffer when
+    // the first response leaves.
+    let mut a = connect(owner.addr);
+    a.write_all(format!("{req}{req}").as_bytes()).unwrap();
+    for i in 0..2 {
+        let r = read_response(&mut a);
+        assert_eq!(r.status, 200, "pipelined response {i}");
+        assert!(r.body == data, "pipelined response {i} differs");
+    }
+    // Then connections one after another, each polled after.
+    drop(a);
+    drop(round_trips(owner.addr, 11, &data, 10));
+    assert!(stat(&owner.t, "owner_polls") >= 1);
     owner.t.unexport(ShardId::from_u128(11)).unwrap();
 }
