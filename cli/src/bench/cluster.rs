@@ -257,13 +257,7 @@ impl NodeWorker {
     /// A counter or gauge of the worker's `plugin` transport (0 if absent).
     fn plugin_stat(&mut self, plugin: &str, key: &str) -> Result<u64, String> {
         let stats = self.call(&Request::Stats)?.stats.unwrap_or_default();
-        Ok(stats["plugins"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"] == plugin)
-            .and_then(|p| p["stats"][key].as_u64())
-            .unwrap_or(0))
+        Ok(crate::worker::plugin_stat(&stats, plugin, key))
     }
 }
 

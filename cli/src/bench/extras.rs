@@ -199,13 +199,14 @@ pub fn back_to_back(
         return Extra::skipped(&key, &name, "us", why.clone());
     }
     match back_to_back_samples(runner, node, size, n) {
-        Ok((fetches, limit)) => Extra::value(
+        Ok((fetches, limit, [polls, hits])) => Extra::value(
             &key,
             name,
             fetches.median_us,
             "us",
             format!(
-                "p50 of {} fetches in a row, p99 {:.1} us ({:.1}x p50); TCP limit {:.1} us: {:.2}x",
+                "p50 of {} fetches in a row, p99 {:.1} us ({:.1}x p50); TCP limit {:.1} us: \
+                 {:.2}x; the owner polled after {polls} responses, {hits} found the next request",
                 fetches.n,
                 fetches.p99_us,
                 fetches.p99_us / fetches.median_us,
@@ -217,13 +218,25 @@ pub fn back_to_back(
     }
 }
 
+/// The fetches' times, the TCP limit, and the owner's `owner_polls` and
+/// `owner_poll_hits` during the fetches.
 fn back_to_back_samples(
     runner: &mut Runner<'_>,
     node: &Node,
     size: u64,
     n: usize,
-) -> Result<(super::stats::Summary, super::limits::SizeLimit), BenchError> {
+) -> Result<(super::stats::Summary, super::limits::SizeLimit, [u64; 2]), BenchError> {
     const WARMUP: usize = 20;
+    let polls = |runner: &mut Runner<'_>| -> Result<[u64; 2], BenchError> {
+        let stats = runner
+            .owner()?
+            .call(&Request::Stats)?
+            .stats
+            .unwrap_or_default();
+        Ok(["owner_polls_total", "owner_poll_hits_total"]
+            .map(|k| crate::worker::plugin_stat(&stats, "http", k)))
+    };
+    let before = polls(runner)?;
     let (id, h) = put_remote(runner.owner()?, size, 31)?;
     let h = only(h, "http")?;
     let mut dst = vec![0u8; size as usize];
@@ -236,13 +249,19 @@ fn back_to_back_samples(
         }
         Ok::<(), BenchError>(())
     });
+    let after = polls(runner);
     runner.owner()?.call(&Request::Remove { ids: vec![id] })?;
     fetched?;
+    let after = after?;
     std::thread::sleep(super::matrix::owner_poll_ends(node));
     let limit = super::limits::tcp_round_trip(size as usize, 2, 20)
         .map_err(|e| BenchError::Other(format!("raw TCP loopback: {e}")))?;
     let fetches = super::stats::Summary::of(&times).expect("at least one fetch");
-    Ok((fetches, limit))
+    Ok((
+        fetches,
+        limit,
+        [0, 1].map(|i| after[i].saturating_sub(before[i])),
+    ))
 }
 
 /// Shards per second of `round` moving `shards` shards: one untimed round

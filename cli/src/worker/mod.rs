@@ -538,6 +538,18 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
     }
 }
 
+/// A counter or gauge of the `plugin` transport in a [`Request::Stats`]
+/// reply's `stats` (0 if absent).
+pub fn plugin_stat(stats: &serde_json::Value, plugin: &str, key: &str) -> u64 {
+    stats["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == plugin)
+        .and_then(|p| p["stats"][key].as_u64())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
