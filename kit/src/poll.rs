@@ -36,6 +36,12 @@ pub fn core_to_spare() -> bool {
     crate::busy::load().is_none_or(|(running, online)| running <= online)
 }
 
+/// Polls that give up in a row after which a caller stops polling the
+/// same stream: its bytes come slower than a poll lasts (a stream paced
+/// by a slow link, a peer that pauses between requests), and each poll
+/// was a core spent peeking and yielding.
+pub const MAX_FRUITLESS_POLLS: u32 = 4;
+
 /// True when `tcp` has nothing to read right now: no bytes, no end of
 /// stream, no error (one non-blocking peek, consuming nothing).
 pub fn nothing_to_read(tcp: impl AsFd) -> bool {

@@ -253,7 +253,7 @@ fn back_to_back_samples(
     runner.owner()?.call(&Request::Remove { ids: vec![id] })?;
     fetched?;
     let after = after?;
-    std::thread::sleep(super::matrix::owner_poll_ends(node));
+    std::thread::sleep(runner.owner_poll_ends());
     let limit = super::limits::tcp_round_trip(size as usize, 2, 20)
         .map_err(|e| BenchError::Other(format!("raw TCP loopback: {e}")))?;
     let fetches = super::stats::Summary::of(&times).expect("at least one fetch");

@@ -151,6 +151,19 @@ fn pin_to(core: usize, home: Option<&rustix::thread::CpuSet>) {
 /// The "core" of a [`PIN`] request that unpins the server.
 const ANY_CORE: usize = 0xffff_ffff;
 
+/// Where a limit's server runs, one sample each ([`TcpPair::best`]): on
+/// the calling thread's core, on the next one and unpinned; only the
+/// first on a single core.
+fn placements() -> Vec<usize> {
+    let here = rustix::thread::sched_getcpu();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        vec![here]
+    } else {
+        vec![here, (here + 1) % cores, ANY_CORE]
+    }
+}
+
 /// Bytes per stream sample of [`TcpPair::stream`]: enough shards back to
 /// back that one request's latency is spread thin, few enough that a
 /// sample stays short.
@@ -315,19 +328,14 @@ impl TcpPair {
     /// polling, eighth session) took 141-159 us against 147-168 us for the
     /// best pinned placement.
     pub fn best(&mut self) -> std::io::Result<Duration> {
-        let here = rustix::thread::sched_getcpu();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut best = Duration::MAX;
-        for core in [here, (here + 1) % cores.max(1), ANY_CORE] {
+        for core in placements() {
             self.request(PIN | core as u64)?;
             let mut d = self.round_trip()?.min(self.round_trip()?);
             if self.dst.len() >= STREAM_LIMIT_MIN {
                 d = d.min(self.stream()?);
             }
             best = best.min(d);
-            if cores < 2 {
-                break;
-            }
         }
         self.park()?;
         Ok(best)
@@ -346,16 +354,11 @@ impl TcpPair {
         let piece = self.dst.len().max(1) as u64;
         let n = total.div_ceil(piece).max(1);
         let share = total as f64 / (n * piece) as f64;
-        let here = rustix::thread::sched_getcpu();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut best = Duration::MAX;
-        for core in [here, (here + 1) % cores.max(1), ANY_CORE] {
+        for core in placements() {
             self.request(PIN | core as u64)?;
             let per_piece = self.shards(n as usize)?;
             best = best.min((per_piece * n as u32).mul_f64(share));
-            if cores < 2 {
-                break;
-            }
         }
         self.park()?;
         Ok(best)

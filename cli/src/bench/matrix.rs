@@ -77,7 +77,7 @@ pub struct Runner<'a> {
 /// How long after a response an http owner of this config may still poll
 /// for the next request: the longest `owner-spin` of its http instances
 /// (the plugin's default, 200 us, where unset), and 50 us of room.
-pub fn owner_poll_ends(node: &Node) -> std::time::Duration {
+fn owner_poll_ends(node: &Node) -> std::time::Duration {
     const PLUGIN_DEFAULT: std::time::Duration = std::time::Duration::from_micros(200);
     node.config()
         .plugins
@@ -416,6 +416,12 @@ impl<'a> Runner<'a> {
             device_dst: None,
             owner_poll_ends: owner_poll_ends(consumer),
         }
+    }
+
+    /// How long after a response this config's http owner may still poll
+    /// ([`owner_poll_ends`], read once).
+    pub fn owner_poll_ends(&self) -> std::time::Duration {
+        self.owner_poll_ends
     }
 
     /// The owner process, started (and its pool cycled) on first use.

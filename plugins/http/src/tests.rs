@@ -245,11 +245,28 @@ fn post(addr: SocketAddr, path: &str, body: &[u8], auth: Option<&str>) -> RawRes
 /// some events just after the client can see their effect); fails after
 /// [`GENEROUS`].
 fn wait_for_stat(t: &shardport_abi::SharedTransport, name: &str, at_least: u64) {
+    wait_for_stat_to(t, name, |v| v >= at_least, &format!("reach {at_least}"));
+}
+
+/// Waits until gauge `name` of `t` is below `below`; fails after
+/// [`GENEROUS`].
+fn wait_for_stat_below(t: &shardport_abi::SharedTransport, name: &str, below: u64) {
+    wait_for_stat_to(t, name, |v| v < below, &format!("fall below {below}"));
+}
+
+/// Waits until stat `name` of `t` satisfies `done`; fails after
+/// [`GENEROUS`], saying it did not `what`.
+fn wait_for_stat_to(
+    t: &shardport_abi::SharedTransport,
+    name: &str,
+    done: impl Fn(u64) -> bool,
+    what: &str,
+) {
     let start = std::time::Instant::now();
-    while stat(t, name) < at_least {
+    while !done(stat(t, name)) {
         assert!(
             start.elapsed() < GENEROUS,
-            "{name} stayed at {} (< {at_least})",
+            "{name} stayed at {} (did not {what})",
             stat(t, name)
         );
         std::thread::sleep(Duration::from_millis(5));

@@ -182,9 +182,6 @@ pub(super) struct Body<'c> {
     fruitless_polls: u32,
 }
 
-/// Polls that give up in a row before a body's reads stop polling.
-const MAX_FRUITLESS_POLLS: u32 = 4;
-
 impl<'c> Body<'c> {
     pub(super) fn new(conn: &'c mut Conn, addr: &'c str, timeout: Duration, total: u64) -> Self {
         Body {

@@ -50,7 +50,7 @@ use std::{
 use hyper::StatusCode;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use shardport_abi::{AbiError, ErrorKind, ImportInfo, PluginResult, ShardId};
-use shardport_kit::poll::{await_bytes, core_to_spare, nothing_to_read};
+use shardport_kit::poll::{await_bytes, core_to_spare, nothing_to_read, MAX_FRUITLESS_POLLS};
 use tracing::debug;
 
 use crate::{

@@ -288,10 +288,6 @@ impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
-/// Polls a connection may miss in a row before it stops polling: its
-/// consumer pauses between requests (a fetch per training step).
-const MAX_FRUITLESS_POLLS: u32 = 4;
-
 /// `owner-spin`: once a response has been written and flushed, the
 /// connection peeks at its socket for the next request for up to `spin`
 /// before the runtime thread goes back to `epoll_wait`. A runtime thread
@@ -312,7 +308,8 @@ const MAX_FRUITLESS_POLLS: u32 = 4;
 /// the thread that last held it polls here. So a connection polls only
 /// while it is the owner's only open connection (no other connection's
 /// request can wait behind it), while a core is idle, and not after
-/// [`MAX_FRUITLESS_POLLS`] misses in a row, until a request again comes
+/// [`MAX_FRUITLESS_POLLS`] misses in a row (its consumer pauses between
+/// requests, a fetch per training step), until a request again comes
 /// within `spin` of the response before it.
 pub(super) struct OwnerPoll {
     spin: Duration,
@@ -358,7 +355,7 @@ impl OwnerPoll {
         }
         self.armed = false;
         self.flushed_at = Some(Instant::now());
-        if self.fruitless >= MAX_FRUITLESS_POLLS
+        if self.fruitless >= shardport_kit::poll::MAX_FRUITLESS_POLLS
             || self.stats.connections_open.get() > 1
             || !core_allowed()
         {
@@ -476,9 +473,8 @@ pub(super) async fn serve_connection(
 ) {
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
-    let poll = OwnerPoll::new(&shared);
     let Some(acceptor) = shared.tls.clone() else {
-        return serve_http(shared, stream, poll, peer, pending, shutdown).await;
+        return serve_http(shared, stream, peer, pending, shutdown).await;
     };
     // The handshake holds this connection's `max-connections` slot, so it
     // has its own deadline, counted from accept.
@@ -509,7 +505,7 @@ pub(super) async fn serve_connection(
         Err(e) => Err(e),
     };
     match outcome {
-        Ok(Ok(tls)) => serve_http(shared, tls, poll, peer, pending, shutdown).await,
+        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown).await,
         Ok(Err(e)) => {
             shared.stats.tls_handshake_failures.inc();
             debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
@@ -578,11 +574,10 @@ pub(super) async fn refuse_plaintext(stream: &TcpStream) {
 }
 
 /// Runs hyper's HTTP/1.1 state machine on one connection (plain or TLS)
-/// with the watchdog, polling after responses with `poll`.
+/// with the watchdog, polling after responses ([`OwnerPoll`]).
 pub(super) async fn serve_http<S>(
     shared: Arc<Shared>,
     stream: S,
-    poll: Option<OwnerPoll>,
     peer: SocketAddr,
     pending: Pending,
     mut shutdown: watch::Receiver<bool>,
@@ -593,7 +588,7 @@ pub(super) async fn serve_http<S>(
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: Arc::clone(&activity),
-        poll,
+        poll: OwnerPoll::new(&shared),
     });
     let conn = http1_builder(&shared).serve_connection(
         io,
