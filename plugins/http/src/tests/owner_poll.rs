@@ -121,9 +121,12 @@ fn pipelined_requests_are_served() {
         assert_eq!(r.status, 200, "pipelined response {i}");
         assert!(r.body == data, "pipelined response {i} differs");
     }
-    // Then connections one after another, each polled after.
+    // Then a connection of its own, polled after its responses (the
+    // waits make it the only open one, and count its polls once it ends).
     drop(a);
+    wait_for_stat_below(&owner.t, "connections_open", 1);
     drop(round_trips(owner.addr, 11, &data, 10));
+    wait_for_stat_below(&owner.t, "connections_open", 1);
     assert!(stat(&owner.t, "owner_polls") >= 1);
     owner.t.unexport(ShardId::from_u128(11)).unwrap();
 }
