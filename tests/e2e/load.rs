@@ -1,7 +1,8 @@
 //! `shardport bench load` end to end, small and short: real owner and
 //! consumer worker processes, posix-shm and http, views and copies, the
-//! owner churning meanwhile. Checks behaviour (every consumer served, no
-//! error, the JSON fields the docs name), not speed.
+//! owner churning meanwhile; then each point's copy and TCP limits. Checks
+//! behaviour (every consumer served, no error, the JSON fields the docs
+//! name), not speed.
 
 use crate::util;
 
@@ -44,6 +45,10 @@ fn bench_load_serves_every_consumer_and_reports_each_point() {
         // copy limit after the point.
         assert!(row["copy_gbps"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["copy_limit_gbps"].as_f64().unwrap() > 0.0, "{row}");
+        // Half go through http, and the same consumers measured the raw
+        // TCP limit from the owner process after the point.
+        assert!(row["http_gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["tcp_limit_gbps"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["late_start_ms"].as_f64().unwrap() >= 0.0, "{row}");
     }
 }

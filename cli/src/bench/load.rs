@@ -96,6 +96,13 @@ pub struct LoadRow {
     pub copy_limit_gbps: f64,
     /// Shards the owner put (and removed) meanwhile.
     pub churn_puts: u64,
+    /// The bytes fetched through http per second, GB/s.
+    pub http_gbps: f64,
+    /// This machine's raw loopback TCP rate from one process to this many
+    /// consumer processes, the workload's sizes, measured right after the
+    /// point ([`tcp_limit`]), GB/s; 0 when not measured (no http in the
+    /// workload).
+    pub tcp_limit_gbps: f64,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -209,6 +216,15 @@ pub fn run_load(
             row.copy_limit_gbps =
                 copy_limit(&mut consumers, &handles, opts.duration.min(LIMIT_TIME))?;
         }
+        if opts.http_share > 0.0 {
+            progress(&format!("{c} consumers, the TCP limit"));
+            row.tcp_limit_gbps = tcp_limit(
+                &mut owner,
+                &mut consumers,
+                &handles,
+                opts.duration.min(LIMIT_TIME),
+            )?;
+        }
         for mut w in consumers {
             let _ = w.call(&Request::Exit);
         }
@@ -265,6 +281,8 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
         copy_gbps: copied as f64 / secs / 1e9,
         late_start_ms: loops.iter().map(|l| l.late_ns).max().unwrap_or(0) as f64 / 1e6,
         copy_limit_gbps: 0.0,
+        http_gbps: loops.iter().map(|l| l.http_bytes).sum::<u64>() as f64 / secs / 1e9,
+        tcp_limit_gbps: 0.0,
     }
 }
 
@@ -317,6 +335,52 @@ fn copy_rate(
     Ok(bytes as f64 / secs / 1e9)
 }
 
+/// The TCP limit of a point, GB/s: the owner serves raw loopback TCP
+/// (`worker::tcp_limit`) and every consumer at once asks it for the
+/// shards' sizes for `time`; their bytes over the longest loop. What the
+/// machine's TCP carries to this many processes at once, for the http
+/// rows to be read against.
+fn tcp_limit(
+    owner: &mut WorkerProcess,
+    consumers: &mut [WorkerProcess],
+    handles: &[String],
+    time: Duration,
+) -> Result<f64, String> {
+    let start_unix_ns = start_after(start_margin(consumers.len()));
+    let duration_ms = time.as_millis() as u64;
+    let port = call(
+        owner,
+        &Request::TcpServe {
+            connections: consumers.len(),
+            duration_ms,
+            start_unix_ns,
+        },
+    )?
+    .port
+    .ok_or("the owner's tcp_serve gave no port")?;
+    let results = call_each(consumers, |i| Request::TcpLimit {
+        port,
+        spec: LoopSpec {
+            handles: handles.to_vec(),
+            duration_ms,
+            view_share: 0.0,
+            http_share: 1.0,
+            seed: 0x7c9 + i as u64,
+            start_unix_ns,
+        },
+    });
+    let mut bytes = 0u64;
+    let mut secs = 1e-9f64;
+    for r in results {
+        let l = r?
+            .load
+            .ok_or("a consumer's reply had no TCP-limit result")?;
+        bytes += l.bytes;
+        secs = secs.max(l.elapsed_ns as f64 / 1e9);
+    }
+    Ok(bytes as f64 / secs / 1e9)
+}
+
 /// How long before a point's common start its requests go out: time for
 /// every consumer to receive its request, warm up (`worker::load`'s
 /// `warm_up`: each shard fetched once) and be waiting when the window
@@ -342,11 +406,11 @@ pub const LIMIT_TIME: Duration = Duration::from_millis(1500);
 /// The rows as a table.
 pub fn table(rows: &[LoadRow]) -> String {
     let mut out = String::from(
-        "consumers   shards/s        GB/s     p50 us     p99 us   share min..max   owner CPU s/GB   errors   churn puts   copies GB/s (limit, ratio)\n",
+        "consumers   shards/s        GB/s     p50 us     p99 us   share min..max   owner CPU s/GB   errors   churn puts   copies GB/s (limit, ratio)   http GB/s (TCP limit, ratio)\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<11} {:<15.0} {:<8.2} {:>7.1} {:>10.1}   {:.2}..{:.2}       {:>8.3}        {:>6}   {:>10}   {}\n",
+            "{:<11} {:<15.0} {:<8.2} {:>7.1} {:>10.1}   {:.2}..{:.2}       {:>8.3}        {:>6}   {:>10}   {:<28} {}\n",
             r.consumers,
             r.shards_per_s,
             r.gbps,
@@ -357,7 +421,8 @@ pub fn table(rows: &[LoadRow]) -> String {
             r.owner_cpu_s_per_gb,
             r.errors,
             r.churn_puts,
-            copies(r)
+            copies(r),
+            http(r)
         ));
         if r.late_start_ms > 0.0 {
             out.push_str(&format!(
@@ -392,6 +457,20 @@ fn copies(r: &LoadRow) -> String {
     }
 }
 
+/// A row's http rate, its TCP limit and their ratio (`-` without a limit).
+fn http(r: &LoadRow) -> String {
+    if r.tcp_limit_gbps > 0.0 {
+        format!(
+            "{:.2} ({:.2}, {:.2}x)",
+            r.http_gbps,
+            r.tcp_limit_gbps,
+            r.http_gbps / r.tcp_limit_gbps
+        )
+    } else {
+        format!("{:.2} (-)", r.http_gbps)
+    }
+}
+
 /// The last point against the peak of the curve: the raw rate, the copy
 /// limit, and the copies' ratio to their limit. `None` for fewer than two
 /// points.
@@ -414,6 +493,25 @@ pub fn against_peak(rows: &[LoadRow]) -> Option<String> {
         line.push_str(&format!(
             "; the copy limit {:.2}x; copies against their limit {:.2}x",
             last.copy_limit_gbps / peak.copy_limit_gbps,
+            ratio(last) / ratio(peak)
+        ));
+    }
+    let tcp_peak = rows
+        .iter()
+        .max_by(|a, b| a.tcp_limit_gbps.total_cmp(&b.tcp_limit_gbps))
+        .filter(|r| r.tcp_limit_gbps > 0.0);
+    if let (Some(tcp_peak), true) = (
+        tcp_peak,
+        last.tcp_limit_gbps > 0.0 && peak.tcp_limit_gbps > 0.0 && peak.http_gbps > 0.0,
+    ) {
+        let ratio = |r: &LoadRow| r.http_gbps / r.tcp_limit_gbps;
+        line.push_str(&format!(
+            "; the TCP limit {:.2}x of its value at {} consumers and {:.2}x of its own peak \
+             ({} consumers); http against its limit {:.2}x",
+            last.tcp_limit_gbps / peak.tcp_limit_gbps,
+            peak.consumers,
+            last.tcp_limit_gbps / tcp_peak.tcp_limit_gbps,
+            tcp_peak.consumers,
             ratio(last) / ratio(peak)
         ));
     }

@@ -50,7 +50,7 @@ pub const MAX_START_WAIT: Duration = Duration::from_secs(60);
 /// most [`MAX_START_WAIT`]) for it and returns the instant that stands for
 /// it, and how late this loop began (the request arrived after the start:
 /// the loop then still ends with the others).
-fn scheduled_start(start_unix_ns: u64) -> (Instant, Duration) {
+pub(crate) fn scheduled_start(start_unix_ns: u64) -> (Instant, Duration) {
     if start_unix_ns == 0 {
         return (Instant::now(), Duration::ZERO);
     }
@@ -83,6 +83,9 @@ pub struct LoopResult {
     /// copy moves them through the kernel's sockets).
     #[serde(default)]
     pub copied_bytes: u64,
+    /// The bytes of the fetches made through http.
+    #[serde(default)]
+    pub http_bytes: u64,
     /// Failed fetches by error kind.
     pub errors: BTreeMap<String, u64>,
     /// The first message of each error kind (what the transports said).
@@ -98,7 +101,7 @@ pub struct LoopResult {
 }
 
 /// A small, seeded generator (splitmix64): the same choices for the same seed.
-struct Choice(u64);
+pub(crate) struct Choice(pub(crate) u64);
 
 impl Choice {
     fn next(&mut self) -> u64 {
@@ -109,7 +112,7 @@ impl Choice {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
@@ -163,6 +166,9 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
                 out.bytes += h.meta.byte_len;
                 if mode == FetchMode::Copy && !through_http {
                     out.copied_bytes += h.meta.byte_len;
+                }
+                if through_http {
+                    out.http_bytes += h.meta.byte_len;
                 }
                 drop(f);
                 seen += 1;

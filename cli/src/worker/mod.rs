@@ -30,6 +30,7 @@ use shardport_host::{
 pub mod load;
 mod ops;
 mod process;
+mod tcp_limit;
 pub use process::{WorkerError, WorkerProcess};
 
 /// Largest request line accepted (a handle is < 5 KiB in binary form).
@@ -144,6 +145,25 @@ pub enum Request {
         /// rather than one `memcpy`.
         split: bool,
     },
+    /// Serve raw TCP on loopback for a load point's TCP limit
+    /// (`tcp_limit::serve`); replies at once with the port in `port`.
+    TcpServe {
+        /// Connections to accept (one per consumer).
+        connections: usize,
+        /// The consumers' loop, milliseconds.
+        duration_ms: u64,
+        /// When their loop starts, nanoseconds since the Unix epoch.
+        #[serde(default)]
+        start_unix_ns: u64,
+    },
+    /// Ask the raw TCP server on `port` for the shards' sizes in a loop for
+    /// a while (`tcp_limit::run`): a load point's TCP limit.
+    TcpLimit {
+        /// The owner's `tcp_serve` port on loopback.
+        port: u16,
+        /// The shards (their sizes) and the loop's duration and seed.
+        spec: load::LoopSpec,
+    },
     /// Put and remove shards in a loop for `duration_ms` (`shardport bench
     /// load`'s owner churn); replies with how many it put in `count`.
     Churn {
@@ -243,6 +263,9 @@ pub struct Reply {
     /// Load: what the loop did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<load::LoopResult>,
+    /// TCP serve: the loopback port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
     /// Churn: shards put.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
@@ -435,6 +458,24 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             Err(e) => Reply::err(e),
         },
         Request::CopyLimit { spec, split } => match load::run_copy_limit(node, &spec, split) {
+            Ok(r) => Reply {
+                load: Some(r),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::TcpServe {
+            connections,
+            duration_ms,
+            start_unix_ns,
+        } => match tcp_limit::serve(connections, duration_ms, start_unix_ns) {
+            Ok(port) => Reply {
+                port: Some(port),
+                ..Reply::ok()
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::TcpLimit { port, spec } => match tcp_limit::run(port, &spec) {
             Ok(r) => Reply {
                 load: Some(r),
                 ..Reply::ok()
