@@ -5,9 +5,11 @@
 //! an 8-byte length in, that many bytes back out of one warm buffer), and
 //! every consumer worker asks for the workload's sizes in a loop for a
 //! fixed time (request `tcp_limit`), as the http consumers fetch. Both ends
-//! poll for the other's bytes before they sleep only while a core is idle,
-//! as the http transport's ends do (`kit::poll`); nothing else of HTTP, the
-//! host or the runtime is in it. Loopback only; every loop is bounded in
+//! poll (for the other's bytes, and a writer for room in a full socket
+//! buffer) instead of sleeping only while a core is idle, as the http
+//! transport's ends do (`kit::poll`), and as the bench's TCP limit does
+//! (`bench::limits`); nothing else of HTTP, the host or the runtime is in
+//! it. Loopback only; every loop is bounded in
 //! count and time.
 
 use std::{
@@ -21,6 +23,7 @@ use std::{
 use shardport_kit::poll::{await_bytes, core_to_spare};
 
 use super::load::{scheduled_start, Choice, LoopResult, LoopSpec, MAX_FETCHES_PER_LOOP, SIZES};
+use crate::bench::limits::{read_polling_while, write_polling_while};
 
 /// How long an end polls for the other's bytes before it sleeps (where a
 /// core is idle): the http owner's default `owner-spin`.
@@ -110,7 +113,7 @@ fn serve_connection(mut s: TcpStream, src: &[u8], until: Instant) {
             return;
         }
         let len = u64::from_le_bytes(req) as usize;
-        if len > src.len() || s.write_all(&src[..len]).is_err() {
+        if len > src.len() || write_polling_while(&s, &src[..len], core_to_spare).is_err() {
             return;
         }
     }
@@ -154,10 +157,7 @@ pub fn run(port: u16, spec: &LoopSpec) -> Result<LoopResult, String> {
         let buf = dst.get_mut(&len).expect("a destination per length");
         s.write_all(&(len as u64).to_le_bytes())
             .map_err(|e| format!("tcp_limit: request: {e}"))?;
-        if core_to_spare() {
-            await_bytes(&s, POLL);
-        }
-        s.read_exact(buf)
+        read_polling_while(&mut s, buf, core_to_spare)
             .map_err(|e| format!("tcp_limit: {len} bytes back: {e}"))?;
         out.fetches += 1;
         out.bytes += len as u64;
