@@ -311,25 +311,51 @@ fn copy_rate(
     time: Duration,
     split: bool,
 ) -> Result<f64, String> {
-    let start_unix_ns = start_after(start_margin(consumers.len()));
-    let results = call_each(consumers, |i| Request::CopyLimit {
-        spec: LoopSpec {
-            handles: handles.to_vec(),
-            duration_ms: time.as_millis() as u64,
-            view_share: 0.0,
-            http_share: 0.0,
-            seed: 0xc0b1 + i as u64,
-            start_unix_ns,
-        },
-        split,
+    let spec = limit_spec(consumers.len(), handles, time, 0xc0b1);
+    limit_rate(
+        consumers,
+        &spec,
+        |spec| Request::CopyLimit { spec, split },
+        |l| l.copied_bytes,
+        "copy-limit",
+    )
+}
+
+/// The loop of a limit measured right after a point: `time` long from a
+/// common start, each consumer's seed `seed` plus its number.
+fn limit_spec(consumers: usize, handles: &[String], time: Duration, seed: u64) -> LoopSpec {
+    LoopSpec {
+        handles: handles.to_vec(),
+        duration_ms: time.as_millis() as u64,
+        view_share: 0.0,
+        http_share: 0.0,
+        seed,
+        start_unix_ns: start_after(start_margin(consumers)),
+    }
+}
+
+/// Every consumer's loop of a limit at once (`request` of `spec`, each
+/// with its own seed); the bytes `counted` over the longest loop, GB/s.
+fn limit_rate(
+    consumers: &mut [WorkerProcess],
+    spec: &LoopSpec,
+    request: impl Fn(LoopSpec) -> Request,
+    counted: fn(&LoopResult) -> u64,
+    what: &str,
+) -> Result<f64, String> {
+    let results = call_each(consumers, |i| {
+        request(LoopSpec {
+            seed: spec.seed + i as u64,
+            ..spec.clone()
+        })
     });
     let mut bytes = 0u64;
     let mut secs = 1e-9f64;
     for r in results {
         let l = r?
             .load
-            .ok_or("a consumer's reply had no copy-limit result")?;
-        bytes += l.copied_bytes;
+            .ok_or_else(|| format!("a consumer's reply had no {what} result"))?;
+        bytes += counted(&l);
         secs = secs.max(l.elapsed_ns as f64 / 1e9);
     }
     Ok(bytes as f64 / secs / 1e9)
@@ -346,39 +372,24 @@ fn tcp_limit(
     handles: &[String],
     time: Duration,
 ) -> Result<f64, String> {
-    let start_unix_ns = start_after(start_margin(consumers.len()));
-    let duration_ms = time.as_millis() as u64;
+    let spec = limit_spec(consumers.len(), handles, time, 0x7c9);
     let port = call(
         owner,
         &Request::TcpServe {
             connections: consumers.len(),
-            duration_ms,
-            start_unix_ns,
+            duration_ms: spec.duration_ms,
+            start_unix_ns: spec.start_unix_ns,
         },
     )?
     .port
     .ok_or("the owner's tcp_serve gave no port")?;
-    let results = call_each(consumers, |i| Request::TcpLimit {
-        port,
-        spec: LoopSpec {
-            handles: handles.to_vec(),
-            duration_ms,
-            view_share: 0.0,
-            http_share: 1.0,
-            seed: 0x7c9 + i as u64,
-            start_unix_ns,
-        },
-    });
-    let mut bytes = 0u64;
-    let mut secs = 1e-9f64;
-    for r in results {
-        let l = r?
-            .load
-            .ok_or("a consumer's reply had no TCP-limit result")?;
-        bytes += l.bytes;
-        secs = secs.max(l.elapsed_ns as f64 / 1e9);
-    }
-    Ok(bytes as f64 / secs / 1e9)
+    limit_rate(
+        consumers,
+        &spec,
+        |spec| Request::TcpLimit { port, spec },
+        |l| l.bytes,
+        "TCP-limit",
+    )
 }
 
 /// How long before a point's common start its requests go out: time for

@@ -121,6 +121,30 @@ impl Choice {
     }
 }
 
+/// The frame of every timed loop of a point (fetches, a copy limit's
+/// copies, a TCP limit's round trips): waits for `spec`'s scheduled start,
+/// then calls `step` with the loop's generator and result until
+/// `spec.duration_ms` has passed or [`MAX_FETCHES_PER_LOOP`] steps were
+/// made; records how late it began and how long it ran. A step's error
+/// ends the loop with it.
+pub(crate) fn timed_loop(
+    spec: &LoopSpec,
+    mut step: impl FnMut(&mut Choice, &mut LoopResult) -> Result<(), String>,
+) -> Result<LoopResult, String> {
+    let mut rng = Choice(spec.seed);
+    let mut out = LoopResult::default();
+    let deadline = Duration::from_millis(spec.duration_ms);
+    let (start, late) = scheduled_start(spec.start_unix_ns);
+    out.late_ns = late.as_nanos() as u64;
+    let mut steps = 0u64;
+    while steps < MAX_FETCHES_PER_LOOP && start.elapsed() < deadline {
+        step(&mut rng, &mut out)?;
+        steps += 1;
+    }
+    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+    Ok(out)
+}
+
 /// Runs a loop in this process (a worker's `load` request).
 pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     let mut shm = Vec::with_capacity(spec.handles.len());
@@ -141,15 +165,8 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     if spec.start_unix_ns != 0 {
         warm_up(node, &shm, &http, spec);
     }
-    let mut rng = Choice(spec.seed);
-    let mut out = LoopResult::default();
-    let deadline = Duration::from_millis(spec.duration_ms);
-    let (start, late) = scheduled_start(spec.start_unix_ns);
-    out.late_ns = late.as_nanos() as u64;
     let mut seen = 0u64;
-    while out.fetches + out.errors.values().sum::<u64>() < MAX_FETCHES_PER_LOOP
-        && start.elapsed() < deadline
-    {
+    timed_loop(spec, |rng, out| {
         let i = rng.below(shm.len() as u64) as usize;
         let through_http = rng.chance(spec.http_share);
         let h = if through_http { &http[i] } else { &shm[i] };
@@ -190,9 +207,8 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
                 *out.errors.entry(kind).or_default() += 1;
             }
         }
-    }
-    out.elapsed_ns = start.elapsed().as_nanos() as u64;
-    Ok(out)
+        Ok(())
+    })
 }
 
 /// Before a scheduled loop starts, what a consumer that has been running
@@ -247,12 +263,7 @@ pub fn run_copy_limit(node: &Node, spec: &LoopSpec, split: bool) -> Result<LoopR
             .entry(v.data.len())
             .or_insert_with(|| vec![1u8; v.data.len()]);
     }
-    let mut rng = Choice(spec.seed);
-    let mut out = LoopResult::default();
-    let deadline = Duration::from_millis(spec.duration_ms);
-    let (start, late) = scheduled_start(spec.start_unix_ns);
-    out.late_ns = late.as_nanos() as u64;
-    while start.elapsed() < deadline && out.fetches < MAX_FETCHES_PER_LOOP {
+    let out = timed_loop(spec, |rng, out| {
         let src: &[u8] = &views[rng.below(views.len() as u64) as usize].data;
         let dst = destinations
             .get_mut(&src.len())
@@ -265,10 +276,10 @@ pub fn run_copy_limit(node: &Node, spec: &LoopSpec, split: bool) -> Result<LoopR
         out.fetches += 1;
         out.bytes += src.len() as u64;
         out.copied_bytes += src.len() as u64;
-    }
-    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+        Ok(())
+    });
     std::hint::black_box(&destinations);
-    Ok(out)
+    out
 }
 
 /// The kind of a fetch error, for counting.

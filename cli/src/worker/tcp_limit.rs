@@ -22,7 +22,7 @@ use std::{
 
 use shardport_kit::poll::{await_bytes, core_to_spare};
 
-use super::load::{scheduled_start, Choice, LoopResult, LoopSpec, MAX_FETCHES_PER_LOOP, SIZES};
+use super::load::{timed_loop, LoopResult, LoopSpec, SIZES};
 use crate::bench::limits::{read_polling_while, write_polling_while};
 
 /// How long an end polls for the other's bytes before it sleeps (where a
@@ -147,12 +147,7 @@ pub fn run(port: u16, spec: &LoopSpec) -> Result<LoopResult, String> {
     // A lost or short reply is an error, never a hung point.
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| format!("tcp_limit: {e}"))?;
-    let mut rng = Choice(spec.seed);
-    let mut out = LoopResult::default();
-    let deadline = Duration::from_millis(spec.duration_ms);
-    let (start, late) = scheduled_start(spec.start_unix_ns);
-    out.late_ns = late.as_nanos() as u64;
-    while start.elapsed() < deadline && out.fetches < MAX_FETCHES_PER_LOOP {
+    let out = timed_loop(spec, |rng, out| {
         let len = lens[rng.below(lens.len() as u64) as usize];
         let buf = dst.get_mut(&len).expect("a destination per length");
         s.write_all(&(len as u64).to_le_bytes())
@@ -161,10 +156,10 @@ pub fn run(port: u16, spec: &LoopSpec) -> Result<LoopResult, String> {
             .map_err(|e| format!("tcp_limit: {len} bytes back: {e}"))?;
         out.fetches += 1;
         out.bytes += len as u64;
-    }
-    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+        Ok(())
+    });
     std::hint::black_box(&dst);
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
