@@ -23,5 +23,6 @@ pub mod cluster;
 pub mod demo;
 pub mod gpu;
 pub mod pattern;
+pub mod polled;
 pub mod soak;
 pub mod worker;

@@ -59,69 +59,14 @@ const POLL: Duration = Duration::from_micros(200);
 /// Fills `buf` from `s`, polling before every read that would wait (as
 /// the http consumer does between the pieces of a body).
 fn read_polling(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
-    read_polling_while(s, buf, || true)
+    crate::polled::read(s, buf, POLL, || true)
 }
 
-/// [`read_polling`], polling only before the reads for which `poll` says
-/// so (a load's TCP limit polls only while a core is idle, as the http
-/// transport's ends do).
-pub(crate) fn read_polling_while(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    poll: impl Fn() -> bool,
-) -> std::io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        if poll() {
-            await_bytes(&*s, POLL);
-        }
-        match s.read(&mut buf[filled..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Writes all of `buf` to `s`, polling (non-blocking sends, yielding the
-/// core in between) instead of sleeping while the socket's buffer is full:
-/// a writer that sleeps there wakes 30-40 us late on this project's VMs,
-/// once per refill. Each send is non-blocking on its own (`MSG_DONTWAIT`),
-/// so a write that fits costs one system call, as a blocking one does.
+/// Writes all of `buf` to `s`, polling instead of sleeping while the
+/// socket's buffer is full ([`crate::polled::write`]): a writer that
+/// sleeps there wakes 30-40 us late on this project's VMs, once per refill.
 fn write_polling(s: &TcpStream, buf: &[u8]) -> std::io::Result<()> {
-    write_polling_while(s, buf, || true)
-}
-
-/// [`write_polling`], polling a full socket buffer only while `poll` says
-/// so and else sleeping in a blocking write.
-pub(crate) fn write_polling_while(
-    mut s: &TcpStream,
-    buf: &[u8],
-    poll: impl Fn() -> bool,
-) -> std::io::Result<()> {
-    use rustix::{io::Errno, net::SendFlags};
-    // As long as a blocked read may wait (a reader that stopped reading
-    // must not keep this thread spinning).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut sent = 0;
-    while sent < buf.len() {
-        match rustix::net::send(s, &buf[sent..], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => sent += n,
-            Err(Errno::AGAIN) if !poll() => return s.write_all(&buf[sent..]),
-            Err(Errno::AGAIN) => {
-                if Instant::now() >= deadline {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-                std::thread::yield_now();
-            }
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    crate::polled::write(s, buf, || true)
 }
 
 /// Socket buffers of a [`TcpPair`] end that hold a whole shard below 1

@@ -8,7 +8,7 @@
 //! poll (for the other's bytes, and a writer for room in a full socket
 //! buffer) instead of sleeping only while a core is idle, as the http
 //! transport's ends do (`kit::poll`), and as the bench's TCP limit does
-//! (`bench::limits`); nothing else of HTTP, the host or the runtime is in
+//! (`crate::polled`); nothing else of HTTP, the host or the runtime is in
 //! it. Loopback only; every loop is bounded in
 //! count and time.
 
@@ -23,7 +23,6 @@ use std::{
 use shardport_kit::poll::{await_bytes, core_to_spare};
 
 use super::load::{timed_loop, LoopResult, LoopSpec, SIZES};
-use crate::bench::limits::{read_polling_while, write_polling_while};
 
 /// How long an end polls for the other's bytes before it sleeps (where a
 /// core is idle): the http owner's default `owner-spin`.
@@ -113,7 +112,7 @@ fn serve_connection(mut s: TcpStream, src: &[u8], until: Instant) {
             return;
         }
         let len = u64::from_le_bytes(req) as usize;
-        if len > src.len() || write_polling_while(&s, &src[..len], core_to_spare).is_err() {
+        if len > src.len() || crate::polled::write(&s, &src[..len], core_to_spare).is_err() {
             return;
         }
     }
@@ -152,7 +151,7 @@ pub fn run(port: u16, spec: &LoopSpec) -> Result<LoopResult, String> {
         let buf = dst.get_mut(&len).expect("a destination per length");
         s.write_all(&(len as u64).to_le_bytes())
             .map_err(|e| format!("tcp_limit: request: {e}"))?;
-        read_polling_while(&mut s, buf, core_to_spare)
+        crate::polled::read(&mut s, buf, POLL, core_to_spare)
             .map_err(|e| format!("tcp_limit: {len} bytes back: {e}"))?;
         out.fetches += 1;
         out.bytes += len as u64;
