@@ -432,8 +432,8 @@ pub fn table(rows: &[LoadRow]) -> String {
             r.owner_cpu_s_per_gb,
             r.errors,
             r.churn_puts,
-            copies(r),
-            http(r)
+            against_limit(r.copy_gbps, r.copy_limit_gbps),
+            against_limit(r.http_gbps, r.tcp_limit_gbps)
         ));
         if r.late_start_ms > 0.0 {
             out.push_str(&format!(
@@ -454,31 +454,12 @@ pub fn table(rows: &[LoadRow]) -> String {
     out
 }
 
-/// A row's copy rate, its limit and their ratio (`-` without a limit).
-fn copies(r: &LoadRow) -> String {
-    if r.copy_limit_gbps > 0.0 {
-        format!(
-            "{:.2} ({:.2}, {:.2}x)",
-            r.copy_gbps,
-            r.copy_limit_gbps,
-            r.copy_gbps / r.copy_limit_gbps
-        )
+/// A rate, its limit and their ratio (`-` without a limit).
+fn against_limit(gbps: f64, limit_gbps: f64) -> String {
+    if limit_gbps > 0.0 {
+        format!("{gbps:.2} ({limit_gbps:.2}, {:.2}x)", gbps / limit_gbps)
     } else {
-        format!("{:.2} (-)", r.copy_gbps)
-    }
-}
-
-/// A row's http rate, its TCP limit and their ratio (`-` without a limit).
-fn http(r: &LoadRow) -> String {
-    if r.tcp_limit_gbps > 0.0 {
-        format!(
-            "{:.2} ({:.2}, {:.2}x)",
-            r.http_gbps,
-            r.tcp_limit_gbps,
-            r.http_gbps / r.tcp_limit_gbps
-        )
-    } else {
-        format!("{:.2} (-)", r.http_gbps)
+        format!("{gbps:.2} (-)")
     }
 }
 
