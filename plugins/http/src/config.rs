@@ -112,7 +112,12 @@ pub(crate) const DEFAULT_MAX_PENDING_PER_PEER: u64 = 16;
 /// between sockets and memory; two workers keep a 100 Gb/s NIC busy without
 /// competing with the training process for cores.
 pub(crate) const DEFAULT_THREADS: u64 = 2;
-/// Largest `threads`.
+/// Default `dedicated-threads`: 2. An owner with one or two consumers (a
+/// relay serving the next node of its chain, a trainer with two rollout
+/// engines) serves each on a thread of its own; with more, all share the
+/// runtime (see `server::connection::Dedicated`).
+pub(crate) const DEFAULT_DEDICATED_THREADS: u64 = 2;
+/// Largest `threads`, and largest `dedicated-threads`.
 pub(crate) const MAX_THREADS: u64 = 256;
 /// Longest accepted auth token, in bytes (it travels in every request head).
 pub(crate) const MAX_TOKEN_LEN: usize = 4096;
@@ -225,6 +230,9 @@ pub(crate) struct Config {
     pub max_pending: usize,
     pub max_pending_per_peer: usize,
     pub threads: usize,
+    /// Owner: connections served each on a thread of its own, at most
+    /// (`dedicated-threads`); the others share the runtime.
+    pub dedicated_threads: usize,
     pub listen: Listen,
     pub tls: TlsFiles,
     /// GPU shards: bytes per staged piece (`device-piece`).
@@ -418,6 +426,11 @@ impl Config {
             DEFAULT_MAX_PENDING_PER_PEER,
         )?;
         let threads = t.u64_in("threads", 1..=MAX_THREADS, DEFAULT_THREADS)?;
+        let dedicated_threads = t.u64_in(
+            "dedicated-threads",
+            0..=MAX_THREADS,
+            DEFAULT_DEDICATED_THREADS,
+        )?;
         let listen = t.choose(
             "listen",
             &[("lazy", Listen::Lazy), ("eager", Listen::Eager)],
@@ -467,6 +480,7 @@ impl Config {
             max_pending: max_pending as usize,
             max_pending_per_peer: max_pending_per_peer as usize,
             threads: threads as usize,
+            dedicated_threads: dedicated_threads as usize,
             listen,
             tls,
             device_piece: device_piece as usize,
@@ -692,6 +706,7 @@ mod tests {
         assert_eq!(c.max_connections_per_owner, 4);
         assert_eq!(c.max_connections, 512);
         assert_eq!(c.threads, 2);
+        assert_eq!(c.dedicated_threads, 2);
         assert_eq!(c.listen, Listen::Lazy);
         assert_eq!(c.tls.cert, None);
         assert_eq!(c.tls.ca, None);
@@ -821,6 +836,10 @@ mod tests {
             (
                 "threads = 0",
                 "`plugin.http.config.threads`: 0 is out of range",
+            ),
+            (
+                "dedicated-threads = 257",
+                "`plugin.http.config.dedicated-threads`: 257 is out of range",
             ),
             (
                 "spin = \"2ms\"",

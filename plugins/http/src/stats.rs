@@ -47,6 +47,8 @@ pub(crate) struct Stats {
     pub connections_evicted: Counter,
     /// Inbound connections open now.
     pub connections_open: Gauge,
+    /// Of those, served each on a thread of its own (`dedicated-threads`).
+    pub connections_dedicated: Gauge,
     /// Times the owner reached `max-connections` (new connections then
     /// wait in the kernel's accept backlog until one closes).
     pub connections_at_limit: Counter,
@@ -143,6 +145,7 @@ impl Stats {
             .counter("connections_timed_out", &self.connections_timed_out)
             .counter("connections_evicted", &self.connections_evicted)
             .gauge("connections_open", &self.connections_open)
+            .gauge("connections_dedicated", &self.connections_dedicated)
             .counter("connections_at_limit", &self.connections_at_limit)
             .counter("owner_polls", &self.owner_polls)
             .counter("owner_poll_hits", &self.owner_poll_hits)

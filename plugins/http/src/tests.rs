@@ -23,6 +23,7 @@ use shardport_kit::testing;
 use crate::{descriptor::Descriptor, wire, HttpTransport};
 
 mod consumer;
+mod dedicated;
 mod gpu;
 mod owner_poll;
 mod relay;

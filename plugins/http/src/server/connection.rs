@@ -40,14 +40,19 @@ pub(super) async fn accept_loop(
                     ticket: Arc::new(Mutex::new(Some(ticket))),
                     peer: Some(peer.ip()),
                 };
-                tokio::spawn(serve_connection(
-                    Arc::clone(&shared),
-                    stream,
+                let conn = Accepted {
+                    shared: Arc::clone(&shared),
                     peer,
                     permit,
                     pending,
-                    shutdown.clone(),
-                ));
+                    shutdown: shutdown.clone(),
+                };
+                match Dedicated::slot(&shared) {
+                    Some(slot) => serve_on_own_thread(slot, stream, conn),
+                    None => {
+                        tokio::spawn(serve_connection(stream, conn, false));
+                    }
+                }
             }
             Err(e) => {
                 warn!(target: "http", error = %e, addr = %shared.bound, "accept failed");
@@ -320,17 +325,21 @@ pub(super) struct OwnerPoll {
     flushed_at: Option<Instant>,
     /// Polls in a row that ended without a request.
     fruitless: u32,
+    /// The connection has a thread of its own: its poll holds no thread
+    /// another connection needs.
+    dedicated: bool,
 }
 
 impl OwnerPoll {
     /// For one connection, unless `owner-spin` is 0.
-    pub(super) fn new(shared: &Shared) -> Option<OwnerPoll> {
+    pub(super) fn new(shared: &Shared, dedicated: bool) -> Option<OwnerPoll> {
         (!shared.owner_spin.is_zero()).then(|| OwnerPoll {
             spin: shared.owner_spin,
             stats: Arc::clone(&shared.stats),
             armed: false,
             flushed_at: None,
             fruitless: 0,
+            dedicated,
         })
     }
 
@@ -356,7 +365,7 @@ impl OwnerPoll {
         self.armed = false;
         self.flushed_at = Some(Instant::now());
         if self.fruitless >= shardport_kit::poll::MAX_FRUITLESS_POLLS
-            || self.stats.connections_open.get() > 1
+            || (!self.dedicated && self.stats.connections_open.get() > 1)
             || !core_allowed()
         {
             return;
@@ -463,18 +472,166 @@ pub(super) fn watchdog_period(shared: &Shared) -> Duration {
     (shared.header_timeout.min(shared.idle_timeout) / 4).clamp(WATCHDOG_MIN, WATCHDOG_MAX)
 }
 
-pub(super) async fn serve_connection(
+/// An accepted connection, with what serving it holds.
+pub(super) struct Accepted {
+    pub(super) shared: Arc<Shared>,
+    pub(super) peer: SocketAddr,
+    /// Its place in `max-connections`, given back when it ends.
+    pub(super) permit: tokio::sync::OwnedSemaphorePermit,
+    pub(super) pending: Pending,
+    pub(super) shutdown: watch::Receiver<bool>,
+}
+
+/// `dedicated-threads`: up to that many connections are each served on a
+/// thread of their own, by a single-threaded runtime there, the others by
+/// the shared runtime. A connection on its own thread runs in step with
+/// its consumer (the kernel wakes each where the other ran), and its owner
+/// poll holds no thread another connection needs, so it polls whatever
+/// the other connections ([`OwnerPoll`]). On the shared runtime every
+/// connection's turn goes through its two workers and the I/O driver.
+/// A connection gets a thread only while the owner has fewer connections
+/// than `dedicated-threads`; once it has more, those with a thread close
+/// after their response in flight (at the watchdog's next tick), and
+/// their consumers reconnect to the shared runtime, so every connection
+/// gets a fair share again ([`Dedicated::outnumbered`]).
+/// Work that outlives a connection (telling a demoted relay to rejoin)
+/// goes to the shared runtime ([`Dedicated::spawn_blocking`]).
+pub(super) struct Dedicated {
+    /// `dedicated-threads`.
+    max: usize,
+    /// Threads that may still start.
+    free: std::sync::atomic::AtomicUsize,
+    /// The shared runtime (`None` only for the in-memory server of the
+    /// fuzz target, which has no threads of its own).
+    runtime: Option<tokio::runtime::Handle>,
+    /// The host's log dispatcher, set on every connection thread (the
+    /// shared runtime's threads get it when they start).
+    dispatch: tracing::Dispatch,
+}
+
+impl Dedicated {
+    pub(super) fn new(max: usize, runtime: &tokio::runtime::Handle) -> Dedicated {
+        Dedicated {
+            max,
+            free: max.into(),
+            runtime: Some(runtime.clone()),
+            dispatch: tracing::dispatcher::get_default(Clone::clone),
+        }
+    }
+
+    /// No connection threads.
+    pub(super) fn none() -> Dedicated {
+        Dedicated {
+            max: 0,
+            free: 0.into(),
+            runtime: None,
+            dispatch: tracing::dispatcher::get_default(Clone::clone),
+        }
+    }
+
+    /// A thread's place for a connection just accepted: while the owner
+    /// has fewer connections open than `dedicated-threads` and a place is
+    /// free.
+    fn slot(shared: &Arc<Shared>) -> Option<DedicatedSlot> {
+        if shared.stats.connections_open.get() >= shared.dedicated.max as u64 {
+            return None;
+        }
+        shared
+            .dedicated
+            .free
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| DedicatedSlot {
+                shared: Arc::clone(shared),
+            })
+    }
+
+    /// Whether a connection on a thread of its own should give it back:
+    /// the owner has more connections open than `dedicated-threads`, and a
+    /// connection with a thread to itself would get a whole thread's share
+    /// of the cores while the others share the runtime's (with 2 such
+    /// threads and 64 consumers, the two got 12x the mean's fetches).
+    fn outnumbered(&self, stats: &Stats) -> bool {
+        stats.connections_open.get() > self.max as u64
+    }
+
+    /// Runs `f` on the shared runtime's blocking threads, whatever thread
+    /// asks: a connection's own runtime ends with the connection.
+    pub(super) fn spawn_blocking(&self, f: impl FnOnce() + Send + 'static) {
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn_blocking(f)),
+            None => drop(tokio::task::spawn_blocking(f)),
+        }
+    }
+}
+
+/// A connection thread's place in `dedicated-threads`, given back on drop.
+struct DedicatedSlot {
     shared: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    pending: Pending,
-    shutdown: watch::Receiver<bool>,
-) {
+}
+
+impl Drop for DedicatedSlot {
+    fn drop(&mut self) {
+        self.shared.dedicated.free.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `stream` on a thread of its own ([`Dedicated`]). A connection
+/// that cannot get one (no thread or runtime could start) is closed, with
+/// a warning: the consumer retries it like any broken connection.
+fn serve_on_own_thread(slot: DedicatedSlot, stream: TcpStream, conn: Accepted) {
+    let peer = conn.peer;
+    let stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(target: "http", peer = %peer, error = %e, "a connection could not move to a thread of its own; closed");
+            return;
+        }
+    };
+    let dispatch = conn.shared.dedicated.dispatch.clone();
+    let started = std::thread::Builder::new()
+        .name("shardport-http-conn".into())
+        .spawn(move || {
+            let _log = tracing::dispatcher::set_default(&dispatch);
+            let _open = Held::new(&slot.shared.stats, |s| &s.connections_dedicated);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .enable_time()
+                .build();
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    warn!(target: "http", peer = %peer, error = %e, "no runtime for a connection's own thread; closed");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => serve_connection(stream, conn, true).await,
+                    Err(e) => {
+                        warn!(target: "http", peer = %peer, error = %e, "a connection could not join its thread's runtime; closed");
+                    }
+                }
+            });
+        });
+    if let Err(e) = started {
+        warn!(target: "http", peer = %peer, error = %e, "no thread for a connection (dedicated-threads); closed");
+    }
+}
+
+/// Serves one connection to its end; `dedicated`: on a thread of its own.
+pub(super) async fn serve_connection(stream: TcpStream, conn: Accepted, dedicated: bool) {
+    let Accepted {
+        shared,
+        peer,
+        permit: _permit,
+        pending,
+        shutdown,
+    } = conn;
     let _open = Held::new(&shared.stats, |s| &s.connections_open);
     shared.stats.connections_accepted.inc();
     let Some(acceptor) = shared.tls.clone() else {
-        return serve_http(shared, stream, peer, pending, shutdown).await;
+        return serve_http(shared, stream, peer, pending, shutdown, dedicated).await;
     };
     // The handshake holds this connection's `max-connections` slot, so it
     // has its own deadline, counted from accept.
@@ -505,7 +662,7 @@ pub(super) async fn serve_connection(
         Err(e) => Err(e),
     };
     match outcome {
-        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown).await,
+        Ok(Ok(tls)) => serve_http(shared, tls, peer, pending, shutdown, dedicated).await,
         Ok(Err(e)) => {
             shared.stats.tls_handshake_failures.inc();
             debug!(target: "http", peer = %peer, error = %e, "tls handshake failed");
@@ -581,6 +738,7 @@ pub(super) async fn serve_http<S>(
     peer: SocketAddr,
     pending: Pending,
     mut shutdown: watch::Receiver<bool>,
+    dedicated: bool,
 ) where
     S: AsyncRead + AsyncWrite + Socket + Unpin + Send + 'static,
 {
@@ -588,7 +746,7 @@ pub(super) async fn serve_http<S>(
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: Arc::clone(&activity),
-        poll: OwnerPoll::new(&shared),
+        poll: OwnerPoll::new(&shared, dedicated),
     });
     let conn = http1_builder(&shared).serve_connection(
         io,
@@ -617,6 +775,13 @@ pub(super) async fn serve_http<S>(
                 break;
             }
             _ = tokio::time::sleep(period) => {
+                if dedicated && drain_until.is_none() && shared.dedicated.outnumbered(&shared.stats) {
+                    // Finish the response in flight, then close: the
+                    // consumer reconnects to the shared runtime.
+                    debug!(target: "http", peer = %peer, "closing a connection with a thread of its own: the owner has more connections than dedicated-threads");
+                    conn.as_mut().graceful_shutdown();
+                    drain_until = Some(Instant::now() + shared.request_timeout);
+                }
                 if let Some(why) = activity.expired(shared.header_timeout, shared.idle_timeout) {
                     shared.stats.connections_timed_out.inc();
                     debug!(target: "http", peer = %peer, why, "closing connection");

@@ -92,6 +92,7 @@ fn shared() -> Arc<Shared> {
         idle_timeout: cfg.idle_timeout,
         header_timeout: cfg.header_timeout,
         owner_spin: Duration::ZERO,
+        dedicated: super::connection::Dedicated::none(),
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,

@@ -166,6 +166,8 @@ struct Shared {
     /// `owner-spin`: polling for a connection's next request after a
     /// response (0: never).
     owner_spin: Duration,
+    /// `dedicated-threads`: connections each served on a thread of its own.
+    dedicated: connection::Dedicated,
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
     tls_handshake_timeout: Duration,
@@ -294,6 +296,7 @@ impl Server {
             idle_timeout: cfg.idle_timeout,
             header_timeout: cfg.header_timeout,
             owner_spin: cfg.owner_spin,
+            dedicated: connection::Dedicated::new(cfg.dedicated_threads, rt),
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),

@@ -172,11 +172,11 @@ async fn join(
 fn tell_to_rejoin(shared: &Shared, id: ShardId, at: rwire::Serves) {
     let client = Arc::clone(&shared.client);
     let wait = shared.relay_stall;
-    drop(tokio::task::spawn_blocking(move || {
+    shared.dedicated.spawn_blocking(move || {
         if let Err(e) = client.ask_rejoin(&at, id, wait) {
             debug!(target: "http", shard = %id, relay = %at.addr, error = %e.message, "a demoted relay was not told to rejoin; it stays where it is until its own next join");
         }
-    }));
+    });
 }
 
 /// The xxh3-64 of every `piece`-byte piece of the shard `reader` reads:

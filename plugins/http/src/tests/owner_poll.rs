@@ -59,7 +59,9 @@ fn an_owner_polls_once_per_response_and_serves_what_follows() {
 #[test]
 fn an_owner_with_another_open_connection_does_not_poll() {
     POLL_AT_ANY_LOAD.store(true, Ordering::Relaxed);
-    let owner = node("owner-spin = \"1ms\"");
+    // Connections on the shared runtime (with threads of their own they
+    // poll whatever the others: `dedicated` tests).
+    let owner = node("owner-spin = \"1ms\"\ndedicated-threads = 0");
     let data = pattern(64 << 10, 9);
     export(&owner.t, 5, &data).unwrap();
     // An idle connection is open: a poll would hold the runtime thread
