@@ -242,6 +242,26 @@ fn post(addr: SocketAddr, path: &str, body: &[u8], auth: Option<&str>) -> RawRes
     raw(addr, &req)
 }
 
+/// A keep-alive GET of shard `id`.
+fn get_request(id: u128) -> String {
+    format!(
+        "GET {} HTTP/1.1\r\nhost: test\r\n\r\n",
+        wire::shard_path(ShardId::from_u128(id))
+    )
+}
+
+/// `rounds` GETs of shard `id` on `s`, each read whole and compared with
+/// `data`.
+fn round_trips_on(s: &mut TcpStream, id: u128, data: &[u8], rounds: usize) {
+    let req = get_request(id);
+    for round in 0..rounds {
+        s.write_all(req.as_bytes()).unwrap();
+        let r = read_response(s);
+        assert_eq!(r.status, 200, "round {round}");
+        assert!(r.body == data, "round {round}: body differs");
+    }
+}
+
 /// Waits until counter `name` of `t` reaches `at_least` (the owner counts
 /// some events just after the client can see their effect); fails after
 /// [`GENEROUS`].

@@ -3,24 +3,10 @@
 //! all get the same bytes, a connection with a thread polls whatever the
 //! others, and the threads end with their connections and at shutdown.
 
-use std::{io::Write, sync::atomic::Ordering};
+use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::server::POLL_AT_ANY_LOAD;
-
-/// GET requests of shard `id` on `s`, each read whole and compared with `data`.
-fn round_trips_on(s: &mut TcpStream, id: u128, data: &[u8], rounds: usize) {
-    let req = format!(
-        "GET {} HTTP/1.1\r\nhost: test\r\n\r\n",
-        wire::shard_path(ShardId::from_u128(id))
-    );
-    for round in 0..rounds {
-        s.write_all(req.as_bytes()).unwrap();
-        let r = read_response(s);
-        assert_eq!(r.status, 200, "round {round}");
-        assert!(r.body == data, "round {round}: different bytes");
-    }
-}
 
 #[test]
 fn connections_get_threads_within_the_budget_and_give_them_back_when_outnumbered() {

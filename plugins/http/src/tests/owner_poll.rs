@@ -9,25 +9,11 @@ use std::sync::atomic::Ordering;
 use super::*;
 use crate::server::POLL_AT_ANY_LOAD;
 
-/// A keep-alive GET of shard `id`.
-fn get_request(id: u128) -> String {
-    format!(
-        "GET {} HTTP/1.1\r\nhost: test\r\n\r\n",
-        wire::shard_path(ShardId::from_u128(id))
-    )
-}
-
-/// `rounds` GETs of shard `id` on one keep-alive connection, each read
-/// whole and compared with `data`.
+/// `rounds` GETs of shard `id` on a new keep-alive connection
+/// ([`round_trips_on`]); the connection, still open.
 fn round_trips(addr: SocketAddr, id: u128, data: &[u8], rounds: usize) -> TcpStream {
     let mut s = connect(addr);
-    let req = get_request(id);
-    for round in 0..rounds {
-        s.write_all(req.as_bytes()).unwrap();
-        let r = read_response(&mut s);
-        assert_eq!(r.status, 200, "round {round}");
-        assert!(r.body == data, "round {round}: body differs");
-    }
+    round_trips_on(&mut s, id, data, rounds);
     s
 }
 
