@@ -9,18 +9,17 @@
 //! buffer) instead of sleeping only while a core is idle, as the http
 //! transport's ends do (`kit::poll`), and as the bench's TCP limit does
 //! (`crate::polled`); nothing else of HTTP, the host or the runtime is in
-//! it. Loopback only; every loop is bounded in
-//! count and time.
+//! it. Loopback only; every loop is bounded in count and time.
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
+    io::Write,
     net::{TcpListener, TcpStream},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use shardport_kit::poll::{await_bytes, core_to_spare};
+use shardport_kit::poll::core_to_spare;
 
 use super::load::{timed_loop, LoopResult, LoopSpec, SIZES};
 
@@ -98,17 +97,16 @@ fn until_end(duration_ms: u64, start_unix_ns: u64) -> Duration {
 /// the workload's, or `until` passes.
 fn serve_connection(mut s: TcpStream, src: &[u8], until: Instant) {
     let _ = s.set_nodelay(true);
+    // Once, not per request: a read that waits still ends, at most this
+    // long after `until` (the loop checks `until` between requests).
+    let _ = s.set_read_timeout(Some(
+        until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+    ));
     let mut req = [0u8; 8];
     while Instant::now() < until {
-        let _ = s.set_read_timeout(Some(
-            until
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        ));
-        if core_to_spare() {
-            await_bytes(&s, POLL);
-        }
-        if s.read_exact(&mut req).is_err() {
+        if crate::polled::read(&mut s, &mut req, POLL, core_to_spare).is_err() {
             return;
         }
         let len = u64::from_le_bytes(req) as usize;
@@ -163,6 +161,8 @@ pub fn run(port: u16, spec: &LoopSpec) -> Result<LoopResult, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     #[test]
@@ -179,7 +179,10 @@ mod tests {
         // A length beyond the workload's ends the connection.
         s.write_all(&(max_len() as u64 + 1).to_le_bytes()).unwrap();
         let mut b = [0u8; 1];
-        assert_eq!(s.read(&mut b).unwrap_or(0), 0);
+        assert!(
+            matches!(s.read(&mut b), Ok(0)),
+            "the connection stayed open"
+        );
         assert!(serve(0, 200, 0).is_err());
         assert!(serve(MAX_CONNECTIONS + 1, 200, 0).is_err());
     }
