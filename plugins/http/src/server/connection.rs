@@ -357,7 +357,8 @@ impl OwnerPoll {
     }
 
     /// After a flush: polls when armed, nothing is in flight, this is the
-    /// only open connection, a core is idle, and recent polls paid.
+    /// only open connection or has a thread of its own, a core is idle, and
+    /// recent polls paid.
     fn flushed(&mut self, activity: &Activity, socket: std::os::fd::BorrowedFd<'_>) {
         if !self.armed || activity.in_flight.load(Ordering::Relaxed) != 0 {
             return;
