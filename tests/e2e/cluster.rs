@@ -4,9 +4,10 @@
 //! bytes every node received, that they went over http between distinct
 //! addresses, that relays served most of the broadcast, that the consumers
 //! of a relay killed mid-way resumed elsewhere with the right bytes, and
-//! that nothing of the testbed is left. (Relays that corrupt, refuse the
-//! token or stall, and removals reaching every copy, are tested between
-//! real transport instances in the http plugin's own tests.) Skipped, with the
+//! that nothing of the testbed is left; that a relay refuses the wrong
+//! token and that the owner's removal reaches every copy. (Relays that
+//! corrupt or stall, and forged holders, are tested between real
+//! transport instances in the http plugin's own tests.) Skipped, with the
 //! reason printed, where a testbed cannot be made (not root, no `ip`/`tc`).
 
 use shardport_cli::{
@@ -71,6 +72,17 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
         (0.0..=1.0).contains(&r.broadcast_machine_busy)
             && (0.0..=r.broadcast_machine_busy).contains(&r.broadcast_machine_kernel),
         "{r:?}"
+    );
+    // Every node's CPU share of each phase: the owner, 3 consumers (the
+    // fan-in's owners) and the fan-in consumer, which did the fan-in's work.
+    for shares in [&r.broadcast_node_cpu_share, &r.fanin_node_cpu_share] {
+        assert_eq!(shares.len(), 5, "{r:?}");
+        assert!(shares.iter().all(|s| s.is_finite() && *s >= 0.0), "{r:?}");
+    }
+    assert!(r.fanin_node_cpu_share[4] > 0.0, "{r:?}");
+    assert_eq!(
+        r.fanin_cpu_share,
+        r.fanin_node_cpu_share.iter().copied().fold(0.0, f64::max)
     );
     // Consumers after the first fetched from relays (a chain: all but one).
     assert!(r.relays && r.relay_share > 0.0, "relays served: {r:?}");
@@ -154,7 +166,8 @@ fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
 
 /// An owner killed mid-broadcast: every consumer, whether it was streaming
 /// from the owner or from a relay, fails with an error naming the owner,
-/// and none returns bytes.
+/// and none returns bytes; a consumer that completed its copy before keeps
+/// it, right.
 #[test]
 fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
     use shardport_cli::worker::{Request, WorkerProcess};
@@ -163,10 +176,12 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
         return;
     }
     // 4 MiB at 20 Mbit/s: 1.7 s per copy; the owner dies after 0.4 s.
-    let c = Cluster::create(&[20_000_000; 3]).unwrap();
+    // Node 3 fetched before the broadcast (a leaf: it relays nothing, so
+    // no consumer of the broadcast is sent to it).
+    let c = Cluster::create(&[20_000_000; 4]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let lib = util::plugin_lib("shardport-http");
-    let mut workers: Vec<WorkerProcess> = (0..3)
+    let mut workers: Vec<WorkerProcess> = (0..4)
         .map(|i| {
             let addr = c.nodes[i].addr;
             let cfg = dir.path().join(format!("n{i}.toml"));
@@ -175,8 +190,9 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
                 format!(
                     "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
                      [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
-                     [plugin.config]\nbind = \"{addr}:0\"\nrelay = \"on\"\nconnect-timeout = \"1s\"\n",
-                    lib.display()
+                     [plugin.config]\nbind = \"{addr}:0\"\nrelay = \"{}\"\nconnect-timeout = \"1s\"\n",
+                    lib.display(),
+                    if i == 3 { "off" } else { "on" }
                 ),
             )
             .unwrap();
@@ -194,6 +210,18 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
         })
         .unwrap();
     let handle = put.handle.unwrap();
+    let id = put.id.unwrap();
+    let mut done = workers.pop().unwrap();
+    let before = done
+        .call(&Request::Fetch {
+            handle: handle.clone(),
+            mode: Some(shardport_host::FetchMode::Copy),
+            seed: Some(5),
+            hold: true,
+            only: None,
+        })
+        .unwrap();
+    assert_eq!(before.verified, Some(true), "{before:?}");
     let owner_addr = c.nodes[0].addr.to_string();
     let owner = workers.remove(0);
     let replies = std::thread::scope(|s| {
@@ -222,4 +250,151 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
         let e = r.expect_err("a consumer returned bytes of a dead owner");
         assert!(e.contains(&owner_addr), "the error names the owner: {e}");
     }
+    let kept = done.call(&Request::Check { id, seed: 5 }).unwrap();
+    assert_eq!(
+        kept.verified,
+        Some(true),
+        "the completed copy outlived its owner"
+    );
+}
+
+/// Starts a worker on each node of `c` whose http instance requires
+/// `token` and relays where `relay[i]`.
+fn token_workers(
+    c: &Cluster,
+    dir: &std::path::Path,
+    token: &str,
+    relay: &[bool],
+) -> Vec<shardport_cli::worker::WorkerProcess> {
+    let lib = util::plugin_lib("shardport-http");
+    relay
+        .iter()
+        .enumerate()
+        .map(|(i, &relay)| {
+            let addr = c.nodes[i].addr;
+            let cfg = dir.join(format!("n{i}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
+                     [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
+                     [plugin.config]\nbind = \"{addr}:0\"\nauth-token = \"{token}\"\n\
+                     relay = \"{}\"\n",
+                    lib.display(),
+                    if relay { "on" } else { "off" }
+                ),
+            )
+            .unwrap();
+            let mut cmd = c.command(i, &util::shardport_bin());
+            cmd.arg("worker").arg("--config").arg(&cfg);
+            shardport_cli::worker::WorkerProcess::spawn_command(&format!("node {i}"), cmd).unwrap()
+        })
+        .collect()
+}
+
+/// The status line an HTTP GET of `/v1/health` at `addr` gets from node
+/// `from`'s namespace with `token` (bash's `/dev/tcp`: no client of ours).
+fn status_line(c: &Cluster, from: usize, addr: &str, token: &str) -> String {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let out = c
+        .command(from, std::path::Path::new("bash"))
+        .args([
+            "-c",
+            "exec 3<>\"/dev/tcp/$SP_HOST/$SP_PORT\" && \
+             printf 'GET /v1/health HTTP/1.1\\r\\nhost: %s\\r\\nauthorization: Bearer %s\\r\\nconnection: close\\r\\n\\r\\n' \
+               \"$SP_HOST\" \"$SP_TOKEN\" >&3 && head -n 1 <&3",
+        ])
+        .env("SP_HOST", host)
+        .env("SP_PORT", port)
+        .env("SP_TOKEN", token)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+}
+
+/// On the testbed, with a token: the second consumer gets the shard from
+/// the first (a relay), which refuses a request with the wrong token as an
+/// owner does; the owner's removal reaches both copies, and a consumer that
+/// asks afterwards gets an error, not the bytes.
+#[test]
+fn a_relay_refuses_a_wrong_token_and_the_removal_reaches_every_copy() {
+    use shardport_cli::worker::{plugin_stat, Request};
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("cluster test skipped: {why}");
+        return;
+    }
+    let token = "tb-token-7f3a9c";
+    // Four nodes: the broadcast test looks for what is left of its own
+    // 5-node testbed by a fifth node's name, which this one has not.
+    let c = Cluster::create(&[100_000_000; 4]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = token_workers(&c, dir.path(), token, &[false, true, true, false]);
+    let len = (2 << 20) + 5;
+    let put = w[0]
+        .call(&Request::Put {
+            len,
+            seed: 9,
+            dtype: None,
+            tags: Default::default(),
+        })
+        .unwrap();
+    let (handle, id) = (put.handle.unwrap(), put.id.unwrap());
+    let fetch = |w: &mut shardport_cli::worker::WorkerProcess| {
+        w.call(&Request::FetchBuffer {
+            handle: handle.clone(),
+            only: None,
+            seed: Some(9),
+        })
+    };
+    let first = fetch(&mut w[1]).unwrap();
+    let second = fetch(&mut w[2]).unwrap();
+    assert_eq!(first.verified, Some(true), "{first:?}");
+    assert_eq!(second.verified, Some(true), "{second:?}");
+    let reason = second.reason.unwrap_or_default();
+    let relay = reason
+        .split("from relay ")
+        .nth(1)
+        .and_then(|r| r.split([',', ')']).next())
+        .unwrap_or_else(|| panic!("the second consumer's bytes came from a relay: {reason}"))
+        .to_owned();
+    assert!(
+        relay.starts_with(&format!("{}:", c.nodes[1].addr)),
+        "the relay is the first consumer: {reason}"
+    );
+    // The relay's server: the wrong token refused, the right one served.
+    let stats = |w: &mut shardport_cli::worker::WorkerProcess, key: &str| {
+        plugin_stat(
+            &w.call(&Request::Stats).unwrap().stats.unwrap(),
+            "http",
+            key,
+        )
+    };
+    let refused_before = stats(&mut w[1], "auth_failures_total");
+    let wrong = status_line(&c, 3, &relay, "not-the-token");
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong:?}");
+    let right = status_line(&c, 3, &relay, token);
+    assert!(right.starts_with("HTTP/1.1 200"), "{right:?}");
+    assert_eq!(stats(&mut w[1], "auth_failures_total"), refused_before + 1);
+    // Both consumers hold a relay copy until the owner removes the shard.
+    assert_eq!(stats(&mut w[1], "relay_copies"), 1);
+    assert_eq!(stats(&mut w[2], "relay_copies"), 1);
+    w[0].call(&Request::Remove { ids: vec![id] }).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while (stats(&mut w[1], "relay_copies") + stats(&mut w[2], "relay_copies")) > 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        stats(&mut w[1], "relay_copies"),
+        0,
+        "the removal reached the first copy"
+    );
+    assert_eq!(
+        stats(&mut w[2], "relay_copies"),
+        0,
+        "the removal reached the second copy"
+    );
+    let late = fetch(&mut w[3]);
+    assert!(late.is_err(), "a removed shard was served: {late:?}");
 }

@@ -124,10 +124,18 @@ pub struct ClusterRow {
     /// The busiest node's CPU time over the broadcast's wall time (with
     /// relays).
     pub broadcast_cpu_share: f64,
+    /// Every node's CPU time over the relayed broadcast's wall time, in
+    /// node order: the owner, the N consumers, the fan-in consumer (idle
+    /// here).
+    pub broadcast_node_cpu_share: Vec<f64>,
     /// The same, with the owner serving everyone.
     pub owner_only_cpu_share: f64,
     /// The busiest node's CPU time over the fan-in's wall time.
     pub fanin_cpu_share: f64,
+    /// Every node's CPU time over the fan-in's wall time, in node order
+    /// (the broadcast's owner, idle here; the N fan-in owners; the fan-in
+    /// consumer). Empty when the fan-in was skipped.
+    pub fanin_node_cpu_share: Vec<f64>,
     /// The share of all the machine's cores busy during the relayed
     /// broadcast (`/proc/stat`; NaN where it cannot be read).
     pub broadcast_machine_busy: f64,
@@ -262,7 +270,7 @@ impl NodeWorker {
 }
 
 /// One broadcast: the N consumers fetch `handle` at once through `only`;
-/// returns the wall time, the busiest node's CPU share, whether every
+/// returns the wall time, every node's CPU share, whether every
 /// copy was right and came through that transport, and when each consumer
 /// was done.
 fn broadcast(
@@ -271,7 +279,7 @@ fn broadcast(
     handle: &str,
     seed: u64,
     only: &str,
-) -> Result<(f64, f64, bool, Vec<f64>), String> {
+) -> Result<(f64, Vec<f64>, bool, Vec<f64>), String> {
     let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
     let start = Instant::now();
     let (consumers, _) = workers[1..].split_at_mut(n);
@@ -311,7 +319,7 @@ fn broadcast(
         verified &= ok;
         done.push(at);
     }
-    Ok((wall, busiest_share(&before, &after, wall), verified, done))
+    Ok((wall, node_shares(&before, &after, wall), verified, done))
 }
 
 /// A relayed broadcast of `size` bytes in which node 1, the chain's first
@@ -494,13 +502,17 @@ fn signal(sig: &str, pid: u32) {
 
 /// The busiest worker's CPU over `wall` seconds, from CPU readings taken
 /// before and after.
-fn busiest_share(before: &[f64], after: &[f64], wall: f64) -> f64 {
+fn node_shares(before: &[f64], after: &[f64], wall: f64) -> Vec<f64> {
     before
         .iter()
         .zip(after)
-        .map(|(b, a)| (a - b).max(0.0))
-        .fold(0.0, f64::max)
-        / wall.max(1e-9)
+        .map(|(b, a)| (a - b).max(0.0) / wall.max(1e-9))
+        .collect()
+}
+
+/// The largest of `shares` (0 for none).
+fn busiest(shares: &[f64]) -> f64 {
+    shares.iter().copied().fold(0.0, f64::max)
 }
 
 /// The workers' config files, removed on drop.
@@ -593,7 +605,7 @@ fn one_row(
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
     let (owner_only, owner_only_cpu, direct_ok) = if opts.owner_only {
         let (t, cpu, ok, _) = broadcast(workers, n, &handle, seed, "direct")?;
-        (t, cpu, ok)
+        (t, busiest(&cpu), ok)
     } else {
         (f64::NAN, f64::NAN, true)
     };
@@ -627,7 +639,7 @@ fn one_row(
     let (fanin, fanin_cpu, fanin_ok) = if opts.fanin {
         fan_in(workers, n, size, seed)?
     } else {
-        (f64::NAN, f64::NAN, true)
+        (f64::NAN, Vec::new(), true)
     };
     let verified = direct_ok && relayed_ok && fanin_ok;
     // What each link must carry, less what its full tbf bucket lets
@@ -653,9 +665,15 @@ fn one_row(
         fanin_floor_s: link(size * n as u64, consumer_rate).max(link(size, opts.rate_bps)),
         wire_floor_s: wire(size, opts.rate_bps),
         fanin_wire_floor_s: wire(size * n as u64, consumer_rate).max(wire(size, opts.rate_bps)),
-        broadcast_cpu_share: relayed_cpu,
+        broadcast_cpu_share: busiest(&relayed_cpu),
+        broadcast_node_cpu_share: relayed_cpu,
         owner_only_cpu_share: owner_only_cpu,
-        fanin_cpu_share: fanin_cpu,
+        fanin_cpu_share: if fanin_cpu.is_empty() {
+            f64::NAN
+        } else {
+            busiest(&fanin_cpu)
+        },
+        fanin_node_cpu_share: fanin_cpu,
         broadcast_machine_busy: machine_busy,
         broadcast_machine_kernel: machine_kernel,
         verified,
@@ -705,14 +723,14 @@ impl MachineCpu {
 }
 
 /// Fan-in: nodes 1..=n own one shard each; node n + 1 fetches them all in
-/// one `fetch_many`. The wall time, the busiest node's CPU share, and
-/// whether every shard was right.
+/// one `fetch_many`. The wall time, every node's CPU share, and whether
+/// every shard was right.
 fn fan_in(
     workers: &mut [NodeWorker],
     n: usize,
     size: u64,
     seed: u64,
-) -> Result<(f64, f64, bool), String> {
+) -> Result<(f64, Vec<f64>, bool), String> {
     let mut handles = Vec::with_capacity(n);
     let mut seeds = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
@@ -736,7 +754,7 @@ fn fan_in(
     }
     Ok((
         fanin,
-        busiest_share(&before, &after, fanin),
+        node_shares(&before, &after, fanin),
         r.verified == Some(true),
     ))
 }
@@ -801,6 +819,9 @@ pub fn table(rows: &[ClusterRow]) -> String {
             secs(r.fanin_wire_floor_s),
             times(r.fanin_s / r.fanin_wire_floor_s),
         ));
+        if let Some(line) = per_node_line(r) {
+            out.push_str(&line);
+        }
         if r.broadcast_machine_busy.is_finite() {
             out.push_str(&format!(
                 "       the machine during the relayed broadcast: {:.0}% of its cores busy, {:.0}% in the kernel\n",
@@ -843,6 +864,97 @@ pub fn table(rows: &[ClusterRow]) -> String {
                 r.alternate_share * 100.0,
                 r.takeovers
             ));
+        }
+    }
+    out
+}
+
+/// Every node's CPU share during the relayed broadcast (the owner, then
+/// the range over the consumers) and during the fan-in (the consumer,
+/// then the range over the owners), as a table line.
+fn per_node_line(r: &ClusterRow) -> Option<String> {
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.1}-{:.1}%", lo * 100.0, hi * 100.0)
+    };
+    let b = &r.broadcast_node_cpu_share;
+    let consumers = b.get(1..=r.nodes)?;
+    let mut line = format!(
+        "       CPU per node, relayed broadcast: owner {:.1}%, consumers {}",
+        b[0] * 100.0,
+        range(consumers)
+    );
+    let f = &r.fanin_node_cpu_share;
+    if let (Some(owners), Some(consumer)) = (f.get(1..=r.nodes), f.get(r.nodes + 1)) {
+        line.push_str(&format!(
+            "; fan-in: consumer {:.1}%, owners {}",
+            consumer * 100.0,
+            range(owners)
+        ));
+    }
+    line.push('\n');
+    Some(line)
+}
+
+/// The broadcast with relays, at most this many times its floor S/B
+/// (issue 26's target, at 16 nodes; a guard at every N here).
+pub const BROADCAST_TARGET: f64 = 1.25;
+/// The fan-in, at most this many times its floor.
+pub const FANIN_TARGET: f64 = 1.15;
+/// A broadcast that lost a relay: its survivors, at most this many times
+/// the floor.
+pub const KILLED_RELAY_TARGET: f64 = 2.0;
+
+/// The targets, one line per row and target: `met`, `MISSED`, or `-` for
+/// a phase that was skipped. A copy that was not the owner's misses
+/// whatever its time.
+pub fn targets(rows: &[ClusterRow]) -> String {
+    let mut out = String::from("targets\n");
+    let mut line = |r: &ClusterRow, what: String, ratio: f64, target: f64, right: bool| {
+        let status = if ratio.is_nan() {
+            "-"
+        } else if right && ratio <= target {
+            "met"
+        } else {
+            "MISSED"
+        };
+        let value = if ratio.is_nan() {
+            "not measured".to_owned()
+        } else if right {
+            format!("{ratio:.2}x")
+        } else {
+            format!("{ratio:.2}x, wrong bytes")
+        };
+        out.push_str(&format!(
+            "  {status:<7} N = {:<3} {:<10} {what:<48} {value}\n",
+            r.nodes,
+            shardport_kit::format_byte_size(r.size),
+        ));
+    };
+    for r in rows {
+        line(
+            r,
+            format!("broadcast with relays <= {BROADCAST_TARGET}x S/B"),
+            r.broadcast_s / r.floor_s,
+            BROADCAST_TARGET,
+            r.verified,
+        );
+        line(
+            r,
+            format!("fan-in <= {FANIN_TARGET}x its floor"),
+            r.fanin_s / r.fanin_floor_s,
+            FANIN_TARGET,
+            r.verified,
+        );
+        if let Some(k) = &r.killed_relay {
+            line(
+                r,
+                format!("a relay killed: survivors <= {KILLED_RELAY_TARGET}x S/B"),
+                k.survivors_s / r.floor_s,
+                KILLED_RELAY_TARGET,
+                k.survivors_verified,
+            );
         }
     }
     out
@@ -919,8 +1031,10 @@ mod tests {
             fanin_floor_s: 1.0,
             fanin_wire_floor_s: 1.05,
             broadcast_cpu_share: 0.01,
+            broadcast_node_cpu_share: Vec::new(),
             owner_only_cpu_share: 0.01,
             fanin_cpu_share: 0.2,
+            fanin_node_cpu_share: Vec::new(),
             broadcast_machine_busy: f64::NAN,
             broadcast_machine_kernel: f64::NAN,
             verified: true,
@@ -952,6 +1066,59 @@ mod tests {
         (busy.broadcast_machine_busy, busy.broadcast_machine_kernel) = (0.44, 0.31);
         assert!(crate::bench::cluster::table(&[busy])
             .contains("44% of its cores busy, 31% in the kernel"),);
+    }
+
+    #[test]
+    fn targets_are_met_missed_or_not_measured() {
+        let mut rows = [row(16, 64 << 20, 15.0), row(16, 1 << 30, f64::NAN)];
+        rows[0].broadcast_s = 1.25;
+        rows[0].fanin_s = 1.2;
+        rows[0].killed_relay = Some(KilledRelay {
+            survivors_s: 1.5,
+            survivors_verified: false,
+            failovers: 1,
+            killed_at_s: 0.3,
+        });
+        rows[1].broadcast_s = 1.3;
+        rows[1].fanin_s = f64::NAN;
+        let t = targets(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 1 + 3 + 2, "{t}");
+        let status = |i: usize| lines[i].split_whitespace().next().unwrap_or_default();
+        // At the line (1.25x) is met; 1.2x of the fan-in floor is not;
+        // survivors in time but with wrong bytes miss.
+        assert_eq!(
+            [1, 2, 3, 4, 5].map(status),
+            ["met", "MISSED", "MISSED", "MISSED", "-"],
+            "{t}"
+        );
+        assert!(lines[3].ends_with("1.50x, wrong bytes"), "{t}");
+        assert!(lines[5].ends_with("not measured"), "{t}");
+        let mut bad = row(2, 1, 2.0);
+        bad.verified = false;
+        bad.broadcast_s = 1.0;
+        assert!(targets(&[bad])
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .starts_with("  MISSED"));
+    }
+
+    #[test]
+    fn every_node_s_cpu_is_shown() {
+        let mut r = row(2, 1, 2.0);
+        assert_eq!(per_node_line(&r), None, "no shares, no line");
+        r.broadcast_node_cpu_share = vec![0.031, 0.012, 0.045, 0.0];
+        assert_eq!(
+            per_node_line(&r).as_deref(),
+            Some("       CPU per node, relayed broadcast: owner 3.1%, consumers 1.2-4.5%\n")
+        );
+        r.fanin_node_cpu_share = vec![0.0, 0.1, 0.2, 0.5];
+        let line = per_node_line(&r).unwrap_or_default();
+        assert!(
+            line.ends_with("; fan-in: consumer 50.0%, owners 10.0-20.0%\n"),
+            "{line}"
+        );
     }
 
     #[test]

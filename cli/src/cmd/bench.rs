@@ -201,7 +201,13 @@ fn run_cluster(args: ClusterArgs) -> Outcome {
     };
     let rows = bench::cluster::run_cluster(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
-    write_report(args.json.as_deref(), &rows, || bench::cluster::table(&rows))?;
+    write_report(args.json.as_deref(), &rows, || {
+        format!(
+            "{}\n{}",
+            bench::cluster::table(&rows),
+            bench::cluster::targets(&rows)
+        )
+    })?;
     if let Some(path) = &args.plot {
         write_file(path, bench::cluster::svg(&rows).as_bytes())?;
         eprintln!("wrote {}", path.display());
