@@ -58,6 +58,14 @@ pub struct LoadOptions {
     pub exe: PathBuf,
     /// The workers' config arguments (`--config F`, or none for the embedded one).
     pub config_args: Vec<std::ffi::OsString>,
+    /// Every consumer checks every fetched shard's bytes against the
+    /// owner's pattern (`wrong_fetches`); costs the consumers a read of
+    /// every byte, so rates are lower than without.
+    pub verify: bool,
+    /// Measure each point's copy and TCP limits (off for a config whose
+    /// own limits a limit's loop would exceed: it holds a view of every
+    /// shard at once).
+    pub limits: bool,
 }
 
 /// One point of the curve.
@@ -96,6 +104,15 @@ pub struct LoadRow {
     pub copy_limit_gbps: f64,
     /// Shards the owner put (and removed) meanwhile.
     pub churn_puts: u64,
+    /// The owner's puts that failed meanwhile, by kind (a full pool, the
+    /// shard table at its limit), and one message of each kind.
+    pub churn_errors_by_kind: BTreeMap<String, u64>,
+    /// One message per kind of failed put.
+    pub churn_error_samples: BTreeMap<String, String>,
+    /// Whether every fetched shard's bytes were checked (`--verify`).
+    pub verified: bool,
+    /// Fetches whose bytes were not the owner's (0 unless `verified`).
+    pub wrong_fetches: u64,
     /// The bytes fetched through http per second, GB/s.
     pub http_gbps: f64,
     /// This machine's raw loopback TCP rate from one process to this many
@@ -152,18 +169,21 @@ pub fn run_load(
     };
     let mut owner = spawn("owner")?;
     let mut handles = Vec::new();
+    let mut seeds = Vec::new();
     for (k, &size) in SIZES.iter().enumerate() {
         for j in 0..PER_SIZE {
+            let seed = (k * PER_SIZE + j) as u64;
             let r = call(
                 &mut owner,
                 &Request::Put {
                     len: size,
-                    seed: (k * PER_SIZE + j) as u64,
+                    seed,
                     dtype: None,
                     tags: BTreeMap::new(),
                 },
             )?;
             handles.push(r.handle.ok_or("the owner's put gave no handle")?);
+            seeds.push(seed);
         }
     }
     let mut rows = Vec::new();
@@ -197,6 +217,11 @@ pub fn run_load(
                     http_share: opts.http_share,
                     seed: 0x5eed + i as u64,
                     start_unix_ns,
+                    seeds: if opts.verify {
+                        seeds.clone()
+                    } else {
+                        Vec::new()
+                    },
                 })
             });
             let churn = churn
@@ -205,18 +230,19 @@ pub fn run_load(
             (results, churn)
         });
         let owner_cpu = owner.cpu_seconds() - owner_cpu;
-        let churn_puts = churn?.count.unwrap_or(0);
+        let churn = churn?.load.ok_or("the owner's churn reply had no result")?;
         let mut loops = Vec::with_capacity(c);
         for r in results {
             loops.push(r?.load.ok_or("a consumer's reply had no load result")?);
         }
-        let mut row = aggregate(c, &loops, owner_cpu, churn_puts);
-        if opts.view_share < 1.0 && opts.http_share < 1.0 {
+        let mut row = aggregate(c, &loops, owner_cpu, &churn);
+        row.verified = opts.verify;
+        if opts.limits && opts.view_share < 1.0 && opts.http_share < 1.0 {
             progress(&format!("{c} consumers, the copy limit"));
             row.copy_limit_gbps =
                 copy_limit(&mut consumers, &handles, opts.duration.min(LIMIT_TIME))?;
         }
-        if opts.http_share > 0.0 {
+        if opts.limits && opts.http_share > 0.0 {
             progress(&format!("{c} consumers, the TCP limit"));
             row.tcp_limit_gbps = tcp_limit(
                 &mut owner,
@@ -234,7 +260,7 @@ pub fn run_load(
     Ok(rows)
 }
 
-fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) -> LoadRow {
+fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn: &LoopResult) -> LoadRow {
     let secs = loops
         .iter()
         .map(|l| l.elapsed_ns as f64 / 1e9)
@@ -277,7 +303,11 @@ fn aggregate(c: usize, loops: &[LoopResult], owner_cpu: f64, churn_puts: u64) ->
         errors_by_kind,
         error_samples,
         owner_cpu_s_per_gb: owner_cpu / (bytes as f64 / 1e9).max(1e-9),
-        churn_puts,
+        churn_puts: churn.fetches,
+        churn_errors_by_kind: churn.errors.clone(),
+        churn_error_samples: churn.error_samples.clone(),
+        verified: false,
+        wrong_fetches: loops.iter().map(|l| l.wrong_fetches).sum(),
         copy_gbps: copied as f64 / secs / 1e9,
         late_start_ms: loops.iter().map(|l| l.late_ns).max().unwrap_or(0) as f64 / 1e6,
         copy_limit_gbps: 0.0,
@@ -331,6 +361,7 @@ fn limit_spec(consumers: usize, handles: &[String], time: Duration, seed: u64) -
         http_share: 0.0,
         seed,
         start_unix_ns: start_after(start_margin(consumers)),
+        seeds: Vec::new(),
     }
 }
 
@@ -447,6 +478,18 @@ pub fn table(rows: &[LoadRow]) -> String {
                 r.errors_by_kind.get(kind).copied().unwrap_or(0)
             ));
         }
+        for (kind, message) in &r.churn_error_samples {
+            out.push_str(&format!(
+                "            {} owner put(s) failed, {kind}, e.g.: {message}\n",
+                r.churn_errors_by_kind.get(kind).copied().unwrap_or(0)
+            ));
+        }
+        if r.verified {
+            out.push_str(&format!(
+                "            every fetched byte checked: {} fetch(es) with wrong bytes\n",
+                r.wrong_fetches
+            ));
+        }
     }
     if let Some(line) = against_peak(rows) {
         out.push_str(&line);
@@ -550,12 +593,14 @@ mod tests {
         errors
             .error_samples
             .insert("NotFound".into(), "shard 1 is not exported".into());
-        let row = aggregate(
-            3,
-            &[l(100, vec![1000; 10]), l(300, vec![5000; 10]), errors],
-            0.5,
-            9,
-        );
+        let mut churn = l(9, vec![]);
+        churn.errors.insert("Transport".into(), 2);
+        churn
+            .error_samples
+            .insert("Transport".into(), "posix-shm holds 16 shards".into());
+        let mut wrong = l(300, vec![5000; 10]);
+        wrong.wrong_fetches = 2;
+        let row = aggregate(3, &[l(100, vec![1000; 10]), wrong, errors], 0.5, &churn);
         assert_eq!(row.shards_per_s, 400.0);
         assert_eq!(row.errors, 3);
         assert_eq!(row.errors_by_kind["NotFound"], 3);
@@ -564,11 +609,21 @@ mod tests {
         assert_eq!(row.p50_us, 1.0);
         assert_eq!(row.p99_us, 5.0);
         assert_eq!(row.churn_puts, 9);
+        assert_eq!(row.churn_errors_by_kind["Transport"], 2);
+        assert_eq!(row.wrong_fetches, 2);
+        let mut shown = row.clone();
+        shown.verified = true;
+        let t = table(&[shown]);
+        assert!(
+            t.contains("2 owner put(s) failed, Transport, e.g.: posix-shm holds 16 shards"),
+            "{t}"
+        );
+        assert!(t.contains("2 fetch(es) with wrong bytes"), "{t}");
         assert_eq!(row.late_start_ms, 0.0);
         let mut late = l(10, vec![1000]);
         late.late_ns = 2_500_000;
         late.copied_bytes = 4_000_000_000;
-        let r2 = aggregate(2, &[l(10, vec![1000]), late], 0.5, 1);
+        let r2 = aggregate(2, &[l(10, vec![1000]), late], 0.5, &l(1, vec![]));
         assert_eq!(r2.late_start_ms, 2.5);
         assert_eq!(r2.copy_gbps, 4.0);
         // The last point against the peak: raw rate, copy limit, and the

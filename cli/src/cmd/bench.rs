@@ -78,6 +78,15 @@ struct LoadArgs {
     /// The owner's puts and removes per second meanwhile (0: unpaced).
     #[arg(long, default_value_t = 1000)]
     churn_rate: u64,
+    /// Check every fetched shard's bytes against the owner's (the row's
+    /// `wrong_fetches`); the consumers then read every byte, so the rates
+    /// are lower than without.
+    #[arg(long)]
+    verify: bool,
+    /// Leave out each point's copy and TCP limits (a copy limit holds a
+    /// view of every shard at once, which a tight `max-leases` refuses).
+    #[arg(long)]
+    no_limits: bool,
     /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -109,6 +118,8 @@ fn run_load(args: LoadArgs) -> Outcome {
         churn_per_s: args.churn_rate,
         exe: current_exe()?,
         config_args: config_args(args.config.path())?,
+        verify: args.verify,
+        limits: !args.no_limits,
     };
     let rows = bench::load::run_load(&opts, &mut |line| eprintln!("{line}"))
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;

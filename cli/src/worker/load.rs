@@ -41,6 +41,11 @@ pub struct LoopSpec {
     /// copy limit would count those stretches as if all ran together.
     #[serde(default)]
     pub start_unix_ns: u64,
+    /// The pattern seed of each handle (`check_pattern`): when given (one
+    /// per handle), every fetched shard's bytes are checked, and a fetch
+    /// whose bytes are not the owner's counts in `wrong_fetches`.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
 }
 
 /// The longest a loop waits for its start.
@@ -98,6 +103,10 @@ pub struct LoopResult {
     /// How late after its scheduled start the loop began, ns.
     #[serde(default)]
     pub late_ns: u64,
+    /// Fetches whose bytes were not the owner's (only counted when the
+    /// spec has `seeds`).
+    #[serde(default)]
+    pub wrong_fetches: u64,
 }
 
 /// A small, seeded generator (splitmix64): the same choices for the same seed.
@@ -162,6 +171,13 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
     if shm.is_empty() {
         return Err("no handles".into());
     }
+    if !spec.seeds.is_empty() && spec.seeds.len() != shm.len() {
+        return Err(format!(
+            "{} seeds for {} handles: one per handle, or none",
+            spec.seeds.len(),
+            shm.len()
+        ));
+    }
     if spec.start_unix_ns != 0 {
         warm_up(node, &shm, &http, spec);
     }
@@ -179,6 +195,11 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
         match node.fetch_mode(h, mode) {
             Ok(f) => {
                 let ns = t.elapsed().as_nanos() as u64;
+                if let Some(&seed) = spec.seeds.get(i) {
+                    if !crate::pattern::check_pattern(&f.data, seed) {
+                        out.wrong_fetches += 1;
+                    }
+                }
                 out.fetches += 1;
                 out.bytes += h.meta.byte_len;
                 if mode == FetchMode::Copy && !through_http {
@@ -199,13 +220,7 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
                     }
                 }
             }
-            Err(e) => {
-                let kind = error_kind(&e);
-                out.error_samples
-                    .entry(kind.clone())
-                    .or_insert_with(|| e.to_string());
-                *out.errors.entry(kind).or_default() += 1;
-            }
+            Err(e) => count_error(out, &e),
         }
         Ok(())
     })
@@ -293,13 +308,10 @@ fn error_kind(e: &shardport_host::HostError) -> String {
 
 /// The owner's churn (a worker's `churn` request): put and remove 64 KiB
 /// shards for `duration_ms` from `start_unix_ns` (as [`LoopSpec`]'s), at
-/// most `per_s` a second (0: as fast as it can); returns how many it put.
-pub fn run_churn(
-    node: &Node,
-    duration_ms: u64,
-    per_s: u64,
-    start_unix_ns: u64,
-) -> Result<u64, String> {
+/// most `per_s` a second (0: as fast as it can). A put that fails (a full
+/// pool, the shard table at `max-shards`) is counted by its kind and the
+/// churn goes on; `fetches` counts the puts that succeeded.
+pub fn run_churn(node: &Node, duration_ms: u64, per_s: u64, start_unix_ns: u64) -> LoopResult {
     let bytes = vec![7u8; 64 << 10];
     let spec = shardport_host::TensorSpec {
         dtype: shardport_abi::DType::U8,
@@ -309,11 +321,16 @@ pub fn run_churn(
     let deadline = Duration::from_millis(duration_ms);
     let (start, _) = scheduled_start(start_unix_ns);
     let mut n = 0u64;
+    let mut out = LoopResult::default();
     while start.elapsed() < deadline && n < MAX_FETCHES_PER_LOOP {
-        let h = node
-            .put(&bytes, &spec, BTreeMap::new())
-            .map_err(|e| e.to_string())?;
-        node.remove(&[h.id]);
+        match node.put(&bytes, &spec, BTreeMap::new()) {
+            Ok(h) => {
+                node.remove(&[h.id]);
+                out.fetches += 1;
+                out.bytes += bytes.len() as u64;
+            }
+            Err(e) => count_error(&mut out, &e),
+        }
         n += 1;
         if per_s > 0 {
             // Paced: the n-th put is due at n / per_s seconds.
@@ -323,7 +340,18 @@ pub fn run_churn(
             }
         }
     }
-    Ok(n)
+    out.elapsed_ns = start.elapsed().as_nanos() as u64;
+    out
+}
+
+/// Counts a failed fetch or put by its kind, keeping the first message of
+/// each kind.
+fn count_error(out: &mut LoopResult, e: &shardport_host::HostError) {
+    let kind = error_kind(e);
+    out.error_samples
+        .entry(kind.clone())
+        .or_insert_with(|| e.to_string());
+    *out.errors.entry(kind).or_default() += 1;
 }
 
 #[cfg(test)]

@@ -165,7 +165,8 @@ pub enum Request {
         spec: load::LoopSpec,
     },
     /// Put and remove shards in a loop for `duration_ms` (`shardport bench
-    /// load`'s owner churn); replies with how many it put in `count`.
+    /// load`'s owner churn); replies with how many it put in `count`, and
+    /// in `load` those and the failed puts by kind.
     Churn {
         /// How long, milliseconds.
         duration_ms: u64,
@@ -486,13 +487,14 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             duration_ms,
             per_s,
             start_unix_ns,
-        } => match load::run_churn(node, duration_ms, per_s, start_unix_ns) {
-            Ok(n) => Reply {
-                count: Some(n),
+        } => {
+            let r = load::run_churn(node, duration_ms, per_s, start_unix_ns);
+            Reply {
+                count: Some(r.fetches),
+                load: Some(r),
                 ..Reply::ok()
-            },
-            Err(e) => Reply::err(e),
-        },
+            }
+        }
         Request::PutDevice { len, seed } => ops::put_device(node, state, len, seed),
         Request::FetchDevice {
             handle,

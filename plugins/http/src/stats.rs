@@ -52,6 +52,9 @@ pub(crate) struct Stats {
     /// Times the owner reached `max-connections` (new connections then
     /// wait in the kernel's accept backlog until one closes).
     pub connections_at_limit: Counter,
+    /// Served connections closed after their response because others
+    /// waited at `max-connections` (their consumers reconnect behind).
+    pub connections_rotated: Counter,
     /// Inbound TLS handshakes that failed or timed out (plain HTTP sent to a
     /// TLS owner, untrusted or missing client certificates, stalled peers).
     pub tls_handshake_failures: Counter,
@@ -147,6 +150,7 @@ impl Stats {
             .gauge("connections_open", &self.connections_open)
             .gauge("connections_dedicated", &self.connections_dedicated)
             .counter("connections_at_limit", &self.connections_at_limit)
+            .counter("connections_rotated", &self.connections_rotated)
             .counter("owner_polls", &self.owner_polls)
             .counter("owner_poll_hits", &self.owner_poll_hits)
             .counter("tls_handshake_failures", &self.tls_handshake_failures)

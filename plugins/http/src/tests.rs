@@ -668,6 +668,42 @@ fn ambiguous_request_framing_is_refused() {
     owner.t.unexport(ShardId::from_u128(0x51)).unwrap();
 }
 
+/// At `max-connections`, a kept-alive connection does not keep its place
+/// while another waits in the accept backlog: the served one closes after
+/// its response (rotated), the waiting one is served, and so is the first
+/// when it reconnects. Nobody waiting, nobody is rotated.
+#[test]
+fn a_connection_waiting_at_max_connections_gets_a_turn() {
+    let owner = node(
+        "max-connections = 1\nheader-timeout = \"100ms\"\nidle-timeout = \"10m\"\ndedicated-threads = 0",
+    );
+    let data = pattern(4096, 31);
+    export(&owner.t, 31, &data).unwrap();
+    let mut a = connect(owner.addr);
+    // Alone at the limit for several watchdog periods (25 ms): kept.
+    for _ in 0..4 {
+        round_trips_on(&mut a, 31, &data, 1);
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    assert_eq!(stat(&owner.t, "connections_rotated"), 0);
+    // A second consumer waits in the backlog with its request sent.
+    let mut b = connect(owner.addr);
+    b.write_all(get_request(31).as_bytes()).unwrap();
+    assert!(
+        closed_by_peer(&mut a),
+        "the served connection gives its place"
+    );
+    let r = read_response(&mut b);
+    assert_eq!(r.status, 200);
+    assert!(r.body == data);
+    // The first reconnects behind it and is served in turn.
+    let mut again = connect(owner.addr);
+    round_trips_on(&mut again, 31, &data, 1);
+    assert!(closed_by_peer(&mut b), "the second gave its place back");
+    assert!(stat(&owner.t, "connections_rotated") >= 2);
+    owner.t.unexport(ShardId::from_u128(31)).unwrap();
+}
+
 #[test]
 fn idle_connections_are_closed_and_the_consumer_reconnects() {
     let data = pattern(1000, 4);

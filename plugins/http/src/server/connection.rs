@@ -21,9 +21,9 @@ pub(super) async fn accept_loop(
         }
         let permit = tokio::select! {
             _ = shutdown.changed() => break,
-            p = Arc::clone(&permits).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
+            p = Rotation::permit(&shared, &permits, &listener) => match p {
+                Some(p) => p,
+                None => break,
             },
         };
         let accepted = tokio::select! {
@@ -187,6 +187,8 @@ pub(super) struct Activity {
     pub(super) head_since: AtomicU64,
     /// Requests whose handler or response body is alive.
     pub(super) in_flight: AtomicU64,
+    /// Requests served to their end.
+    pub(super) served: AtomicU64,
 }
 
 impl Activity {
@@ -197,6 +199,7 @@ impl Activity {
             last_io: AtomicU64::new(now),
             head_since: AtomicU64::new(NONE),
             in_flight: AtomicU64::new(0),
+            served: AtomicU64::new(0),
         }
     }
 
@@ -226,6 +229,7 @@ impl Activity {
     pub(super) fn request_finished(&self) {
         self.last_io.store(self.now(), Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.served.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Why the connection should be closed now, if it should.
@@ -471,6 +475,69 @@ impl<S: AsyncWrite + Socket + Unpin> AsyncWrite for Tracked<S> {
 
 pub(super) fn watchdog_period(shared: &Shared) -> Duration {
     (shared.header_timeout.min(shared.idle_timeout) / 4).clamp(WATCHDOG_MIN, WATCHDOG_MAX)
+}
+
+/// Fairness at `max-connections`. Served connections are kept alive, so
+/// without a rotation the consumers that got a place keep it while new
+/// ones wait in the kernel's accept backlog until `request-timeout`
+/// (starved, not refused). So while the owner is at its budget, the accept
+/// loop looks at the backlog every [`WATCHDOG_MIN`], and while connections
+/// wait there it hands out one rotation at a time: the next connection
+/// that has served a request and reaches its watchdog tick takes it and
+/// closes after the response in flight (its consumer reconnects, behind
+/// those waiting), and the place goes to the first one waiting. One at a
+/// time, so a budget of hundreds of connections does not close all of
+/// them for one that waits; at most one a [`WATCHDOG_MIN`].
+pub(super) struct Rotation;
+
+impl Rotation {
+    /// A place in `max-connections`; `None` once the semaphore is closed.
+    /// While none is free, hands out a rotation whenever connections wait
+    /// in the backlog.
+    async fn permit(
+        shared: &Shared,
+        permits: &Arc<Semaphore>,
+        listener: &TcpListener,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let acquire = Arc::clone(permits).acquire_owned();
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                p = &mut acquire => {
+                    shared.rotations.store(0, Ordering::Relaxed);
+                    return p.ok();
+                }
+                () = tokio::time::sleep(WATCHDOG_MIN) => {
+                    shared.rotations.store(u32::from(backlog(listener)), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether a connection should close after its response in flight:
+    /// it has served a request since it was accepted (one just admitted
+    /// keeps its place) and takes the rotation handed out while others
+    /// wait at `max-connections`.
+    fn yields(shared: &Shared, activity: &Activity) -> bool {
+        activity.served.load(Ordering::Relaxed) > 0
+            && shared
+                .rotations
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+    }
+}
+
+/// Whether connections wait in `listener`'s accept backlog (one poll,
+/// no wait).
+fn backlog(listener: &TcpListener) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        listener,
+        rustix::event::PollFlags::IN,
+    )];
+    matches!(
+        rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())),
+        Ok(n) if n > 0
+    )
 }
 
 /// An accepted connection, with what serving it holds.
@@ -780,6 +847,15 @@ pub(super) async fn serve_http<S>(
                     // Finish the response in flight, then close: the
                     // consumer reconnects to the shared runtime.
                     debug!(target: "http", peer = %peer, "closing a connection with a thread of its own: the owner has more connections than dedicated-threads");
+                    conn.as_mut().graceful_shutdown();
+                    drain_until = Some(Instant::now() + shared.request_timeout);
+                }
+                if drain_until.is_none() && Rotation::yields(&shared, &activity) {
+                    // Finish the response in flight, then close: a
+                    // connection waiting in the backlog takes the place,
+                    // and this consumer reconnects behind it.
+                    shared.stats.connections_rotated.inc();
+                    debug!(target: "http", peer = %peer, "closing a served connection: others wait at max-connections");
                     conn.as_mut().graceful_shutdown();
                     drain_until = Some(Instant::now() + shared.request_timeout);
                 }

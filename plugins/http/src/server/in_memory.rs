@@ -93,6 +93,7 @@ fn shared() -> Arc<Shared> {
         header_timeout: cfg.header_timeout,
         owner_spin: Duration::ZERO,
         dedicated: super::connection::Dedicated::none(),
+        rotations: 0.into(),
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,

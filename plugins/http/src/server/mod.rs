@@ -168,6 +168,10 @@ struct Shared {
     owner_spin: Duration,
     /// `dedicated-threads`: connections each served on a thread of its own.
     dedicated: connection::Dedicated,
+    /// At `max-connections` with connections waiting in the accept
+    /// backlog: 1 while a served connection may close after its response
+    /// so that one waiting gets its place ([`connection::Rotation`]).
+    rotations: std::sync::atomic::AtomicU32,
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
     tls_handshake_timeout: Duration,
@@ -297,6 +301,7 @@ impl Server {
             header_timeout: cfg.header_timeout,
             owner_spin: cfg.owner_spin,
             dedicated: connection::Dedicated::new(cfg.dedicated_threads, rt),
+            rotations: 0.into(),
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),
