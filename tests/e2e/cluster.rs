@@ -93,6 +93,14 @@ fn broadcast_and_fan_in_across_a_shaped_testbed_leave_nothing_behind() {
     let k = r.killed_relay.as_ref().expect("the kill run took place");
     assert!(k.survivors_verified, "{k:?}");
     assert!(k.failovers >= 1, "a survivor failed over: {k:?}");
+    // They resumed where they were: what they received in all is their
+    // copies and what was in flight or taken over twice, not the shard
+    // again from its start.
+    assert!(
+        k.survivors_bytes_received >= k.survivors_bytes
+            && k.survivors_bytes_received < k.survivors_bytes + k.survivors_bytes / 2,
+        "{k:?}"
+    );
     assert_eq!(r.consumer_done_s.len(), 3);
     assert!(
         r.alternate_share >= 0.0 && r.alternate_share <= 1.0,

@@ -195,6 +195,12 @@ pub struct KilledRelay {
     pub failovers: u64,
     /// When the relay was killed, seconds after the first request.
     pub killed_at_s: f64,
+    /// Bytes of verified pieces the survivors received in all, from the
+    /// owner and relays (a piece sent by two sources counts twice): beside
+    /// their copies' bytes, what resuming fetched again.
+    pub survivors_bytes_received: u64,
+    /// The survivors' copies' bytes (N - 1 copies of the shard).
+    pub survivors_bytes: u64,
 }
 
 /// A worker in one node of the testbed.
@@ -334,24 +340,29 @@ fn killed_relay(
     let seed = 7000 + n as u64;
     let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
-    let failovers = |ws: &mut [NodeWorker]| -> Result<u64, String> {
-        ws[2..=n].iter_mut().try_fold(0u64, |t, w| {
-            Ok(t + w.plugin_stat("http", "relay_failovers_total")?)
+    let totals = |ws: &mut [NodeWorker]| -> Result<[u64; 2], String> {
+        ws[2..=n].iter_mut().try_fold([0u64; 2], |[f, r], w| {
+            Ok([
+                f + w.plugin_stat("http", "relay_failovers_total")?,
+                r + w.plugin_stat("http", "relay_bytes_received_total")?,
+            ])
         })
     };
-    let before = failovers(workers)?;
+    let before = totals(workers)?;
     let d = disturbed_broadcast(workers, n, (&handle, seed), size, rate_bps, |victim| {
         signal("-KILL", victim);
     });
-    let after = failovers(workers)?;
+    let after = totals(workers)?;
     workers[0].call(&Request::Remove {
         ids: vec![put.id.unwrap_or_default()],
     })?;
     Ok(KilledRelay {
         survivors_s: d.others_s,
         survivors_verified: d.others_verified,
-        failovers: after - before,
+        failovers: after[0] - before[0],
         killed_at_s: d.at_s,
+        survivors_bytes_received: after[1] - before[1],
+        survivors_bytes: size * (n as u64 - 1),
     })
 }
 
@@ -832,11 +843,12 @@ pub fn table(rows: &[ClusterRow]) -> String {
         if let Some(k) = &r.killed_relay {
             out.push_str(&format!(
                 "       a relay killed at {:.2} s: survivors done in {:.2} s ({:.2}x the floor), \
-                 {} failover(s), verified {}\n",
+                 {} failover(s), {:.2}x their copies' bytes received, verified {}\n",
                 k.killed_at_s,
                 k.survivors_s,
                 k.survivors_s / r.floor_s,
                 k.failovers,
+                k.survivors_bytes_received as f64 / k.survivors_bytes.max(1) as f64,
                 k.survivors_verified
             ));
         }
@@ -1078,6 +1090,8 @@ mod tests {
             survivors_verified: false,
             failovers: 1,
             killed_at_s: 0.3,
+            survivors_bytes_received: 11,
+            survivors_bytes: 10,
         });
         rows[1].broadcast_s = 1.3;
         rows[1].fanin_s = f64::NAN;

@@ -109,6 +109,9 @@ pub(crate) struct Stats {
     pub relay_fetches: Counter,
     /// Consumer: bytes received from relays rather than from the owner.
     pub relay_bytes_from_holders: Counter,
+    /// Consumer: bytes of verified pieces received by relayed fetches,
+    /// from the owner or relays (a piece two sources sent counts twice).
+    pub relay_bytes_received: Counter,
     /// Consumer: bytes received from alternates (holders or the owner
     /// named besides the parent) rather than from the parent.
     pub relay_bytes_from_alternates: Counter,
@@ -180,6 +183,7 @@ impl Stats {
             .gauge_value("relay_copy_bytes", relay.copy_bytes)
             .counter("relay_fetches", &self.relay_fetches)
             .counter("relay_bytes_from_holders", &self.relay_bytes_from_holders)
+            .counter("relay_bytes_received", &self.relay_bytes_received)
             .counter(
                 "relay_bytes_from_alternates",
                 &self.relay_bytes_from_alternates,

@@ -709,6 +709,7 @@ impl Client {
             let mut buf = vec![0u8; n];
             body.read_exact(&mut buf, What::Shard(desc.id))?;
             self.check_piece(source, desc, pieces, k as usize, &buf)?;
+            self.stats.relay_bytes_received.add(n as u64);
             if !source.owner {
                 self.stats.relay_bytes_from_holders.add(n as u64);
             }

@@ -551,6 +551,7 @@ impl Client {
                     }
                 }
             }
+            self.stats.relay_bytes_received.add(n as u64);
             if !source.owner {
                 self.stats.relay_bytes_from_holders.add(n as u64);
             }
