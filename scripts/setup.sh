@@ -17,6 +17,22 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
+# promtool (Prometheus' own checker) for the alerting rules' test
+# (python/tests/test_monitoring.py): the Debian package's binary, unpacked
+# into .tools/ (git-ignored) and never installed: no Prometheus server, no
+# service started. Where apt cannot fetch it the test skips with its reason.
+if ! command -v promtool >/dev/null 2>&1 && ! [ -x .tools/prometheus/usr/bin/promtool ] &&
+    command -v apt-get >/dev/null 2>&1; then
+    tools_tmp=$(mktemp -d)
+    if (cd "$tools_tmp" && apt-get download -qq prometheus >/dev/null 2>&1) && mkdir -p .tools &&
+        dpkg-deb -x "$tools_tmp"/prometheus_*.deb .tools/prometheus; then
+        rm -rf .tools/prometheus/usr/share .tools/prometheus/etc .tools/prometheus/usr/bin/prometheus
+    else
+        echo "setup: could not fetch promtool (apt-get download prometheus); the rules check will skip" >&2
+    fi
+    rm -rf "$tools_tmp"
+fi
+
 # rustfmt and clippy come with the machine's toolchain; add them if a
 # minimal profile left them out.
 for comp in rustfmt clippy; do

@@ -179,6 +179,38 @@ def test_the_rules_file_parses_and_every_rule_is_complete():
         assert any(must_contain in e for e in selected.get(metric, [])), (metric, must_contain)
 
 
+def _promtool() -> str | None:
+    """Prometheus' checker: on PATH, or where scripts/setup.sh unpacked it."""
+    import shutil
+
+    found = shutil.which("promtool")
+    local = REPO / ".tools" / "prometheus" / "usr" / "bin" / "promtool"
+    return found or (str(local) if local.exists() else None)
+
+
+def test_prometheus_itself_accepts_the_rules(tmp_path):
+    """The checks above are ours; promtool parses every expression as
+    Prometheus would load it (PromQL syntax, durations, label names)."""
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool not found (scripts/setup.sh unpacks it from Debian's prometheus package)")
+
+    def check(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        )
+
+    out = check(RULES)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout, out.stdout
+    # And it refuses a broken expression: the check can fail.
+    text = RULES.read_text()
+    broken = text.replace("sum by (node) (", "sum by (node ((", 1)
+    assert broken != text, "the rules have a `sum by (node) (` to break"
+    (tmp_path / "broken.yml").write_text(broken)
+    assert check(tmp_path / "broken.yml").returncode != 0
+
+
 def test_the_dashboard_is_a_grafana_dashboard_with_a_datasource_and_node_choice():
     d = json.loads(DASHBOARD.read_text())
     assert d["schemaVersion"] >= 36 and d["uid"] and d["title"]
