@@ -2,6 +2,7 @@
 # Installs what building and testing shardport needs on a fresh machine of
 # this kind (Debian + rustup toolchain). Idempotent; CI runs it first.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
@@ -21,11 +22,16 @@ fi
 # (python/tests/test_monitoring.py): the Debian package's binary, unpacked
 # into .tools/ (git-ignored) and never installed: no Prometheus server, no
 # service started. Where apt cannot fetch it the test skips with its reason.
+fetch_promtool() {
+    (cd "$tools_tmp" && apt-get download -qq -o Acquire::Retries=0 -o Acquire::http::Timeout=20 \
+        prometheus >/dev/null 2>&1)
+}
 if ! command -v promtool >/dev/null 2>&1 && ! [ -x .tools/prometheus/usr/bin/promtool ] &&
     command -v apt-get >/dev/null 2>&1; then
     tools_tmp=$(mktemp -d)
-    if (cd "$tools_tmp" && apt-get download -qq prometheus >/dev/null 2>&1) && mkdir -p .tools &&
-        dpkg-deb -x "$tools_tmp"/prometheus_*.deb .tools/prometheus; then
+    # A fresh container may have no package lists yet: update them once (root).
+    if { fetch_promtool || { [ "$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && fetch_promtool; }; } &&
+        mkdir -p .tools && dpkg-deb -x "$tools_tmp"/prometheus_*.deb .tools/prometheus; then
         rm -rf .tools/prometheus/usr/share .tools/prometheus/etc .tools/prometheus/usr/bin/prometheus
     else
         echo "setup: could not fetch promtool (apt-get download prometheus); the rules check will skip" >&2

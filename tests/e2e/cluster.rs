@@ -264,6 +264,17 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
         Some(true),
         "the completed copy outlived its owner"
     );
+    // Fetching it again, now that its owner is dead, fails naming it.
+    let again = done.call(&Request::FetchBuffer {
+        handle,
+        only: None,
+        seed: Some(5),
+    });
+    let e = again.expect_err("a dead owner's shard was fetched");
+    assert!(
+        e.to_string().contains(&owner_addr),
+        "the error names the owner: {e}"
+    );
 }
 
 /// Starts a worker on each node of `c` whose http instance requires
@@ -287,7 +298,7 @@ fn token_workers(
                     "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
                      [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
                      [plugin.config]\nbind = \"{addr}:0\"\nauth-token = \"{token}\"\n\
-                     relay = \"{}\"\n",
+                     relay = \"{}\"\nrelay-keep = \"10m\"\n",
                     lib.display(),
                     if relay { "on" } else { "off" }
                 ),

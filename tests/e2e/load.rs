@@ -90,7 +90,8 @@ fn limits_driven_past_their_end_under_load_do_what_config_says() {
     let run = |fetch: &str, name: &str| {
         let text = format!(
             "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n[fetch]\n{fetch}\n{}\
-             max-connections = 2\nthreads = 1\ndedicated-threads = 0\nheader-timeout = \"200ms\"\n",
+             max-connections = 2\nthreads = 1\ndedicated-threads = 0\nheader-timeout = \"200ms\"\n\
+             request-timeout = \"10s\"\n",
             util::shm_plugin(&format!(
                 "segment-prefix = \"lim{}{name}\"\npool-size = {pool}\nmax-leases = 1",
                 std::process::id()

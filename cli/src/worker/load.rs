@@ -196,7 +196,11 @@ pub fn run_loop(node: &Node, spec: &LoopSpec) -> Result<LoopResult, String> {
             Ok(f) => {
                 let ns = t.elapsed().as_nanos() as u64;
                 if let Some(&seed) = spec.seeds.get(i) {
-                    if !crate::pattern::check_pattern(&f.data, seed) {
+                    // The pattern alone would pass a copy cut short at a
+                    // multiple of 8 bytes.
+                    if f.data.len() as u64 != h.meta.byte_len
+                        || !crate::pattern::check_pattern(&f.data, seed)
+                    {
                         out.wrong_fetches += 1;
                     }
                 }

@@ -704,6 +704,45 @@ fn a_connection_waiting_at_max_connections_gets_a_turn() {
     owner.t.unexport(ShardId::from_u128(31)).unwrap();
 }
 
+/// Two consumers fetching in a loop from an owner with one place: the
+/// place rotates between them, each reconnects after its connection was
+/// closed for the other, and no fetch fails.
+#[test]
+fn consumers_sharing_one_place_both_fetch_without_errors() {
+    let owner = node(
+        "max-connections = 1\nheader-timeout = \"100ms\"\nidle-timeout = \"10m\"\ndedicated-threads = 0",
+    );
+    let data = pattern(64 << 10, 32);
+    let desc = export(&owner.t, 32, &data).unwrap();
+    let fetched = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let consumer = node("");
+                    let until = std::time::Instant::now() + Duration::from_millis(600);
+                    let mut n = 0u32;
+                    while std::time::Instant::now() < until {
+                        let got = fetch(&consumer.t, &desc, data.len()).expect("a fetch failed");
+                        assert!(got == data);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        fetched.iter().all(|&n| n > 0),
+        "both consumers fetched: {fetched:?}"
+    );
+    assert!(stat(&owner.t, "connections_rotated") >= 1);
+    owner.t.unexport(ShardId::from_u128(32)).unwrap();
+}
+
 #[test]
 fn idle_connections_are_closed_and_the_consumer_reconnects() {
     let data = pattern(1000, 4);

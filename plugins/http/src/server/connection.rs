@@ -486,14 +486,25 @@ pub(super) fn watchdog_period(shared: &Shared) -> Duration {
 /// that has served a request and reaches its watchdog tick takes it and
 /// closes after the response in flight (its consumer reconnects, behind
 /// those waiting), and the place goes to the first one waiting. One at a
-/// time, so a budget of hundreds of connections does not close all of
-/// them for one that waits; at most one a [`WATCHDOG_MIN`].
+/// time: no other is handed out until the connection that took it has
+/// closed (a long response may still be draining), so a budget of
+/// hundreds of connections does not close all of them for one that waits.
 pub(super) struct Rotation;
+
+/// A connection closing for a rotation ([`Rotation::take`]); counted in
+/// `rotating` until it has closed.
+pub(super) struct Rotating(Arc<Shared>);
+
+impl Drop for Rotating {
+    fn drop(&mut self) {
+        self.0.rotating.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl Rotation {
     /// A place in `max-connections`; `None` once the semaphore is closed.
     /// While none is free, hands out a rotation whenever connections wait
-    /// in the backlog.
+    /// in the backlog and no connection is still closing for one.
     async fn permit(
         shared: &Shared,
         permits: &Arc<Semaphore>,
@@ -508,7 +519,9 @@ impl Rotation {
                     return p.ok();
                 }
                 () = tokio::time::sleep(WATCHDOG_MIN) => {
-                    shared.rotations.store(u32::from(backlog(listener)), Ordering::Relaxed);
+                    let hand_out =
+                        shared.rotating.load(Ordering::Acquire) == 0 && backlog(listener);
+                    shared.rotations.store(u32::from(hand_out), Ordering::Release);
                 }
             }
         }
@@ -517,13 +530,18 @@ impl Rotation {
     /// Whether a connection should close after its response in flight:
     /// it has served a request since it was accepted (one just admitted
     /// keeps its place) and takes the rotation handed out while others
-    /// wait at `max-connections`.
-    fn yields(shared: &Shared, activity: &Activity) -> bool {
-        activity.served.load(Ordering::Relaxed) > 0
-            && shared
-                .rotations
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
+    /// wait at `max-connections`. Hold the returned guard until the
+    /// connection has closed.
+    fn take(shared: &Arc<Shared>, activity: &Activity) -> Option<Rotating> {
+        if activity.served.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        shared
+            .rotations
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()?;
+        shared.rotating.fetch_add(1, Ordering::AcqRel);
+        Some(Rotating(Arc::clone(shared)))
     }
 }
 
@@ -823,6 +841,8 @@ pub(super) async fn serve_http<S>(
     tokio::pin!(conn);
     let period = watchdog_period(&shared);
     let mut drain_until: Option<Instant> = None;
+    let mut stopping = false;
+    let mut rotating: Option<Rotating> = None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -850,7 +870,10 @@ pub(super) async fn serve_http<S>(
                     conn.as_mut().graceful_shutdown();
                     drain_until = Some(Instant::now() + shared.request_timeout);
                 }
-                if drain_until.is_none() && Rotation::yields(&shared, &activity) {
+                if drain_until.is_none() {
+                    rotating = Rotation::take(&shared, &activity);
+                }
+                if rotating.is_some() && drain_until.is_none() {
                     // Finish the response in flight, then close: a
                     // connection waiting in the backlog takes the place,
                     // and this consumer reconnects behind it.
@@ -869,9 +892,15 @@ pub(super) async fn serve_http<S>(
                     break;
                 }
             }
-            _ = shutdown.changed(), if drain_until.is_none() => {
-                conn.as_mut().graceful_shutdown();
-                drain_until = Some(Instant::now() + SHUTDOWN_GRACE.min(shared.request_timeout));
+            _ = shutdown.changed(), if !stopping => {
+                // Also for a connection already closing (outnumbered,
+                // rotated): the shutdown's shorter grace applies.
+                stopping = true;
+                if drain_until.is_none() {
+                    conn.as_mut().graceful_shutdown();
+                }
+                let grace = Instant::now() + SHUTDOWN_GRACE.min(shared.request_timeout);
+                drain_until = Some(drain_until.map_or(grace, |t| t.min(grace)));
             }
         }
     }

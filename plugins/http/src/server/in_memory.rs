@@ -94,6 +94,7 @@ fn shared() -> Arc<Shared> {
         owner_spin: Duration::ZERO,
         dedicated: super::connection::Dedicated::none(),
         rotations: 0.into(),
+        rotating: 0.into(),
         // Plain HTTP: the fuzz target drives the request framing, not TLS.
         tls: None,
         tls_handshake_timeout: cfg.tls.handshake_timeout,

@@ -172,6 +172,9 @@ struct Shared {
     /// backlog: 1 while a served connection may close after its response
     /// so that one waiting gets its place ([`connection::Rotation`]).
     rotations: std::sync::atomic::AtomicU32,
+    /// Connections that took a rotation and have not closed yet (their
+    /// response in flight still draining): no other is handed out meanwhile.
+    rotating: std::sync::atomic::AtomicU32,
     /// Serve HTTPS with this (`tls-cert`), or plain HTTP.
     tls: Option<TlsAcceptor>,
     tls_handshake_timeout: Duration,
@@ -302,6 +305,7 @@ impl Server {
             owner_spin: cfg.owner_spin,
             dedicated: connection::Dedicated::new(cfg.dedicated_threads, rt),
             rotations: 0.into(),
+            rotating: 0.into(),
             tls: tls.map(TlsAcceptor::from),
             tls_handshake_timeout: cfg.tls.handshake_timeout,
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_peer),
