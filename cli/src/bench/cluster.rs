@@ -10,7 +10,9 @@
 //! moves between nodes goes over the shaped links).
 //!
 //! - **Broadcast**: the owner puts S bytes; the N consumers fetch the
-//!   shard at once (one thread each); the time is from the first request to
+//!   shard at once (one thread each), each into a destination allocated
+//!   and written beforehand (untimed, as a consumer's weight buffer is
+//!   resident before the update); the time is from the first request to
 //!   the last verified copy. Twice: through the `direct` http instance (the
 //!   owner serves everyone: about N times the floor), then through the
 //!   `http` instance, whose consumers relay (`relay = "on"`: each serves
@@ -275,17 +277,36 @@ impl NodeWorker {
     }
 }
 
-/// One broadcast: the N consumers fetch `handle` at once through `only`;
-/// returns the wall time, every node's CPU share, whether every
-/// copy was right and came through that transport, and when each consumer
-/// was done.
+/// Has every consumer's destination of `size` bytes allocated and written
+/// once, all at once and untimed: a consumer's weight buffer is resident
+/// before the broadcast that fills it. (Left in the timed window, 16
+/// consumers faulting in 1 GiB each on 2 vCPUs took seconds of the
+/// broadcast, more while the kernel reclaimed page cache for them.)
+fn prepare_destinations(consumers: &mut [NodeWorker], size: u64) -> Result<(), String> {
+    std::thread::scope(|s| {
+        let joins: Vec<_> = consumers
+            .iter_mut()
+            .map(|w| s.spawn(move || w.call(&Request::Scratch { len: size }).map(|_| ())))
+            .collect();
+        joins.into_iter().try_for_each(|j| {
+            j.join()
+                .unwrap_or_else(|_| Err("a preparing thread panicked".into()))
+        })
+    })
+}
+
+/// One broadcast: the N consumers fetch `handle` (`size` bytes) at once
+/// through `only`, into destinations prepared beforehand; returns the wall
+/// time, every node's CPU share, whether every copy was right and came
+/// through that transport, and when each consumer was done.
 fn broadcast(
     workers: &mut [NodeWorker],
     n: usize,
-    handle: &str,
+    (handle, size): (&str, u64),
     seed: u64,
     only: &str,
 ) -> Result<(f64, Vec<f64>, bool, Vec<f64>), String> {
+    prepare_destinations(&mut workers[1..=n], size)?;
     let before: Vec<f64> = workers.iter().map(NodeWorker::cpu_s).collect();
     let start = Instant::now();
     let (consumers, _) = workers[1..].split_at_mut(n);
@@ -446,6 +467,15 @@ fn disturbed_broadcast(
 ) -> Disturbed {
     let victim = workers[1].w.pid();
     let after = std::time::Duration::from_secs_f64(size as f64 * 8.0 / rate_bps as f64 / 3.0);
+    if let Err(e) = prepare_destinations(&mut workers[1..=n], size) {
+        return Disturbed {
+            first: None,
+            others_s: f64::NAN,
+            others_verified: false,
+            at_s: f64::NAN,
+            fetches: vec![(f64::NAN, format!("preparing the destinations: {e}"))],
+        };
+    }
     let fetch = |w: &mut NodeWorker| {
         w.call(&Request::FetchBuffer {
             handle: handle.to_owned(),
@@ -615,7 +645,7 @@ fn one_row(
     let put = workers[0].put(size, seed)?;
     let handle = put.handle.ok_or("the owner's put gave no handle")?;
     let (owner_only, owner_only_cpu, direct_ok) = if opts.owner_only {
-        let (t, cpu, ok, _) = broadcast(workers, n, &handle, seed, "direct")?;
+        let (t, cpu, ok, _) = broadcast(workers, n, (&handle, size), seed, "direct")?;
         (t, busiest(&cpu), ok)
     } else {
         (f64::NAN, f64::NAN, true)
@@ -635,7 +665,7 @@ fn one_row(
     let before = counters(workers)?;
     let machine_before = MachineCpu::now();
     let (relayed, relayed_cpu, relayed_ok, consumer_done_s) =
-        broadcast(workers, n, &handle, seed, "http")?;
+        broadcast(workers, n, (&handle, size), seed, "http")?;
     let (machine_busy, machine_kernel) = MachineCpu::now()
         .zip(machine_before)
         .map_or((f64::NAN, f64::NAN), |(after, before)| {

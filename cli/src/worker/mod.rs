@@ -202,6 +202,12 @@ pub enum Request {
     },
     /// Run every transport's sweep now.
     Sweep,
+    /// Size (allocate and write once) the buffer `fetch_buffer` fetches
+    /// into, untimed: a bench's destination ready before its clock starts.
+    Scratch {
+        /// Bytes.
+        len: u64,
+    },
     /// Reload the node's config through `Node::reload_file` (the path a
     /// running node's control endpoint and SIGHUP take): `config_path`, or
     /// the file the running config came from. A refusal is an error reply
@@ -547,6 +553,10 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
             reply
         }
         Request::Drain { ids } => ops::drain(node, &ids),
+        Request::Scratch { len } => match ops::scratch(state, len) {
+            Ok(()) => Reply::ok(),
+            Err(e) => Reply::err(e),
+        },
         Request::Sweep => Reply {
             swept: Some(node.sweep_json()),
             ..Reply::ok()

@@ -80,15 +80,8 @@ pub(super) fn fetch_buffer(
         Ok(h) => h,
         Err(e) => return Reply::err(e),
     };
-    let Ok(n) = usize::try_from(h.meta.byte_len) else {
-        return Reply::err("the shard does not fit in memory here");
-    };
-    if state.scratch.len() != n {
-        state.scratch = Vec::new();
-        if state.scratch.try_reserve_exact(n).is_err() {
-            return Reply::err(format!("cannot allocate a {n}-byte buffer"));
-        }
-        state.scratch.resize(n, 0);
+    if let Err(e) = scratch(state, h.meta.byte_len) {
+        return Reply::err(e);
     }
     let start = Instant::now();
     match node.fetch_into(&h, &mut state.scratch) {
@@ -99,6 +92,21 @@ pub(super) fn fetch_buffer(
         }
         Err(e) => Reply::host_err(&e),
     }
+}
+
+/// Sizes the buffer `fetch_buffer` fetches into to `len` bytes, written
+/// once (every page backed), unless it has that size already: what an
+/// application's destination (a weight tensor) is before its fetch.
+pub(super) fn scratch(state: &mut State, len: u64) -> Result<(), String> {
+    let n = usize::try_from(len).map_err(|_| "the shard does not fit in memory here".to_owned())?;
+    if state.scratch.len() != n {
+        state.scratch = Vec::new();
+        if state.scratch.try_reserve_exact(n).is_err() {
+            return Err(format!("cannot allocate a {n}-byte buffer"));
+        }
+        state.scratch.resize(n, 0);
+    }
+    Ok(())
 }
 
 /// `put_device`: a device put of the memory this worker keeps for
