@@ -178,7 +178,7 @@ fn a_testbed_removes_itself_and_refuses_impossible_sizes() {
 /// it, right.
 #[test]
 fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
-    use shardport_cli::worker::{Request, WorkerProcess};
+    use shardport_cli::worker::Request;
     if let Some(why) = Cluster::unavailable() {
         eprintln!("cluster test skipped: {why}");
         return;
@@ -188,27 +188,12 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
     // no consumer of the broadcast is sent to it).
     let c = Cluster::create(&[20_000_000; 4]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let lib = util::plugin_lib("shardport-http");
-    let mut workers: Vec<WorkerProcess> = (0..4)
-        .map(|i| {
-            let addr = c.nodes[i].addr;
-            let cfg = dir.path().join(format!("n{i}.toml"));
-            std::fs::write(
-                &cfg,
-                format!(
-                    "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
-                     [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
-                     [plugin.config]\nbind = \"{addr}:0\"\nrelay = \"{}\"\nconnect-timeout = \"1s\"\n",
-                    lib.display(),
-                    if i == 3 { "off" } else { "on" }
-                ),
-            )
-            .unwrap();
-            let mut cmd = c.command(i, &util::shardport_bin());
-            cmd.arg("worker").arg("--config").arg(&cfg);
-            WorkerProcess::spawn_command(&format!("node {i}"), cmd).unwrap()
-        })
-        .collect();
+    let mut workers = http_workers(
+        &c,
+        dir.path(),
+        &[true, true, true, false],
+        "connect-timeout = \"1s\"",
+    );
     let put = workers[0]
         .call(&Request::Put {
             len: 4 << 20,
@@ -277,13 +262,14 @@ fn an_owner_killed_mid_broadcast_fails_its_consumers_naming_it() {
     );
 }
 
-/// Starts a worker on each node of `c` whose http instance requires
-/// `token` and relays where `relay[i]`.
-fn token_workers(
+/// Starts a worker on each node of `c` with an http instance bound to the
+/// node's address, relaying where `relay[i]`, with the plugin config lines
+/// `extra`.
+fn http_workers(
     c: &Cluster,
     dir: &std::path::Path,
-    token: &str,
     relay: &[bool],
+    extra: &str,
 ) -> Vec<shardport_cli::worker::WorkerProcess> {
     let lib = util::plugin_lib("shardport-http");
     relay
@@ -297,8 +283,7 @@ fn token_workers(
                 format!(
                     "[node]\nname = \"n{i}\"\nadvertise = \"{addr}:7070\"\n[put]\nstorage = \"heap\"\n\
                      [[plugin]]\nname = \"http\"\npath = \"{}\"\nrequired = true\n\
-                     [plugin.config]\nbind = \"{addr}:0\"\nauth-token = \"{token}\"\n\
-                     relay = \"{}\"\nrelay-keep = \"10m\"\n",
+                     [plugin.config]\nbind = \"{addr}:0\"\nrelay = \"{}\"\n{extra}\n",
                     lib.display(),
                     if relay { "on" } else { "off" }
                 ),
@@ -347,7 +332,12 @@ fn a_relay_refuses_a_wrong_token_and_the_removal_reaches_every_copy() {
     // 5-node testbed by a fifth node's name, which this one has not.
     let c = Cluster::create(&[100_000_000; 4]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut w = token_workers(&c, dir.path(), token, &[false, true, true, false]);
+    let mut w = http_workers(
+        &c,
+        dir.path(),
+        &[false, true, true, false],
+        &format!("auth-token = \"{token}\"\nrelay-keep = \"10m\""),
+    );
     let len = (2 << 20) + 5;
     let put = w[0]
         .call(&Request::Put {

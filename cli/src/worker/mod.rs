@@ -165,8 +165,8 @@ pub enum Request {
         spec: load::LoopSpec,
     },
     /// Put and remove shards in a loop for `duration_ms` (`shardport bench
-    /// load`'s owner churn); replies with how many it put in `count`, and
-    /// in `load` those and the failed puts by kind.
+    /// load`'s owner churn); replies in `load` with the puts that
+    /// succeeded (`fetches`) and the failed ones by kind.
     Churn {
         /// How long, milliseconds.
         duration_ms: u64,
@@ -273,9 +273,6 @@ pub struct Reply {
     /// TCP serve: the loopback port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// Churn: shards put.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
     /// Stats: this process's peak resident set size in bytes (VmHWM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss: Option<u64>,
@@ -496,7 +493,6 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
         } => {
             let r = load::run_churn(node, duration_ms, per_s, start_unix_ns);
             Reply {
-                count: Some(r.fetches),
                 load: Some(r),
                 ..Reply::ok()
             }

@@ -842,7 +842,8 @@ pub(super) async fn serve_http<S>(
     let period = watchdog_period(&shared);
     let mut drain_until: Option<Instant> = None;
     let mut stopping = false;
-    let mut rotating: Option<Rotating> = None;
+    // Held from a rotation taken until the connection has closed.
+    let mut _rotating: Option<Rotating>;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -863,24 +864,24 @@ pub(super) async fn serve_http<S>(
                 break;
             }
             _ = tokio::time::sleep(period) => {
-                if dedicated && drain_until.is_none() && shared.dedicated.outnumbered(&shared.stats) {
-                    // Finish the response in flight, then close: the
-                    // consumer reconnects to the shared runtime.
-                    debug!(target: "http", peer = %peer, "closing a connection with a thread of its own: the owner has more connections than dedicated-threads");
-                    conn.as_mut().graceful_shutdown();
-                    drain_until = Some(Instant::now() + shared.request_timeout);
-                }
                 if drain_until.is_none() {
-                    rotating = Rotation::take(&shared, &activity);
-                }
-                if rotating.is_some() && drain_until.is_none() {
-                    // Finish the response in flight, then close: a
-                    // connection waiting in the backlog takes the place,
-                    // and this consumer reconnects behind it.
-                    shared.stats.connections_rotated.inc();
-                    debug!(target: "http", peer = %peer, "closing a served connection: others wait at max-connections");
-                    conn.as_mut().graceful_shutdown();
-                    drain_until = Some(Instant::now() + shared.request_timeout);
+                    // Finish the response in flight, then close: the
+                    // consumer reconnects, to the shared runtime or behind
+                    // the connections waiting at max-connections.
+                    let why = if dedicated && shared.dedicated.outnumbered(&shared.stats) {
+                        Some("a thread of its own while the owner has more connections than dedicated-threads")
+                    } else if let Some(guard) = Rotation::take(&shared, &activity) {
+                        _rotating = Some(guard);
+                        shared.stats.connections_rotated.inc();
+                        Some("others wait at max-connections")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        debug!(target: "http", peer = %peer, why, "closing a connection after its response");
+                        conn.as_mut().graceful_shutdown();
+                        drain_until = Some(Instant::now() + shared.request_timeout);
+                    }
                 }
                 if let Some(why) = activity.expired(shared.header_timeout, shared.idle_timeout) {
                     shared.stats.connections_timed_out.inc();
