@@ -100,11 +100,18 @@ fn run(command: Command) -> cmd::Outcome {
     }
 }
 
-/// Logs to stderr: `warn` by default, `-v` info, `-vv` debug, `RUST_LOG`
+/// What a long-lived node logs at the default level besides warnings: what
+/// changed its traffic (reloads applied or refused, guardrail trips, ramp
+/// steps, resets) and its fetch loop's summaries.
+const SERVE_DEFAULT_LOG: &str = "warn,reload=info,experiment=info,fetch_loop=info";
+
+/// Logs to stderr: `warn` by default (for `serve`, also its operational
+/// events: [`SERVE_DEFAULT_LOG`]), `-v` info, `-vv` debug, `RUST_LOG`
 /// overrides; ANSI colour only where stderr is a terminal and `NO_COLOR`
 /// is unset (logs redirected to a file stay plain text).
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, serving: bool) {
     let default = match verbose {
+        0 if serving => SERVE_DEFAULT_LOG,
         0 => "warn",
         1 => "info",
         _ => "debug",
@@ -121,7 +128,7 @@ fn init_logging(verbose: u8) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.command, Command::Serve(_)));
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

@@ -148,11 +148,14 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
         path: Option<std::path::PathBuf>,
         #[serde(default)]
         config: Option<String>,
+        #[serde(default)]
+        adopt: bool,
     }
     let r: Reload = if body.iter().all(u8::is_ascii_whitespace) {
         Reload {
             path: None,
             config: None,
+            adopt: false,
         }
     } else {
         serde_json::from_slice(body).map_err(|e| {
@@ -160,11 +163,19 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
                 400,
                 "bad_request",
                 format!(
-                    "expected an empty body, {{\"path\": FILE}} or {{\"config\": TOML, \"path\": FILE}}: {e}"
+                    "expected an empty body, {{\"path\": FILE}} or {{\"config\": TOML, \"path\": FILE, \"adopt\": BOOL}}: {e}"
                 ),
             )
         })?
     };
+    let adopt = r.adopt.then(|| r.path.clone()).flatten();
+    if r.adopt && adopt.is_none() {
+        return Err((
+            400,
+            "bad_request",
+            "`adopt` needs the `path` of the config file to adopt".to_owned(),
+        ));
+    }
     let result = match (r.config, r.path) {
         (Some(text), path) => {
             let origin = match path {
@@ -179,7 +190,11 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
         }
         (None, path) => node.reload_file(path.as_deref()),
     };
-    result.map_err(|e| (409, "reload_refused", e.to_string()))
+    let report = result.map_err(|e| (409, "reload_refused", e.to_string()))?;
+    if let Some(p) = adopt {
+        node.adopt_config_file(p);
+    }
+    Ok(report)
 }
 
 /// The request body, bounded by [`MAX_JSON_BODY`].

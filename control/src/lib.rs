@@ -47,12 +47,15 @@
 //!   drops this node's cached copies (and their leases) of those shards
 //! - `POST /v1/sweep` -> per transport, what was reclaimed from dead processes
 //! - `POST /v1/experiments/reset` -> arms a guardrail disabled, re-enabled
-//! - `POST /v1/reload` with an empty body (read the node's config file
-//!   again), `{"path": "/etc/sp.toml"}` (a file on the node's machine) or
+//! - `POST /v1/reload` with an empty body (read the node's own config file
+//!   again: the one it was started with, or adopted since),
+//!   `{"path": "/etc/sp.toml"}` (a file on the node's machine) or
 //!   `{"config": "<TOML text>", "path": "name for messages and base of
-//!   relative plugin paths"}` -> the [`ReloadReport`](shardport_host::node::ReloadReport);
+//!   relative plugin paths"}`, each with `"adopt": true` to make that
+//!   path the node's own file -> the [`ReloadReport`](shardport_host::node::ReloadReport);
 //!   a refused reload is 409 `reload_refused` with the reason (file:line:col
-//!   for a bad value), and the running config stays
+//!   for a bad value), counted and logged by the node, and the running
+//!   config stays
 //!
 //! # Limits
 //! Bounded everywhere ([`Limits`]): the request head in size

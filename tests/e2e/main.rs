@@ -21,6 +21,7 @@ mod load;
 mod loader;
 mod netns;
 mod nodes;
+mod operate;
 mod out_of_tree;
 mod reload;
 mod serve;

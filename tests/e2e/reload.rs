@@ -404,32 +404,55 @@ fn a_removed_plugin_stays_until_the_last_lease_it_issued_is_released() {
     drop(view);
     assert!(c.draining().is_empty(), "released: dropped");
 
-    // Owner side: removing the transport that alone holds shards is refused
-    // with the shards named; removing one that only lends them withdraws
-    // its exports.
+    // Owner side: a removed transport keeps serving the exports it made
+    // (consumers hold handles that name them) until their shards are
+    // removed, and takes no new puts.
     let shm_only = format!(
         "[put]\nstorage = \"pool\"\npool-transport = \"posix-shm\"\n{}",
         util::shm_plugin("pool-size = \"16MiB\"")
     );
-    let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert_eq!(before.len(), 2, "one spool file per shard");
+    let spool_files = || std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(spool_files(), 2, "one spool file per shard");
     let r = reload(&o, &shm_only).unwrap();
-    assert!(r.draining.is_empty(), "{:?}", r.draining);
-    assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
-        0,
-        "spool exports withdrawn"
+    // The owner's http goes too.
+    assert!(
+        r.draining.len() == 2 && r.draining.iter().any(|d| d.starts_with("spool-dir")),
+        "{:?}",
+        r.draining
     );
-    let spool_only_owner = util::spool_plugin(dir.path());
-    let e = reload(&o, &spool_only_owner).unwrap_err().to_string();
-    assert!(e.contains("2 owned shard(s) would be stranded"), "{e}");
-    assert!(e.contains(&handles[0].id.to_string()), "{e}");
-    // The consumer (spool only) cannot fetch them now; one with shm can.
+    assert!(
+        r.changes
+            .iter()
+            .any(|c| c.contains("keep serving the 2 owned shard(s)")),
+        "{:?}",
+        r.changes
+    );
+    assert_eq!(spool_files(), 2, "spool exports still served");
+    assert_eq!(
+        c.fetch_mode(&handles[0], FetchMode::Copy)
+            .unwrap()
+            .selection
+            .transport,
+        "spool-dir",
+        "a spool-only consumer still reaches a shard put before the reload"
+    );
+    let later = put_many(&o, 1);
+    assert_eq!(spool_files(), 2, "no new export through a removed plugin");
+    assert_eq!(later[0].exports.len(), 1, "{:?}", later[0].exports);
+    // Removing the storage transport too is no longer a stranding: it keeps
+    // the bytes and serves them until the shards go.
+    let r = reload(&o, &util::spool_plugin(dir.path())).unwrap();
+    assert_eq!(r.draining.len(), 3, "{:?}", r.draining);
     let c2 = Node::start(util::parse(&both)).unwrap();
     assert_eq!(
         c2.fetch(&handles[1]).unwrap().selection.transport,
         "posix-shm"
     );
+    let mut ids: Vec<_> = handles.iter().map(|h| h.id).collect();
+    ids.push(later[0].id);
+    assert!(o.remove(&ids).is_empty());
+    assert_eq!(spool_files(), 0, "removal unexports everywhere");
+    assert!(o.draining().is_empty(), "{:?}", o.draining());
 }
 
 /// Builds the `faulty` fixture as build `name` (see its crate docs) and
@@ -540,10 +563,25 @@ fn a_new_transport_build_rolls_out_as_a_ramped_canary() {
     let errors_of_broken = arm.series.errors;
     assert!(errors_of_broken > 0, "{arm:?}");
 
-    // The fixed build replaces it under a live node: a new instance, a
-    // fresh canary at 10%.
+    // The fixed build replaces it under a live node: a new instance, whose
+    // arm stays tripped (and its ramp halted) until the operator resets it.
     n.clear();
     let r = reload(&n, &upgrade_config(&fixed)).unwrap();
+    assert!(
+        r.changes
+            .iter()
+            .any(|c| c.contains("arm next is served by a new instance") && c.contains("tripped")),
+        "{:?}",
+        r.changes
+    );
+    let e = &n.metrics_snapshot().experiments[0];
+    assert_eq!(e.arms[1].state, "tripped");
+    assert_eq!(e.arms[1].guardrail_trips, 1, "the counter carried over");
+    assert_eq!((e.ramp_step, e.ramp_halted), (Some(0), true));
+    assert_eq!(
+        n.reset_experiments(None).unwrap(),
+        vec![("faulty-upgrade".to_owned(), "next".to_owned())]
+    );
     assert!(
         r.changes
             .iter()

@@ -37,6 +37,7 @@ fn serve(test: &str, extra: &str) -> Served {
     let mut child = Command::new(util::shardport_bin())
         .args(["serve", "--config"])
         .arg(&cfg)
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -345,8 +346,8 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(stats(&s.control)["generation"], 2);
-    // `shardport reload` with a file of its own: checked here first, so a
-    // bad one never reaches the node (exit 2, naming file:line:col).
+    // `shardport reload` with a bad file of its own: it reaches the node,
+    // which refuses, counts and logs it (exit 2, naming file:line:col).
     let bad = s._dir.path().join("bad.toml");
     std::fs::write(&bad, "[fetch]\nmode = \"sideways\"\n").unwrap();
     let out = shardport(&[
@@ -361,6 +362,7 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
         String::from_utf8_lossy(&out.stderr).contains("bad.toml:2:"),
         "{out:?}"
     );
+    assert_eq!(metrics()["reloads_refused"], 2, "the node counted it");
     let good = s._dir.path().join("good.toml");
     std::fs::write(&good, &text).unwrap();
     let out = shardport(&[
@@ -389,7 +391,72 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
     let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["reload", "reload", "reload-refused", "reload"],
+        [
+            "reload",
+            "reload",
+            "reload-refused",
+            "reload-refused",
+            "reload"
+        ],
         "{events:?}"
     );
+    // A later SIGHUP reads the file the node was started with, not the one
+    // `reload --config` sent.
+    std::fs::write(&path, format!("{text}\n[cache]\npolicy = \"explicit\"\n")).unwrap();
+    std::fs::write(&good, format!("{text}\n[fetch]\nmode = \"copy\"\n")).unwrap();
+    hup();
+    wait_for(&s.control, "generation 4", |v| v["generation"] == 4);
+    let last = metrics()["events"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let last = last["text"].as_str().unwrap().to_owned();
+    assert!(
+        last.contains("cache.policy") && !last.contains("fetch.mode"),
+        "{last}"
+    );
+    // Unless told: `--adopt` makes the sent file the node's own.
+    let out = shardport(&[
+        "reload",
+        "--node",
+        &s.control,
+        "--config",
+        good.to_str().unwrap(),
+        "--adopt",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    std::fs::write(&good, format!("{text}\n[fetch]\nmode = \"view\"\n")).unwrap();
+    hup();
+    wait_for(&s.control, "generation 6", |v| v["generation"] == 6);
+    let last = metrics()["events"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["text"]
+            .as_str()
+            .unwrap()
+            .contains("fetch.mode: \"copy\" -> \"view\""),
+        "{last}"
+    );
+    // Every reload is logged once at the default level, whoever asked; the
+    // refused SIGHUP and the refused `reload --config` once each.
+    let counts = || {
+        let log = s.stderr.lock().unwrap().clone();
+        let n = (
+            log.matches("config reloaded: ").count(),
+            log.matches("config reload refused").count(),
+        );
+        (n, log)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while counts().0 != (6, 2) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (n, log) = counts();
+    assert_eq!(n, (6, 2), "{log}");
 }

@@ -85,6 +85,11 @@ fn read_handle(arg: Option<&str>) -> Result<Handle, Failure> {
             .map_err(|e| Failure::from((EXIT_FAILURE, format!("cannot read {}: {e}", &h[1..]))))?,
         Some(h) => h.to_owned(),
     };
+    parse_handle(&text).map_err(|e| Failure::from((EXIT_CONFIG, e)))
+}
+
+/// A handle from its text: JSON, or hex of the binary form.
+pub(super) fn parse_handle(text: &str) -> Result<Handle, HandleError> {
     let text = text.trim();
     if text.starts_with('{') {
         Handle::from_json(text)
@@ -96,5 +101,4 @@ fn read_handle(arg: Option<&str>) -> Result<Handle, Failure> {
             })
             .and_then(|b| Handle::from_bytes(&b))
     }
-    .map_err(|e| Failure::from((EXIT_CONFIG, e)))
 }

@@ -3,7 +3,11 @@
 //!
 //! Nodes are reloaded one at a time, in the order given, and the rollout
 //! stops at the first node that refuses: name a canary node first and the
-//! rest only change once it has taken the new config.
+//! rest only change once it has taken the new config. A config is checked
+//! by the node, not here: a bad one reaches the first node, which refuses,
+//! counts and logs it (its `shardport_reloads_total{result="refused"}` and
+//! alert see it), and the rollout stops there. The file a node reads on a
+//! later SIGHUP stays its own unless `--adopt` is given.
 
 use std::path::PathBuf;
 
@@ -22,6 +26,11 @@ pub struct Args {
     /// Without it each node reads its own config file again.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Make `--config`'s file each node's own: what a later SIGHUP or a
+    /// reload without `--config` reads (by default that stays the file the
+    /// node was started with).
+    #[arg(long, requires = "config")]
+    adopt: bool,
 }
 
 /// `POST /v1/reload` to each node until one refuses.
@@ -35,16 +44,21 @@ pub fn run(args: Args) -> Outcome {
                     format!("cannot read config file {}: {e}", path.display()),
                 ))
             })?;
-            // Checked here first: a bad file never reaches a node.
+            let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            serde_json::json!({ "config": text, "path": abs, "adopt": args.adopt }).to_string()
+        }
+    };
+    // Whether the node's refusal is of the file itself (exit 2, as for
+    // every bad config) or of what it would change (exit 1).
+    let invalid = args.config.as_ref().is_some_and(|path| {
+        std::fs::read_to_string(path).is_ok_and(|text| {
             shardport_host::config::parse_str(
                 &text,
                 shardport_host::config::Origin::File(path.clone()),
             )
-            .map_err(|e| Failure::from((EXIT_CONFIG, e.to_string())))?;
-            let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-            serde_json::json!({ "config": text, "path": abs }).to_string()
-        }
-    };
+            .is_err()
+        })
+    });
     for (i, n) in args.nodes.iter().enumerate() {
         let r = control_call(
             n,
@@ -65,7 +79,7 @@ pub fn run(args: Args) -> Outcome {
                     format!("; not reloaded: {}", rest.join(", "))
                 };
                 return Err(Failure::from((
-                    EXIT_FAILURE,
+                    if invalid { EXIT_CONFIG } else { EXIT_FAILURE },
                     format!("{n}: {}{untouched}", e.message),
                 )));
             }

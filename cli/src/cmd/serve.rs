@@ -1,7 +1,10 @@
 //! `shardport serve`: a long-lived node that owns shards and serves them
 //! through its transports, with a control endpoint for `put`, `stats` and
-//! `remove`. SIGINT/SIGTERM shut it down cleanly (segments removed); SIGHUP
-//! reloads the config file (as `shardport reload` and `POST /v1/reload` do).
+//! `remove`; with `--fetch FILE` it is also a long-lived consumer of the
+//! handles the file lists ([`fetch_loop`]). SIGINT/SIGTERM shut it down
+//! cleanly (segments removed); SIGHUP reloads the config file the node was
+//! started with (as `shardport reload` and `POST /v1/reload` do). Every
+//! reload, applied or refused, is logged once by the node, whoever asked.
 
 use std::{
     sync::{
@@ -16,6 +19,8 @@ use shardport_host::Node;
 
 use super::{load_config, start_node, Failure, Outcome, EXIT_CONFIG, EXIT_FAILURE};
 
+mod fetch_loop;
+
 /// How often the sweeper thread looks at its stop flag.
 const SWEEPER_TICK: Duration = Duration::from_millis(200);
 
@@ -27,6 +32,19 @@ pub struct Args {
     /// Control endpoint address (overrides `control.bind`).
     #[arg(long)]
     control: Option<String>,
+    /// Also fetch, pass after pass, every handle this file lists (one per
+    /// line, hex or JSON; read again when it changes): a long-lived
+    /// consumer whose control endpoint reports its fetches and experiments.
+    #[arg(long, value_name = "FILE")]
+    fetch: Option<std::path::PathBuf>,
+    /// The pause between two passes over the `--fetch` file.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_pause)]
+    fetch_every: Duration,
+}
+
+fn parse_pause(text: &str) -> Result<Duration, String> {
+    shardport_kit::parse_duration(text)
+        .ok_or_else(|| format!("`{text}`: expected a duration such as 100ms, 2s or 0s"))
 }
 
 /// Plugin options a long-lived node sets unless its config says otherwise:
@@ -68,6 +86,14 @@ pub fn run(args: Args) -> Outcome {
     let server = ControlServer::start_tls(&node, &bind, token, Limits::default(), control_tls)
         .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
     let sweeper = spawn_sweeper(&node);
+    let fetcher = match args.fetch {
+        None => None,
+        Some(file) => Some(
+            fetch_loop::spawn(&node, file, args.fetch_every).map_err(|e| {
+                Failure::from((EXIT_FAILURE, format!("cannot start the fetch loop: {e}")))
+            })?,
+        ),
+    };
     println!("control: {}", server.addr());
     println!(
         "node: {} advertising {} (tag {})",
@@ -86,19 +112,15 @@ pub fn run(args: Args) -> Outcome {
             sig = Some(s);
             break;
         }
-        match node.reload_file(None) {
-            Ok(r) => println!(
-                "reloaded: generation {}, {} change(s)",
-                r.generation,
-                r.changes.len()
-            ),
-            Err(e) => println!("reload refused: {e}"),
-        }
-        let _ = std::io::stdout().flush();
+        // The node logs what changed, or why it refused, once.
+        let _ = node.reload_file(None);
     }
     tracing::info!(target: "node", signal = ?sig, "shutting down");
     drop(server);
     sweeper.store(true, Ordering::Relaxed);
+    if let Some(f) = fetcher {
+        f.store(true, Ordering::Relaxed);
+    }
     if !node.shutdown(IO_TIMEOUT * 2) {
         tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");
     }

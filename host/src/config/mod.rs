@@ -259,7 +259,7 @@ pub struct Arm {
     pub name: String,
     /// The transport this arm's fetches try first.
     pub transport: TransportName,
-    /// Relative weight (> 0).
+    /// Relative weight (0 drains the arm and keeps it configured).
     pub weight: u32,
 }
 

@@ -208,6 +208,24 @@ impl Ctx<'_> {
             None => None,
             Some(r) => Some(self.ramp(&format!("{key}.ramp"), r, &arms)?),
         };
+        // Weight 0 drains an arm and keeps it configured, but something
+        // must carry the traffic: a ramp's share is of the other arms'.
+        let carrying: u64 = arms
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ramp.as_ref().is_none_or(|r| r.arm != *i))
+            .map(|(_, a)| u64::from(a.weight))
+            .sum();
+        if carrying == 0 {
+            return Err(self.error(
+                Some(e.arms.span()),
+                format!(
+                    "`{key}.arms`: every arm{} has weight 0; at least one must carry the traffic (weight 0 drains an arm and keeps it configured)",
+                    if ramp.is_some() { " but the ramped one" } else { "" }
+                ),
+                Some(ARMS_HELP),
+            ));
+        }
         Ok(Experiment {
             name: name.to_owned(),
             when,
@@ -336,7 +354,7 @@ impl Ctx<'_> {
                 Some(ARMS_HELP),
             ));
         }
-        let weight = self.int_in(&format!("{akey}.weight"), &a.weight, 1, 1_000_000, "10")?;
+        let weight = self.int_in(&format!("{akey}.weight"), &a.weight, 0, 1_000_000, "10")?;
         let name = match &a.name {
             Some(n) if !is_label(n.get_ref()) => {
                 return Err(self.error(

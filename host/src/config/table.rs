@@ -11,7 +11,7 @@ pub fn routing_table(cfg: &Config) -> String {
     if !cfg.experiments.is_empty() {
         out.push_str("  experiments (first match wins, before routes):\n");
         for (i, e) in cfg.experiments.iter().enumerate() {
-            let total = e.total_weight() as f64;
+            let shares = starting_shares(e);
             let arms: Vec<String> = e
                 .arms
                 .iter()
@@ -22,10 +22,24 @@ pub fn routing_table(cfg: &Config) -> String {
                         a.name,
                         if j == 0 { " (control)" } else { "" },
                         a.transport,
-                        f64::from(a.weight) * 100.0 / total
+                        shares[j] * 100.0
                     )
                 })
                 .collect();
+            let ramp = match &e.ramp {
+                Some(r) if e.arms[r.arm].weight > 0 => {
+                    let steps: Vec<String> =
+                        r.steps.iter().map(|p| format!("{}%", p * 100.0)).collect();
+                    format!(
+                        "; ramp: {} takes {} of the traffic, one step per {:?} while its guardrail holds",
+                        e.arms[r.arm].name,
+                        steps.join(" -> "),
+                        r.interval
+                    )
+                }
+                Some(r) => format!("; ramp: {} has weight 0, drained", e.arms[r.arm].name),
+                None => String::new(),
+            };
             let guard = match &e.guardrail {
                 None => String::new(),
                 Some(g) => {
@@ -46,7 +60,7 @@ pub fn routing_table(cfg: &Config) -> String {
             };
             let _ = writeln!(
                 out,
-                "    {}. {:<14} {:<40} -> per {}: {}{guard}",
+                "    {}. {:<14} {:<40} -> per {}: {}{ramp}{guard}",
                 i + 1,
                 e.name,
                 describe_when(&e.when),
@@ -75,6 +89,34 @@ pub fn routing_table(cfg: &Config) -> String {
         "no route matched"
     );
     out
+}
+
+/// Each arm's share of an experiment's traffic when it starts: a ramped
+/// arm takes its first step's share (unless its weight is 0, which drains
+/// it), the others split the rest by weight.
+fn starting_shares(e: &super::Experiment) -> Vec<f64> {
+    let ramped = e
+        .ramp
+        .as_ref()
+        .filter(|r| e.arms[r.arm].weight > 0)
+        .map(|r| (r.arm, r.steps[0]));
+    let others: f64 = e
+        .arms
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ramped.is_none_or(|(r, _)| r != *i))
+        .map(|(_, a)| f64::from(a.weight))
+        .sum();
+    e.arms
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match ramped {
+            Some((r, p)) if r == i => p,
+            Some((_, p)) if others > 0.0 => (1.0 - p) * f64::from(a.weight) / others,
+            None if others > 0.0 => f64::from(a.weight) / others,
+            _ => 0.0,
+        })
+        .collect()
 }
 
 /// The conditions of a route or experiment in one line.

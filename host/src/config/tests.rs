@@ -103,7 +103,9 @@ fn experiment_errors_name_the_key() {
     let cases = [
         ("arms = [{ transport = \"a\", weight = 1 }]", "`experiment[0].arms`: expected 2..=16 arms"),
         ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"a\", weight = 1 }]", "`experiment[0].arms[1].transport`: `a` already has an arm"),
-        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 0 }]", "`experiment[0].arms[1].weight`: expected an integer in 1..=1000000, found 0"),
+        ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = -1 }]", "`experiment[0].arms[1].weight`: expected an integer in 0..=1000000, found -1"),
+        ("arms = [{ transport = \"a\", weight = 0 }, { transport = \"b\", weight = 0 }]", "`experiment[0].arms`: every arm has weight 0"),
+        ("arms = [{ transport = \"a\", weight = 0 }, { transport = \"b\", weight = 5 }]\nramp = { steps = [5], interval = \"1m\" }", "`experiment[0].arms`: every arm but the ramped one has weight 0"),
         ("unit = \"request\"\narms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]", "`experiment[0].unit`: expected \"shard\" or \"fetch\", found \"request\""),
         ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { window = \"1m\" }", "`experiment[0].guardrail` sets neither"),
         ("arms = [{ transport = \"a\", weight = 1 }, { transport = \"b\", weight = 1 }]\nguardrail = { max-error-rate = 1.5 }", "`experiment[0].guardrail.max-error-rate`: expected a number in 0..=1, found 1.5"),

@@ -13,7 +13,15 @@
 //! # Ramps
 //! A ramp raises one arm's share step by step: it moves to the next step
 //! after `interval` at the current one if the arm did not trip meanwhile;
-//! a trip halts the ramp where it is (a reset resumes it).
+//! a trip halts the ramp where it is. A reset resumes it, and its next
+//! step comes one whole `interval` after the reset: a build that just
+//! tripped gets no more traffic than before until it has earned it.
+//!
+//! # Reloads
+//! A reload carries the state over by arm name ([`ExperimentState::carried`]):
+//! phases (a trip stays a trip), reasons and the ramp's step stay; only a
+//! new transport instance behind an arm, or a new guardrail window, starts
+//! that arm's window afresh, and only a changed ramp restarts the ramp.
 //!
 //! Time is the node's monotonic clock, read by the caller: nothing here
 //! sleeps or spawns. The fast path ([`ExperimentState::gate`]) reads atomics
@@ -120,7 +128,6 @@ pub struct ExperimentState {
     ramp_step: AtomicU64,
     /// Earliest monotonic time at which [`tick`](Self::tick) has work.
     next_event_ns: AtomicU64,
-    trips: Vec<AtomicU64>,
     book: Mutex<Book>,
     slot_ns: u64,
 }
@@ -144,7 +151,6 @@ impl ExperimentState {
             probing: AtomicU64::new(0),
             ramp_step: AtomicU64::new(u64::from(ramp.is_some())),
             next_event_ns: AtomicU64::new(u64::MAX),
-            trips: exp.arms.iter().map(|_| AtomicU64::new(0)).collect(),
             book: Mutex::new(Book {
                 phases: vec![ArmPhase::Enabled; exp.arms.len()],
                 reasons: vec![None; exp.arms.len()],
@@ -157,13 +163,86 @@ impl ExperimentState {
         st
     }
 
-    /// True when this state can carry on under `next` (a reload): same arm
-    /// names in the same order, same guardrail window and same ramp.
+    /// True when this state can carry on under `next` (a reload) as it is:
+    /// same arm names in the same order, same guardrail window and same
+    /// ramp.
     pub fn fits(&self, old: &Experiment, next: &Experiment) -> bool {
         let names = |e: &Experiment| e.arms.iter().map(|a| a.name.clone()).collect::<Vec<_>>();
         names(old) == names(next)
             && old.guardrail.as_ref().map(|g| g.window) == next.guardrail.as_ref().map(|g| g.window)
             && old.ramp == next.ramp
+    }
+
+    /// The state of `next` after a reload, carried over from `self` (the
+    /// state of `old`) by arm name: each arm keeps its phase and reason (a
+    /// tripped arm stays tripped until a reset or its cool-down), and its
+    /// guardrail window unless `renewed(arm)` (a new transport instance
+    /// serves it: its samples were another build's) or the window's length
+    /// changed. An unchanged ramp keeps its step, halt and clock; a changed
+    /// one restarts at its first step, halted if its arm is not enabled.
+    /// Arms new in `next` start enabled. Returns the state and one line
+    /// per arm or ramp whose state a reader of the reload should know about.
+    pub fn carried(
+        &self,
+        old: &Experiment,
+        next: &Experiment,
+        renewed: impl Fn(usize) -> bool,
+        now_ns: u64,
+    ) -> (ExperimentState, Vec<String>) {
+        let st = ExperimentState::new(next, now_ns);
+        let mut notes = Vec::new();
+        let same_window =
+            old.guardrail.as_ref().map(|g| g.window) == next.guardrail.as_ref().map(|g| g.window);
+        {
+            let was = self.lock();
+            let mut book = st.lock();
+            for (j, arm) in next.arms.iter().enumerate() {
+                let Some(i) = old.arms.iter().position(|a| a.name == arm.name) else {
+                    continue;
+                };
+                book.phases[j] = was.phases[i];
+                book.reasons[j].clone_from(&was.reasons[i]);
+                if same_window && !renewed(j) {
+                    book.windows[j].clone_from(&was.windows[i]);
+                }
+                if renewed(j) {
+                    notes.push(format!(
+                        "experiment {}: arm {} is served by a new instance of {}: its guardrail window starts afresh, its state stays {}{}",
+                        next.name,
+                        arm.name,
+                        arm.transport,
+                        was.phases[i].name(),
+                        if matches!(was.phases[i], ArmPhase::Enabled) {
+                            ""
+                        } else {
+                            " (`shardport ab reset` re-enables it)"
+                        }
+                    ));
+                }
+            }
+            match (&old.ramp, &next.ramp, was.ramp) {
+                (Some(a), Some(b), Some(r)) if a == b => book.ramp = Some(r),
+                (_, Some(b), _) => {
+                    let arm_off = !matches!(book.phases[b.arm], ArmPhase::Enabled);
+                    if let Some(r) = book.ramp.as_mut() {
+                        r.halted = arm_off;
+                    }
+                    notes.push(format!(
+                        "experiment {}: ramp restarts at its first step ({:.1}%){}",
+                        next.name,
+                        b.steps[0] * 100.0,
+                        if arm_off {
+                            ", halted: its arm is not enabled"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                _ => {}
+            }
+            st.publish(next, &book);
+        }
+        (st, notes)
     }
 
     fn lock(&self) -> MutexGuard<'_, Book> {
@@ -264,11 +343,6 @@ impl ExperimentState {
         self.lock().reasons.get(arm).cloned().flatten()
     }
 
-    /// How many times the guardrail tripped for `arm`.
-    pub fn trips(&self, arm: usize) -> u64 {
-        self.trips.get(arm).map_or(0, |t| t.load(Ordering::Relaxed))
-    }
-
     /// Records the outcome of an attempt on `arm` at monotonic time `now_ns`
     /// and applies the guardrail: an enabled arm may trip, a probing arm is
     /// judged once its probes reach `min-samples`. Returns what changed.
@@ -356,7 +430,6 @@ impl ExperimentState {
         };
         book.reasons[arm] = Some(why.clone());
         book.windows[arm].clear();
-        self.trips[arm].fetch_add(1, Ordering::Relaxed);
         ArmEvent::Tripped {
             arm,
             why,
@@ -365,9 +438,10 @@ impl ExperimentState {
     }
 
     /// Re-enables every tripped or probing arm, forgets the windows and
-    /// resumes a halted ramp (an operator decided the cause is fixed).
-    /// Returns the arms that were not enabled.
-    pub fn reset(&self, exp: &Experiment) -> Vec<usize> {
+    /// resumes a halted ramp (an operator decided the cause is fixed) at
+    /// monotonic time `now_ns`: the ramp's next step comes one `interval`
+    /// after the reset. Returns the arms that were not enabled.
+    pub fn reset(&self, exp: &Experiment, now_ns: u64) -> Vec<usize> {
         let mut book = self.lock();
         let was: Vec<usize> = (0..book.phases.len())
             .filter(|&i| book.phases[i] != ArmPhase::Enabled)
@@ -375,8 +449,9 @@ impl ExperimentState {
         book.phases.iter_mut().for_each(|p| *p = ArmPhase::Enabled);
         book.reasons.iter_mut().for_each(|r| *r = None);
         book.windows.iter_mut().for_each(Vec::clear);
-        if let Some(r) = book.ramp.as_mut() {
+        if let Some(r) = book.ramp.as_mut().filter(|r| r.halted) {
             r.halted = false;
+            r.since_ns = now_ns;
         }
         self.publish(exp, &book);
         was
@@ -475,7 +550,6 @@ mod tests {
         );
         assert_eq!(st.gate(&e), Gate::default());
         assert_eq!(st.disabled_reason(1), None);
-        assert_eq!(st.trips(1), 1);
     }
 
     #[test]
@@ -493,9 +567,8 @@ mod tests {
                 "{ev:?}, want a {want} s cool-down"
             );
         }
-        assert_eq!(st.trips(1), 4);
         // A manual reset still re-enables it at once.
-        assert_eq!(st.reset(&e), vec![1]);
+        assert_eq!(st.reset(&e, t), vec![1]);
         assert_eq!(st.gate(&e), Gate::default());
     }
 
@@ -545,9 +618,13 @@ mod tests {
         assert_eq!(st.ramp(), Some((1, true)));
         assert!(st.tick(&e, 1000 * S).is_empty(), "halted: no step");
         assert_eq!(st.gate(&e).ramp, Some((1, 0.05)));
-        st.reset(&e);
+        st.reset(&e, 1000 * S);
         assert_eq!(st.ramp(), Some((1, false)));
-        let ev = st.tick(&e, 1001 * S);
+        // The step was long due, but a reset earns the arm no traffic: the
+        // next step comes one interval after it.
+        assert!(st.tick(&e, 1001 * S).is_empty(), "stepped at the reset");
+        assert!(st.tick(&e, 1059 * S).is_empty());
+        let ev = st.tick(&e, 1060 * S);
         assert_eq!(
             ev,
             vec![ArmEvent::RampStep {
@@ -555,5 +632,60 @@ mod tests {
                 share: 0.25
             }]
         );
+        // A reset of a ramp that is not halted leaves its clock alone.
+        st.reset(&e, 1100 * S);
+        assert_eq!(
+            st.tick(&e, 1120 * S),
+            vec![ArmEvent::RampStep {
+                step: 3,
+                share: 0.5
+            }]
+        );
+    }
+
+    #[test]
+    fn a_reload_carries_trips_and_the_ramp_by_arm_name() {
+        let e = exp(None, ramp());
+        let st = ExperimentState::new(&e, 0);
+        st.tick(&e, 60 * S);
+        feed(&st, &e, 1, false, 20, 61 * S);
+        assert_eq!(st.ramp(), Some((1, true)));
+        // The canary's plugin is replaced (a new build): its trip, its
+        // reason and the halted step stay; its window starts afresh.
+        let (next, notes) = st.carried(&e, &e, |arm| arm == 1, 70 * S);
+        assert_eq!(next.phases()[1].name(), "tripped");
+        assert!(next.disabled_reason(1).is_some());
+        assert_eq!(next.ramp(), Some((1, true)));
+        assert_eq!(next.gate(&e).ramp, Some((1, 0.05)));
+        assert!(
+            notes.len() == 1 && notes[0].contains("arm canary") && notes[0].contains("tripped"),
+            "{notes:?}"
+        );
+        assert!(next.tick(&e, 10_000 * S).is_empty(), "still halted");
+        // 15 errors, below min-samples: the window carries over to the same
+        // instance (5 more trip the arm), not to a new one.
+        let st = ExperimentState::new(&e, 0);
+        assert!(feed(&st, &e, 1, false, 15, S).is_empty());
+        let (same, _) = st.carried(&e, &e, |_| false, 2 * S);
+        assert_eq!(feed(&same, &e, 1, false, 5, 2 * S).len(), 1);
+        let (new_build, _) = st.carried(&e, &e, |arm| arm == 1, 2 * S);
+        assert!(feed(&new_build, &e, 1, false, 5, 2 * S).is_empty());
+        // A changed ramp restarts at its first step, halted while its arm
+        // is off; an unchanged guardrail window keeps the control's samples.
+        let mut faster = e.clone();
+        faster.ramp.as_mut().unwrap().interval = Duration::from_secs(10);
+        let st = ExperimentState::new(&e, 0);
+        feed(&st, &e, 1, false, 20, S);
+        let (next, notes) = st.carried(&e, &faster, |_| false, 2 * S);
+        assert_eq!(next.ramp(), Some((0, true)));
+        assert!(
+            notes[0].contains("ramp restarts") && notes[0].contains("halted"),
+            "{notes:?}"
+        );
+        // An arm new in the next config starts enabled.
+        let mut renamed = e.clone();
+        renamed.arms[1].name = "canary-2".into();
+        let (next, _) = st.carried(&e, &renamed, |_| false, 2 * S);
+        assert_eq!(next.phases()[1].name(), "enabled");
     }
 }

@@ -147,6 +147,9 @@ pub struct ArmCounters {
     series: SeriesState,
     assigned: AtomicU64,
     redirected: AtomicU64,
+    /// Guardrail trips: kept by experiment and arm name for the node's
+    /// life, so the counter never goes back across reloads.
+    trips: AtomicU64,
 }
 
 impl std::fmt::Debug for ArmCounters {
@@ -166,6 +169,16 @@ impl ArmCounters {
     /// A fetch drawn for this arm went to the control arm instead.
     pub fn redirected(&self) {
         self.redirected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The guardrail switched this arm off.
+    pub fn tripped(&self) {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Guardrail trips of this arm since the node started.
+    pub fn trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
     }
 
     /// The arm's transport served the fetch.
@@ -230,8 +243,6 @@ pub struct ArmInfo {
     pub weight: u32,
     /// Why the guardrail disabled it, if it did.
     pub disabled: Option<String>,
-    /// Guardrail trips.
-    pub trips: u64,
     /// `enabled`, `tripped` or `probing`.
     pub state: &'static str,
     /// Its share of traffic now.
@@ -428,7 +439,7 @@ impl Metrics {
                             share: Some(a.share),
                             assigned: a.counters.assigned.load(Ordering::Relaxed),
                             disabled: a.disabled.clone(),
-                            guardrail_trips: a.trips,
+                            guardrail_trips: a.counters.trips(),
                             redirected: a.counters.redirected.load(Ordering::Relaxed),
                             series: a.counters.series.series(&a.name, &a.transport),
                         })
@@ -482,6 +493,7 @@ mod tests {
         c1.redirected();
         c0.ok(4096, Duration::from_micros(3));
         c1.error(true);
+        c1.tripped();
         let exps = [ExperimentInfo {
             name: "shm-vs-http".into(),
             unit: "shard".into(),
@@ -491,7 +503,6 @@ mod tests {
                     transport: "posix-shm".into(),
                     weight: 90,
                     disabled: None,
-                    trips: 0,
                     state: "enabled",
                     share: 1.0,
                     counters: Arc::clone(&c0),
@@ -501,7 +512,6 @@ mod tests {
                     transport: "http".into(),
                     weight: 10,
                     disabled: Some("error rate".into()),
-                    trips: 1,
                     state: "tripped",
                     share: 0.0,
                     counters: c1,

@@ -33,9 +33,10 @@ impl Node {
             }
         }
         let mut out = Vec::new();
+        let now = self.inner.clock.monotonic_nanos();
         for (e, st) in exps.iter().zip(&g.experiments) {
             if name.is_none_or(|n| n == e.name) {
-                for a in st.reset(e) {
+                for a in st.reset(e, now) {
                     tracing::info!(target: "experiment", experiment = %e.name, arm = %e.arms[a].name, "arm re-enabled");
                     self.inner.event(
                         "reset",
@@ -83,7 +84,6 @@ impl Node {
                             transport: a.transport.to_string(),
                             weight: a.weight,
                             disabled: st.disabled_reason(i),
-                            trips: st.trips(i),
                             state: phases[i].name(),
                             share: shares[i],
                             counters: Arc::clone(&counters[i]),
@@ -175,6 +175,12 @@ impl Node {
                     out.push((p.name.to_string(), Ok(stats)));
                 }
                 Err(e) if e.kind == ErrorKind::UNSUPPORTED => {}
+                // A transport that cannot work here (cuda-ipc without a
+                // GPU) has nothing to sweep: reported, not warned about.
+                Err(e) if e.kind == ErrorKind::UNAVAILABLE => {
+                    tracing::debug!(target: "cleanup", transport = %p.name, error = %e, "sweep skipped: transport unavailable here");
+                    out.push((p.name.to_string(), Err(e.to_string())));
+                }
                 Err(e) => {
                     tracing::warn!(target: "cleanup", transport = %p.name, error = %e, "sweep failed");
                     out.push((p.name.to_string(), Err(e.to_string())));

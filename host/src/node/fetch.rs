@@ -313,6 +313,9 @@ impl Node {
         let now = self.inner.clock.monotonic_nanos();
         let st = &g.experiments[choice.experiment];
         if let Some(event) = st.record(exp, choice.arm, ok, latency_ns, now) {
+            if matches!(event, ArmEvent::Tripped { .. }) {
+                counters[choice.arm].tripped();
+            }
             self.log_arm_event(exp, &event);
             let ramped = exp.ramp.as_ref().is_some_and(|r| r.arm == choice.arm);
             if let (true, ArmEvent::Tripped { .. }, Some((step, true))) =

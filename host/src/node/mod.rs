@@ -440,6 +440,7 @@ impl Node {
         let started_ns = clock.monotonic_nanos();
         let cache = Cache::new(config.cache);
         let copy_buffers = CopyBuffers::new(config.fetch.copy_buffers);
+        let book = reload::Book::started_from(&config.origin);
         let generation = Generation::new(
             0,
             config,
@@ -460,7 +461,7 @@ impl Node {
                 locality,
                 epoch,
                 live: RwLock::new(Arc::new(generation)),
-                reload: Mutex::default(),
+                reload: Mutex::new(book),
                 load_ctx: ctx,
                 id_prefix: u64::from_le_bytes(rnd) ^ epoch,
                 next_id: AtomicU64::new(1),

@@ -3,35 +3,45 @@
 //!
 //! A reload is checked whole before anything changes: the config parses
 //! and validates, settings that only a restart can change are unchanged,
-//! every new or changed plugin loads, and no owned shard would be left
-//! without a transport. Then one new [`Generation`] replaces the old one
-//! in a single pointer swap: fetches in flight finish under the old one,
-//! new fetches see only the new one. Plugins the new config keeps
-//! unchanged are the same instances (their pools, servers and leases go
-//! on); experiment states whose arms, guardrail window, ramp and arm
-//! instances are unchanged carry over (guardrail windows, trips, ramp
-//! step), others start afresh; per-arm and per-transport metrics are kept
-//! by name. A tighter cache limit evicts at once.
+//! and every new or changed plugin loads. Then one new [`Generation`]
+//! replaces the old one in a single pointer swap: fetches in flight finish
+//! under the old one, new fetches see only the new one. Plugins the new
+//! config keeps unchanged are the same instances (their pools, servers and
+//! leases go on). Experiment states carry over by arm name (see
+//! [`ExperimentState::carried`]): a tripped arm stays tripped and a ramp
+//! keeps its step whatever else changed, even when a new instance (a new
+//! build, another table) now serves an arm; only that arm's guardrail
+//! window starts afresh, and a changed ramp restarts. Per-arm and
+//! per-transport metrics are kept by name, so no counter goes back. A
+//! tighter cache limit evicts at once.
 //!
 //! A plugin the new config drops (or replaces with another build or
-//! table) stops taking new work at the swap: its exports of owned shards
-//! are withdrawn (unless it holds their bytes, as the storage transport),
-//! and it is *draining* until no fetch in flight, owned shard or lease
-//! holds it; then the instance is dropped (its segments and servers go;
-//! the library stays mapped, as abi_stable never unloads one).
+//! table) stops taking new work at the swap: no new put exports through it
+//! and no new fetch goes through it. It keeps serving the exports it made
+//! of shards this node owns, because the handles consumers hold name them
+//! (its port, its segment), until each of those shards is removed; it is
+//! *draining* until no fetch in flight, owned shard or lease holds it, then
+//! the instance is dropped (its segments and servers go; the library stays
+//! mapped, as abi_stable never unloads one).
+//!
+//! A reload without a file reads the file the node was started with, even
+//! after reloads of other files, unless one of them was adopted
+//! ([`Node::adopt_config_file`]).
 
-use std::{path::Path, sync::Arc};
-
-use serde::Serialize;
-use shardport_abi::{ErrorKind, ShardId};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use super::{lock, Generation, Node};
 use crate::{
     config::{self, Config, Experiment, Origin},
     error::HostError,
+    experiment::ExperimentState,
     loader::{config_refusal, load_instance, LoadedPlugin},
     vocab::{Storage, TransportName},
 };
+use serde::Serialize;
 
 /// What a reload did.
 #[derive(Debug, Clone, Serialize)]
@@ -55,15 +65,29 @@ pub struct ReloadReport {
 /// its transports start eagerly); an error refuses the reload.
 pub type ConfigHook = Arc<dyn Fn(&mut Config) -> Result<(), String> + Send + Sync>;
 
-/// Plugins that a reload removed, kept until nothing uses them, and the
-/// reload hook.
+/// Plugins that a reload removed, kept until nothing uses them, the
+/// reload hook, and the node's own config file.
 #[derive(Default)]
 pub(super) struct Book {
     draining: Vec<Arc<LoadedPlugin>>,
     hook: Option<ConfigHook>,
+    /// What a reload without a file reads: the file the node started
+    /// from, or the one adopted since.
+    file: Option<PathBuf>,
 }
 
 impl Book {
+    /// The book of a node started from a config of `origin`.
+    pub(super) fn started_from(origin: &Origin) -> Book {
+        Book {
+            file: match origin {
+                Origin::File(p) => Some(p.clone()),
+                _ => None,
+            },
+            ..Book::default()
+        }
+    }
+
     /// Drops the removed plugins nothing holds any more; returns the rest
     /// as `name (path): why` lines.
     fn reap(&mut self) -> Vec<String> {
@@ -80,7 +104,7 @@ impl Book {
 
 fn draining_line(p: &Arc<LoadedPlugin>) -> String {
     format!(
-        "{} ({}): draining, {} holders (fetches in flight, owned shards it stores) and {} leases or allocations",
+        "{} ({}): draining, {} holders (fetches in flight, owned shards it exported) and {} leases or allocations",
         p.name,
         p.path.display(),
         Arc::strong_count(p) - 1,
@@ -102,38 +126,39 @@ impl Node {
             Err(e) => return self.count_refusal(e),
         };
         self.inner.metrics.reload(true);
-        tracing::info!(target: "reload", generation = r.generation, changes = r.changes.len(), evicted = r.evicted, "config reloaded");
         let summary = if r.changes.is_empty() {
             "no change".to_owned()
         } else {
             r.changes.join("; ")
         };
+        tracing::info!(target: "reload", generation = r.generation, evicted = r.evicted, "config reloaded: {summary}");
+        for w in &r.warnings {
+            tracing::warn!(target: "reload", generation = r.generation, "{w}");
+        }
         self.inner.event(
             "reload",
             None,
             format!("generation {}: {summary}", r.generation),
         );
-        for c in &r.changes {
-            tracing::info!(target: "reload", "{c}");
-        }
         Ok(r)
     }
 
-    /// Reads, parses and applies a config file: `path`, or the file the
-    /// running config came from. A file that cannot be read or parsed is
-    /// refused with the error (file:line:col for a bad value).
+    /// Reads, parses and applies a config file: `path`, or the node's own
+    /// file (the one it was started with, or adopted since; a reload of
+    /// another file does not change it). A file that cannot be read or
+    /// parsed is refused with the error (file:line:col for a bad value).
     pub fn reload_file(&self, path: Option<&Path>) -> Result<ReloadReport, HostError> {
-        let path = match path {
-            Some(p) => p.to_path_buf(),
-            None => match &self.inner.live().config.origin {
-                Origin::File(p) => p.clone(),
-                other => {
-                    let e = refused(format!(
-                        "the node runs a config that has no file to read again ({other:?}); name a config file"
-                    ));
-                    return self.count_refusal(e);
-                }
-            },
+        let own = lock(&self.inner.reload).file.clone();
+        let path = match (path, own) {
+            (Some(p), _) => p.to_path_buf(),
+            (None, Some(p)) => p,
+            (None, None) => {
+                let e = refused(format!(
+                    "the node was started from a config that has no file to read again ({:?}); name a config file",
+                    self.inner.live().config.origin
+                ));
+                return self.count_refusal(e);
+            }
         };
         match config::load(&path) {
             Ok(next) => self.reload(next),
@@ -155,6 +180,19 @@ impl Node {
         tracing::error!(target: "reload", error = %e, "config reload refused");
         self.inner.event("reload-refused", None, e.to_string());
         Err(e)
+    }
+
+    /// Makes `path` the node's own config file: what a reload without a
+    /// file (SIGHUP to `shardport serve`, `shardport reload` without
+    /// `--config`) reads from now on.
+    pub fn adopt_config_file(&self, path: PathBuf) {
+        tracing::info!(target: "reload", file = %path.display(), "config file adopted: reloads without a file read it");
+        lock(&self.inner.reload).file = Some(path);
+    }
+
+    /// The node's own config file (see [`adopt_config_file`](Self::adopt_config_file)).
+    pub fn config_file(&self) -> Option<PathBuf> {
+        lock(&self.inner.reload).file.clone()
     }
 
     /// Sets the step every reloaded config goes through first (see
@@ -190,30 +228,32 @@ impl Node {
             .filter(|p| !plugins.iter().any(|q| Arc::ptr_eq(p, q)))
             .cloned()
             .collect();
-        self.check_stranded(&removed)?;
-        let changes = describe_changes(&old.config, &next, &removed, &plugins);
+        let mut changes = describe_changes(&old.config, &next, &removed, &plugins);
         let now_ns = self.inner.clock.monotonic_nanos();
         // Transports whose instance this reload adds, replaces or removes:
-        // an experiment with such an arm starts afresh (a new build is a
-        // new arm, whatever its name).
+        // an arm they serve keeps its state but not its window.
         let renewed: Vec<TransportName> = plugins
             .iter()
             .filter(|p| !old.plugins.iter().any(|q| Arc::ptr_eq(p, q)))
             .chain(&removed)
             .map(|p| p.name.clone())
             .collect();
+        let mut notes = Vec::new();
         let carried = |e: &Experiment| {
-            if e.arms.iter().any(|a| renewed.contains(&a.transport)) {
-                return None;
-            }
             let i = old
                 .config
                 .experiments
                 .iter()
                 .position(|o| o.name == e.name)?;
-            let st = &old.experiments[i];
-            st.fits(&old.config.experiments[i], e)
-                .then(|| Arc::clone(st))
+            let (was, st) = (&old.config.experiments[i], &old.experiments[i]);
+            let renewed_arm = |j: usize| renewed.contains(&e.arms[j].transport);
+            if st.fits(was, e) && !(0..e.arms.len()).any(renewed_arm) {
+                return Some(Arc::clone(st));
+            }
+            let (next, lines): (ExperimentState, Vec<String>) =
+                st.carried(was, e, renewed_arm, now_ns);
+            notes.extend(lines);
+            Some(Arc::new(next))
         };
         let cache_policy = next.cache;
         let copy_buffers = next.fetch.copy_buffers;
@@ -226,12 +266,19 @@ impl Node {
             carried,
             now_ns,
         );
+        changes.extend(notes);
         let number = generation.number;
         *self.inner.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(generation);
         drop(old);
         self.inner.copy_buffers.set_budget(copy_buffers);
-        // After the swap: no new fetch reaches a removed plugin.
-        self.withdraw_exports(&removed);
+        // After the swap no new put or fetch reaches a removed plugin; it
+        // serves what it exported until those shards are removed.
+        let still_served = self.exported_through(&removed);
+        if still_served > 0 {
+            changes.push(format!(
+                "the removed or replaced plugin instances keep serving the {still_served} owned shard(s) they exported until those are removed"
+            ));
+        }
         book.draining.extend(removed);
         let evicted = {
             let gone = lock(&self.inner.cache).set_policy(cache_policy, now_ns);
@@ -286,75 +333,16 @@ impl Node {
         Ok((plugins, load_failures))
     }
 
-    /// Refuses a reload that would leave owned shards with no transport:
-    /// every transport that exports them is one the new config removes.
-    fn check_stranded(&self, removed: &[Arc<LoadedPlugin>]) -> Result<(), HostError> {
-        if removed.is_empty() {
-            return Ok(());
-        }
-        let shards = lock(&self.inner.shards);
-        let mut stranded: Vec<(ShardId, Vec<String>)> = shards
-            .iter()
-            .filter(|(_, s)| {
+    /// Owned shards that one of `plugins` exported.
+    fn exported_through(&self, plugins: &[Arc<LoadedPlugin>]) -> usize {
+        lock(&self.inner.shards)
+            .values()
+            .filter(|s| {
                 s.exported_by
                     .iter()
-                    .all(|p| removed.iter().any(|r| Arc::ptr_eq(p, r)))
+                    .any(|p| plugins.iter().any(|r| Arc::ptr_eq(p, r)))
             })
-            .map(|(id, s)| {
-                (
-                    *id,
-                    s.exported_by.iter().map(|p| p.name.to_string()).collect(),
-                )
-            })
-            .collect();
-        drop(shards);
-        if stranded.is_empty() {
-            return Ok(());
-        }
-        stranded.sort_by_key(|(id, _)| *id);
-        let n = stranded.len();
-        let listed: Vec<String> = stranded
-            .iter()
-            .take(8)
-            .map(|(id, by)| format!("{id} (exported only by {})", by.join(", ")))
-            .collect();
-        Err(refused(format!(
-            "{n} owned shard(s) would be stranded: {}{}; remove them first, or keep a transport that exports them",
-            listed.join(", "),
-            if n > 8 { ", ..." } else { "" }
-        )))
-    }
-
-    /// Withdraws the exports of owned shards from removed plugins, except
-    /// where the plugin stores the shard's bytes (it unexports last, when
-    /// the shard is removed).
-    fn withdraw_exports(&self, removed: &[Arc<LoadedPlugin>]) {
-        if removed.is_empty() {
-            return;
-        }
-        let mut work: Vec<(ShardId, Arc<LoadedPlugin>)> = Vec::new();
-        {
-            let mut shards = lock(&self.inner.shards);
-            for (id, s) in shards.iter_mut() {
-                let storage = s.exported_by.len().checked_sub(1).filter(|_| s.is_pooled());
-                let mut k = 0;
-                s.exported_by.retain(|p| {
-                    let keep = Some(k) == storage || !removed.iter().any(|r| Arc::ptr_eq(p, r));
-                    if !keep {
-                        work.push((*id, Arc::clone(p)));
-                    }
-                    k += 1;
-                    keep
-                });
-            }
-        }
-        for (id, p) in work {
-            if let Err(e) = p.transport.unexport(id).into_result() {
-                if e.kind != ErrorKind::NOT_FOUND {
-                    tracing::warn!(target: "reload", shard = %id, transport = %p.name, error = %e, "unexport of a removed plugin failed");
-                }
-            }
-        }
+            .count()
     }
 }
 
@@ -523,14 +511,6 @@ fn experiment_change(o: &Experiment, e: &Experiment) -> String {
         parts.push("conditions, unit or salt changed".to_owned());
     }
     format!("experiment {}: {}", e.name, parts.join(", "))
-}
-
-impl super::OwnedShard {
-    /// Its bytes live in the storage transport's pool (that transport is
-    /// the last in `exported_by`).
-    fn is_pooled(&self) -> bool {
-        matches!(self.stored, super::Stored::Pool(_))
-    }
 }
 
 #[cfg(test)]
