@@ -208,6 +208,10 @@ pub struct WindowStats {
     pub errors: u64,
     /// p99 latency of the successful attempts, ns (0 when none).
     pub p99_ns: u64,
+    /// A 99% confidence interval of that p99, ns: the order statistics
+    /// whose ranks bound the 99th percentile's rank (distribution-free;
+    /// with few samples it widens to the largest one).
+    pub p99_bounds_ns: (u64, u64),
 }
 
 impl WindowStats {
@@ -215,6 +219,35 @@ impl WindowStats {
     pub fn attempts(&self) -> u64 {
         self.ok + self.errors
     }
+
+    /// The stats of `ok` successes with latencies `h` and `errors` failures.
+    fn of(ok: u64, errors: u64, h: &Histogram<u64>) -> WindowStats {
+        let (p99_ns, p99_bounds_ns) = if h.is_empty() {
+            (0, (0, 0))
+        } else {
+            (h.value_at_quantile(0.99), quantile_bounds(h, 0.99))
+        };
+        WindowStats {
+            ok,
+            errors,
+            p99_ns,
+            p99_bounds_ns,
+        }
+    }
+}
+
+/// z of a two-sided 99% normal interval.
+const Z_99: f64 = 2.576;
+
+/// A distribution-free 99% confidence interval of the `q` quantile of the
+/// samples in `h`: the `n q` rank give or take `z sqrt(n q (1 - q))`
+/// (the binomial count of samples below the quantile), as values.
+fn quantile_bounds(h: &Histogram<u64>, q: f64) -> (u64, u64) {
+    let n = h.len() as f64;
+    let half = Z_99 * (n * q * (1.0 - q)).sqrt();
+    let lo = (n * q - half).floor().max(1.0);
+    let hi = (n * q + half).ceil().min(n);
+    (h.value_at_quantile(lo / n), h.value_at_quantile(hi / n))
 }
 
 /// Whether `arm` (not the control) should be disabled, judged on its window
@@ -236,15 +269,25 @@ pub fn judge(g: &Guardrail, arm: &WindowStats, control: &WindowStats) -> Option<
             ));
         }
     }
+    // Noise must not trip an arm: the ratio that counts is the arm's p99 at
+    // the low end of its 99% interval over the control's at the high end.
+    // With few samples that compares a low percentile of the arm with the
+    // control's largest sample; with many it converges on the p99 ratio.
     if let Some(max) = g.max_p99_ratio {
-        if arm.ok >= g.min_samples && control.ok >= g.min_samples && control.p99_ns > 0 {
-            let ratio = arm.p99_ns as f64 / control.p99_ns as f64;
+        let (arm_low, control_high) = (arm.p99_bounds_ns.0, control.p99_bounds_ns.1);
+        if arm.ok >= g.min_samples && control.ok >= g.min_samples && control_high > 0 {
+            let ratio = arm_low as f64 / control_high as f64;
             if ratio > max {
                 return Some(format!(
-                    "p99 latency {:.1} us is {ratio:.2}x the control arm's {:.1} us over the last {:?}, above max-p99-ratio {max}",
+                    "p99 latency {:.1} us is {:.2}x the control arm's {:.1} us over the last {:?}, and at least {ratio:.2}x at the edges of their 99% confidence intervals (arm >= {:.1} us, control <= {:.1} us; {} and {} samples), above max-p99-ratio {max}",
                     arm.p99_ns as f64 / 1e3,
+                    arm.p99_ns as f64 / control.p99_ns.max(1) as f64,
                     control.p99_ns as f64 / 1e3,
-                    g.window
+                    g.window,
+                    arm_low as f64 / 1e3,
+                    control_high as f64 / 1e3,
+                    arm.ok,
+                    control.ok
                 ));
             }
         }
@@ -532,12 +575,14 @@ mod tests {
             ok: 10,
             errors: 9,
             p99_ns: 1,
+            p99_bounds_ns: (1, 1),
         };
         assert_eq!(judge(&g, &few, &none), None, "below min-samples");
         let bad = WindowStats {
             ok: 17,
             errors: 3,
             p99_ns: 1,
+            p99_bounds_ns: (1, 1),
         };
         let why = judge(&g, &bad, &none).expect("15% > 10%");
         assert!(why.contains("15.0%") && why.contains("3 of 20"), "{why}");
@@ -545,40 +590,104 @@ mod tests {
             ok: 18,
             errors: 2,
             p99_ns: 1,
+            p99_bounds_ns: (1, 1),
         };
         assert_eq!(judge(&g, &fine, &none), None, "10% is not above 10%");
+    }
+
+    /// Window stats of these latencies (ns), all successes.
+    fn stats_of(latencies: &[u64]) -> WindowStats {
+        let mut h = new_histogram();
+        for &l in latencies {
+            h.record(l).unwrap();
+        }
+        WindowStats::of(latencies.len() as u64, 0, &h)
     }
 
     #[test]
     fn judge_p99_ratio_against_control() {
         let g = guard(None, Some(3.0));
-        let control = WindowStats {
-            ok: 50,
-            errors: 0,
-            p99_ns: 10_000,
-        };
-        let slow = WindowStats {
-            ok: 50,
-            errors: 0,
-            p99_ns: 40_000,
-        };
-        let ok = WindowStats {
-            ok: 50,
-            errors: 0,
-            p99_ns: 29_000,
-        };
-        assert!(judge(&g, &slow, &control).unwrap().contains("4.00x"));
+        let control = stats_of(&[10_000; 50]);
+        let slow = stats_of(&[40_000; 50]);
+        let ok = stats_of(&[29_000; 50]);
+        let why = judge(&g, &slow, &control).unwrap();
+        assert!(
+            why.contains("4.00x") && why.contains("50 and 50 samples"),
+            "{why}"
+        );
         assert_eq!(judge(&g, &ok, &control), None);
-        let thin_control = WindowStats {
-            ok: 5,
-            errors: 0,
-            p99_ns: 10,
-        };
+        let thin_control = stats_of(&[10; 5]);
         assert_eq!(
             judge(&g, &slow, &thin_control),
             None,
             "control below min-samples"
         );
+        // One slow outlier in the control's window widens its interval to
+        // it: a 4x arm is not shown slower by 50 samples.
+        let mut spiky = vec![10_000; 49];
+        spiky.push(200_000);
+        assert_eq!(judge(&g, &slow, &stats_of(&spiky)), None);
+    }
+
+    #[test]
+    fn the_p99_interval_bounds_the_rank_of_the_99th_percentile() {
+        // 1..=10_000 us: p99 is 9_900 us; the interval's ranks are 9_900
+        // give or take 2.576 * sqrt(99) = 25.6 (values within the
+        // histogram's 1% precision).
+        let all: Vec<u64> = (1..=10_000u64).map(|i| i * 1000).collect();
+        let w = stats_of(&all);
+        let (lo, hi) = w.p99_bounds_ns;
+        assert!(lo < hi && lo <= w.p99_ns && w.p99_ns <= hi, "{w:?}");
+        assert!((9_774_000..=9_900_000).contains(&lo), "{lo}");
+        assert!((9_900_000..=10_030_000).contains(&hi), "{hi}");
+        // 40 samples: from the 37th smallest to the largest.
+        let few: Vec<u64> = (1..=40u64).collect();
+        assert_eq!(stats_of(&few).p99_bounds_ns, (37, 40));
+    }
+
+    /// A deterministic heavy-tailed sample: Pareto with index 1 from 10 us
+    /// (a tail far heavier than a transport's).
+    fn noisy(seed: u64, n: usize) -> Vec<u64> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let u = ((x >> 11) + 1) as f64 / (1u64 << 53) as f64;
+                (10_000.0 / u).min(1e12) as u64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_byte_identical_arm_under_noise_never_trips_and_a_slow_one_does() {
+        let g = guard(None, Some(5.0));
+        let g = Guardrail {
+            min_samples: 100,
+            ..g
+        };
+        // The same heavy-tailed distribution on both arms, 100 samples
+        // each, 500 windows: comparing plain p99s trips some of them; the
+        // intervals trip none.
+        let (mut plain, mut ours) = (0, 0);
+        for seed in 0..500 {
+            let arm = stats_of(&noisy(seed, 100));
+            let control = stats_of(&noisy(seed + 10_000, 100));
+            if arm.p99_ns as f64 / control.p99_ns as f64 > 5.0 {
+                plain += 1;
+            }
+            if judge(&g, &arm, &control).is_some() {
+                ours += 1;
+            }
+        }
+        assert!(plain > 0, "the noise is not noisy enough to test anything");
+        assert_eq!(ours, 0, "{ours} of 500 identical windows tripped");
+        // A build 10x slower than a steadier control (10-20 us) is caught
+        // with as few samples as min-samples.
+        let steady: Vec<u64> = (0..100).map(|i| 10_000 + i * 100).collect();
+        let slow: Vec<u64> = steady.iter().map(|l| l * 10).collect();
+        assert!(judge(&g, &stats_of(&slow), &stats_of(&steady)).is_some());
     }
 
     #[test]

@@ -462,18 +462,13 @@ impl ExperimentState {
 fn window_stats(slots: &mut Vec<Slot>, period: u64) -> WindowStats {
     slots.retain(|s| s.period + SLOTS > period);
     let mut h = new_histogram();
-    let mut w = WindowStats::default();
+    let (mut ok, mut errors) = (0, 0);
     for s in slots.iter() {
-        w.ok += s.ok;
-        w.errors += s.errors;
+        ok += s.ok;
+        errors += s.errors;
         let _ = h.add(&s.latency);
     }
-    w.p99_ns = if h.is_empty() {
-        0
-    } else {
-        h.value_at_quantile(0.99)
-    };
-    w
+    WindowStats::of(ok, errors, &h)
 }
 
 #[cfg(test)]
