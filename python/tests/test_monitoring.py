@@ -170,8 +170,8 @@ def test_the_rules_file_parses_and_every_rule_is_complete():
     for metric, must_contain in [
         ("shardport_experiment_arm_state", "tripped"),  # guardrail tripped
         ("shardport_downgrades_total", ""),  # downgrade rate
-        ("shardport_plugin_gauge", "pool_bytes_total"),  # pool near full
-        ("shardport_plugin_gauge", "leases_held_on_owner"),  # leases held
+        ("shardport_plugin_current", "pool_bytes_total"),  # pool near full
+        ("shardport_plugin_current", "leases_held_on_owner"),  # leases held
         ("shardport_reloads_total", 'result="refused"'),  # reload refused
         ("shardport_plugin_events_total", "requests_failed"),  # plugin failing
         ("shardport_fetch_errors_total", "shardport_fetches_total"),  # error ratio
@@ -371,8 +371,10 @@ def test_every_series_the_dashboard_and_rules_use_is_served_by_live_nodes(prefix
                     assert bytes(s.numpy()[:256]) == bytes(range(256))
                     del s
             held = consumer.fetch(handles[1], mode="view")  # a lease while scraping
-            consumer_samples = parse_samples(consumer.metrics())
-            owner_samples = parse_samples(control(addr, "GET", "/metrics").decode())
+            consumer_text = consumer.metrics()
+            owner_text = control(addr, "GET", "/metrics").decode()
+            consumer_samples = parse_samples(consumer_text)
+            owner_samples = parse_samples(owner_text)
             del held
     finally:
         if owner.poll() is None:
@@ -390,11 +392,11 @@ def test_every_series_the_dashboard_and_rules_use_is_served_by_live_nodes(prefix
     assert value(c, "shardport_experiment_assigned_total", experiment="shm-vs-http") == fetched
     assert value(c, "shardport_fetch_latency_seconds_count") == fetched
     assert {ls["size"] for n, ls, _ in c if n == "shardport_fetch_latency_seconds_count"} == {"4KiB", "1MiB"}
-    assert value(c, "shardport_plugin_gauge", transport="posix-shm", stat="leases_active") >= 1
+    assert value(c, "shardport_plugin_current", transport="posix-shm", stat="leases_active") >= 1
     o = owner_samples
-    assert value(o, "shardport_plugin_gauge", stat="leases_held_on_owner") >= 1
-    used = value(o, "shardport_plugin_gauge", stat="pool_bytes_used")
-    assert 0 < used <= value(o, "shardport_plugin_gauge", stat="pool_bytes_total")
+    assert value(o, "shardport_plugin_current", stat="leases_held_on_owner") >= 1
+    used = value(o, "shardport_plugin_current", stat="pool_bytes_used")
+    assert 0 < used <= value(o, "shardport_plugin_current", stat="pool_bytes_total")
     assert value(o, "shardport_reloads_total", result="refused") == 1
     assert value(o, "shardport_reloads_total", result="applied") == 1
     assert value(o, "shardport_plugin_events_total", transport="http", stat="requests_served") > 0
@@ -421,11 +423,20 @@ def test_every_series_the_dashboard_and_rules_use_is_served_by_live_nodes(prefix
                     if v not in have:
                         missing.append(f'{source}: {metric}{{{label}="{v}"}} in {e}')
     assert not missing, "not served by a live node:\n" + "\n".join(missing)
+    # Prometheus' own linter accepts both scrapes as they are (names, types,
+    # units, help), where it is installed.
+    promtool = _promtool()
+    if promtool is not None:
+        for text in (consumer_text, owner_text):
+            out = subprocess.run(
+                [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+            )
+            assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr
     # The extractor saw the queries (an empty set would pass the check above).
     assert {
         "shardport_fetch_latency_seconds_bucket",
         "shardport_experiment_latency_seconds_bucket",
         "shardport_experiment_arm_state",
-        "shardport_plugin_gauge",
+        "shardport_plugin_current",
         "shardport_reloads_total",
     } <= referenced, sorted(referenced)

@@ -352,7 +352,7 @@ fn gauge_help(name: &str) -> String {
         "cache_held_entries" => "Cache entries a caller still holds (never evicted).".to_owned(),
         "shards_owned" => "Shards this node owns.".to_owned(),
         "bytes_owned" => "Bytes this node owns.".to_owned(),
-        "plugin_gauge" => "A transport's own gauge (pool occupancy, leases...).".to_owned(),
+        "plugin_current" => "A transport's own gauge (pool occupancy, leases...).".to_owned(),
         "plugin_events_total" => "A transport's own counter.".to_owned(),
         other => format!("{other} (node gauge)."),
     }

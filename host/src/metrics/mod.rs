@@ -526,7 +526,7 @@ mod tests {
                 value: 4096.0,
             },
             Gauge {
-                name: "plugin_gauge".into(),
+                name: "plugin_current".into(),
                 labels: vec![
                     ("transport".into(), "posix-shm".into()),
                     ("stat".into(), "pool_bytes_used".into()),
@@ -613,7 +613,7 @@ mod tests {
             ref other => panic!("{other:?}"),
         }
         match find(
-            "shardport_plugin_gauge",
+            "shardport_plugin_current",
             &[("transport", "posix-shm"), ("stat", "pool_bytes_used")],
         )
         .value

@@ -114,7 +114,7 @@ impl Node {
                 let name = if st.kind == StatKind::COUNTER {
                     "plugin_events_total"
                 } else {
-                    "plugin_gauge"
+                    "plugin_current"
                 };
                 gauges.push(g(
                     name,
