@@ -97,6 +97,26 @@ def arm(m: dict, name: str, exp: int = 0) -> dict:
     return next(a for a in m["experiments"][exp]["arms"] if a["name"] == name)
 
 
+def _counts(a: dict) -> list[tuple[int, int]]:
+    return sorted((v, c) for b in a["latency"] for v, c in b["counts"])
+
+
+def p99(a: dict) -> float:
+    """The p99 (ns) of an arm's whole-run latency histogram."""
+    counts = _counts(a)
+    total, seen = sum(c for _, c in counts), 0
+    for v, c in counts:
+        seen += c
+        if seen >= 0.99 * total:
+            return v
+    return 0.0
+
+
+def pmax(a: dict) -> float:
+    counts = _counts(a)
+    return counts[-1][0] if counts else 0.0
+
+
 def ok(step: str, detail: str) -> None:
     print(f"ok    {step}: {detail}", flush=True)
 
@@ -109,7 +129,7 @@ def plugin(name: str, lib: Path, extra: str = "", transport: str | None = None) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=str(REPO / "target" / "release"), help="where shardport and the .so files are")
-    ap.add_argument("--load-seconds", type=float, default=60.0, help="how long the byte-identical build runs under load")
+    ap.add_argument("--load-seconds", type=int, default=60, help="how long the byte-identical build runs under load")
     args = ap.parse_args()
     bin_dir = Path(args.bin).resolve()
     libs = {n: bin_dir / f"libshardport_{n}.so" for n in ("posix_shm", "http")}
@@ -242,30 +262,42 @@ def main() -> int:
         ok("ramp", f"50% step kept across a changed setting of the new build (share {arm(m, 'next')['share']})")
 
         # 9. A byte-identical build under load, judged by the shipped
-        #    guardrail (`max-p99-ratio = 1.5`, 200 samples): it never trips.
-        ident_cfg = work / "identical.toml"
-        ident_cfg.write_text(
-            '[node]\nname = "consumer-identical"\n[control]\nbind = "127.0.0.1:0"\n'
-            '[fetch]\nmode = "copy"\n'
-            '[[experiment]]\nname = "identical"\nunit = "fetch"\n'
-            'arms = [{ name = "running", transport = "http", weight = 50 }, { name = "next", transport = "http-next", weight = 50 }]\n'
-            'guardrail = { max-error-rate = 0.01, max-p99-ratio = 1.5, window = "5m", min-samples = 200, cooldown = "30m" }\n'
-            + plugin("http", libs["http"], 'bind = "127.0.0.1:0"')
-            + plugin("http-next", next_lib, 'bind = "127.0.0.1:0"', transport="http")
-        )
-        ident = Node(bin_dir, ident_cfg, handle_file)
-        nodes.append(ident)
+        #    guardrail (`max-p99-ratio = 1.5`, 200 samples over 5 minutes)
+        #    and by a short, thin one (5x, 40 samples over 60 s): neither
+        #    trips.
+        idents = []
+        for name, guard in [
+            ("shipped", 'max-p99-ratio = 1.5, window = "5m", min-samples = 200'),
+            ("thin", 'max-p99-ratio = 5.0, window = "60s", min-samples = 40'),
+        ]:
+            cfg = work / f"identical-{name}.toml"
+            cfg.write_text(
+                f'[node]\nname = "identical-{name}"\n[control]\nbind = "127.0.0.1:0"\n'
+                '[fetch]\nmode = "copy"\n'
+                '[[experiment]]\nname = "identical"\nunit = "fetch"\n'
+                'arms = [{ name = "running", transport = "http", weight = 50 }, { name = "next", transport = "http-next", weight = 50 }]\n'
+                f'guardrail = {{ max-error-rate = 0.01, {guard}, cooldown = "30m" }}\n'
+                + plugin("http", libs["http"], 'bind = "127.0.0.1:0"')
+                + plugin("http-next", next_lib, 'bind = "127.0.0.1:0"', transport="http")
+            )
+            idents.append((name, Node(bin_dir, cfg, handle_file)))
+            nodes.append(idents[-1][1])
         load = subprocess.run(
-            [str(bin_dir / "shardport"), "bench", "load", "--consumers", "2", "--duration", f"{args.load_seconds}s", "--no-limits"],
+            [str(bin_dir / "shardport"), "bench", "load", "--consumers", "2", "--duration", f"{int(args.load_seconds)}s", "--no-limits"],
             capture_output=True, text=True, timeout=args.load_seconds * 4 + 300,
         )
         if load.returncode != 0:
             raise DrillFailed(f"bench load failed:\n{load.stderr[-2000:]}")
-        m = ident.metrics()
-        run_, nxt = arm(m, "running"), arm(m, "next")
-        if nxt["guardrail_trips"] != 0 or nxt["state"] != "enabled":
-            raise DrillFailed(f"a byte-identical build tripped: {nxt['disabled']}")
-        ok("identical", f"{run_['fetches']} + {nxt['fetches']} fetches beside `bench load` for {args.load_seconds:.0f} s: 0 trips")
+        for name, ident in idents:
+            m = ident.metrics()
+            run_, nxt = arm(m, "running"), arm(m, "next")
+            if nxt["guardrail_trips"] != 0 or nxt["state"] != "enabled":
+                raise DrillFailed(f"a byte-identical build tripped ({name} guardrail): {nxt['disabled']}")
+            ok(
+                f"identical ({name})",
+                f"{run_['fetches']} + {nxt['fetches']} fetches beside `bench load` for {args.load_seconds} s: 0 trips; "
+                f"whole-run p99 {p99(run_) / 1e3:.0f} / {p99(nxt) / 1e3:.0f} us, max {pmax(run_) / 1e3:.0f} / {pmax(nxt) / 1e3:.0f} us",
+            )
 
         # 10. Finish the upgrade on the owner as the README says; every shard
         #     put before it is fetched again over http, verified.
