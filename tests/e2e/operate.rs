@@ -136,7 +136,7 @@ impl Served {
 }
 
 /// The snapshot's arm `arm` of its first experiment.
-fn arm<'a>(m: &'a Value, arm: usize) -> &'a Value {
+fn arm(m: &Value, arm: usize) -> &Value {
     &m["experiments"][0]["arms"][arm]
 }
 
@@ -309,9 +309,13 @@ fn a_ramp_keeps_its_step_when_a_setting_of_the_new_build_changes() {
             || check.contains("plugin      http <-"),
         "{check}"
     );
-    assert!(check.contains("plugin      http-next (transport http)"), "{check}");
     assert!(
-        check.contains("running (control) via http 90.0%") && check.contains("next via http-next 10.0%"),
+        check.contains("plugin      http-next (transport http)"),
+        "{check}"
+    );
+    assert!(
+        check.contains("running (control) via http 90.0%")
+            && check.contains("next via http-next 10.0%"),
         "{check}"
     );
     assert!(check.contains("ramp: next takes 10% -> 50%"), "{check}");
@@ -556,7 +560,10 @@ fn config_check_fails_like_serve_when_a_required_plugin_cannot_load() {
     assert_eq!(check.status.code(), Some(3), "{check:?}");
     assert_eq!(serve.status.code(), Some(3), "{serve:?}");
     let out = String::from_utf8_lossy(&check.stdout);
-    assert!(out.contains("(file not found)") && out.contains("nowhere/libshardport_http.so"), "{out}");
+    assert!(
+        out.contains("(file not found)") && out.contains("nowhere/libshardport_http.so"),
+        "{out}"
+    );
     assert!(
         String::from_utf8_lossy(&check.stderr).contains("required plugins did not load"),
         "{check:?}"
@@ -586,6 +593,6 @@ fn gc_reports_an_unavailable_transport_as_skipped_without_a_warning() {
     if stdout.contains("cuda-ipc: skipped") {
         assert!(!stderr.contains("sweep failed"), "{stderr}");
     } else {
-        println!("cuda-ipc is available here: its sweep ran ({stdout})");
+        eprintln!("cuda-ipc is available here: its sweep ran ({stdout})");
     }
 }
