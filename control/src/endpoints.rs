@@ -168,14 +168,17 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
             )
         })?
     };
-    let adopt = r.adopt.then(|| r.path.clone()).flatten();
-    if r.adopt && adopt.is_none() {
-        return Err((
-            400,
-            "bad_request",
-            "`adopt` needs the `path` of the config file to adopt".to_owned(),
-        ));
-    }
+    let adopt = match (r.adopt, &r.path) {
+        (false, _) => None,
+        (true, None) => {
+            return Err((
+                400,
+                "bad_request",
+                "`adopt` needs the `path` of the config file to adopt".to_owned(),
+            ))
+        }
+        (true, Some(p)) => Some(adoptable(p, r.config.as_deref())?),
+    };
     let result = match (r.config, r.path) {
         (Some(text), path) => {
             let origin = match path {
@@ -195,6 +198,35 @@ fn reload(node: &Node, body: &[u8]) -> Result<shardport_host::node::ReloadReport
         node.adopt_config_file(p);
     }
     Ok(report)
+}
+
+/// The file a reload may make the node's own: `path` on this node's
+/// machine (absolute against the node's directory), which must hold the
+/// config text sent, if one was, so that a later SIGHUP reads what was
+/// applied.
+fn adoptable(path: &std::path::Path, sent: Option<&str>) -> Result<std::path::PathBuf, Refusal> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let here = std::fs::read_to_string(&abs).map_err(|e| {
+        (
+            400,
+            "bad_request",
+            format!(
+                "cannot adopt {}: this node cannot read it ({e}); copy the file to the node's machine first",
+                abs.display()
+            ),
+        )
+    })?;
+    if sent.is_some_and(|t| t != here) {
+        return Err((
+            400,
+            "bad_request",
+            format!(
+                "cannot adopt {}: the file on this node's machine differs from the config sent",
+                abs.display()
+            ),
+        ));
+    }
+    Ok(abs)
 }
 
 /// The request body, bounded by [`MAX_JSON_BODY`].

@@ -249,8 +249,8 @@ fn apply_route(route: &Route, out: &mut Plan) {
 
 /// The first experiment whose conditions hold and every one of whose
 /// enabled arms' transports is a candidate (so arms are compared on the same
-/// shards) puts the assigned arm's transport first; the route's or default
-/// order follows as the fallback.
+/// shards; a drained arm, weight 0, takes no part) puts the assigned arm's
+/// transport first; the route's or default order follows as the fallback.
 fn apply_experiment(handle: &Handle, local: &Local<'_>, candidates: &[Attempt], out: &mut Plan) {
     for (ei, e) in local.experiments.iter().enumerate() {
         if !when_matches(&e.when, handle, local) {
@@ -263,7 +263,9 @@ fn apply_experiment(handle: &Handle, local: &Local<'_>, candidates: &[Attempt], 
             .arms
             .iter()
             .enumerate()
-            .filter(|(i, a)| (*i == 0 || disabled & (1 << i) == 0) && !reachable(&a.transport))
+            .filter(|(i, a)| {
+                (*i == 0 || (disabled & (1 << i) == 0 && a.weight > 0)) && !reachable(&a.transport)
+            })
             .map(|(_, a)| a.transport.as_str())
             .collect();
         if !missing.is_empty() {

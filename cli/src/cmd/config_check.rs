@@ -51,7 +51,8 @@ pub fn run(command: Command) -> Outcome {
             )
         }
     );
-    // Loaded as `serve` would load them: a required plugin that does not
+    // Loaded as a node loads them (without serve's eager ports and pools,
+    // which a running node may hold): a required plugin that does not
     // load fails the check, an optional one is reported.
     let node = match Node::start(cfg.clone()) {
         Ok(n) => Some(n),

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use super::{control_call, Failure, Outcome, CONTROL_CALL_TIMEOUT, EXIT_CONFIG, EXIT_FAILURE};
+use super::{Failure, Outcome, CONTROL_CALL_TIMEOUT, EXIT_CONFIG, EXIT_FAILURE};
 
 /// Arguments of `shardport reload`.
 #[derive(clap::Args)]
@@ -35,8 +35,11 @@ pub struct Args {
 
 /// `POST /v1/reload` to each node until one refuses.
 pub fn run(args: Args) -> Outcome {
-    let body = match &args.config {
-        None => String::new(),
+    // The file is read once; the node checks it. Parsed here only to tell
+    // a refusal of the file itself (exit 2, as for every bad config) from a
+    // refusal of what it would change (exit 1).
+    let (body, invalid) = match &args.config {
+        None => (String::new(), false),
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 Failure::from((
@@ -44,28 +47,25 @@ pub fn run(args: Args) -> Outcome {
                     format!("cannot read config file {}: {e}", path.display()),
                 ))
             })?;
-            let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-            serde_json::json!({ "config": text, "path": abs, "adopt": args.adopt }).to_string()
-        }
-    };
-    // Whether the node's refusal is of the file itself (exit 2, as for
-    // every bad config) or of what it would change (exit 1).
-    let invalid = args.config.as_ref().is_some_and(|path| {
-        std::fs::read_to_string(path).is_ok_and(|text| {
-            shardport_host::config::parse_str(
+            let invalid = shardport_host::config::parse_str(
                 &text,
                 shardport_host::config::Origin::File(path.clone()),
             )
-            .is_err()
-        })
-    });
+            .is_err();
+            let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            let body =
+                serde_json::json!({ "config": text, "path": abs, "adopt": args.adopt }).to_string();
+            (body, invalid)
+        }
+    };
+    let trust = super::trust(args.auth.ca.as_deref())?;
     for (i, n) in args.nodes.iter().enumerate() {
-        let r = control_call(
+        let r = shardport_control::client::call_with(
             n,
+            trust.as_ref(),
             "POST",
             "/v1/reload",
             args.auth.token.as_deref(),
-            args.auth.ca.as_deref(),
             body.as_bytes(),
             CONTROL_CALL_TIMEOUT,
         );
@@ -78,9 +78,18 @@ pub fn run(args: Args) -> Outcome {
                 } else {
                     format!("; not reloaded: {}", rest.join(", "))
                 };
+                let refused_file = invalid
+                    && matches!(
+                        e,
+                        shardport_control::client::ClientError::Status { status: 409, .. }
+                    );
                 return Err(Failure::from((
-                    if invalid { EXIT_CONFIG } else { EXIT_FAILURE },
-                    format!("{n}: {}{untouched}", e.message),
+                    if refused_file {
+                        EXIT_CONFIG
+                    } else {
+                        EXIT_FAILURE
+                    },
+                    format!("{n}: {e}{untouched}"),
                 )));
             }
         }

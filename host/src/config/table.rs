@@ -28,8 +28,11 @@ pub fn routing_table(cfg: &Config) -> String {
                 .collect();
             let ramp = match &e.ramp {
                 Some(r) if e.arms[r.arm].weight > 0 => {
-                    let steps: Vec<String> =
-                        r.steps.iter().map(|p| format!("{}%", p * 100.0)).collect();
+                    let steps: Vec<String> = r
+                        .steps
+                        .iter()
+                        .map(|p| format!("{}%", (p * 1000.0).round() / 10.0))
+                        .collect();
                     format!(
                         "; ramp: {} takes {} of the traffic, one step per {:?} while its guardrail holds",
                         e.arms[r.arm].name,

@@ -21,7 +21,7 @@ use crate::config::{Experiment, ExperimentUnit, Guardrail};
 
 mod state;
 
-pub use state::{ArmEvent, ArmPhase, ExperimentState};
+pub use state::{same_ramp, ArmEvent, ArmPhase, ExperimentState};
 
 /// The arm a fetch was assigned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -729,7 +729,7 @@ mod tests {
             assert_eq!(st.record(&e, 0, false, 0, 12 * s), None);
         }
         assert_eq!(st.disabled(), 1 << 1);
-        assert_eq!(st.reset(&e, 12 * s), vec![1]);
+        assert_eq!(st.reset(&e, 12 * s).0, vec![1]);
         assert_eq!(st.disabled(), 0);
         assert_eq!(st.disabled_reason(1), None);
     }

@@ -29,7 +29,7 @@
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
-    Mutex, MutexGuard,
+    Arc, Mutex, MutexGuard, OnceLock, Weak,
 };
 
 use super::{judge, new_histogram, Gate, Slot, WindowStats, SLOTS};
@@ -103,6 +103,25 @@ pub enum ArmEvent {
     },
 }
 
+impl ArmEvent {
+    /// The same event, naming arm `arm` (an arm's index under another
+    /// generation of the config).
+    fn for_arm(self, arm: usize) -> ArmEvent {
+        match self {
+            ArmEvent::Tripped {
+                why, cooldown_ns, ..
+            } => ArmEvent::Tripped {
+                arm,
+                why,
+                cooldown_ns,
+            },
+            ArmEvent::Probing { .. } => ArmEvent::Probing { arm },
+            ArmEvent::Recovered { .. } => ArmEvent::Recovered { arm },
+            other => other,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct RampState {
     step: usize,
@@ -130,6 +149,8 @@ pub struct ExperimentState {
     next_event_ns: AtomicU64,
     book: Mutex<Book>,
     slot_ns: u64,
+    /// Set when a reload carried this state to another (see [`Self::retire`]).
+    successor: OnceLock<(Weak<ExperimentState>, Box<Experiment>)>,
 }
 
 fn nanos(d: std::time::Duration) -> u64 {
@@ -158,6 +179,7 @@ impl ExperimentState {
                 ramp,
             }),
             slot_ns: (window_ns / SLOTS).max(1),
+            successor: OnceLock::new(),
         };
         st.publish(exp, &st.lock());
         st
@@ -175,13 +197,16 @@ impl ExperimentState {
 
     /// The state of `next` after a reload, carried over from `self` (the
     /// state of `old`) by arm name: each arm keeps its phase and reason (a
-    /// tripped arm stays tripped until a reset or its cool-down), and its
-    /// guardrail window unless `renewed(arm)` (a new transport instance
-    /// serves it: its samples were another build's) or the window's length
-    /// changed. An unchanged ramp keeps its step, halt and clock; a changed
-    /// one restarts at its first step, halted if its arm is not enabled.
-    /// Arms new in `next` start enabled. Returns the state and one line
-    /// per arm or ramp whose state a reader of the reload should know about.
+    /// tripped arm stays tripped until a reset or its cool-down; a changed
+    /// cool-down applies from now), and its guardrail window unless
+    /// `renewed(arm)` (a new transport instance serves it: its samples were
+    /// another build's) or the window's length changed. The control arm,
+    /// and every arm of an experiment left without a guardrail, is
+    /// enabled. An unchanged ramp (same arm name, steps and interval)
+    /// keeps its step, halt and clock; another one starts at its first
+    /// step, halted if its arm is not enabled. Arms new in `next` start
+    /// enabled. Returns the state and one line per arm or ramp whose state
+    /// a reader of the reload should know about.
     pub fn carried(
         &self,
         old: &Experiment,
@@ -200,8 +225,14 @@ impl ExperimentState {
                 let Some(i) = old.arms.iter().position(|a| a.name == arm.name) else {
                     continue;
                 };
-                book.phases[j] = was.phases[i];
-                book.reasons[j].clone_from(&was.reasons[i]);
+                let (phase, note) = carried_phase(was.phases[i], old, next, j, now_ns);
+                if let Some(n) = note {
+                    notes.push(format!("experiment {}: arm {}: {n}", next.name, arm.name));
+                }
+                book.phases[j] = phase;
+                if phase != ArmPhase::Enabled {
+                    book.reasons[j].clone_from(&was.reasons[i]);
+                }
                 if same_window && !renewed(j) {
                     book.windows[j].clone_from(&was.windows[i]);
                 }
@@ -211,8 +242,8 @@ impl ExperimentState {
                         next.name,
                         arm.name,
                         arm.transport,
-                        was.phases[i].name(),
-                        if matches!(was.phases[i], ArmPhase::Enabled) {
+                        phase.name(),
+                        if phase == ArmPhase::Enabled {
                             ""
                         } else {
                             " (`shardport ab reset` re-enables it)"
@@ -220,29 +251,52 @@ impl ExperimentState {
                     ));
                 }
             }
-            match (&old.ramp, &next.ramp, was.ramp) {
-                (Some(a), Some(b), Some(r)) if a == b => book.ramp = Some(r),
-                (_, Some(b), _) => {
-                    let arm_off = !matches!(book.phases[b.arm], ArmPhase::Enabled);
-                    if let Some(r) = book.ramp.as_mut() {
-                        r.halted = arm_off;
-                    }
-                    notes.push(format!(
-                        "experiment {}: ramp restarts at its first step ({:.1}%){}",
-                        next.name,
-                        b.steps[0] * 100.0,
-                        if arm_off {
-                            ", halted: its arm is not enabled"
-                        } else {
-                            ""
+            if let Some(b) = &next.ramp {
+                match was.ramp {
+                    Some(r) if same_ramp(old, next) => book.ramp = Some(r),
+                    _ => {
+                        let arm_off = book.phases[b.arm] != ArmPhase::Enabled;
+                        if let Some(r) = book.ramp.as_mut() {
+                            r.halted = arm_off;
                         }
-                    ));
+                        if arm_off {
+                            notes.push(format!(
+                                "experiment {}: ramp {} at its first step ({:.1}%), halted: its arm {} is not enabled",
+                                next.name,
+                                if old.ramp.is_some() { "restarts" } else { "starts" },
+                                b.steps[0] * 100.0,
+                                next.arms[b.arm].name
+                            ));
+                        }
+                    }
                 }
-                _ => {}
             }
             st.publish(next, &book);
         }
         (st, notes)
+    }
+
+    /// Hands this state over to `next` (the state of `next_exp` that a
+    /// reload carried it to): outcomes recorded here from now on, by
+    /// fetches that began under the old config, are recorded there by arm
+    /// name, so a trip in flight across a reload is not lost.
+    pub fn retire(&self, next: &Arc<ExperimentState>, next_exp: &Experiment) {
+        let _ = self
+            .successor
+            .set((Arc::downgrade(next), Box::new(next_exp.clone())));
+    }
+
+    /// The state outcomes go to now, with the arm's index there.
+    fn successor_of(
+        &self,
+        exp: &Experiment,
+        arm: usize,
+    ) -> Option<(Arc<ExperimentState>, &Experiment, usize)> {
+        let (w, next) = self.successor.get()?;
+        let st = w.upgrade()?;
+        let name = &exp.arms.get(arm)?.name;
+        let j = next.arms.iter().position(|a| a.name == *name)?;
+        Some((st, next, j))
     }
 
     fn lock(&self) -> MutexGuard<'_, Book> {
@@ -296,7 +350,10 @@ impl ExperimentState {
         }
         if let (Some(cfg), Some(r)) = (&exp.ramp, book.ramp.as_mut()) {
             let due = r.since_ns.saturating_add(nanos(cfg.interval));
-            if !r.halted && r.step + 1 < cfg.steps.len() && now_ns >= due {
+            if exp.arms[cfg.arm].weight == 0 && now_ns >= due {
+                // Drained: the arm earns no step while it takes no traffic.
+                r.since_ns = now_ns;
+            } else if !r.halted && r.step + 1 < cfg.steps.len() && now_ns >= due {
                 r.step += 1;
                 r.since_ns = now_ns;
                 events.push(ArmEvent::RampStep {
@@ -333,8 +390,12 @@ impl ExperimentState {
         self.lock().phases.clone()
     }
 
-    /// The ramp's step and whether it halted (`None`: no ramp).
+    /// The ramp's step and whether it halted (`None`: no ramp); of the
+    /// successor once this state is retired.
     pub fn ramp(&self) -> Option<(usize, bool)> {
+        if let Some(st) = self.successor.get().and_then(|(w, _)| w.upgrade()) {
+            return st.ramp();
+        }
         self.lock().ramp.map(|r| (r.step, r.halted))
     }
 
@@ -354,6 +415,10 @@ impl ExperimentState {
         latency_ns: u64,
         now_ns: u64,
     ) -> Option<ArmEvent> {
+        if let Some((st, next, j)) = self.successor_of(exp, arm) {
+            let event = st.record(next, j, ok, latency_ns, now_ns)?;
+            return Some(event.for_arm(arm));
+        }
         let g = exp.guardrail.as_ref()?;
         let period = now_ns / self.slot_ns;
         let mut book = self.lock();
@@ -440,8 +505,9 @@ impl ExperimentState {
     /// Re-enables every tripped or probing arm, forgets the windows and
     /// resumes a halted ramp (an operator decided the cause is fixed) at
     /// monotonic time `now_ns`: the ramp's next step comes one `interval`
-    /// after the reset. Returns the arms that were not enabled.
-    pub fn reset(&self, exp: &Experiment, now_ns: u64) -> Vec<usize> {
+    /// after the reset. Returns the arms that were not enabled, and whether
+    /// a halted ramp resumed.
+    pub fn reset(&self, exp: &Experiment, now_ns: u64) -> (Vec<usize>, bool) {
         let mut book = self.lock();
         let was: Vec<usize> = (0..book.phases.len())
             .filter(|&i| book.phases[i] != ArmPhase::Enabled)
@@ -449,13 +515,83 @@ impl ExperimentState {
         book.phases.iter_mut().for_each(|p| *p = ArmPhase::Enabled);
         book.reasons.iter_mut().for_each(|r| *r = None);
         book.windows.iter_mut().for_each(Vec::clear);
-        if let Some(r) = book.ramp.as_mut().filter(|r| r.halted) {
-            r.halted = false;
-            r.since_ns = now_ns;
-        }
+        let resumed = match book.ramp.as_mut().filter(|r| r.halted) {
+            Some(r) => {
+                r.halted = false;
+                r.since_ns = now_ns;
+                true
+            }
+            None => false,
+        };
         self.publish(exp, &book);
-        was
+        (was, resumed)
     }
+}
+
+/// True when `old` and `next` ramp the same arm (by name) over the same
+/// steps and interval: a reload keeps such a ramp where it is.
+pub fn same_ramp(old: &Experiment, next: &Experiment) -> bool {
+    let key = |e: &Experiment| {
+        e.ramp
+            .as_ref()
+            .map(|r| (e.arms[r.arm].name.clone(), r.steps.clone(), r.interval))
+    };
+    key(old) == key(next)
+}
+
+/// The phase arm `j` of `next` takes over from `was` (its phase under
+/// `old`), and why it changed, if it did.
+fn carried_phase(
+    was: ArmPhase,
+    old: &Experiment,
+    next: &Experiment,
+    j: usize,
+    now_ns: u64,
+) -> (ArmPhase, Option<String>) {
+    if was == ArmPhase::Enabled {
+        return (was, None);
+    }
+    let Some(g) = &next.guardrail else {
+        return (
+            ArmPhase::Enabled,
+            Some(format!(
+                "re-enabled ({}): the experiment has no guardrail now",
+                was.name()
+            )),
+        );
+    };
+    if j == 0 {
+        return (
+            ArmPhase::Enabled,
+            Some(format!(
+                "re-enabled ({}): it is the control arm now",
+                was.name()
+            )),
+        );
+    }
+    let ArmPhase::Tripped { .. } = was else {
+        return (was, None);
+    };
+    if old.guardrail.as_ref().map(|o| o.cooldown) == Some(g.cooldown) {
+        return (was, None);
+    }
+    let (phase, when) = match g.cooldown {
+        None => (
+            ArmPhase::Tripped {
+                until_ns: u64::MAX,
+                cooldown_ns: 0,
+            },
+            "until `shardport ab reset`".to_owned(),
+        ),
+        Some(c) => (
+            ArmPhase::Tripped {
+                until_ns: now_ns.saturating_add(nanos(c)),
+                cooldown_ns: nanos(c),
+            },
+            format!("probed after the new cool-down of {c:?} from now"),
+        ),
+    };
+    (phase, Some(format!("stays tripped, {when}")))
 }
 
 /// The window's totals and p99, dropping slots that left it.
@@ -472,215 +608,4 @@ fn window_stats(slots: &mut Vec<Slot>, period: u64) -> WindowStats {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::config::{Arm, ExperimentUnit, Ramp, RouteWhen};
-    use crate::vocab::TransportName;
-
-    const S: u64 = 1_000_000_000;
-
-    fn exp(cooldown: Option<Duration>, ramp: Option<Ramp>) -> Experiment {
-        Experiment {
-            name: "e".into(),
-            when: RouteWhen::default(),
-            unit: ExperimentUnit::Shard,
-            salt: "s".into(),
-            arms: ["control", "canary"]
-                .iter()
-                .map(|n| Arm {
-                    name: (*n).into(),
-                    transport: TransportName::new(n).unwrap(),
-                    weight: 50,
-                })
-                .collect(),
-            guardrail: Some(Guardrail {
-                max_error_rate: Some(0.2),
-                max_p99_ratio: None,
-                window: Duration::from_secs(10),
-                min_samples: 20,
-                cooldown,
-                max_cooldown: Duration::from_secs(100),
-                probe_share: 0.1,
-            }),
-            ramp,
-        }
-    }
-
-    /// Records `n` outcomes on `arm` at `t`, returning the events.
-    fn feed(
-        st: &ExperimentState,
-        e: &Experiment,
-        arm: usize,
-        ok: bool,
-        n: usize,
-        t: u64,
-    ) -> Vec<ArmEvent> {
-        (0..n)
-            .filter_map(|_| st.record(e, arm, ok, 1000, t))
-            .collect()
-    }
-
-    #[test]
-    fn a_tripped_arm_probes_after_its_cooldown_and_recovers_when_probes_pass() {
-        let e = exp(Some(Duration::from_secs(30)), None);
-        let st = ExperimentState::new(&e, 0);
-        let ev = feed(&st, &e, 1, false, 20, S);
-        assert!(
-            matches!(ev[..], [ArmEvent::Tripped { arm: 1, cooldown_ns: Some(c), .. }] if c == 30 * S)
-        );
-        assert_eq!(st.gate(&e).disabled, 0b10);
-        // Before the cool-down ends nothing changes.
-        assert!(st.tick(&e, 30 * S).is_empty());
-        assert_eq!(st.phases()[1].name(), "tripped");
-        assert_eq!(st.tick(&e, 31 * S), vec![ArmEvent::Probing { arm: 1 }]);
-        let g = st.gate(&e);
-        assert_eq!((g.disabled, g.probing), (0, 0b10));
-        // 19 good probes are not enough to judge; the 20th re-enables it.
-        assert!(feed(&st, &e, 1, true, 19, 32 * S).is_empty());
-        assert_eq!(
-            feed(&st, &e, 1, true, 1, 32 * S),
-            vec![ArmEvent::Recovered { arm: 1 }]
-        );
-        assert_eq!(st.gate(&e), Gate::default());
-        assert_eq!(st.disabled_reason(1), None);
-    }
-
-    #[test]
-    fn a_failed_probe_trips_again_with_twice_the_cooldown_up_to_the_cap() {
-        let e = exp(Some(Duration::from_secs(30)), None);
-        let st = ExperimentState::new(&e, 0);
-        feed(&st, &e, 1, false, 20, 0);
-        let mut t = 0;
-        for want in [60, 100, 100] {
-            t += 200 * S;
-            assert_eq!(st.tick(&e, t), vec![ArmEvent::Probing { arm: 1 }]);
-            let ev = feed(&st, &e, 1, false, 20, t);
-            assert!(
-                matches!(ev[..], [ArmEvent::Tripped { cooldown_ns: Some(c), .. }] if c == want * S),
-                "{ev:?}, want a {want} s cool-down"
-            );
-        }
-        // A manual reset still re-enables it at once.
-        assert_eq!(st.reset(&e, t), vec![1]);
-        assert_eq!(st.gate(&e), Gate::default());
-    }
-
-    #[test]
-    fn cooldown_off_keeps_a_tripped_arm_off_until_reset() {
-        let e = exp(None, None);
-        let st = ExperimentState::new(&e, 0);
-        feed(&st, &e, 1, false, 20, 0);
-        assert!(st.tick(&e, u64::MAX - 1).is_empty());
-        assert_eq!(st.gate(&e).disabled, 0b10);
-    }
-
-    fn ramp() -> Option<Ramp> {
-        Some(Ramp {
-            arm: 1,
-            steps: vec![0.01, 0.05, 0.25, 0.5],
-            interval: Duration::from_secs(60),
-        })
-    }
-
-    #[test]
-    fn a_ramp_advances_one_step_per_interval_to_its_last_step() {
-        let e = exp(None, ramp());
-        let st = ExperimentState::new(&e, 5 * S);
-        assert_eq!(st.gate(&e).ramp, Some((1, 0.01)));
-        assert!(st.tick(&e, 64 * S).is_empty(), "interval not over");
-        let mut shares = Vec::new();
-        for k in 1..=5u64 {
-            for ev in st.tick(&e, 5 * S + k * 60 * S) {
-                if let ArmEvent::RampStep { share, .. } = ev {
-                    shares.push(share);
-                }
-            }
-        }
-        assert_eq!(shares, vec![0.05, 0.25, 0.5], "stops at the last step");
-        assert_eq!(st.gate(&e).ramp, Some((1, 0.5)));
-        assert_eq!(st.ramp(), Some((3, false)));
-    }
-
-    #[test]
-    fn a_ramp_halts_where_its_arm_trips_and_a_reset_resumes_it() {
-        let e = exp(None, ramp());
-        let st = ExperimentState::new(&e, 0);
-        st.tick(&e, 60 * S);
-        assert_eq!(st.gate(&e).ramp, Some((1, 0.05)));
-        feed(&st, &e, 1, false, 20, 61 * S);
-        assert_eq!(st.ramp(), Some((1, true)));
-        assert!(st.tick(&e, 1000 * S).is_empty(), "halted: no step");
-        assert_eq!(st.gate(&e).ramp, Some((1, 0.05)));
-        st.reset(&e, 1000 * S);
-        assert_eq!(st.ramp(), Some((1, false)));
-        // The step was long due, but a reset earns the arm no traffic: the
-        // next step comes one interval after it.
-        assert!(st.tick(&e, 1001 * S).is_empty(), "stepped at the reset");
-        assert!(st.tick(&e, 1059 * S).is_empty());
-        let ev = st.tick(&e, 1060 * S);
-        assert_eq!(
-            ev,
-            vec![ArmEvent::RampStep {
-                step: 2,
-                share: 0.25
-            }]
-        );
-        // A reset of a ramp that is not halted leaves its clock alone.
-        st.reset(&e, 1100 * S);
-        assert_eq!(
-            st.tick(&e, 1120 * S),
-            vec![ArmEvent::RampStep {
-                step: 3,
-                share: 0.5
-            }]
-        );
-    }
-
-    #[test]
-    fn a_reload_carries_trips_and_the_ramp_by_arm_name() {
-        let e = exp(None, ramp());
-        let st = ExperimentState::new(&e, 0);
-        st.tick(&e, 60 * S);
-        feed(&st, &e, 1, false, 20, 61 * S);
-        assert_eq!(st.ramp(), Some((1, true)));
-        // The canary's plugin is replaced (a new build): its trip, its
-        // reason and the halted step stay; its window starts afresh.
-        let (next, notes) = st.carried(&e, &e, |arm| arm == 1, 70 * S);
-        assert_eq!(next.phases()[1].name(), "tripped");
-        assert!(next.disabled_reason(1).is_some());
-        assert_eq!(next.ramp(), Some((1, true)));
-        assert_eq!(next.gate(&e).ramp, Some((1, 0.05)));
-        assert!(
-            notes.len() == 1 && notes[0].contains("arm canary") && notes[0].contains("tripped"),
-            "{notes:?}"
-        );
-        assert!(next.tick(&e, 10_000 * S).is_empty(), "still halted");
-        // 15 errors, below min-samples: the window carries over to the same
-        // instance (5 more trip the arm), not to a new one.
-        let st = ExperimentState::new(&e, 0);
-        assert!(feed(&st, &e, 1, false, 15, S).is_empty());
-        let (same, _) = st.carried(&e, &e, |_| false, 2 * S);
-        assert_eq!(feed(&same, &e, 1, false, 5, 2 * S).len(), 1);
-        let (new_build, _) = st.carried(&e, &e, |arm| arm == 1, 2 * S);
-        assert!(feed(&new_build, &e, 1, false, 5, 2 * S).is_empty());
-        // A changed ramp restarts at its first step, halted while its arm
-        // is off; an unchanged guardrail window keeps the control's samples.
-        let mut faster = e.clone();
-        faster.ramp.as_mut().unwrap().interval = Duration::from_secs(10);
-        let st = ExperimentState::new(&e, 0);
-        feed(&st, &e, 1, false, 20, S);
-        let (next, notes) = st.carried(&e, &faster, |_| false, 2 * S);
-        assert_eq!(next.ramp(), Some((0, true)));
-        assert!(
-            notes[0].contains("ramp restarts") && notes[0].contains("halted"),
-            "{notes:?}"
-        );
-        // An arm new in the next config starts enabled.
-        let mut renamed = e.clone();
-        renamed.arms[1].name = "canary-2".into();
-        let (next, _) = st.carried(&e, &renamed, |_| false, 2 * S);
-        assert_eq!(next.phases()[1].name(), "enabled");
-    }
-}
+mod tests;

@@ -36,7 +36,19 @@ impl Node {
         let now = self.inner.clock.monotonic_nanos();
         for (e, st) in exps.iter().zip(&g.experiments) {
             if name.is_none_or(|n| n == e.name) {
-                for a in st.reset(e, now) {
+                let (arms, resumed) = st.reset(e, now);
+                if resumed {
+                    let step = st.ramp().map_or(0, |(s, _)| s);
+                    tracing::info!(target: "experiment", experiment = %e.name, step, "ramp resumed");
+                    self.inner.event(
+                        "reset",
+                        Some(&e.name),
+                        format!(
+                            "ramp resumed by an operator at step {step}: its next step one interval from now"
+                        ),
+                    );
+                }
+                for a in arms {
                     tracing::info!(target: "experiment", experiment = %e.name, arm = %e.arms[a].name, "arm re-enabled");
                     self.inner.event(
                         "reset",

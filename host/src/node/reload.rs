@@ -37,7 +37,7 @@ use super::{lock, Generation, Node};
 use crate::{
     config::{self, Config, Experiment, Origin},
     error::HostError,
-    experiment::ExperimentState,
+    experiment::{same_ramp, ExperimentState},
     loader::{config_refusal, load_instance, LoadedPlugin},
     vocab::{Storage, TransportName},
 };
@@ -239,6 +239,7 @@ impl Node {
             .map(|p| p.name.clone())
             .collect();
         let mut notes = Vec::new();
+        let mut retired = Vec::new();
         let carried = |e: &Experiment| {
             let i = old
                 .config
@@ -253,7 +254,9 @@ impl Node {
             let (next, lines): (ExperimentState, Vec<String>) =
                 st.carried(was, e, renewed_arm, now_ns);
             notes.extend(lines);
-            Some(Arc::new(next))
+            let next = Arc::new(next);
+            retired.push((Arc::clone(st), Arc::clone(&next), e.clone()));
+            Some(next)
         };
         let cache_policy = next.cache;
         let copy_buffers = next.fetch.copy_buffers;
@@ -267,6 +270,11 @@ impl Node {
             now_ns,
         );
         changes.extend(notes);
+        // Fetches still running under the old config record into the new
+        // states from now on: a trip in flight is not lost.
+        for (old_state, new_state, exp) in &retired {
+            old_state.retire(new_state, exp);
+        }
         let number = generation.number;
         *self.inner.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(generation);
         drop(old);
@@ -504,7 +512,7 @@ fn experiment_change(o: &Experiment, e: &Experiment) -> String {
     if o.guardrail != e.guardrail {
         parts.push("guardrail changed".to_owned());
     }
-    if o.ramp != e.ramp {
+    if !same_ramp(o, e) {
         parts.push("ramp changed (restarts at its first step)".to_owned());
     }
     if o.when != e.when || o.unit != e.unit || o.salt != e.salt {

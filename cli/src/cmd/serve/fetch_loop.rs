@@ -32,6 +32,8 @@ const STOP_TICK: Duration = Duration::from_millis(100);
 
 /// The handles of one read of the file, and what identifies that read.
 struct Listed {
+    /// Read at least once (a file missing from the start is reported).
+    read: bool,
     stamp: Option<(u64, SystemTime)>,
     handles: Vec<Handle>,
 }
@@ -42,7 +44,7 @@ fn reread(path: &Path, last: &Listed) -> Option<Listed> {
     let stamp = std::fs::metadata(path)
         .ok()
         .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
-    if stamp == last.stamp {
+    if last.read && stamp == last.stamp {
         return None;
     }
     let text = match std::fs::read_to_string(path) {
@@ -50,6 +52,7 @@ fn reread(path: &Path, last: &Listed) -> Option<Listed> {
         Err(e) => {
             tracing::warn!(target: "fetch_loop", file = %path.display(), error = %e, "cannot read the handle file; fetching nothing until it can be read");
             return Some(Listed {
+                read: true,
                 stamp,
                 handles: Vec::new(),
             });
@@ -69,7 +72,11 @@ fn reread(path: &Path, last: &Listed) -> Option<Listed> {
         }
     }
     tracing::info!(target: "fetch_loop", file = %path.display(), handles = handles.len(), "handle file read");
-    Some(Listed { stamp, handles })
+    Some(Listed {
+        read: true,
+        stamp,
+        handles,
+    })
 }
 
 /// Counts of one summary period.
@@ -90,6 +97,7 @@ pub fn spawn(node: &Node, file: PathBuf, every: Duration) -> std::io::Result<Arc
         .name("shardport-fetch-loop".into())
         .spawn(move || {
             let mut listed = Listed {
+                read: false,
                 stamp: None,
                 handles: Vec::new(),
             };
