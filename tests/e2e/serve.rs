@@ -406,13 +406,14 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
     std::fs::write(&good, format!("{text}\n[fetch]\nmode = \"copy\"\n")).unwrap();
     hup();
     wait_for(&s.control, "generation 4", |v| v["generation"] == 4);
-    let last = metrics()["events"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
-    let last = last["text"].as_str().unwrap().to_owned();
+    let last_event = || {
+        let events = metrics()["events"].clone();
+        events.as_array().unwrap().last().unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let last = last_event();
     assert!(
         last.contains("cache.policy") && !last.contains("fetch.mode"),
         "{last}"
@@ -430,19 +431,8 @@ fn sighup_and_shardport_reload_apply_a_changed_config_without_a_restart() {
     std::fs::write(&good, format!("{text}\n[fetch]\nmode = \"view\"\n")).unwrap();
     hup();
     wait_for(&s.control, "generation 6", |v| v["generation"] == 6);
-    let last = metrics()["events"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
-    assert!(
-        last["text"]
-            .as_str()
-            .unwrap()
-            .contains("fetch.mode: \"copy\" -> \"view\""),
-        "{last}"
-    );
+    let last = last_event();
+    assert!(last.contains("fetch.mode: \"copy\" -> \"view\""), "{last}");
     // Every reload is logged once at the default level, whoever asked; the
     // refused SIGHUP and the refused `reload --config` once each.
     let counts = || {
