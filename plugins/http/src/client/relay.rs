@@ -147,7 +147,7 @@ pub(super) struct Seen {
 /// The pieces of one shard as the owner hashed them.
 pub(super) struct Pieces {
     pub(super) size: u64,
-    pub(super) hashes: Vec<u64>,
+    pub(super) hashes: Vec<crate::relay::PieceHash>,
 }
 
 impl Client {
@@ -470,14 +470,17 @@ impl Client {
                 &mut co,
                 &format!("a join of shard {}", desc.id),
             );
-            let old_owner = head.status == 404 && e.message.contains("(no_such_endpoint)");
+            // An owner from before relays, or from before BLAKE3 piece
+            // hashes (it reads join version 1 only): fetch from it directly.
+            let old_owner = (head.status == 404 && e.message.contains("(no_such_endpoint)"))
+                || (head.status == 400 && e.message.contains("join request version"));
             if head.status == 409 || old_owner {
                 return Ok(Joined::NotRelayable(e.message.into()));
             }
             return Err(e);
         }
         let max = 64
-            + 8 * crate::relay::piece_count(desc.len, min_piece)
+            + 32 * crate::relay::piece_count(desc.len, min_piece)
             + 255
             + rwire::MAX_ALTERNATES_BYTES as u64;
         let n = head.content_length.unwrap_or(u64::MAX);
@@ -646,7 +649,7 @@ impl Client {
         k: usize,
         piece: &[u8],
     ) -> PluginResult<()> {
-        if xxhash_rust::xxh3::xxh3_64(piece) == pieces.hashes[k] {
+        if crate::relay::hash_piece(piece) == pieces.hashes[k] {
             return Ok(());
         }
         self.stats.relay_corrupt_pieces.inc();

@@ -10,8 +10,8 @@
 //!    member id kept across rejoins, the bytes it already holds, the
 //!    address it serves on, the holder that failed it, if any).
 //! 2. The owner answers ([`wire::JoinReply`]) with the piece size, the
-//!    xxh3-64 hash of every piece of the shard (computed once, from its own
-//!    bytes), and the member's **parent**: itself, or the shallowest holder
+//!    BLAKE3 hash of every piece of the shard (computed once, from its own
+//!    bytes, at the first join), and the member's **parent**: itself, or the shallowest holder
 //!    with fewer than `relay-fanout` children ([`tree`]; with fanout 1 the
 //!    tree is a chain).
 //! 3. The consumer reads `GET /v1/relay/{id}/{from}` from its parent, piece
@@ -42,7 +42,11 @@
 //!
 //! Integrity is end to end: hashes come from the owner over the owner's
 //! connection (TLS and token included), and a relay keeps (so serves) only
-//! pieces it verified. Relays serve with the same token and TLS settings as
+//! pieces it verified. The hash is BLAKE3 (256 bits, collision resistant):
+//! a holder that has the data token cannot make a piece that matches the
+//! owner's hash, so whatever path the bytes took, a consumer returns only
+//! the owner's bytes. (A non-cryptographic hash with a public function,
+//! such as xxh3, lets anyone write a different piece with the same hash.) Relays serve with the same token and TLS settings as
 //! every endpoint of the plugin; a TLS owner never sends a consumer to a
 //! plain-HTTP holder.
 
@@ -53,12 +57,17 @@ pub(crate) mod wire;
 pub(crate) use holdings::{Filling, Holding, Holdings};
 pub(crate) use tree::Trackers;
 
-/// xxh3-64 of every `piece`-byte piece of `bytes` (the last may be shorter).
-pub(crate) fn piece_hashes(bytes: &[u8], piece: u64) -> Vec<u64> {
-    bytes
-        .chunks(piece as usize)
-        .map(xxhash_rust::xxh3::xxh3_64)
-        .collect()
+/// The hash of one piece: BLAKE3, 32 bytes.
+pub(crate) type PieceHash = [u8; 32];
+
+/// The hash of `piece`.
+pub(crate) fn hash_piece(piece: &[u8]) -> PieceHash {
+    *blake3::hash(piece).as_bytes()
+}
+
+/// The hash of every `piece`-byte piece of `bytes` (the last may be shorter).
+pub(crate) fn piece_hashes(bytes: &[u8], piece: u64) -> Vec<PieceHash> {
+    bytes.chunks(piece as usize).map(hash_piece).collect()
 }
 
 /// [`piece_hashes`] over bytes that arrive in chunks of any size (a GPU
@@ -66,8 +75,8 @@ pub(crate) fn piece_hashes(bytes: &[u8], piece: u64) -> Vec<u64> {
 pub(crate) struct PieceHasher {
     piece: u64,
     in_piece: u64,
-    state: xxhash_rust::xxh3::Xxh3,
-    hashes: Vec<u64>,
+    state: blake3::Hasher,
+    hashes: Vec<PieceHash>,
 }
 
 impl PieceHasher {
@@ -75,7 +84,7 @@ impl PieceHasher {
         PieceHasher {
             piece,
             in_piece: 0,
-            state: xxhash_rust::xxh3::Xxh3::new(),
+            state: blake3::Hasher::new(),
             hashes: Vec::new(),
         }
     }
@@ -87,16 +96,16 @@ impl PieceHasher {
             self.in_piece += take as u64;
             bytes = &bytes[take..];
             if self.in_piece == self.piece {
-                self.hashes.push(self.state.digest());
+                self.hashes.push(*self.state.finalize().as_bytes());
                 self.state.reset();
                 self.in_piece = 0;
             }
         }
     }
 
-    pub(crate) fn finish(mut self) -> Vec<u64> {
+    pub(crate) fn finish(mut self) -> Vec<PieceHash> {
         if self.in_piece > 0 {
-            self.hashes.push(self.state.digest());
+            self.hashes.push(*self.state.finalize().as_bytes());
         }
         self.hashes
     }
@@ -116,7 +125,7 @@ mod tests {
         let bytes: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
         let h = piece_hashes(&bytes, 300);
         assert_eq!(h.len() as u64, piece_count(1000, 300));
-        assert_eq!(h[3], xxhash_rust::xxh3::xxh3_64(&bytes[900..]));
+        assert_eq!(h[3], *blake3::hash(&bytes[900..]).as_bytes());
         assert_ne!(h[0], h[1]);
         assert_eq!(piece_count(0, 300), 0);
         assert_eq!(piece_count(600, 300), 2);

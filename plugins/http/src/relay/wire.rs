@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! POST /v1/relay/{id}/join request          200 reply
-//!   0  1  version (1)                         0  1  version (1)
+//!   0  1  version (2)                         0  1  version (2)
 //!   1  8  member id (random, per fetch)       1  8  shard length
 //!   9  8  from: bytes held (piece-aligned)    9  4  piece size
 //!  17  1  flags: 1 serves, 2 serves TLS,    13  1  flags: 1 parent is the owner,
@@ -14,7 +14,7 @@
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
 //!  19  a  address it serves on               15  p  parent address (none: owner)
 //!   .  1  f = failed holder's length (0)      .  4  k = piece count
-//!   .  f  the holder that failed it           .  8k xxh3-64 of every piece
+//!   .  f  the holder that failed it           .  32k BLAKE3 of every piece
 //!                                             .  1  m = alternates (with flag 8)
 //!                                             per alternate:
 //!                                             .  1  1 the owner, 2 serves TLS
@@ -32,10 +32,14 @@
 
 use shardport_abi::ShardId;
 
+use super::PieceHash;
 use crate::descriptor::{parse_host_port, MAX_ADDR_LEN};
 
-/// Version byte of the join framings.
-pub(crate) const VERSION: u8 = 1;
+/// Version byte of the join framings. Version 1 carried xxh3-64 piece
+/// hashes, which a holder can forge: an owner refuses version 1 joins
+/// (their consumers fetch from it directly), and a consumer that meets an
+/// owner that refuses version 2 does the same.
+pub(crate) const VERSION: u8 = 2;
 /// Path prefix of every relay endpoint.
 pub(crate) const PREFIX: &str = "/v1/relay/";
 /// Longest join request: both addresses at their longest.
@@ -237,7 +241,7 @@ pub(crate) struct JoinReply {
     /// The owner did not record the member (its tree is full): it must
     /// keep no copy, since no removal would reach it.
     pub no_copy: bool,
-    pub hashes: Vec<u64>,
+    pub hashes: Vec<PieceHash>,
     /// Other sources the member may take pieces from when its parent
     /// falls behind (only for a joiner that asked; at most
     /// [`MAX_ALTERNATES`]).
@@ -337,7 +341,8 @@ impl JoinReply {
         }
         let mut hashes = Vec::with_capacity(k as usize);
         for _ in 0..k {
-            hashes.push(r.u64("piece hash")?);
+            let h = r.take(32, "piece hash")?;
+            hashes.push(h.try_into().expect("32 bytes"));
         }
         let mut alternates = Vec::new();
         if has_alternates {
@@ -365,11 +370,11 @@ impl JoinReply {
 }
 
 /// The hash part of a join reply: the piece count and every hash.
-pub(crate) fn encode_hashes(hashes: &[u64]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(4 + 8 * hashes.len());
+pub(crate) fn encode_hashes(hashes: &[PieceHash]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + 32 * hashes.len());
     v.extend_from_slice(&(hashes.len() as u32).to_be_bytes());
     for h in hashes {
-        v.extend_from_slice(&h.to_be_bytes());
+        v.extend_from_slice(h);
     }
     v
 }
@@ -546,8 +551,8 @@ mod tests {
         }
         .encode();
         let mut v = good.clone();
-        v[0] = 2;
-        assert!(JoinRequest::decode(&v).unwrap_err().contains("version 2"));
+        v[0] = 1;
+        assert!(JoinRequest::decode(&v).unwrap_err().contains("version 1"));
         assert!(JoinRequest::decode(&good[..10])
             .unwrap_err()
             .contains("cut short"));
@@ -583,7 +588,7 @@ mod tests {
                 tls: false,
             }),
             no_copy: false,
-            hashes: vec![1, 2, 3],
+            hashes: vec![[1; 32], [2; 32], [3; 32]],
             alternates: vec![],
         };
         let b = reply.encode();
@@ -595,7 +600,7 @@ mod tests {
             .unwrap_err()
             .contains("under 512"));
         let short = JoinReply {
-            hashes: vec![1, 2],
+            hashes: vec![[1; 32], [2; 32]],
             ..reply
         };
         assert!(JoinReply::decode(&short.encode(), 600, 16)
@@ -625,12 +630,12 @@ mod tests {
             piece: 256,
             parent: holder(4, false),
             no_copy: false,
-            hashes: vec![1, 2, 3],
+            hashes: vec![[1; 32], [2; 32], [3; 32]],
             alternates: vec![holder(3, true), Parent::Owner],
         };
         let b = reply.encode();
         assert_eq!(JoinReply::decode(&b, 600, 16), Ok(reply.clone()));
-        assert!(b.len() <= 15 + 255 + 4 + 24 + MAX_ALTERNATES_BYTES);
+        assert!(b.len() <= 15 + 255 + 4 + 3 * 32 + MAX_ALTERNATES_BYTES);
         // Without the flag, bytes after the hashes are refused.
         let plain = JoinReply {
             alternates: vec![],

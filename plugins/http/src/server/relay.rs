@@ -64,6 +64,19 @@ async fn join(
         Ok(b) => b,
         Err(r) => return r,
     };
+    if body.first() == Some(&1) {
+        // A build from before BLAKE3 piece hashes: it would check pieces
+        // against a hash any holder can forge, so it is not relayed to (its
+        // consumer fetches from this owner instead).
+        return error(
+            StatusCode::CONFLICT,
+            "not_relayable",
+            &format!(
+                "shard {id}: this owner relays only to consumers that check pieces by BLAKE3 (join version {}); this one sent version 1",
+                rwire::VERSION
+            ),
+        );
+    }
     let mut join = match JoinRequest::decode(&body) {
         Ok(j) => j,
         Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", &why),
@@ -95,11 +108,21 @@ async fn join(
     // with their token, so an address elsewhere (another host, anything a
     // client could name) makes it a leaf. (After the export check: a name
     // is resolved only for a shard that exists.)
-    if let Some(s) = &join.serves {
-        if let Err(why) = serves_from(&s.addr, peer).await {
-            shared.stats.relay_addresses_refused.inc();
-            debug!(target: "http", shard = %id, relay = %s.addr, ?peer, %why, "joins as a leaf");
-            join.serves = None;
+    // What the owner hands out for a plain-HTTP holder is the address it
+    // verified, as an IP literal: a name is resolved here once, never again
+    // by a consumer or by this owner's notices, so a name that resolves
+    // elsewhere later (to a consumer's loopback, say) redirects nobody. A
+    // TLS holder keeps its name: consumers check its certificate against
+    // it, which no other server can present.
+    if let Some(s) = &mut join.serves {
+        match serves_from(&s.addr, peer).await {
+            Ok(verified) if !s.tls => s.addr = verified,
+            Ok(_) => {}
+            Err(why) => {
+                shared.stats.relay_addresses_refused.inc();
+                debug!(target: "http", shard = %id, relay = %s.addr, ?peer, %why, "joins as a leaf");
+                join.serves = None;
+            }
         }
     }
     let tracked = shared.trackers.tracked(id);
@@ -179,7 +202,7 @@ fn tell_to_rejoin(shared: &Shared, id: ShardId, at: rwire::Serves) {
     });
 }
 
-/// The xxh3-64 of every `piece`-byte piece of the shard `reader` reads:
+/// The hash of every `piece`-byte piece of the shard `reader` reads:
 /// its host bytes in place, or a GPU shard staged through `pool` one
 /// staging piece at a time.
 fn hash_pieces(
@@ -187,7 +210,7 @@ fn hash_pieces(
     pool: &Arc<PinnedPool>,
     piece: u64,
     wait: Duration,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<crate::relay::PieceHash>, String> {
     let Some((ordinal, addr)) = reader.device() else {
         return Ok(crate::relay::piece_hashes(&reader.into_bytes(), piece));
     };
@@ -205,17 +228,19 @@ fn hash_pieces(
 }
 
 /// Whether `addr` (`host:port`, checked by the decoder) names the peer the
-/// join came from: an IP equal to it, or a name that resolves to it.
-async fn serves_from(addr: &str, peer: Option<std::net::IpAddr>) -> Result<(), String> {
+/// join came from (an IP equal to it, or a name that resolves to it); the
+/// peer's IP literal with the port when it does.
+async fn serves_from(addr: &str, peer: Option<std::net::IpAddr>) -> Result<String, String> {
     let canonical = |ip: std::net::IpAddr| ip.to_canonical();
     let Some(peer) = peer.map(canonical) else {
         return Err("the join's peer is unknown".into());
     };
     let (host, port) = crate::descriptor::parse_host_port(addr)?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
+    let literal = || std::net::SocketAddr::new(peer, port).to_string();
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
         return if canonical(ip) == peer {
-            Ok(())
+            Ok(literal())
         } else {
             Err(format!("it joined from {peer}"))
         };
@@ -225,7 +250,7 @@ async fn serves_from(addr: &str, peer: Option<std::net::IpAddr>) -> Result<(), S
         .map_err(|_| format!("{host} did not resolve within {RESOLVE_TIMEOUT:?}"))?
         .map_err(|e| format!("{host} does not resolve: {e}"))?;
     if found.map(|a| canonical(a.ip())).any(|ip| ip == peer) {
-        Ok(())
+        Ok(literal())
     } else {
         Err(format!(
             "{host} does not resolve to {peer}, where it joined from"
@@ -239,6 +264,17 @@ async fn read_body(
     req: Request<Incoming>,
     limit: usize,
 ) -> Result<Bytes, Response<Frames>> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("a join request is at most {limit} bytes"),
+        )
+    };
+    // A declared length over the limit is refused at once, before any wait.
+    if hyper::body::Body::size_hint(req.body()).lower() > limit as u64 {
+        return Err(too_large());
+    }
     let collected = tokio::time::timeout(
         shared.request_timeout,
         Limited::new(req.into_body(), limit).collect(),
@@ -253,11 +289,7 @@ async fn read_body(
                 format_duration(shared.request_timeout)
             ),
         )),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            &format!("a join request is at most {limit} bytes"),
-        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(error(
             StatusCode::BAD_REQUEST,
             "bad_request",

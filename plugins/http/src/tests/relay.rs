@@ -324,11 +324,16 @@ fn relay_endpoints_refuse_malformed_requests() {
     export(&owner.t, 8, &data).unwrap();
     let id = ShardId::from_u128(8);
     let join = crate::relay::wire::join_path(id);
-    let r = post(owner.addr, &join, b"\x01short", None);
+    let r = post(owner.addr, &join, b"\x02short", None);
     assert_eq!(r.status, 400);
     assert!(r.json().1.contains("cut short"), "{:?}", r.json());
     let r = post(owner.addr, &join, &[0u8; 4096], None);
     assert_eq!(r.status, 413);
+    // A consumer from before BLAKE3 piece hashes is not relayed to: it
+    // would accept pieces any holder can forge (it fetches directly).
+    let r = post(owner.addr, &join, b"\x01old join", None);
+    assert_eq!(r.status, 409);
+    assert!(r.json().1.contains("BLAKE3"), "{:?}", r.json());
     let r = get(owner.addr, &format!("/v1/relay/{id}/{}", LEN + 1), None);
     assert_eq!(r.status, 400);
     assert!(r.json().1.contains("past the end"));
@@ -698,4 +703,60 @@ fn many_sources_give_a_concurrent_broadcast_the_right_bytes() {
     let r = get(owner.addr, &ok, None);
     assert_eq!(r.status, 200);
     assert!(r.body == data[16 << 10..48 << 10]);
+}
+
+#[test]
+fn an_oversized_declared_join_is_refused_at_once() {
+    // A request-timeout far longer than the socket's read timeout below:
+    // an answer that came only after it would time the read out.
+    let owner = node(&format!("{OWNER}\nrequest-timeout = \"120s\""));
+    export(&owner.t, 8, &pattern(LEN, 4)).unwrap();
+    let join = crate::relay::wire::join_path(ShardId::from_u128(8));
+    let mut s = connect(owner.addr);
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.write_all(
+        format!("POST {join} HTTP/1.1\r\nhost: test\r\ncontent-length: 1000000000000\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let r = read_response(&mut s);
+    assert_eq!(r.status, 413, "{:?}", r.json());
+    assert!(r.json().1.contains("at most"), "{:?}", r.json());
+}
+
+#[test]
+fn a_holder_that_joins_by_name_is_handed_out_by_the_address_verified() {
+    let owner = node(OWNER);
+    export(&owner.t, 11, &pattern(LEN, 5)).unwrap();
+    let path = crate::relay::wire::join_path(ShardId::from_u128(11));
+    let join = |member: u64, serves: Option<&str>| {
+        JoinRequest {
+            member,
+            from: 0,
+            serves: serves.map(|a| Serves {
+                addr: a.into(),
+                tls: false,
+            }),
+            failed: None,
+            late: false,
+            alternates: false,
+        }
+        .encode()
+    };
+    // A name that resolves to where the join came from is accepted...
+    let r = post(owner.addr, &path, &join(1, Some("localhost:7333")), None);
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    // ...and the next member is sent to the IP the owner verified, never
+    // to the name (which could resolve elsewhere by then).
+    let r = post(owner.addr, &path, &join(2, None), None);
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let reply = crate::relay::wire::JoinReply::decode(&r.body, LEN as u64, 1).unwrap();
+    assert_eq!(
+        reply.parent,
+        crate::relay::wire::Parent::Holder(Serves {
+            addr: "127.0.0.1:7333".into(),
+            tls: false,
+        })
+    );
 }
