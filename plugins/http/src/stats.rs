@@ -105,6 +105,9 @@ pub(crate) struct Stats {
     pub relay_bytes_served: Counter,
     /// Relay: copies dropped because their owner removed the shard.
     pub relay_copies_dropped: Counter,
+    /// Relay: removals or moves of a copy refused because they did not
+    /// carry the key its owner gave (not from the owner).
+    pub relay_notices_refused: Counter,
     /// Consumer: fetches that went through a relay tree.
     pub relay_fetches: Counter,
     /// Consumer: bytes received from relays rather than from the owner.
@@ -179,6 +182,7 @@ impl Stats {
             .counter("relay_reports_ignored", &self.relay_reports_ignored)
             .counter("relay_bytes_served", &self.relay_bytes_served)
             .counter("relay_copies_dropped", &self.relay_copies_dropped)
+            .counter("relay_notices_refused", &self.relay_notices_refused)
             .gauge_value("relay_copies", relay.copies)
             .gauge_value("relay_copy_bytes", relay.copy_bytes)
             .counter("relay_fetches", &self.relay_fetches)

@@ -174,6 +174,9 @@ pub(crate) struct Client {
     stats: Arc<Stats>,
     /// Rings of pinned buffers for GPU shards, kept between fetches.
     uploaders: crate::gpu::Uploaders,
+    /// This instance's secret, as the owner of relayed shards: each
+    /// holder's removal key is derived from it (see [`Client::removal_key`]).
+    relay_secret: [u8; 32],
 }
 
 impl fmt::Debug for Client {
@@ -200,7 +203,12 @@ impl Client {
         tls: Option<Arc<ClientConfig>>,
         stats: Arc<Stats>,
     ) -> PluginResult<Client> {
+        let mut relay_secret = [0u8; 32];
+        getrandom::fill(&mut relay_secret).map_err(|e| {
+            AbiError::internal(format!("no randomness for the relay removal keys: {e}"))
+        })?;
         Ok(Client {
+            relay_secret,
             pools: Mutex::default(),
             tls,
             auth: cfg.auth_token.as_ref().map(auth_value).transpose()?,
@@ -213,6 +221,19 @@ impl Client {
             stats,
             uploaders: crate::gpu::Uploaders::default(),
         })
+    }
+
+    /// The key with which this owner drops or moves the copy of `id` that
+    /// the holder at `addr` serves: only the owner (which knows its secret)
+    /// and that holder (told at its join, over the owner's connection)
+    /// know it, so no other token holder can drop or move the copy.
+    pub(crate) fn removal_key(&self, id: ShardId, addr: &str) -> crate::relay::RemovalKey {
+        let mut h = blake3::Hasher::new_keyed(&self.relay_secret);
+        h.update(&id.as_u128().to_be_bytes());
+        h.update(addr.as_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        key
     }
 
     fn pool(&self, owner: &Owner) -> Arc<OwnerPool> {

@@ -271,6 +271,9 @@ impl Client {
                     )))
                 }
             };
+            if let Some(f) = filling.as_ref().filter(|_| !reply.no_copy) {
+                f.holding.set_key(reply.key);
+            }
             if reply.no_copy {
                 // The owner's tree is full: no removal would reach a copy.
                 if let Some(f) = filling.take() {
@@ -695,10 +698,11 @@ impl Client {
             tls: at.tls,
         });
         let path = rwire::copy_path(id);
+        let key = self.removal_key(id, &at.addr);
         let req = Request {
             method,
             path: &path,
-            body: &[],
+            body: &key,
             read_timeout: Some(wait),
         };
         let (mut co, head) = self.exchange(&pool, &req)?;

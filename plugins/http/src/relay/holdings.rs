@@ -70,6 +70,9 @@ pub(crate) struct Holding {
     /// Its owner demoted this relay (`POST /v1/relay/{id}`): the fetch
     /// filling it rejoins the tree at its next piece.
     rejoin: std::sync::atomic::AtomicBool,
+    /// The key its owner gave at the join: a removal or a move of this
+    /// copy must carry it.
+    key: std::sync::OnceLock<super::RemovalKey>,
 }
 
 /// What a reader waiting for piece `k` gets.
@@ -99,7 +102,27 @@ impl Holding {
             }),
             changed: tokio::sync::Notify::new(),
             rejoin: std::sync::atomic::AtomicBool::new(false),
+            key: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps the removal key the owner gave at the join (the first one: the
+    /// owner gives the same key to every join from one serving address).
+    pub(crate) fn set_key(&self, key: super::RemovalKey) {
+        let _ = self.key.set(key);
+    }
+
+    /// Whether `sent` is this copy's removal key (constant time).
+    pub(crate) fn is_key(&self, sent: &[u8]) -> bool {
+        let Some(key) = self.key.get() else {
+            return false;
+        };
+        sent.len() == key.len()
+            && sent
+                .iter()
+                .zip(key)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
     }
 
     /// Asks the fetch filling this copy to rejoin its tree (its owner moved

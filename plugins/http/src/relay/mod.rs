@@ -57,6 +57,10 @@ pub(crate) mod wire;
 pub(crate) use holdings::{Filling, Holding, Holdings};
 pub(crate) use tree::Trackers;
 
+/// What a holder's owner sends with `DELETE` or `POST /v1/relay/{id}`: the
+/// key it gave that holder at its join.
+pub(crate) type RemovalKey = [u8; 16];
+
 /// The hash of one piece: BLAKE3, 32 bytes.
 pub(crate) type PieceHash = [u8; 32];
 

@@ -13,7 +13,9 @@
 //!                                                    alternates follow the hashes
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
 //!  19  a  address it serves on               15  p  parent address (none: owner)
-//!   .  1  f = failed holder's length (0)      .  4  k = piece count
+//!   .  1  f = failed holder's length (0)      . 16  the member's removal key
+//!                                                   (zeros: it keeps no copy)
+//!                                             .  4  k = piece count
 //!   .  f  the holder that failed it           .  32k BLAKE3 of every piece
 //!                                             .  1  m = alternates (with flag 8)
 //!                                             per alternate:
@@ -25,14 +27,17 @@
 //!                             piece-aligned) to its end, piece by piece
 //! GET /v1/relay/{id}/{from}-{to}  the same, bytes `from..to` (`to` a piece
 //!                             boundary or the shard's end)
-//! DELETE /v1/relay/{id}       a holder drops its copy (sent by the owner)
+//! DELETE /v1/relay/{id}       a holder drops its copy (sent by the owner,
+//!                             with the holder's 16-byte removal key as the
+//!                             body; any other body is refused, 403)
 //! POST /v1/relay/{id}         a holder rejoins the tree at its next piece
-//!                             (sent by the owner to a relay it demoted)
+//!                             (sent by the owner to a relay it demoted,
+//!                             with the same key)
 //! ```
 
 use shardport_abi::ShardId;
 
-use super::PieceHash;
+use super::{PieceHash, RemovalKey};
 use crate::descriptor::{parse_host_port, MAX_ADDR_LEN};
 
 /// Version byte of the join framings. Version 1 carried xxh3-64 piece
@@ -241,6 +246,9 @@ pub(crate) struct JoinReply {
     /// The owner did not record the member (its tree is full): it must
     /// keep no copy, since no removal would reach it.
     pub no_copy: bool,
+    /// What the owner will send with a removal or a move of the member's
+    /// copy (zeros when it keeps none).
+    pub key: RemovalKey,
     pub hashes: Vec<PieceHash>,
     /// Other sources the member may take pieces from when its parent
     /// falls behind (only for a joiner that asked; at most
@@ -305,6 +313,7 @@ impl JoinReply {
                 push_addr(&mut v, Some(&s.addr));
             }
         }
+        v.extend_from_slice(&self.key);
         v
     }
 
@@ -332,6 +341,7 @@ impl JoinReply {
         let no_copy = flags & NO_COPY != 0;
         let has_alternates = flags & HAS_ALTERNATES != 0;
         let parent = r.source(flags & !(NO_COPY | HAS_ALTERNATES), "parent")?;
+        let key: RemovalKey = r.take(16, "removal key")?.try_into().expect("16 bytes");
         let k = r.u32("piece count")?;
         let want = super::piece_count(len, u64::from(piece));
         if u64::from(k) != want {
@@ -363,6 +373,7 @@ impl JoinReply {
             piece,
             parent,
             no_copy,
+            key,
             hashes,
             alternates,
         })
@@ -588,6 +599,7 @@ mod tests {
                 tls: false,
             }),
             no_copy: false,
+            key: [7; 16],
             hashes: vec![[1; 32], [2; 32], [3; 32]],
             alternates: vec![],
         };
@@ -611,6 +623,7 @@ mod tests {
             piece: 256,
             parent: Parent::Owner,
             no_copy: true,
+            key: [0; 16],
             hashes: vec![],
             alternates: vec![],
         };
@@ -630,12 +643,13 @@ mod tests {
             piece: 256,
             parent: holder(4, false),
             no_copy: false,
+            key: [7; 16],
             hashes: vec![[1; 32], [2; 32], [3; 32]],
             alternates: vec![holder(3, true), Parent::Owner],
         };
         let b = reply.encode();
         assert_eq!(JoinReply::decode(&b, 600, 16), Ok(reply.clone()));
-        assert!(b.len() <= 15 + 255 + 4 + 3 * 32 + MAX_ALTERNATES_BYTES);
+        assert!(b.len() <= 15 + 255 + 16 + 4 + 3 * 32 + MAX_ALTERNATES_BYTES);
         // Without the flag, bytes after the hashes are refused.
         let plain = JoinReply {
             alternates: vec![],

@@ -35,8 +35,18 @@ pub(super) async fn route(
             stream(shared, id, from, to).await
         }
         Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
-        Endpoint::Copy(id) if req.method() == Method::DELETE => drop_copy(shared, id),
-        Endpoint::Copy(id) if req.method() == Method::POST => rejoin(shared, id),
+        Endpoint::Copy(id) if req.method() == Method::DELETE => {
+            match owners_key(shared, id, req).await {
+                Ok(()) => drop_copy(shared, id),
+                Err(r) => r,
+            }
+        }
+        Endpoint::Copy(id) if req.method() == Method::POST => {
+            match owners_key(shared, id, req).await {
+                Ok(()) => rejoin(shared, id),
+                Err(r) => r,
+            }
+        }
         Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE, POST"),
     }
 }
@@ -169,11 +179,18 @@ async fn join(
         }
         Report::None | Report::Already => {}
     }
+    // The key this owner will drop or move the member's copy with: only a
+    // recorded member that serves keeps a copy to drop.
+    let key = match &join.serves {
+        Some(s) if placed.recorded => shared.client.removal_key(id, &s.addr),
+        _ => [0; 16],
+    };
     let reply = JoinReply {
         len,
         piece: piece as u32,
         parent: placed.parent,
         no_copy: !placed.recorded,
+        key,
         hashes: Vec::new(),
         alternates: placed.alternates,
     };
@@ -268,7 +285,7 @@ async fn read_body(
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            &format!("a join request is at most {limit} bytes"),
+            &format!("this request's body is at most {limit} bytes"),
         )
     };
     // A declared length over the limit is refused at once, before any wait.
@@ -476,6 +493,27 @@ fn flip_first_bit(p: &Bytes) -> Bytes {
     Bytes::from(v)
 }
 
+/// Only the shard's owner drops or moves a copy: the request's body must be
+/// the removal key the owner gave this holder at its join (the data token
+/// alone, which every consumer holds, is not enough). A node holding no
+/// copy of `id` has nothing to protect.
+async fn owners_key(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Result<(), Response<Frames>> {
+    let sent = read_body(shared, req, 16).await?;
+    match shared.holdings.get(id) {
+        Some(h) if !h.is_key(&sent) => {
+            shared.stats.relay_notices_refused.inc();
+            Err(error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                &format!(
+                    "only the owner of shard {id} may drop or move this copy: the request does not carry the key it gave this holder"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `DELETE /v1/relay/{id}`: the owner removed the shard; drop the copy.
 fn drop_copy(shared: &Shared, id: ShardId) -> Response<Frames> {
     let had = shared.holdings.drop_copy(id, "its owner removed the shard");
@@ -486,8 +524,7 @@ fn drop_copy(shared: &Shared, id: ShardId) -> Response<Frames> {
 }
 
 /// `POST /v1/relay/{id}`: the owner demoted this relay; its fetch of `id`
-/// rejoins the tree at its next piece. Anyone with the token may ask: a
-/// rejoin only asks the owner again, which decides from its own records.
+/// rejoins the tree at its next piece (checked by [`owners_key`] first).
 fn rejoin(shared: &Shared, id: ShardId) -> Response<Frames> {
     let asked = shared.holdings.get(id).is_some_and(|h| h.ask_rejoin());
     json(StatusCode::OK, format!("{{\"rejoining\":{asked}}}"))

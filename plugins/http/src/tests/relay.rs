@@ -760,3 +760,46 @@ fn a_holder_that_joins_by_name_is_handed_out_by_the_address_verified() {
         })
     );
 }
+
+#[test]
+fn only_the_owner_drops_or_moves_a_holders_copy() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 6);
+    let desc = export(&owner.t, 12, &data).unwrap();
+    let holder = relay_node("");
+    assert!(fetch(&holder.t, &desc, LEN).unwrap() == data);
+    assert_eq!(stat(&holder.t, "relay_copies"), 1);
+    // Another token holder (any consumer) asks the holder to drop or move
+    // its copy: without the owner's key, or with a made-up one, refused.
+    let path = crate::relay::wire::copy_path(ShardId::from_u128(12));
+    for (method, body) in [
+        ("DELETE", &b""[..]),
+        ("DELETE", &[0u8; 16][..]),
+        ("POST", &[9u8; 16][..]),
+    ] {
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        let r = raw(holder.addr, &req);
+        assert_eq!(r.status, 403, "{method}: {:?}", r.json());
+        assert!(r.json().1.contains("only the owner"), "{:?}", r.json());
+    }
+    assert_eq!(stat(&holder.t, "relay_copies"), 1, "the copy stays");
+    assert_eq!(stat(&holder.t, "relay_notices_refused"), 3);
+    // It still serves the next consumer.
+    let next = relay_node("");
+    let (got, note) = fetch_noted(&next.t, &desc, LEN).unwrap();
+    assert!(got == data);
+    assert!(note.contains(&format!("from relay {}", holder.addr)), "{note}");
+    // The owner's removal carries the key: the copies go.
+    owner
+        .t
+        .unexport(ShardId::from_u128(12))
+        .into_result()
+        .unwrap();
+    wait_for_stat(&holder.t, "relay_copies_dropped", 1);
+    assert_eq!(stat(&holder.t, "relay_copies"), 0);
+}
