@@ -561,7 +561,11 @@ struct ConfigDir(PathBuf);
 
 impl ConfigDir {
     fn new() -> Result<ConfigDir, String> {
-        let p = std::env::temp_dir().join(format!("shardport-cluster-{}", std::process::id()));
+        // One per run of this process: two runs at once (tests) never
+        // remove each other's files.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("shardport-cluster-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
         Ok(ConfigDir(p))
     }

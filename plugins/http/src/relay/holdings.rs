@@ -117,12 +117,7 @@ impl Holding {
         let Some(key) = self.key.get() else {
             return false;
         };
-        sent.len() == key.len()
-            && sent
-                .iter()
-                .zip(key)
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+        sent.len() == key.len() && sent.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 
     /// Asks the fetch filling this copy to rejoin its tree (its owner moved

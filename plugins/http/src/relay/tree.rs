@@ -34,7 +34,8 @@
 //! `fanout` others.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
+    net::IpAddr,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -47,11 +48,17 @@ use super::wire::{JoinRequest, Parent, Serves};
 /// without being recorded (bounds the owner's memory per shard).
 pub(crate) const MAX_MEMBERS: usize = 4096;
 
-/// Holders one member may demote: enough for a fetch whose parents stall
+/// Holders one client may demote: enough for a fetch whose parents stall
 /// again and again (it rejoins at most 16 times), few enough that a client
 /// rejoining to report every parent it is given cannot push a tree's
-/// relays out one by one.
-const MAX_DEMOTIONS_BY_MEMBER: u8 = 4;
+/// relays out one by one. A client is the address its joins come from
+/// (whatever member ids it picks), or its member id when that is unknown.
+const MAX_DEMOTIONS_BY_CLIENT: u8 = 4;
+
+/// Members one client address may have recorded in a tree: more than the
+/// consumer processes of one machine, far fewer than [`MAX_MEMBERS`], so a
+/// flood of joins from one address cannot fill a tree.
+pub(crate) const MAX_MEMBERS_BY_CLIENT: usize = 64;
 
 /// One joined fetch.
 #[derive(Debug, Clone)]
@@ -70,8 +77,10 @@ struct Member {
     /// Reported failed or late by a member it fed: never a parent or an
     /// alternate again; placed at the tail when it rejoins.
     demoted: bool,
-    /// Holders its reports demoted.
+    /// Holders its reports demoted (when its address is unknown).
     demotions: u8,
+    /// The address its joins came from.
+    peer: Option<IpAddr>,
     /// Its last join: after `keep` its copy may be gone.
     joined: Instant,
 }
@@ -121,6 +130,18 @@ pub(crate) struct Tree {
     tls: bool,
     /// `relay-keep`: how long a member's copy is assumed to last.
     keep: Duration,
+    /// Per client address: members recorded, holders its reports demoted.
+    clients: HashMap<IpAddr, Client>,
+    /// Serving addresses demoted: a member that joins again under a fresh
+    /// id from one of them is demoted at once.
+    demoted_at: HashSet<String>,
+}
+
+/// What a tree counts per client address.
+#[derive(Debug, Default, Clone, Copy)]
+struct Client {
+    members: usize,
+    demotions: u8,
 }
 
 impl Tree {
@@ -134,14 +155,30 @@ impl Tree {
             by_id: HashMap::new(),
             tls,
             keep,
+            clients: HashMap::new(),
+            demoted_at: HashSet::new(),
         }
     }
 
-    /// Records a join and answers whom the member fetches from.
+    /// [`join_from`](Self::join_from) a peer whose address is unknown.
+    #[cfg(test)]
     pub(crate) fn join(&mut self, req: &JoinRequest) -> Placement {
+        self.join_from(req, None)
+    }
+
+    /// Records a join that came from `peer` and answers whom the member
+    /// fetches from. Bounds and demotions key on `peer`, not on the member
+    /// id the client chose.
+    pub(crate) fn join_from(&mut self, req: &JoinRequest, peer: Option<IpAddr>) -> Placement {
         let report = match &req.failed {
             Some(failed) => self.reported(failed, req.late, req.member),
             None => Report::None,
+        };
+        let unrecorded = |report| Placement {
+            parent: Parent::Owner,
+            recorded: false,
+            alternates: Vec::new(),
+            report,
         };
         let me = match self.by_id.get(&req.member) {
             Some(&i) => {
@@ -150,17 +187,23 @@ impl Tree {
                 self.members[i].joined = Instant::now();
                 i
             }
-            None if self.members.len() >= MAX_MEMBERS => {
-                return Placement {
-                    parent: Parent::Owner,
-                    recorded: false,
-                    alternates: Vec::new(),
-                    report,
-                }
+            None if self.members.len() >= MAX_MEMBERS => return unrecorded(report),
+            None if peer.is_some_and(|p| {
+                self.clients.get(&p).map_or(0, |c| c.members) >= MAX_MEMBERS_BY_CLIENT
+            }) =>
+            {
+                return unrecorded(report)
             }
             None => {
+                if let Some(p) = peer {
+                    self.clients.entry(p).or_default().members += 1;
+                }
                 // A plain holder under a TLS owner stays a leaf.
                 let serves = req.serves.clone().filter(|s| s.tls || !self.tls);
+                // A holder demoted before stays demoted under a new id.
+                let demoted = serves
+                    .as_ref()
+                    .is_some_and(|s| self.demoted_at.contains(&s.addr));
                 self.members.push(Member {
                     serves,
                     parent: ROOT,
@@ -170,8 +213,9 @@ impl Tree {
                     // Not attached yet.
                     depth: 0,
                     alive: true,
-                    demoted: false,
+                    demoted,
                     demotions: 0,
+                    peer,
                     joined: Instant::now(),
                 });
                 self.by_id.insert(req.member, self.members.len() - 1);
@@ -266,7 +310,7 @@ impl Tree {
     /// when `addr` is the reporter's own parent or one of its alternates
     /// (a member it was given knows; a report about anyone else changes
     /// nothing), that holder is demoted and detached, freeing its slot; a
-    /// member demotes at most [`MAX_DEMOTIONS_BY_MEMBER`] holders (a failed
+    /// client demotes at most [`MAX_DEMOTIONS_BY_CLIENT`] holders (a failed
     /// one is marked dead all the same).
     fn reported(&mut self, addr: &str, late: bool, reporter: u64) -> Report {
         let Some(&r) = self.by_id.get(&reporter) else {
@@ -294,11 +338,18 @@ impl Tree {
         if self.members[h].demoted {
             return Report::Already;
         }
-        if self.members[r].demotions >= MAX_DEMOTIONS_BY_MEMBER {
+        let budget = match self.members[r].peer {
+            Some(p) => &mut self.clients.entry(p).or_default().demotions,
+            None => &mut self.members[r].demotions,
+        };
+        if *budget >= MAX_DEMOTIONS_BY_CLIENT {
             return Report::Ignored;
         }
-        self.members[r].demotions += 1;
+        *budget += 1;
         self.members[h].demoted = true;
+        if let Some(s) = &self.members[h].serves {
+            self.demoted_at.insert(s.addr.clone());
+        }
         self.detach(h);
         Report::Demoted(self.members[h].serves.clone().expect("given: it serves"))
     }
@@ -451,11 +502,12 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    pub(crate) fn join(&self, req: &JoinRequest) -> Placement {
+    /// [`Tree::join_from`] on this shard's tree.
+    pub(crate) fn join(&self, req: &JoinRequest, peer: Option<IpAddr>) -> Placement {
         self.tree
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .join(req)
+            .join_from(req, peer)
     }
 }
 
@@ -528,366 +580,4 @@ impl Trackers {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn holder(n: u8) -> Serves {
-        Serves {
-            addr: format!("10.0.0.{n}:7071"),
-            tls: false,
-        }
-    }
-
-    const KEEP: Duration = Duration::from_secs(3600);
-
-    fn join(t: &mut Tree, member: u64, failed: Option<u8>) -> Parent {
-        t.join(&JoinRequest {
-            member,
-            from: 0,
-            serves: Some(holder(member as u8)),
-            failed: failed.map(|f| holder(f).addr),
-            late: false,
-            alternates: false,
-        })
-        .parent
-    }
-
-    fn via(n: u8) -> Parent {
-        Parent::Holder(holder(n))
-    }
-
-    #[test]
-    fn fanout_one_is_a_chain_in_join_order() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        assert_eq!(join(&mut t, 1, None), Parent::Owner);
-        for m in 2..=6 {
-            assert_eq!(join(&mut t, m, None), via(m as u8 - 1));
-        }
-    }
-
-    #[test]
-    fn fanout_two_fills_the_shallowest_level_first() {
-        let mut t = Tree::new(2, 1, false, KEEP);
-        let parents: Vec<Parent> = (1..=8).map(|m| join(&mut t, m, None)).collect();
-        assert_eq!(
-            parents,
-            vec![
-                Parent::Owner,
-                Parent::Owner,
-                via(1),
-                via(1),
-                via(2),
-                via(2),
-                via(3),
-                via(3)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        for m in 1..=4 {
-            join(&mut t, m, None);
-        }
-        // 1 <- 2 <- 3 <- 4; 2 dies; 3 reports it and takes 2's slot under 1.
-        assert_eq!(join(&mut t, 3, Some(2)), via(1));
-        // 4 keeps 3 as its parent (3 kept its subtree); a new joiner goes to
-        // the deepest free slot: under 4.
-        assert_eq!(join(&mut t, 5, None), via(4));
-        // 2 was only late: it rejoins, alive again, below 5.
-        assert_eq!(join(&mut t, 2, None), via(5));
-    }
-
-    #[test]
-    fn a_rejoining_relay_is_never_put_below_itself() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        for m in 1..=3 {
-            join(&mut t, m, None);
-        }
-        // 1 <- 2 <- 3; 2 reports 1 failed: 3 (below 2) has a free slot but
-        // is 2's own child; the owner's slot (freed by 1) is taken instead.
-        assert_eq!(join(&mut t, 2, Some(1)), Parent::Owner);
-    }
-
-    #[test]
-    fn leaves_take_slots_but_get_no_children() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        let leaf = JoinRequest {
-            member: 9,
-            from: 0,
-            serves: None,
-            failed: None,
-            late: false,
-            alternates: false,
-        };
-        assert_eq!(t.join(&leaf).parent, Parent::Owner);
-        // The owner's only slot is the leaf's; nobody else serves: the owner
-        // takes the next joiner beyond its fanout.
-        assert_eq!(join(&mut t, 1, None), Parent::Owner);
-        assert_eq!(join(&mut t, 2, None), via(1));
-        assert_eq!(t.holders(), vec![holder(1), holder(2)]);
-    }
-
-    #[test]
-    fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
-        let mut t = Tree::new(1, 1, true, KEEP);
-        assert_eq!(join(&mut t, 1, None), Parent::Owner);
-        assert_eq!(join(&mut t, 2, None), Parent::Owner);
-        let tls = Serves {
-            addr: "10.0.0.3:7071".into(),
-            tls: true,
-        };
-        t.join(&JoinRequest {
-            member: 3,
-            from: 0,
-            serves: Some(tls.clone()),
-            failed: None,
-            late: false,
-            alternates: false,
-        });
-        let _ = &t;
-        assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
-    }
-
-    #[test]
-    fn trees_are_bounded() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        for m in 0..MAX_MEMBERS as u64 + 10 {
-            let p = t.join(&JoinRequest {
-                member: m,
-                from: 0,
-                serves: None,
-                failed: None,
-                late: false,
-                alternates: false,
-            });
-            assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
-        }
-        assert_eq!(t.members.len(), MAX_MEMBERS);
-    }
-
-    #[test]
-    fn only_a_child_can_report_its_parent_failed() {
-        let mut t = Tree::new(1, 1, false, KEEP);
-        for m in 1..=3 {
-            join(&mut t, m, None);
-        }
-        // 1 <- 2 <- 3; 3 accuses 1 (not its parent): nothing changes, 3
-        // stays under 2.
-        assert_eq!(join(&mut t, 3, Some(1)), via(2));
-        // A stranger's report changes nothing either.
-        assert_eq!(join(&mut t, 9, Some(2)), via(3));
-    }
-
-    #[test]
-    fn members_older_than_relay_keep_are_never_parents() {
-        let mut t = Tree::new(1, 1, false, Duration::ZERO);
-        assert_eq!(join(&mut t, 1, None), Parent::Owner);
-        std::thread::sleep(Duration::from_millis(2));
-        // 1's copy may be gone: 2 goes to the owner beyond its fanout.
-        assert_eq!(join(&mut t, 2, None), Parent::Owner);
-    }
-
-    fn report(t: &mut Tree, member: u64, reported: u8, late: bool) -> Placement {
-        t.join(&JoinRequest {
-            member,
-            from: 0,
-            serves: Some(holder_of(member)),
-            failed: Some(holder(reported).addr),
-            late,
-            alternates: true,
-        })
-    }
-
-    fn holder_of(member: u64) -> Serves {
-        holder(member as u8)
-    }
-
-    #[test]
-    fn a_late_parent_is_demoted_and_rejoins_at_the_tail() {
-        let mut t = Tree::new(1, 2, false, KEEP);
-        for m in 1..=5 {
-            join_multi(&mut t, m, None);
-        }
-        // owner <- 1 <- 2 <- 3 <- 4 <- 5; 2 reports 1 late: 1 is demoted
-        // (to be told to rejoin), 2 takes its slot under the owner.
-        let p = report(&mut t, 2, 1, true);
-        assert_eq!(p.report, Report::Demoted(holder(1)));
-        assert_eq!(p.parent, Parent::Owner);
-        // 1 rejoins: at the tail, under 5, out of everyone's path; its
-        // alternate is 5's parent.
-        let p = join_multi(&mut t, 1, None);
-        assert_eq!((p.parent, p.alternates), (via(5), vec![via(4)]));
-        assert_eq!(p.report, Report::None);
-        // Nobody is given 1 while a healthy holder has a slot: 3 rejoins
-        // (say its parent failed) and goes under... the only free slot, 1,
-        // is demoted; 2 is 3's own parent, reported by 3: so the owner.
-        let p = report(&mut t, 3, 2, false);
-        assert_eq!(p.report, Report::Demoted(holder(2)));
-        // 3's subtree (4, 5, 1) is below it: the owner beyond its fanout.
-        assert_eq!(p.parent, Parent::Owner);
-        // A new joiner: no healthy holder has a slot; the demoted tail 1
-        // takes it rather than the owner beyond its fanout.
-        assert_eq!(join_multi(&mut t, 6, None).parent, via(1));
-        // Bounds hold throughout.
-        assert!(t.root_helping <= 1);
-        for m in &t.members {
-            assert!(m.children <= 1 && m.helping <= 1, "{m:?}");
-        }
-    }
-
-    #[test]
-    fn a_demoted_relay_is_never_an_alternate_and_reports_it_was_not_given_change_nothing() {
-        let mut t = Tree::new(1, 3, false, KEEP);
-        for m in 1..=4 {
-            join_multi(&mut t, m, None);
-        }
-        // owner <- 1 <- 2 <- 3 <- 4; 3's alternate is 1, 4's is 2.
-        // 3 reports 1 (its alternate, not its parent) late: demoted, and 3
-        // takes the slot it frees.
-        let p = report(&mut t, 3, 1, true);
-        assert_eq!(p.report, Report::Demoted(holder(1)));
-        assert_eq!(p.parent, Parent::Owner);
-        // 2, still 1's child until it rejoins, reports it too: demoted
-        // already, nothing more to tell.
-        assert_eq!(report(&mut t, 2, 1, true).report, Report::Already);
-        // 1 is nobody's alternate any more.
-        let p = join_multi(&mut t, 4, None);
-        assert!(!p.alternates.contains(&via(1)), "{p:?}");
-        // Reports about a holder the reporter was never given: ignored,
-        // nothing changes.
-        let p = report(&mut t, 4, 2, true);
-        assert_eq!((p.report, p.parent), (Report::Ignored, via(3)));
-        // A stranger (never joined) cannot demote anyone.
-        let p = report(&mut t, 77, 3, true);
-        assert_eq!(p.report, Report::Ignored);
-        // One member demotes at most 4 holders, however many parents it
-        // is given and reports: a chain of 12, member 12 reports each
-        // parent it gets.
-        let mut t = Tree::new(1, 1, false, KEEP);
-        for m in 1..=12 {
-            join(&mut t, m, None);
-        }
-        let mut demoted = 0;
-        for _ in 0..10 {
-            let i = t.by_id[&12];
-            let parent = match t.source(t.members[i].parent) {
-                // 10.0.0.{n}:7071 serves member n.
-                Parent::Holder(s) => s.addr[7..s.addr.len() - 5].parse::<u8>().unwrap(),
-                Parent::Owner => break,
-            };
-            if report(&mut t, 12, parent, true).report != Report::Ignored {
-                demoted += 1;
-            }
-        }
-        assert_eq!(demoted, 4);
-        assert_eq!(t.members.iter().filter(|m| m.demoted).count(), 4);
-        let i3 = t.by_id[&3];
-        assert!(!t.members[i3].demoted);
-    }
-
-    #[test]
-    fn a_demoted_relay_is_never_placed_below_the_children_it_still_has() {
-        let mut t = Tree::new(2, 1, false, KEEP);
-        for m in 1..=7 {
-            join(&mut t, m, None);
-        }
-        // Fanout 2: owner <- {1, 2}; 1 <- {3, 4}; 2 <- {5, 6}; 3 <- 7.
-        // 4 reports 1 late; 3 (and 7 below it) stay under 1 until they
-        // rejoin.
-        let p = report(&mut t, 4, 1, true);
-        assert_eq!(p.report, Report::Demoted(holder(1)));
-        // 1 rejoins: the deepest free slot outside its subtree (7 is below
-        // it): 5 or 6 (depth 2), the latest recorded.
-        let p = join_multi(&mut t, 1, None);
-        assert_eq!(p.parent, via(6));
-    }
-
-    fn join_multi(t: &mut Tree, member: u64, failed: Option<u8>) -> Placement {
-        t.join(&JoinRequest {
-            member,
-            from: 0,
-            serves: Some(holder(member as u8)),
-            failed: failed.map(|f| holder(f).addr),
-            late: false,
-            alternates: true,
-        })
-    }
-
-    #[test]
-    fn alternates_are_the_ancestors_above_the_parent() {
-        let mut t = Tree::new(1, 3, false, KEEP);
-        let p = join_multi(&mut t, 1, None);
-        assert_eq!((p.parent, p.alternates), (Parent::Owner, vec![]));
-        let p = join_multi(&mut t, 2, None);
-        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
-        // Up to two alternates with relay-sources = 3, each source helping
-        // one member (fanout 1): the owner helps 2 already.
-        let p = join_multi(&mut t, 3, None);
-        assert_eq!((p.parent, p.alternates), (via(2), vec![via(1)]));
-        let p = join_multi(&mut t, 4, None);
-        assert_eq!((p.parent, p.alternates), (via(3), vec![via(2)]));
-        let mut t = Tree::new(2, 3, false, KEEP);
-        join_multi(&mut t, 1, None);
-        join_multi(&mut t, 2, None);
-        // Fanout 2: 1 and 2 under the owner; 3 under 1, helped by the owner.
-        let p = join_multi(&mut t, 3, None);
-        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
-        let p = join_multi(&mut t, 5, None);
-        assert_eq!((p.parent, p.alternates), (via(1), vec![Parent::Owner]));
-        // The owner helps two already (its fanout): 6 and 7, under 2, get
-        // none; 8, under 3, gets 1.
-        let p = join_multi(&mut t, 6, None);
-        assert_eq!((p.parent, p.alternates), (via(2), vec![]));
-        let p = join_multi(&mut t, 7, None);
-        assert_eq!((p.parent, p.alternates), (via(2), vec![]));
-        let p = join_multi(&mut t, 8, None);
-        assert_eq!((p.parent, p.alternates), (via(3), vec![via(1)]));
-        // A joiner that did not ask gets none.
-        assert!(t
-            .join(&JoinRequest {
-                member: 5,
-                from: 0,
-                serves: Some(holder(5)),
-                failed: None,
-                late: false,
-                alternates: false,
-            })
-            .alternates
-            .is_empty());
-    }
-
-    #[test]
-    fn no_source_helps_more_than_fanout_members_and_rejoins_give_slots_back() {
-        for fanout in [1u32, 2, 3] {
-            let mut t = Tree::new(fanout, 2, false, KEEP);
-            for m in 1..=40 {
-                join_multi(&mut t, m, None);
-            }
-            assert!(t.root_helping <= fanout);
-            for m in &t.members {
-                assert!(m.helping <= fanout, "fanout {fanout}: {m:?}");
-                assert!(m.children <= fanout, "fanout {fanout}: {m:?}");
-                assert!(m.helpers.len() <= 1);
-            }
-        }
-        // Chain 1 <- 2 <- 3 <- 4: 3 has alternate 1; 2 dies, 3 reports it
-        // and is placed under 1; its old alternate is given back, and it
-        // gets the owner.
-        let mut t = Tree::new(1, 2, false, KEEP);
-        for m in 1..=4 {
-            join_multi(&mut t, m, None);
-        }
-        let i1 = t.by_id[&1];
-        assert_eq!(t.members[i1].helping, 1, "1 helps 3");
-        let p = join_multi(&mut t, 3, Some(2));
-        assert_eq!(p.parent, via(1));
-        assert_eq!(p.alternates, vec![Parent::Owner]);
-        assert_eq!(t.members[i1].helping, 0, "given back at the rejoin");
-        // A dead member is never named an alternate: 4 (under 3) rejoins
-        // and gets 1, 3's parent.
-        let p = join_multi(&mut t, 4, None);
-        assert_eq!((p.parent, p.alternates), (via(3), vec![via(1)]));
-    }
-}
+mod tests;

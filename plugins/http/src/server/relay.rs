@@ -164,7 +164,7 @@ async fn join(
             )
         }
     };
-    let placed = tracked.join(&join);
+    let placed = tracked.join(&join, peer.map(|p| p.to_canonical()));
     drop(reader);
     shared.stats.relay_joins.inc();
     match &placed.report {
@@ -497,7 +497,11 @@ fn flip_first_bit(p: &Bytes) -> Bytes {
 /// the removal key the owner gave this holder at its join (the data token
 /// alone, which every consumer holds, is not enough). A node holding no
 /// copy of `id` has nothing to protect.
-async fn owners_key(shared: &Shared, id: ShardId, req: Request<Incoming>) -> Result<(), Response<Frames>> {
+async fn owners_key(
+    shared: &Shared,
+    id: ShardId,
+    req: Request<Incoming>,
+) -> Result<(), Response<Frames>> {
     let sent = read_body(shared, req, 16).await?;
     match shared.holdings.get(id) {
         Some(h) if !h.is_key(&sent) => {

@@ -793,7 +793,10 @@ fn only_the_owner_drops_or_moves_a_holders_copy() {
     let next = relay_node("");
     let (got, note) = fetch_noted(&next.t, &desc, LEN).unwrap();
     assert!(got == data);
-    assert!(note.contains(&format!("from relay {}", holder.addr)), "{note}");
+    assert!(
+        note.contains(&format!("from relay {}", holder.addr)),
+        "{note}"
+    );
     // The owner's removal carries the key: the copies go.
     owner
         .t
