@@ -373,6 +373,7 @@ impl HttpTransport {
         };
         RelaySetup {
             serves,
+            serves_client_auth: self.cfg.tls.client_auth == config::ClientAuth::Required,
             holdings: &self.holdings,
             stall: self.cfg.relay.stall_timeout,
             min_piece: config::MIN_RELAY_PIECE,

@@ -23,6 +23,8 @@ const MAX_QUIET_RETRIES: usize = 1;
 pub(crate) struct RelaySetup<'a> {
     /// Where this node serves its copies (`None`: it joins as a leaf).
     pub serves: Option<Serves>,
+    /// This node's server requires client certificates (mutual TLS).
+    pub serves_client_auth: bool,
     pub holdings: &'a Holdings,
     /// `relay-stall-timeout`.
     pub stall: Duration,
@@ -236,11 +238,14 @@ impl Client {
         // A relay no longer held what this fetch needs: the owner serves the rest.
         let mut to_owner = false;
         for round in 0..=MAX_REJOINS {
+            // Only a member that keeps a copy serves.
+            let serves = filling.as_ref().and(setup.serves.clone());
             let join = JoinRequest {
                 member,
                 from: at,
-                // Only a member that keeps a copy serves.
-                serves: filling.as_ref().and(setup.serves.clone()),
+                serves_client_auth: setup.serves_client_auth
+                    && serves.as_ref().is_some_and(|s| s.tls),
+                serves,
                 failed: failed.take(),
                 late: std::mem::take(&mut late),
                 alternates: setup.sources > 1,

@@ -55,7 +55,7 @@ pub(crate) mod tree;
 pub(crate) mod wire;
 
 pub(crate) use holdings::{Filling, Holding, Holdings};
-pub(crate) use tree::Trackers;
+pub(crate) use tree::{TlsPolicy, Trackers};
 
 /// What a holder's owner sends with `DELETE` or `POST /v1/relay/{id}`: the
 /// key it gave that holder at its join.

@@ -128,6 +128,10 @@ pub(crate) struct Tree {
     by_id: HashMap<u64, usize>,
     /// The owner serves TLS: plain holders never get children.
     tls: bool,
+    /// The owner requires client certificates: holders that do not never
+    /// get children (a consumer without a certificate must not be served
+    /// the shard by a holder).
+    client_auth: bool,
     /// `relay-keep`: how long a member's copy is assumed to last.
     keep: Duration,
     /// Per client address: members recorded, holders its reports demoted.
@@ -135,6 +139,15 @@ pub(crate) struct Tree {
     /// Serving addresses demoted: a member that joins again under a fresh
     /// id from one of them is demoted at once.
     demoted_at: HashSet<String>,
+}
+
+/// The owner's TLS, which its holders must match.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TlsPolicy {
+    /// It serves HTTPS.
+    pub tls: bool,
+    /// It requires client certificates (mutual TLS).
+    pub client_auth: bool,
 }
 
 /// What a tree counts per client address.
@@ -145,15 +158,16 @@ struct Client {
 }
 
 impl Tree {
-    pub(crate) fn new(fanout: u32, sources: u32, tls: bool, keep: Duration) -> Tree {
+    pub(crate) fn new(fanout: u32, sources: u32, tls: TlsPolicy, keep: Duration) -> Tree {
         Tree {
             fanout: fanout.max(1),
             sources: sources.max(1),
+            client_auth: tls.client_auth,
             root_children: 0,
             root_helping: 0,
             members: Vec::new(),
             by_id: HashMap::new(),
-            tls,
+            tls: tls.tls,
             keep,
             clients: HashMap::new(),
             demoted_at: HashSet::new(),
@@ -198,8 +212,12 @@ impl Tree {
                 if let Some(p) = peer {
                     self.clients.entry(p).or_default().members += 1;
                 }
-                // A plain holder under a TLS owner stays a leaf.
-                let serves = req.serves.clone().filter(|s| s.tls || !self.tls);
+                // A holder whose TLS is weaker than the owner's (plain under
+                // a TLS owner, no client certificates under an owner that
+                // requires them) stays a leaf.
+                let serves = req.serves.clone().filter(|s| {
+                    (s.tls || !self.tls) && (req.serves_client_auth || !self.client_auth)
+                });
                 // A holder demoted before stays demoted under a new id.
                 let demoted = serves
                     .as_ref()
@@ -518,7 +536,7 @@ pub(crate) struct Trackers {
     fanout: u32,
     sources: u32,
     piece: u64,
-    tls: bool,
+    tls: TlsPolicy,
     keep: Duration,
 }
 
@@ -527,7 +545,7 @@ impl Trackers {
         fanout: u32,
         sources: u32,
         piece: u64,
-        tls: bool,
+        tls: TlsPolicy,
         keep: Duration,
     ) -> Trackers {
         Trackers {

@@ -8,7 +8,8 @@
 //!   9  8  from: bytes held (piece-aligned)    9  4  piece size
 //!  17  1  flags: 1 serves, 2 serves TLS,    13  1  flags: 1 parent is the owner,
 //!             4 takes alternates, 8 the             2 parent serves TLS, 4 keep
-//!             failed holder was late
+//!             failed holder was late, 16
+//!             requires client certificates
 //!                                                    no copy (not recorded), 8
 //!                                                    alternates follow the hashes
 //!  18  1  a = address length (0: none)       14  1  p = parent address length
@@ -53,6 +54,7 @@ const FLAG_SERVES: u8 = 1;
 const FLAG_TLS: u8 = 2;
 const FLAG_ALTERNATES: u8 = 4;
 const FLAG_LATE: u8 = 8;
+const FLAG_CLIENT_AUTH: u8 = 16;
 const PARENT_OWNER: u8 = 1;
 const PARENT_TLS: u8 = 2;
 const NO_COPY: u8 = 4;
@@ -156,6 +158,9 @@ pub(crate) struct JoinRequest {
     pub from: u64,
     /// Where it serves what it receives; `None`: a leaf.
     pub serves: Option<Serves>,
+    /// It serves only clients with a certificate from its `tls-client-ca`
+    /// (mutual TLS; with `serves` over TLS only).
+    pub serves_client_auth: bool,
     /// The holder that just failed it, if any.
     pub failed: Option<String>,
     /// `failed` did not fail: it was late, and the member's alternates
@@ -180,7 +185,12 @@ impl JoinRequest {
         v.push(
             flags
                 | if self.alternates { FLAG_ALTERNATES } else { 0 }
-                | if self.late { FLAG_LATE } else { 0 },
+                | if self.late { FLAG_LATE } else { 0 }
+                | if self.serves_client_auth {
+                    FLAG_CLIENT_AUTH
+                } else {
+                    0
+                },
         );
         push_addr(&mut v, self.serves.as_ref().map(|s| s.addr.as_str()));
         push_addr(&mut v, self.failed.as_deref());
@@ -198,8 +208,13 @@ impl JoinRequest {
         let member = r.u64("member id")?;
         let from = r.u64("offset")?;
         let flags = r.u8("flags")?;
-        if flags & !(FLAG_SERVES | FLAG_TLS | FLAG_ALTERNATES | FLAG_LATE) != 0 {
+        if flags & !(FLAG_SERVES | FLAG_TLS | FLAG_ALTERNATES | FLAG_LATE | FLAG_CLIENT_AUTH) != 0 {
             return Err(format!("unknown join flags {flags:#04x}"));
+        }
+        if flags & FLAG_CLIENT_AUTH != 0
+            && flags & (FLAG_SERVES | FLAG_TLS) != FLAG_SERVES | FLAG_TLS
+        {
+            return Err("the client-certificates flag is set without serving over TLS".into());
         }
         let addr = r.addr("serving address")?;
         let serves = match (flags & FLAG_SERVES != 0, addr) {
@@ -224,6 +239,7 @@ impl JoinRequest {
             failed,
             late,
             alternates: flags & FLAG_ALTERNATES != 0,
+            serves_client_auth: flags & FLAG_CLIENT_AUTH != 0,
         })
     }
 }
@@ -530,6 +546,7 @@ mod tests {
                 failed: None,
                 late: false,
                 alternates: false,
+                serves_client_auth: false,
             },
             JoinRequest {
                 member: u64::MAX,
@@ -541,6 +558,7 @@ mod tests {
                 failed: Some("node9.example:7071".into()),
                 late: false,
                 alternates: true,
+                serves_client_auth: false,
             },
         ] {
             assert_eq!(JoinRequest::decode(&req.encode()), Ok(req));
@@ -559,6 +577,7 @@ mod tests {
             failed: None,
             late: false,
             alternates: false,
+            serves_client_auth: false,
         }
         .encode();
         let mut v = good.clone();

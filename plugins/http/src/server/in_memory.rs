@@ -114,7 +114,7 @@ fn shared() -> Arc<Shared> {
             cfg.relay.fanout,
             cfg.relay.sources,
             cfg.relay.piece,
-            false,
+            crate::relay::TlsPolicy::default(),
             cfg.relay.keep,
         ),
         holdings: Arc::new(crate::relay::Holdings::new(

@@ -284,7 +284,11 @@ impl Server {
                 cfg.relay.fanout,
                 cfg.relay.sources,
                 cfg.relay.piece,
-                serves_tls,
+                crate::relay::TlsPolicy {
+                    tls: serves_tls,
+                    client_auth: serves_tls
+                        && cfg.tls.client_auth == crate::config::ClientAuth::Required,
+                },
                 cfg.relay.keep,
             ),
             holdings,

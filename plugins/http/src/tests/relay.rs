@@ -30,6 +30,7 @@ fn forge_member(owner: &Node, id: u128, serves: SocketAddr, auth: Option<&str>) 
         failed: None,
         late: false,
         alternates: false,
+        serves_client_auth: false,
     }
     .encode();
     let path = crate::relay::wire::join_path(ShardId::from_u128(id));
@@ -272,6 +273,7 @@ fn what_the_owner_does_not_relay_is_fetched_plainly() {
         failed: None,
         late: false,
         alternates: false,
+        serves_client_auth: false,
     }
     .encode();
     let r = post(
@@ -599,6 +601,7 @@ fn a_relay_its_owner_demoted_rejoins_and_finishes_from_another_holder() {
             late: failed.is_some(),
             failed,
             alternates: true,
+            serves_client_auth: false,
         }
         .encode()
     };
@@ -646,6 +649,7 @@ fn forged_late_reports_change_nothing() {
         failed: Some(first.addr.to_string()),
         late: true,
         alternates: true,
+        serves_client_auth: false,
     };
     let r = post(owner.addr, &path, &forged.encode(), None);
     assert_eq!(r.status, 200, "{:?}", r.json());
@@ -741,6 +745,7 @@ fn a_holder_that_joins_by_name_is_handed_out_by_the_address_verified() {
             failed: None,
             late: false,
             alternates: false,
+            serves_client_auth: false,
         }
         .encode()
     };

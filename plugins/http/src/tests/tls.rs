@@ -546,3 +546,48 @@ fn a_tls_owner_never_names_a_plain_holder() {
     assert_eq!(stat(&next.t, "relay_bytes_from_holders"), 0);
     assert_eq!(stat(&owner.t, "bytes_served"), 2 * data.len() as u64);
 }
+
+/// An owner that requires client certificates names only holders that
+/// require them too: a holder that serves TLS to anyone would hand the
+/// shard to a token holder without a certificate.
+#[test]
+fn an_owner_requiring_client_certificates_names_only_holders_that_do() {
+    let files = Files::new();
+    let ca = Ca::new("relay CA");
+    let ca_file = files.ca(&ca, "ca");
+    let mtls = format!(
+        "tls-client-auth = \"required\"\ntls-client-ca = \"{}\"\n",
+        p(&ca_file)
+    );
+    let owner = node(&format!(
+        "{}{mtls}relay-piece = \"16KiB\"",
+        owner_cfg(&files.issue(&ca, "owner"))
+    ));
+    let relay = |name: &str, strict: bool| {
+        node(&format!(
+            "{}tls-ca = \"{}\"\nrelay = \"on\"\nrelay-min-size = \"64KiB\"\n{}",
+            owner_cfg(&files.issue(&ca, name)),
+            p(&ca_file),
+            if strict { mtls.as_str() } else { "" }
+        ))
+    };
+    let data = pattern((1 << 20) + 9, 10);
+    let desc = export(&owner.t, 1, &data).unwrap();
+    let lax = relay("lax", false);
+    assert_eq!(fetch(&lax.t, &desc, data.len()).unwrap(), data);
+    let strict = relay("strict", true);
+    let (got, note) = fetch_noted(&strict.t, &desc, data.len()).unwrap();
+    assert_eq!(got, data);
+    assert!(
+        note.starts_with("from owner"),
+        "sent to a lax holder: {note}"
+    );
+    let third = relay("third", true);
+    let (got, note) = fetch_noted(&third.t, &desc, data.len()).unwrap();
+    assert_eq!(got, data);
+    assert!(
+        note.contains(&format!("from relay {}", strict.addr)),
+        "{note}"
+    );
+    assert_eq!(stat(&lax.t, "relay_bytes_served"), 0, "never a parent");
+}

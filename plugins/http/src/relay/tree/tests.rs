@@ -18,6 +18,7 @@ fn join(t: &mut Tree, member: u64, failed: Option<u8>) -> Parent {
         failed: failed.map(|f| holder(f).addr),
         late: false,
         alternates: false,
+        serves_client_auth: false,
     })
     .parent
 }
@@ -28,7 +29,7 @@ fn via(n: u8) -> Parent {
 
 #[test]
 fn fanout_one_is_a_chain_in_join_order() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     assert_eq!(join(&mut t, 1, None), Parent::Owner);
     for m in 2..=6 {
         assert_eq!(join(&mut t, m, None), via(m as u8 - 1));
@@ -37,7 +38,7 @@ fn fanout_one_is_a_chain_in_join_order() {
 
 #[test]
 fn fanout_two_fills_the_shallowest_level_first() {
-    let mut t = Tree::new(2, 1, false, KEEP);
+    let mut t = Tree::new(2, 1, TlsPolicy::default(), KEEP);
     let parents: Vec<Parent> = (1..=8).map(|m| join(&mut t, m, None)).collect();
     assert_eq!(
         parents,
@@ -56,7 +57,7 @@ fn fanout_two_fills_the_shallowest_level_first() {
 
 #[test]
 fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     for m in 1..=4 {
         join(&mut t, m, None);
     }
@@ -71,7 +72,7 @@ fn a_failed_holder_s_children_go_to_its_parent_and_it_may_come_back() {
 
 #[test]
 fn a_rejoining_relay_is_never_put_below_itself() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     for m in 1..=3 {
         join(&mut t, m, None);
     }
@@ -82,7 +83,7 @@ fn a_rejoining_relay_is_never_put_below_itself() {
 
 #[test]
 fn leaves_take_slots_but_get_no_children() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     let leaf = JoinRequest {
         member: 9,
         from: 0,
@@ -90,6 +91,7 @@ fn leaves_take_slots_but_get_no_children() {
         failed: None,
         late: false,
         alternates: false,
+        serves_client_auth: false,
     };
     assert_eq!(t.join(&leaf).parent, Parent::Owner);
     // The owner's only slot is the leaf's; nobody else serves: the owner
@@ -101,7 +103,15 @@ fn leaves_take_slots_but_get_no_children() {
 
 #[test]
 fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
-    let mut t = Tree::new(1, 1, true, KEEP);
+    let mut t = Tree::new(
+        1,
+        1,
+        TlsPolicy {
+            tls: true,
+            client_auth: false,
+        },
+        KEEP,
+    );
     assert_eq!(join(&mut t, 1, None), Parent::Owner);
     assert_eq!(join(&mut t, 2, None), Parent::Owner);
     let tls = Serves {
@@ -115,6 +125,7 @@ fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
         failed: None,
         late: false,
         alternates: false,
+        serves_client_auth: false,
     });
     let _ = &t;
     assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
@@ -122,7 +133,7 @@ fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
 
 #[test]
 fn trees_are_bounded() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     for m in 0..MAX_MEMBERS as u64 + 10 {
         let p = t.join(&JoinRequest {
             member: m,
@@ -131,6 +142,7 @@ fn trees_are_bounded() {
             failed: None,
             late: false,
             alternates: false,
+            serves_client_auth: false,
         });
         assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
     }
@@ -139,7 +151,7 @@ fn trees_are_bounded() {
 
 #[test]
 fn only_a_child_can_report_its_parent_failed() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     for m in 1..=3 {
         join(&mut t, m, None);
     }
@@ -152,7 +164,7 @@ fn only_a_child_can_report_its_parent_failed() {
 
 #[test]
 fn members_older_than_relay_keep_are_never_parents() {
-    let mut t = Tree::new(1, 1, false, Duration::ZERO);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), Duration::ZERO);
     assert_eq!(join(&mut t, 1, None), Parent::Owner);
     std::thread::sleep(Duration::from_millis(2));
     // 1's copy may be gone: 2 goes to the owner beyond its fanout.
@@ -167,6 +179,7 @@ fn report(t: &mut Tree, member: u64, reported: u8, late: bool) -> Placement {
         failed: Some(holder(reported).addr),
         late,
         alternates: true,
+        serves_client_auth: false,
     })
 }
 
@@ -176,7 +189,7 @@ fn holder_of(member: u64) -> Serves {
 
 #[test]
 fn a_late_parent_is_demoted_and_rejoins_at_the_tail() {
-    let mut t = Tree::new(1, 2, false, KEEP);
+    let mut t = Tree::new(1, 2, TlsPolicy::default(), KEEP);
     for m in 1..=5 {
         join_multi(&mut t, m, None);
     }
@@ -209,7 +222,7 @@ fn a_late_parent_is_demoted_and_rejoins_at_the_tail() {
 
 #[test]
 fn a_demoted_relay_is_never_an_alternate_and_reports_it_was_not_given_change_nothing() {
-    let mut t = Tree::new(1, 3, false, KEEP);
+    let mut t = Tree::new(1, 3, TlsPolicy::default(), KEEP);
     for m in 1..=4 {
         join_multi(&mut t, m, None);
     }
@@ -235,7 +248,7 @@ fn a_demoted_relay_is_never_an_alternate_and_reports_it_was_not_given_change_not
     // One member demotes at most 4 holders, however many parents it
     // is given and reports: a chain of 12, member 12 reports each
     // parent it gets.
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     for m in 1..=12 {
         join(&mut t, m, None);
     }
@@ -259,7 +272,7 @@ fn a_demoted_relay_is_never_an_alternate_and_reports_it_was_not_given_change_not
 
 #[test]
 fn a_demoted_relay_is_never_placed_below_the_children_it_still_has() {
-    let mut t = Tree::new(2, 1, false, KEEP);
+    let mut t = Tree::new(2, 1, TlsPolicy::default(), KEEP);
     for m in 1..=7 {
         join(&mut t, m, None);
     }
@@ -282,12 +295,13 @@ fn join_multi(t: &mut Tree, member: u64, failed: Option<u8>) -> Placement {
         failed: failed.map(|f| holder(f).addr),
         late: false,
         alternates: true,
+        serves_client_auth: false,
     })
 }
 
 #[test]
 fn alternates_are_the_ancestors_above_the_parent() {
-    let mut t = Tree::new(1, 3, false, KEEP);
+    let mut t = Tree::new(1, 3, TlsPolicy::default(), KEEP);
     let p = join_multi(&mut t, 1, None);
     assert_eq!((p.parent, p.alternates), (Parent::Owner, vec![]));
     let p = join_multi(&mut t, 2, None);
@@ -298,7 +312,7 @@ fn alternates_are_the_ancestors_above_the_parent() {
     assert_eq!((p.parent, p.alternates), (via(2), vec![via(1)]));
     let p = join_multi(&mut t, 4, None);
     assert_eq!((p.parent, p.alternates), (via(3), vec![via(2)]));
-    let mut t = Tree::new(2, 3, false, KEEP);
+    let mut t = Tree::new(2, 3, TlsPolicy::default(), KEEP);
     join_multi(&mut t, 1, None);
     join_multi(&mut t, 2, None);
     // Fanout 2: 1 and 2 under the owner; 3 under 1, helped by the owner.
@@ -323,6 +337,7 @@ fn alternates_are_the_ancestors_above_the_parent() {
             failed: None,
             late: false,
             alternates: false,
+            serves_client_auth: false,
         })
         .alternates
         .is_empty());
@@ -331,7 +346,7 @@ fn alternates_are_the_ancestors_above_the_parent() {
 #[test]
 fn no_source_helps_more_than_fanout_members_and_rejoins_give_slots_back() {
     for fanout in [1u32, 2, 3] {
-        let mut t = Tree::new(fanout, 2, false, KEEP);
+        let mut t = Tree::new(fanout, 2, TlsPolicy::default(), KEEP);
         for m in 1..=40 {
             join_multi(&mut t, m, None);
         }
@@ -345,7 +360,7 @@ fn no_source_helps_more_than_fanout_members_and_rejoins_give_slots_back() {
     // Chain 1 <- 2 <- 3 <- 4: 3 has alternate 1; 2 dies, 3 reports it
     // and is placed under 1; its old alternate is given back, and it
     // gets the owner.
-    let mut t = Tree::new(1, 2, false, KEEP);
+    let mut t = Tree::new(1, 2, TlsPolicy::default(), KEEP);
     for m in 1..=4 {
         join_multi(&mut t, m, None);
     }
@@ -371,6 +386,7 @@ fn join_at(t: &mut Tree, member: u64, serves: u8, failed: Option<u8>, peer: [u8;
             failed: failed.map(|f| holder(f).addr),
             late: false,
             alternates: false,
+            serves_client_auth: false,
         },
         Some(IpAddr::from(peer)),
     )
@@ -378,7 +394,7 @@ fn join_at(t: &mut Tree, member: u64, serves: u8, failed: Option<u8>, peer: [u8;
 
 #[test]
 fn a_demoted_holder_that_rejoins_under_a_fresh_id_stays_demoted() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     join_at(&mut t, 1, 1, None, [10, 0, 0, 1]);
     join_at(&mut t, 2, 2, None, [10, 0, 0, 2]);
     // 2 reports its parent 1: 1 is demoted.
@@ -399,7 +415,7 @@ fn a_demoted_holder_that_rejoins_under_a_fresh_id_stays_demoted() {
 
 #[test]
 fn one_client_demotes_at_most_four_holders_whatever_ids_it_uses() {
-    let mut t = Tree::new(8, 1, false, KEEP);
+    let mut t = Tree::new(8, 1, TlsPolicy::default(), KEEP);
     for h in 1..=6u8 {
         join_at(&mut t, u64::from(h), h, None, [10, 0, 1, h]);
     }
@@ -432,7 +448,7 @@ fn one_client_demotes_at_most_four_holders_whatever_ids_it_uses() {
 
 #[test]
 fn a_join_flood_from_one_address_cannot_fill_a_tree() {
-    let mut t = Tree::new(1, 1, false, KEEP);
+    let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     let mut recorded = 0;
     for id in 0..(MAX_MEMBERS as u64 + 100) {
         if join_at(&mut t, 1000 + id, 200, None, [10, 0, 9, 9]).recorded {
