@@ -391,6 +391,13 @@ impl Client {
             }
             match streamed {
                 Ok(()) => {
+                    if !source.owner {
+                        // Bytes from holders: the owner, which removes,
+                        // confirms the shard still exists before they are
+                        // returned (a holder that ignored the removal
+                        // cannot complete a removed shard).
+                        self.still_exported(&owner_pool, desc)?;
+                    }
                     let from = if source.owner {
                         format!("from owner {} (relay tree root)", desc.addr)
                     } else {
@@ -452,6 +459,42 @@ impl Client {
             }
         }
         unreachable!("the last round streams from the owner, which returns")
+    }
+
+    /// Asks the owner whether it still exports `desc`'s shard (an empty
+    /// stream from its end): `NOT_FOUND` when it was removed.
+    fn still_exported(&self, pool: &Arc<OwnerPool>, desc: &Descriptor) -> PluginResult<()> {
+        let path = rwire::stream_path(desc.id, desc.len);
+        let req = Request {
+            method: "GET",
+            path: &path,
+            body: &[],
+            read_timeout: None,
+        };
+        let (mut co, head) = self.exchange(pool, &req)?;
+        if head.status == 404 {
+            let e = self.error_response(pool, &head, &mut co, "the check of a relayed fetch");
+            return Err(AbiError::new(
+                ErrorKind::NOT_FOUND,
+                format!(
+                    "shard {} was removed by its owner {} while it was fetched through relays; its bytes are not returned ({})",
+                    desc.id, desc.addr, e.message
+                ),
+            ));
+        }
+        if head.status != 200 || head.content_length != Some(0) {
+            return Err(self.error_response(
+                pool,
+                &head,
+                &mut co,
+                &format!(
+                    "the check that owner {} still exports shard {}",
+                    desc.addr, desc.id
+                ),
+            ));
+        }
+        co.reusable = !head.close;
+        Ok(())
     }
 
     /// `POST /v1/relay/{id}/join` at the owner.

@@ -811,3 +811,51 @@ fn only_the_owner_drops_or_moves_a_holders_copy() {
     wait_for_stat(&holder.t, "relay_copies_dropped", 1);
     assert_eq!(stat(&holder.t, "relay_copies"), 0);
 }
+
+#[test]
+fn a_shard_removed_mid_fetch_is_not_returned_even_if_a_holder_serves_it_all() {
+    let owner = node(OWNER);
+    let data = pattern(LEN, 15);
+    let desc = export(&owner.t, 14, &data).unwrap();
+    // A holder that ignores removals: it serves the owner's own bytes (they
+    // pass every piece check), but only after the owner removed the shard.
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap();
+    let (asked, removed) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let serving = {
+        let (asked, removed, data) = (asked.0, removed.1, data.clone());
+        std::thread::spawn(move || {
+            let (mut s, _) = holder.accept().unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head);
+            asked.send(()).unwrap();
+            removed.recv().unwrap();
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {LEN}\r\nx-shardport-len: {LEN}\r\n\r\n"
+            );
+            s.write_all(reply.as_bytes()).unwrap();
+            s.write_all(&data).unwrap();
+        })
+    };
+    forge_member(&owner, 14, addr, None);
+    let c = relay_node("relay-sources = 1");
+    let fetching = std::thread::spawn({
+        let t = c.t.clone();
+        let desc = desc.clone();
+        move || fetch(&t, &desc, LEN)
+    });
+    asked.1.recv().unwrap();
+    owner
+        .t
+        .unexport(ShardId::from_u128(14))
+        .into_result()
+        .unwrap();
+    removed.0.send(()).unwrap();
+    assert_kind(
+        fetching.join().unwrap(),
+        ErrorKind::NOT_FOUND,
+        "was removed",
+    );
+    serving.join().unwrap();
+    assert_eq!(stat(&c.t, "relay_copies"), 0, "no copy of a removed shard");
+}
