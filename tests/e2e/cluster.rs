@@ -299,18 +299,26 @@ fn http_workers(
 /// The status line an HTTP GET of `/v1/health` at `addr` gets from node
 /// `from`'s namespace with `token` (bash's `/dev/tcp`: no client of ours).
 fn status_line(c: &Cluster, from: usize, addr: &str, token: &str) -> String {
+    request_line(c, from, addr, "GET /v1/health", token)
+}
+
+/// The status line of `request` (`METHOD PATH`, an empty body) sent with
+/// `token` to `addr` from node `from`'s namespace, by bash alone: another
+/// process on another node that holds the token, as an attacker would be.
+fn request_line(c: &Cluster, from: usize, addr: &str, request: &str, token: &str) -> String {
     let (host, port) = addr.rsplit_once(':').unwrap();
     let out = c
         .command(from, std::path::Path::new("bash"))
         .args([
             "-c",
             "exec 3<>\"/dev/tcp/$SP_HOST/$SP_PORT\" && \
-             printf 'GET /v1/health HTTP/1.1\\r\\nhost: %s\\r\\nauthorization: Bearer %s\\r\\nconnection: close\\r\\n\\r\\n' \
-               \"$SP_HOST\" \"$SP_TOKEN\" >&3 && head -n 1 <&3",
+             printf '%s HTTP/1.1\\r\\nhost: %s\\r\\nauthorization: Bearer %s\\r\\ncontent-length: 0\\r\\nconnection: close\\r\\n\\r\\n' \
+               \"$SP_REQUEST\" \"$SP_HOST\" \"$SP_TOKEN\" >&3 && head -n 1 <&3",
         ])
         .env("SP_HOST", host)
         .env("SP_PORT", port)
         .env("SP_TOKEN", token)
+        .env("SP_REQUEST", request)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
@@ -318,8 +326,9 @@ fn status_line(c: &Cluster, from: usize, addr: &str, token: &str) -> String {
 
 /// On the testbed, with a token: the second consumer gets the shard from
 /// the first (a relay), which refuses a request with the wrong token as an
-/// owner does; the owner's removal reaches both copies, and a consumer that
-/// asks afterwards gets an error, not the bytes.
+/// owner does; another node's token holder cannot drop or move the relay's
+/// copy (no removal key); the owner's removal reaches both copies, and a
+/// consumer that asks afterwards gets an error, not the bytes.
 #[test]
 fn a_relay_refuses_a_wrong_token_and_the_removal_reaches_every_copy() {
     use shardport_cli::worker::{plugin_stat, Request};
@@ -384,7 +393,19 @@ fn a_relay_refuses_a_wrong_token_and_the_removal_reaches_every_copy() {
     let right = status_line(&c, 3, &relay, token);
     assert!(right.starts_with("HTTP/1.1 200"), "{right:?}");
     assert_eq!(stats(&mut w[1], "auth_failures_total"), refused_before + 1);
-    // Both consumers hold a relay copy until the owner removes the shard.
+    // Both consumers hold a relay copy until the owner removes the shard:
+    // another token holder, on another node, cannot drop or move it.
+    for request in [
+        format!("DELETE /v1/relay/{id}"),
+        format!("POST /v1/relay/{id}"),
+    ] {
+        let refused = request_line(&c, 3, &relay, &request, token);
+        assert!(
+            refused.starts_with("HTTP/1.1 403"),
+            "{request}: {refused:?}"
+        );
+    }
+    assert_eq!(stats(&mut w[1], "relay_notices_refused_total"), 2);
     assert_eq!(stats(&mut w[1], "relay_copies"), 1);
     assert_eq!(stats(&mut w[2], "relay_copies"), 1);
     w[0].call(&Request::Remove { ids: vec![id] }).unwrap();
