@@ -119,7 +119,7 @@ pub fn run(args: Args) -> Outcome {
     drop(server);
     sweeper.store(true, Ordering::Relaxed);
     if let Some(f) = fetcher {
-        f.store(true, Ordering::Relaxed);
+        f.stop();
     }
     if !node.shutdown(IO_TIMEOUT * 2) {
         tracing::warn!(target: "node", "control requests still running at shutdown; their shards stay until they end");

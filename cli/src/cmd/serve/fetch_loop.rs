@@ -88,12 +88,27 @@ struct Period {
     last_error: Option<String>,
 }
 
-/// Starts the loop on its own thread; it ends when the returned flag is
-/// set or the node is gone.
-pub fn spawn(node: &Node, file: PathBuf, every: Duration) -> std::io::Result<Arc<AtomicBool>> {
+/// The running loop: [`FetchLoop::stop`] ends it.
+pub struct FetchLoop {
+    flag: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl FetchLoop {
+    /// Ends the loop and waits for its fetch in flight (bounded by the
+    /// transports' own timeouts), so a shutdown finds the node released.
+    pub fn stop(self) {
+        self.flag.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Starts the loop on its own thread; it ends when stopped or when the
+/// node is gone.
+pub fn spawn(node: &Node, file: PathBuf, every: Duration) -> std::io::Result<FetchLoop> {
     let stop = Arc::new(AtomicBool::new(false));
     let (weak, flag) = (node.downgrade(), Arc::clone(&stop));
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("shardport-fetch-loop".into())
         .spawn(move || {
             let mut listed = Listed {
@@ -155,5 +170,5 @@ pub fn spawn(node: &Node, file: PathBuf, every: Duration) -> std::io::Result<Arc
                 }
             }
         })?;
-    Ok(stop)
+    Ok(FetchLoop { flag: stop, thread })
 }
