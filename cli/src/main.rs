@@ -70,6 +70,10 @@ enum Command {
     /// prints both processes' RSS and the /dev/shm entry count at the start
     /// and at the end (they must stay flat).
     Soak(cmd::soak::Args),
+    /// Write the crate of a new transport (a working one, its tests and the
+    /// conformance suite) that builds outside this repository against
+    /// shardport-abi and shardport-kit, and print the config that loads it.
+    NewTransport(cmd::new_transport::Args),
     /// A/B experiments of transports.
     Ab {
         #[command(subcommand)]
@@ -96,6 +100,7 @@ fn run(command: Command) -> cmd::Outcome {
         Command::Metrics(args) => cmd::metrics::run(args),
         Command::Soak(args) => cmd::soak::run(args),
         Command::Ab { command } => cmd::ab::run(command),
+        Command::NewTransport(args) => cmd::new_transport::run(args),
         Command::Worker(args) => cmd::worker::run(args),
     }
 }

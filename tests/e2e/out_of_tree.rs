@@ -129,3 +129,68 @@ fn a_plugin_built_outside_the_workspace_loads_and_moves_shards() {
     t.unexport(ShardId::from_u128(7)).into_result().unwrap();
     assert_eq!(&*view, &bytes[..], "a zero-copy view outlives unexport");
 }
+
+/// `shardport new-transport` writes a crate that builds outside the
+/// workspace, passes its own tests and the conformance suite, and loads
+/// into `shardport plugins` with the config table it printed.
+#[test]
+fn a_scaffolded_transport_builds_passes_conformance_and_loads() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = util::temp_dir("scaffold");
+    let krate = tmp.path().join("tiny-files");
+    let out = util::shardport_ok(&[
+        "new-transport".as_ref(),
+        "tiny-files".as_ref(),
+        "--dir".as_ref(),
+        krate.as_os_str(),
+        "--shardport".as_ref(),
+        root.as_os_str(),
+    ]);
+    assert!(out.contains("[[plugin]]\nname = \"tiny-files\""), "{out}");
+    // Offline, as the other out-of-tree build: the workspace's lock pins
+    // what `~/.cargo/registry` already holds.
+    std::fs::copy(root.join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+    let target = util::profile_dir()
+        .parent()
+        .expect("target dir")
+        .join("out-of-tree");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let tested = std::process::Command::new(&cargo)
+        .args(["test", "--offline", "--quiet", "--manifest-path"])
+        .arg(krate.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    let report = String::from_utf8_lossy(&tested.stdout);
+    assert!(
+        tested.status.success(),
+        "the scaffold's tests failed:\n{report}\n{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    // Its unit tests and the conformance suite both ran.
+    assert!(report.matches("test result: ok.").count() >= 2, "{report}");
+    util::cargo_build_offline(
+        &krate.join("Cargo.toml"),
+        &target,
+        &["--lib"],
+        "the scaffold",
+    );
+    // The printed table, pointed at this debug build.
+    let table = std::fs::read_to_string(krate.join("plugin.toml")).unwrap();
+    let so = target.join("debug/libtiny_files.so");
+    let table = table.replace(
+        &krate
+            .join("target/release/libtiny_files.so")
+            .display()
+            .to_string(),
+        &so.display().to_string(),
+    );
+    let cfg = tmp.path().join("plugin.toml");
+    std::fs::write(&cfg, table).unwrap();
+    let listed = util::shardport_ok(&["plugins".as_ref(), "--config".as_ref(), cfg.as_os_str()]);
+    assert!(
+        listed.starts_with("tiny-files") && listed.contains("loaded"),
+        "{listed}"
+    );
+}

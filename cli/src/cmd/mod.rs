@@ -29,6 +29,7 @@ pub mod drain;
 pub mod fetch;
 pub mod gc;
 pub mod metrics;
+pub mod new_transport;
 pub mod plugins;
 pub mod put;
 pub mod reload;
