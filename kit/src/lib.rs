@@ -82,6 +82,9 @@ pub mod conformance;
 /// lived in `shardport-abi` (`shardport_abi::ConfigTable`).
 pub use options::Options as ConfigTable;
 
+/// This kit's version (a transport pins the kit it was written against).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub use adapter::{into_transport_box, Guarded, PlainTransport};
 pub use codec::{Reader, Writer};
 pub use error::{unsupported, IoContext};

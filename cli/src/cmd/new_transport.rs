@@ -37,16 +37,14 @@ const TESTS: &str = include_str!("../../../examples/spool-transport/src/tests.rs
 const CONFORMANCE: &str = include_str!("../../../examples/spool-transport/tests/conformance.rs");
 
 /// The ABI and kit versions this binary speaks.
-const ABI_VERSION: &str = "0.3.0";
-const KIT_VERSION: &str = "0.1.1";
+const ABI_VERSION: &str = shardport_abi::ABI_VERSION;
+const KIT_VERSION: &str = shardport_kit::VERSION;
 
-/// Whether `name` is a transport name the host accepts.
+/// Whether `name` is a transport name the host accepts that also makes a
+/// tidy crate name (at most 32 characters, no trailing `-`).
 fn valid_name(name: &str) -> bool {
-    (1..=32).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    shardport_host::vocab::TransportName::new(name).is_ok()
+        && name.len() <= 32
         && !name.ends_with('-')
 }
 
@@ -188,6 +186,8 @@ pub fn run(args: Args) -> Outcome {
         }
         None => built_from(),
     };
+    let abs = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+    let table = snippet(&name, &abs);
     let files: [(&str, String); 8] = [
         ("Cargo.toml", manifest(&name, checkout.as_deref())),
         ("README.md", readme(&name)),
@@ -196,15 +196,9 @@ pub fn run(args: Args) -> Outcome {
         ("src/sys.rs", renamed(SYS, &name)),
         ("src/tests.rs", renamed(TESTS, &name)),
         ("tests/conformance.rs", renamed(CONFORMANCE, &name)),
-        ("plugin.toml", String::new()),
+        ("plugin.toml", table.clone()),
     ];
-    let abs = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
     for (path, text) in &files {
-        let text = if *path == "plugin.toml" {
-            snippet(&name, &abs)
-        } else {
-            text.clone()
-        };
         let file = dir.join(path);
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent).map_err(|e| {
@@ -230,7 +224,7 @@ pub fn run(args: Args) -> Outcome {
         abs.join("plugin.toml").display()
     );
     println!("the config table that loads it (also in plugin.toml):");
-    print!("{}", snippet(&name, &abs));
+    print!("{table}");
     Ok(())
 }
 

@@ -38,13 +38,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     fetch: Option<std::path::PathBuf>,
     /// The pause between two passes over the `--fetch` file.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_pause)]
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = shardport_host::config::duration_arg)]
     fetch_every: Duration,
-}
-
-fn parse_pause(text: &str) -> Result<Duration, String> {
-    shardport_kit::parse_duration(text)
-        .ok_or_else(|| format!("`{text}`: expected a duration such as 100ms, 2s or 0s"))
 }
 
 /// Plugin options a long-lived node sets unless its config says otherwise:

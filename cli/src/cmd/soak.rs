@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long)]
     chaos: bool,
     /// How long the chaos soak runs (`90s`, `10m`, `1h`).
-    #[arg(long, default_value = "10m", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "10m", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     duration: Duration,
     /// Owner processes (the first is never killed).
     #[arg(long, default_value_t = 2, requires = "chaos")]
@@ -45,20 +45,20 @@ pub struct Args {
     #[arg(long, default_value_t = 1, requires = "chaos")]
     seed: u64,
     /// Mean time between SIGKILLs (each wait is 0.5x-1.5x of it).
-    #[arg(long, default_value = "20s", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "20s", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     kill_every: Duration,
     /// Time between config reloads of every worker.
-    #[arg(long, default_value = "60s", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "60s", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     reload_every: Duration,
     /// Time between drains of the consumers' caches and sweeps of every worker.
-    #[arg(long, default_value = "30s", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "30s", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     sweep_every: Duration,
     /// Time between resource snapshots.
-    #[arg(long, default_value = "60s", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "60s", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     snapshot_every: Duration,
     /// Flatness is judged on the snapshots after this time, first half
     /// against second (half the duration in shorter runs).
-    #[arg(long, default_value = "5m", value_parser = duration, requires = "chaos")]
+    #[arg(long, default_value = "5m", value_parser = shardport_host::config::duration_arg, requires = "chaos")]
     mark: Duration,
     /// Live shards each owner keeps.
     #[arg(long, default_value_t = 32, requires = "chaos")]
@@ -78,11 +78,6 @@ pub struct Args {
     /// for a node_exporter textfile collector and the Grafana dashboard.
     #[arg(long, value_name = "DIR", requires = "chaos")]
     metrics_dir: Option<PathBuf>,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    shardport_host::config::parse_duration(text)
-        .ok_or_else(|| format!("expected a duration such as 90s, 10m or 1h, found `{text}`"))
 }
 
 /// Runs the soak; fails when anything grew (or, chaos, on any wrong byte,

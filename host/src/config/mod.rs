@@ -336,6 +336,44 @@ impl Experiment {
     pub fn total_weight(&self) -> u64 {
         self.arms.iter().map(|a| u64::from(a.weight)).sum()
     }
+
+    /// The weight arm `i` draws with: its configured weight, or under a
+    /// ramp step `(arm, share)` the ramped arm's share of the whole
+    /// (`share / (1 - share)` times the others' total; a 100% step gives
+    /// the others nothing). A ramped arm whose weight is 0 is drained: the
+    /// ramp is ignored and it draws nothing.
+    pub fn draw_weight(&self, i: usize, ramp: Option<(usize, f64)>) -> f64 {
+        let w = f64::from(self.arms[i].weight);
+        let Some((r, share)) = ramp.filter(|&(r, _)| self.arms[r].weight > 0) else {
+            return w;
+        };
+        if share >= 1.0 {
+            return if i == r { 1.0 } else { 0.0 };
+        }
+        if i != r {
+            return w;
+        }
+        let others: f64 = self
+            .arms
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != r)
+            .map(|(_, a)| f64::from(a.weight))
+            .sum();
+        others * share / (1.0 - share)
+    }
+
+    /// Each arm's share of the draws under a ramp step (or none): its
+    /// [`draw_weight`](Self::draw_weight) over their total.
+    pub fn shares_at(&self, ramp: Option<(usize, f64)>) -> Vec<f64> {
+        let w: Vec<f64> = (0..self.arms.len())
+            .map(|i| self.draw_weight(i, ramp))
+            .collect();
+        let total: f64 = w.iter().sum();
+        w.iter()
+            .map(|x| if total > 0.0 { x / total } else { 0.0 })
+            .collect()
+    }
 }
 
 /// One plugin to load.
@@ -571,6 +609,12 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         _ => return None,
     };
     Some(std::time::Duration::from_millis(ms))
+}
+
+/// Parses a duration for CLI flags (`100ms`, `90s`, `10m`).
+pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration(s)
+        .ok_or_else(|| format!("expected a duration such as 100ms, 90s or 10m, found `{s}`"))
 }
 
 /// Parses a byte size for CLI flags (`256MiB`).

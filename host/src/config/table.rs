@@ -11,7 +11,8 @@ pub fn routing_table(cfg: &Config) -> String {
     if !cfg.experiments.is_empty() {
         out.push_str("  experiments (first match wins, before routes):\n");
         for (i, e) in cfg.experiments.iter().enumerate() {
-            let shares = starting_shares(e);
+            // A ramped arm starts at its first step; the others split the rest.
+            let shares = e.shares_at(e.ramp.as_ref().map(|r| (r.arm, r.steps[0])));
             let arms: Vec<String> = e
                 .arms
                 .iter()
@@ -92,34 +93,6 @@ pub fn routing_table(cfg: &Config) -> String {
         "no route matched"
     );
     out
-}
-
-/// Each arm's share of an experiment's traffic when it starts: a ramped
-/// arm takes its first step's share (unless its weight is 0, which drains
-/// it), the others split the rest by weight.
-fn starting_shares(e: &super::Experiment) -> Vec<f64> {
-    let ramped = e
-        .ramp
-        .as_ref()
-        .filter(|r| e.arms[r.arm].weight > 0)
-        .map(|r| (r.arm, r.steps[0]));
-    let others: f64 = e
-        .arms
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| ramped.is_none_or(|(r, _)| r != *i))
-        .map(|(_, a)| f64::from(a.weight))
-        .sum();
-    e.arms
-        .iter()
-        .enumerate()
-        .map(|(i, a)| match ramped {
-            Some((r, p)) if r == i => p,
-            Some((_, p)) if others > 0.0 => (1.0 - p) * f64::from(a.weight) / others,
-            None if others > 0.0 => f64::from(a.weight) / others,
-            _ => 0.0,
-        })
-        .collect()
 }
 
 /// The conditions of a route or experiment in one line.

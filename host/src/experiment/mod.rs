@@ -76,31 +76,6 @@ fn unit_interval(point: u64, key: &[u8]) -> f64 {
     ((h >> 11) + 1) as f64 / (1u64 << 53) as f64
 }
 
-/// The weight each arm draws with: its configured weight, or under a ramp
-/// the ramped arm's share of the whole (`p / (1 - p)` times the others'
-/// total; a 100% step gives the others nothing). A ramped arm whose weight
-/// is 0 is drained: the ramp is ignored and it draws nothing.
-fn effective_weight(exp: &Experiment, gate: &Gate, i: usize) -> f64 {
-    let w = f64::from(exp.arms[i].weight);
-    let Some((r, share)) = gate.ramp.filter(|&(r, _)| exp.arms[r].weight > 0) else {
-        return w;
-    };
-    if share >= 1.0 {
-        return if i == r { 1.0 } else { 0.0 };
-    }
-    if i != r {
-        return w;
-    }
-    let others: f64 = exp
-        .arms
-        .iter()
-        .enumerate()
-        .filter(|&(j, _)| j != r)
-        .map(|(_, a)| f64::from(a.weight))
-        .sum();
-    others * share / (1.0 - share)
-}
-
 /// The arm of a draw, by weighted rendezvous hashing: every arm scores the
 /// draw with a hash of (draw, arm name), `-ln(u) / weight`, and the lowest
 /// score wins. Each arm wins with probability weight / total, and the
@@ -114,7 +89,7 @@ fn effective_weight(exp: &Experiment, gate: &Gate, i: usize) -> f64 {
 pub fn assign(exp: &Experiment, point: u64, gate: &Gate) -> Assignment {
     let mut best = (f64::INFINITY, 0usize);
     for (i, a) in exp.arms.iter().enumerate() {
-        let w = effective_weight(exp, gate, i);
+        let w = exp.draw_weight(i, gate.ramp);
         if w <= 0.0 {
             continue;
         }
@@ -163,11 +138,7 @@ pub fn assign(exp: &Experiment, point: u64, gate: &Gate) -> Assignment {
 /// others by weight; a disabled arm's share, and the part of a probing
 /// arm's share that is not probed, count for the control arm.
 pub fn shares(exp: &Experiment, gate: &Gate) -> Vec<f64> {
-    let w: Vec<f64> = (0..exp.arms.len())
-        .map(|i| effective_weight(exp, gate, i))
-        .collect();
-    let total: f64 = w.iter().sum();
-    let mut out: Vec<f64> = w.iter().map(|x| x / total).collect();
+    let mut out = exp.shares_at(gate.ramp);
     for i in 1..out.len() {
         let kept = if gate.disabled & (1 << i) != 0 {
             0.0

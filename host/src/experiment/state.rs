@@ -186,13 +186,13 @@ impl ExperimentState {
     }
 
     /// True when this state can carry on under `next` (a reload) as it is:
-    /// same arm names in the same order, same guardrail window and same
-    /// ramp.
+    /// same arm names in the same order, same guardrail window and the
+    /// same ramp ([`same_ramp`]).
     pub fn fits(&self, old: &Experiment, next: &Experiment) -> bool {
         let names = |e: &Experiment| e.arms.iter().map(|a| a.name.clone()).collect::<Vec<_>>();
         names(old) == names(next)
             && old.guardrail.as_ref().map(|g| g.window) == next.guardrail.as_ref().map(|g| g.window)
-            && old.ramp == next.ramp
+            && same_ramp(old, next)
     }
 
     /// The state of `next` after a reload, carried over from `self` (the

@@ -148,8 +148,7 @@ impl Node {
     /// another file does not change it). A file that cannot be read or
     /// parsed is refused with the error (file:line:col for a bad value).
     pub fn reload_file(&self, path: Option<&Path>) -> Result<ReloadReport, HostError> {
-        let own = lock(&self.inner.reload).file.clone();
-        let path = match (path, own) {
+        let path = match (path, self.config_file()) {
             (Some(p), _) => p.to_path_buf(),
             (None, Some(p)) => p,
             (None, None) => {
@@ -343,6 +342,9 @@ impl Node {
 
     /// Owned shards that one of `plugins` exported.
     fn exported_through(&self, plugins: &[Arc<LoadedPlugin>]) -> usize {
+        if plugins.is_empty() {
+            return 0;
+        }
         lock(&self.inner.shards)
             .values()
             .filter(|s| {

@@ -114,10 +114,9 @@ impl Holding {
 
     /// Whether `sent` is this copy's removal key (constant time).
     pub(crate) fn is_key(&self, sent: &[u8]) -> bool {
-        let Some(key) = self.key.get() else {
-            return false;
-        };
-        sent.len() == key.len() && sent.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        self.key
+            .get()
+            .is_some_and(|key| shardport_kit::check::constant_time_eq(sent, key))
     }
 
     /// Asks the fetch filling this copy to rejoin its tree (its owner moved

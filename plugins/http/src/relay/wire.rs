@@ -46,6 +46,8 @@ use crate::descriptor::{parse_host_port, MAX_ADDR_LEN};
 /// (their consumers fetch from it directly), and a consumer that meets an
 /// owner that refuses version 2 does the same.
 pub(crate) const VERSION: u8 = 2;
+/// The join version whose xxh3-64 piece hashes a holder can forge.
+pub(crate) const FORGEABLE_VERSION: u8 = 1;
 /// Path prefix of every relay endpoint.
 pub(crate) const PREFIX: &str = "/v1/relay/";
 /// Longest join request: both addresses at their longest.
@@ -150,7 +152,7 @@ pub(crate) struct Serves {
 }
 
 /// A join (or rejoin) of a shard's tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct JoinRequest {
     /// The fetch's random id, the same on every rejoin.
     pub member: u64,
@@ -541,12 +543,7 @@ mod tests {
         for req in [
             JoinRequest {
                 member: 7,
-                from: 0,
-                serves: None,
-                failed: None,
-                late: false,
-                alternates: false,
-                serves_client_auth: false,
+                ..JoinRequest::default()
             },
             JoinRequest {
                 member: u64::MAX,
@@ -556,9 +553,8 @@ mod tests {
                     tls: true,
                 }),
                 failed: Some("node9.example:7071".into()),
-                late: false,
                 alternates: true,
-                serves_client_auth: false,
+                ..JoinRequest::default()
             },
         ] {
             assert_eq!(JoinRequest::decode(&req.encode()), Ok(req));
@@ -569,15 +565,11 @@ mod tests {
     fn malformed_join_requests_are_refused_with_the_reason() {
         let good = JoinRequest {
             member: 1,
-            from: 0,
             serves: Some(Serves {
                 addr: "10.0.0.3:7071".into(),
                 tls: false,
             }),
-            failed: None,
-            late: false,
-            alternates: false,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         }
         .encode();
         let mut v = good.clone();

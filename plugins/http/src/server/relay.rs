@@ -35,16 +35,12 @@ pub(super) async fn route(
             stream(shared, id, from, to).await
         }
         Endpoint::Stream(..) => method_not_allowed(req.method(), &path, "GET"),
-        Endpoint::Copy(id) if req.method() == Method::DELETE => {
+        Endpoint::Copy(id) if matches!(*req.method(), Method::DELETE | Method::POST) => {
+            let removal = req.method() == Method::DELETE;
             match owners_key(shared, id, req).await {
-                Ok(()) => drop_copy(shared, id),
                 Err(r) => r,
-            }
-        }
-        Endpoint::Copy(id) if req.method() == Method::POST => {
-            match owners_key(shared, id, req).await {
+                Ok(()) if removal => drop_copy(shared, id),
                 Ok(()) => rejoin(shared, id),
-                Err(r) => r,
             }
         }
         Endpoint::Copy(_) => method_not_allowed(req.method(), &path, "DELETE, POST"),
@@ -74,7 +70,7 @@ async fn join(
         Ok(b) => b,
         Err(r) => return r,
     };
-    if body.first() == Some(&1) {
+    if body.first() == Some(&rwire::FORGEABLE_VERSION) {
         // A build from before BLAKE3 piece hashes: it would check pieces
         // against a hash any holder can forge, so it is not relayed to (its
         // consumer fetches from this owner instead).
@@ -82,8 +78,9 @@ async fn join(
             StatusCode::CONFLICT,
             "not_relayable",
             &format!(
-                "shard {id}: this owner relays only to consumers that check pieces by BLAKE3 (join version {}); this one sent version 1",
-                rwire::VERSION
+                "shard {id}: this owner relays only to consumers that check pieces by BLAKE3 (join version {}); this one sent version {}",
+                rwire::VERSION,
+                rwire::FORGEABLE_VERSION
             ),
         );
     }

@@ -22,15 +22,11 @@ fn relay_node(extra: &str) -> Node {
 fn forge_member(owner: &Node, id: u128, serves: SocketAddr, auth: Option<&str>) {
     let body = JoinRequest {
         member: 0xf0f0,
-        from: 0,
         serves: Some(Serves {
             addr: serves.to_string(),
             tls: false,
         }),
-        failed: None,
-        late: false,
-        alternates: false,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     }
     .encode();
     let path = crate::relay::wire::join_path(ShardId::from_u128(id));
@@ -268,12 +264,7 @@ fn what_the_owner_does_not_relay_is_fetched_plainly() {
     export(&owner.t, 7, &[]).unwrap();
     let body = JoinRequest {
         member: 1,
-        from: 0,
-        serves: None,
-        failed: None,
-        late: false,
-        alternates: false,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     }
     .encode();
     let r = post(
@@ -596,12 +587,10 @@ fn a_relay_its_owner_demoted_rejoins_and_finishes_from_another_holder() {
     let child = |failed: Option<String>| {
         JoinRequest {
             member: 0xc41d,
-            from: 0,
-            serves: None,
             late: failed.is_some(),
             failed,
             alternates: true,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         }
         .encode()
     };
@@ -644,12 +633,10 @@ fn forged_late_reports_change_nothing() {
     // A stranger reports `first` late.
     let forged = JoinRequest {
         member: 0xbad,
-        from: 0,
-        serves: None,
         failed: Some(first.addr.to_string()),
         late: true,
         alternates: true,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     };
     let r = post(owner.addr, &path, &forged.encode(), None);
     assert_eq!(r.status, 200, "{:?}", r.json());
@@ -737,15 +724,11 @@ fn a_holder_that_joins_by_name_is_handed_out_by_the_address_verified() {
     let join = |member: u64, serves: Option<&str>| {
         JoinRequest {
             member,
-            from: 0,
             serves: serves.map(|a| Serves {
                 addr: a.into(),
                 tls: false,
             }),
-            failed: None,
-            late: false,
-            alternates: false,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         }
         .encode()
     };

@@ -13,12 +13,9 @@ const KEEP: Duration = Duration::from_secs(3600);
 fn join(t: &mut Tree, member: u64, failed: Option<u8>) -> Parent {
     t.join(&JoinRequest {
         member,
-        from: 0,
         serves: Some(holder(member as u8)),
         failed: failed.map(|f| holder(f).addr),
-        late: false,
-        alternates: false,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     })
     .parent
 }
@@ -86,12 +83,7 @@ fn leaves_take_slots_but_get_no_children() {
     let mut t = Tree::new(1, 1, TlsPolicy::default(), KEEP);
     let leaf = JoinRequest {
         member: 9,
-        from: 0,
-        serves: None,
-        failed: None,
-        late: false,
-        alternates: false,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     };
     assert_eq!(t.join(&leaf).parent, Parent::Owner);
     // The owner's only slot is the leaf's; nobody else serves: the owner
@@ -120,12 +112,8 @@ fn a_tls_owner_never_sends_anyone_to_a_plain_holder() {
     };
     t.join(&JoinRequest {
         member: 3,
-        from: 0,
         serves: Some(tls.clone()),
-        failed: None,
-        late: false,
-        alternates: false,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     });
     let _ = &t;
     assert_eq!(join(&mut t, 4, None), Parent::Holder(tls));
@@ -137,12 +125,7 @@ fn trees_are_bounded() {
     for m in 0..MAX_MEMBERS as u64 + 10 {
         let p = t.join(&JoinRequest {
             member: m,
-            from: 0,
-            serves: None,
-            failed: None,
-            late: false,
-            alternates: false,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         });
         assert_eq!(p.recorded, m < MAX_MEMBERS as u64, "member {m}");
     }
@@ -174,12 +157,11 @@ fn members_older_than_relay_keep_are_never_parents() {
 fn report(t: &mut Tree, member: u64, reported: u8, late: bool) -> Placement {
     t.join(&JoinRequest {
         member,
-        from: 0,
         serves: Some(holder_of(member)),
         failed: Some(holder(reported).addr),
         late,
         alternates: true,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     })
 }
 
@@ -290,12 +272,10 @@ fn a_demoted_relay_is_never_placed_below_the_children_it_still_has() {
 fn join_multi(t: &mut Tree, member: u64, failed: Option<u8>) -> Placement {
     t.join(&JoinRequest {
         member,
-        from: 0,
         serves: Some(holder(member as u8)),
         failed: failed.map(|f| holder(f).addr),
-        late: false,
         alternates: true,
-        serves_client_auth: false,
+        ..JoinRequest::default()
     })
 }
 
@@ -332,12 +312,8 @@ fn alternates_are_the_ancestors_above_the_parent() {
     assert!(t
         .join(&JoinRequest {
             member: 5,
-            from: 0,
             serves: Some(holder(5)),
-            failed: None,
-            late: false,
-            alternates: false,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         })
         .alternates
         .is_empty());
@@ -381,12 +357,9 @@ fn join_at(t: &mut Tree, member: u64, serves: u8, failed: Option<u8>, peer: [u8;
     t.join_from(
         &JoinRequest {
             member,
-            from: 0,
             serves: Some(holder(serves)),
             failed: failed.map(|f| holder(f).addr),
-            late: false,
-            alternates: false,
-            serves_client_auth: false,
+            ..JoinRequest::default()
         },
         Some(IpAddr::from(peer)),
     )
