@@ -21,6 +21,8 @@ pub(crate) enum Kind {
     Storage,
     Closed,
     PermissionDenied,
+    BadManifest,
+    StaleVersion,
 }
 
 impl Kind {
@@ -38,6 +40,8 @@ impl Kind {
             Kind::Closed => "ClosedError",
             Kind::Storage => "StorageError",
             Kind::PermissionDenied => "PermissionDeniedError",
+            Kind::BadManifest => "BadManifestError",
+            Kind::StaleVersion => "StaleVersionError",
         }
     }
 }
@@ -61,7 +65,12 @@ pub(crate) fn py_err(kind: Kind, msg: impl Into<String>) -> PyErr {
 
 /// A host error as the matching exception, with the host's message.
 pub(crate) fn host_err(e: HostError) -> PyErr {
-    let kind = match &e {
+    py_err(host_kind(&e), e.to_string())
+}
+
+/// The exception class of a host error.
+pub(crate) fn host_kind(e: &HostError) -> Kind {
+    match e {
         HostError::InvalidShard(_) | HostError::BatchTooLarge { .. } => Kind::InvalidInput,
         HostError::NotOwned(_) => Kind::NotFound,
         HostError::Storage { .. } => Kind::Storage,
@@ -79,6 +88,5 @@ pub(crate) fn host_err(e: HostError) -> PyErr {
         }
         HostError::FetchFailed { .. } | HostError::Downgrade { .. } => Kind::Transport,
         _ => Kind::Base,
-    };
-    py_err(kind, e.to_string())
+    }
 }

@@ -23,6 +23,7 @@ mod logs;
 #[allow(unsafe_code)]
 mod mem;
 mod node;
+mod weights;
 
 use pyo3::prelude::*;
 
@@ -37,6 +38,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::PyHandle>()?;
     m.add_class::<mem::Shard>()?;
     m.add_class::<mem::CudaShard>()?;
+    m.add_class::<weights::PyManifest>()?;
+    m.add_class::<weights::PyPublisher>()?;
+    m.add_class::<weights::PyReceiver>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The Python default is the library config (no fixed name or port), not
     // the demo's.

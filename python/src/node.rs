@@ -54,7 +54,7 @@ fn parse_mode(mode: Option<&str>) -> PyResult<Option<FetchMode>> {
 }
 
 impl PyNode {
-    fn node(&self) -> PyResult<Node> {
+    pub(crate) fn node(&self) -> PyResult<Node> {
         self.node
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -700,7 +700,10 @@ fn note(py: Python<'_>, node: &Node, sel: &Selection, asked: FetchMode) -> PyRes
 
 /// The buffer of `obj` and the tensor it describes (`dtype` overrides the
 /// buffer's element type, same item size).
-fn buffer_spec(obj: &Bound<'_, PyAny>, dtype: Option<&str>) -> PyResult<(InBuffer, TensorSpec)> {
+pub(crate) fn buffer_spec(
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<&str>,
+) -> PyResult<(InBuffer, TensorSpec)> {
     let buf = InBuffer::get(obj).map_err(|e| {
         let ty = obj
             .get_type()

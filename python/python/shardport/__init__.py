@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
-from . import env, errors
+from . import env, errors, weights
 from ._core import (
     DEFAULT_CONFIG,
     CudaShard,
@@ -39,6 +39,8 @@ from ._core import (
 from ._core import Node as _CoreNode
 from .errors import (
     BadHandleError,
+    BadManifestError,
+    StaleVersionError,
     ClosedError,
     ConfigError,
     ConfigWarning,
@@ -65,11 +67,14 @@ __all__ = [
     "DEFAULT_CONFIG",
     "errors",
     "env",
+    "weights",
     "ShardportError",
     "ConfigError",
     "InvalidInputError",
     "UnsupportedObjectError",
     "BadHandleError",
+    "BadManifestError",
+    "StaleVersionError",
     "NotFoundError",
     "IntegrityError",
     "TransportError",

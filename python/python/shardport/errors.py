@@ -19,6 +19,8 @@ __all__ = [
     "InvalidInputError",
     "UnsupportedObjectError",
     "BadHandleError",
+    "BadManifestError",
+    "StaleVersionError",
     "NotFoundError",
     "IntegrityError",
     "TransportError",
@@ -53,6 +55,15 @@ class UnsupportedObjectError(InvalidInputError, TypeError):
 class BadHandleError(ShardportError, ValueError):
     """Handle bytes that are truncated, corrupted or from an incompatible
     version."""
+
+
+class BadManifestError(BadHandleError):
+    """Weights-manifest bytes that are truncated, altered or from an
+    incompatible version (the message names what and where)."""
+
+
+class StaleVersionError(InvalidInputError):
+    """A weights update older than the version the receiver committed."""
 
 
 class NotFoundError(ShardportError, KeyError):

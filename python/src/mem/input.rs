@@ -128,14 +128,90 @@ impl OutBuffer {
     }
 }
 
+/// A writable buffer of any non-negative strided layout obtained from a
+/// Python object (a destination of a weights update: a NumPy view of a
+/// parameter), released on drop.
+pub(crate) struct StridedOut {
+    inner: InBuffer,
+}
+
+impl StridedOut {
+    /// Asks `obj` for a writable, strided, formatted buffer.
+    pub(crate) fn get(obj: &Bound<'_, PyAny>) -> PyResult<StridedOut> {
+        let mut view = Box::new(ffi::Py_buffer::new());
+        // SAFETY: as in `InBuffer::get`.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_RECORDS) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(StridedOut {
+            inner: InBuffer { view },
+        })
+    }
+
+    /// Shape, element strides (`None` when C-contiguous) and the memory
+    /// from the first element to past the last; an error for a layout a
+    /// destination cannot have (negative or unaligned strides).
+    pub(crate) fn layout(&mut self) -> Result<(Vec<u64>, Option<Vec<u64>>, Dest), String> {
+        let item = self.inner.itemsize().max(1);
+        let src = self.inner.source();
+        let shape: Vec<u64> = src.shape.iter().map(|&d| d.max(0) as u64).collect();
+        let mut elems = Vec::with_capacity(shape.len());
+        let mut extent = 0usize;
+        let empty = shape.contains(&0);
+        if let Some(strides) = &src.strides {
+            for (&d, &s) in src.shape.iter().zip(strides) {
+                if s < 0 || s as usize % item != 0 {
+                    return Err(format!(
+                        "a stride of {s} bytes (elements of {item} bytes): negative or unaligned"
+                    ));
+                }
+                elems.push(s as u64 / item as u64);
+                extent += (d.max(1) as usize - 1) * s as usize;
+            }
+        }
+        let len = if empty {
+            0
+        } else if src.strides.is_some() {
+            extent + item
+        } else {
+            src.packed_len()
+        };
+        let strides = (src.strides.is_some() && !src.c_contiguous()).then_some(elems);
+        // A strided export's extent lies inside its buffer (PEP 3118);
+        // never claim more than the exporter's `len` for a packed one.
+        let len = if strides.is_none() {
+            len.min(src.len)
+        } else {
+            len
+        };
+        Ok((
+            shape,
+            strides,
+            Dest {
+                ptr: self.inner.view.buf.cast(),
+                len,
+            },
+        ))
+    }
+
+    /// The PEP 3118 format and item size.
+    pub(crate) fn format(&self) -> (String, usize) {
+        (self.inner.format(), self.inner.itemsize())
+    }
+}
+
 /// The writable memory of an [`OutBuffer`].
 pub(crate) struct Dest {
     ptr: *mut u8,
     len: usize,
 }
 
-// SAFETY: used only while its `OutBuffer` holds the exporter's buffer.
+// SAFETY: used only while its `OutBuffer` (or `StridedOut`) holds the
+// exporter's buffer.
 unsafe impl Send for Dest {}
+// SAFETY: as above; a `&Dest` gives no access to the bytes.
+unsafe impl Sync for Dest {}
 
 impl Dest {
     /// The bytes. Python code may race on them (as with any NumPy array
@@ -144,8 +220,10 @@ impl Dest {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: a writable, C-contiguous buffer of `len` bytes, held by
-        // the `OutBuffer` for the duration of the borrow.
+        // SAFETY: a writable buffer whose elements lie in the `len` bytes
+        // from `ptr` (C-contiguous, or strided with non-negative strides:
+        // `StridedOut::layout`), held by its `OutBuffer` or `StridedOut`
+        // for the duration of the borrow.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
@@ -174,6 +252,22 @@ impl Source {
             .map(|&d| d.max(0) as usize)
             .product::<usize>()
             * self.item
+    }
+
+    /// The bytes, when the elements are already packed in C order (what a
+    /// weights publish reads in place).
+    pub(crate) fn contiguous(&self) -> Option<&[u8]> {
+        if !self.c_contiguous() {
+            return None;
+        }
+        let len = self.packed_len();
+        if len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: packed in C order, the exporter's buffer holds `len`
+        // readable bytes from `ptr`, valid while the `InBuffer` is held
+        // (which outlives `self`'s use by its contract).
+        Some(unsafe { std::slice::from_raw_parts(self.ptr, len) })
     }
 
     /// True when the elements are already packed in C order.
