@@ -29,6 +29,7 @@ pub mod plot;
 pub mod report;
 pub mod spec;
 pub mod stats;
+pub mod weights;
 
 use std::{ffi::OsString, path::PathBuf};
 

@@ -56,6 +56,76 @@ enum Sub {
     /// time per point, the owner putting and removing meanwhile: rate,
     /// latency, fairness, owner CPU per GB and errors per consumer count.
     Load(LoadArgs),
+    /// Weight updates of a synthetic state dict: across the simulated
+    /// cluster (one publisher, N receivers, relays as the docs configure
+    /// them) beside S / B, and on one node beside a copy of the same bytes.
+    Weights(WeightsArgs),
+}
+
+/// Arguments of `shardport bench weights`.
+#[derive(clap::Args)]
+struct WeightsArgs {
+    /// State dicts, comma separated: gpt-64MiB, gpt-1GiB, small-1000x4KiB
+    /// [default: gpt-64MiB].
+    #[arg(long = "dict", value_delimiter = ',', value_parser = bench::weights::Dict::parse)]
+    dicts: Vec<bench::weights::Dict>,
+    /// Receiver counts across the simulated cluster, comma separated
+    /// (needs root, `ip`, `tc`) [default: none with --local, else 8].
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<usize>,
+    /// Every node's link rate, each direction (`200mbit`, `1gbit`).
+    #[arg(long, default_value = "200mbit", value_parser = shardport_cli::cluster::parse_rate)]
+    rate: u64,
+    /// The one-node update (owner and receiver processes on this machine).
+    #[arg(long)]
+    local: bool,
+    /// Measured versions per configuration, after the warm-up ones.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// The publisher's bucket size [default: 16MiB].
+    #[arg(long, value_parser = bench::spec::parse_size)]
+    bucket_size: Option<u64>,
+    /// Write the rows as JSON to this file (`-`: stdout, instead of the table).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn run_weights(args: WeightsArgs) -> Outcome {
+    let exe = current_exe()?;
+    let plugin_dir = exe
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let nodes = if args.nodes.is_empty() && !args.local {
+        vec![8]
+    } else {
+        dedup(args.nodes.clone())
+    };
+    let opts = bench::weights::WeightsOptions {
+        dicts: if args.dicts.is_empty() {
+            vec![bench::weights::Dict::Gpt64]
+        } else {
+            args.dicts.clone()
+        },
+        nodes,
+        rate_bps: args.rate,
+        local: args.local,
+        steps: args.steps,
+        bucket_size: args.bucket_size,
+        exe,
+        plugin_dir,
+    };
+    let rows = bench::weights::run_weights(&opts, &mut |line| eprintln!("{line}"))
+        .map_err(|e| Failure::from((EXIT_FAILURE, e)))?;
+    write_report(args.json.as_deref(), &rows, || bench::weights::table(&rows))?;
+    if rows.iter().any(|r| !r.correct) {
+        return Err((
+            EXIT_FAILURE,
+            "a receiver's tensors did not match the publisher's".to_owned(),
+        )
+            .into());
+    }
+    Ok(())
 }
 
 /// Arguments of `shardport bench load`.
@@ -262,6 +332,7 @@ pub fn run(args: Args) -> Outcome {
     match args.sub {
         Some(Sub::Cluster(c)) => return run_cluster(c),
         Some(Sub::Load(l)) => return run_load(l),
+        Some(Sub::Weights(w)) => return run_weights(w),
         None => {}
     }
     let opts = options(&args)?;

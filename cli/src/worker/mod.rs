@@ -31,6 +31,7 @@ pub mod load;
 mod ops;
 mod process;
 mod tcp_limit;
+pub mod weights;
 pub use process::{WorkerError, WorkerProcess};
 
 /// Largest request line accepted (a handle is < 5 KiB in binary form).
@@ -217,6 +218,38 @@ pub enum Request {
         #[serde(default)]
         config_path: Option<String>,
     },
+    /// Publish a synthetic state dict (`weights::publish`): tensors of
+    /// `sizes` bytes, each the pattern of its own seed derived from `seed`,
+    /// as `version`; replies with the manifest (hex) in `manifest`.
+    Publish {
+        /// Version to publish.
+        version: u64,
+        /// Bytes of each tensor.
+        sizes: Vec<u64>,
+        /// Pattern seed of the state dict.
+        seed: u64,
+        /// Bucket size (default: the publisher's).
+        #[serde(default)]
+        bucket_size: Option<u64>,
+    },
+    /// Take a manifest into this worker's destinations (`weights::update`);
+    /// the report in `weights`.
+    Update {
+        /// Hex of the manifest.
+        manifest: String,
+        /// Check every tensor against the patterns for this seed, untimed.
+        #[serde(default)]
+        seed: Option<u64>,
+        /// Only make the destinations for this manifest's layout (untimed).
+        #[serde(default)]
+        prepare: bool,
+        /// Also measure a copy of the same bytes with the same threads.
+        #[serde(default)]
+        memcpy: bool,
+        /// Hash every bucket, views of the owner's memory included.
+        #[serde(default)]
+        verify_always: bool,
+    },
     /// Node stats.
     Stats,
     /// The node's metrics in the Prometheus text format (what a control
@@ -295,6 +328,12 @@ pub struct Reply {
     /// `unavailable`, `reload_refused`...), for counting errors by kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<String>,
+    /// Publish: the manifest (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// Update: what it did (`weights::UpdateReport`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<serde_json::Value>,
     /// Reload: what the reload changed (`ReloadReport`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reloaded: Option<serde_json::Value>,
@@ -393,6 +432,8 @@ struct State {
     device_puts: Vec<ShardId>,
     /// `fetch_device`'s destination when it copies.
     device_scratch: Option<crate::gpu::DeviceMem>,
+    /// `publish` and `update`.
+    weights: weights::Weights,
 }
 
 /// Serves requests until `exit` or end of input.
@@ -566,6 +607,27 @@ fn handle(node: &Node, req: Request, state: &mut State) -> Reply {
                 Err(e) => Reply::host_err(&e),
             }
         }
+        Request::Publish {
+            version,
+            sizes,
+            seed,
+            bucket_size,
+        } => weights::publish(node, &mut state.weights, version, sizes, seed, bucket_size),
+        Request::Update {
+            manifest,
+            seed,
+            prepare,
+            memcpy,
+            verify_always,
+        } => weights::update(
+            node,
+            &mut state.weights,
+            &manifest,
+            seed,
+            prepare,
+            memcpy,
+            verify_always,
+        ),
         Request::Stats => match serde_json::to_value(node.stats()) {
             Ok(v) => Reply {
                 stats: Some(v),
