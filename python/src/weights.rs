@@ -22,7 +22,7 @@ use crate::{
     convert::{dtype_name, dtype_of_format, itemsize, parse_dtype},
     errors::{host_kind, py_err, Kind},
     logs::unlocked,
-    mem::{Dest, StridedOut},
+    mem::{Layout, StridedOut},
     node::{buffer_spec, PyNode},
 };
 
@@ -239,12 +239,13 @@ type Bound1<'py> = (String, DType, Bound<'py, PyAny>);
 #[pymethods]
 impl PyReceiver {
     #[new]
-    #[pyo3(signature = (node, verify, partial, threads))]
+    #[pyo3(signature = (node, verify, partial, threads, fetches))]
     fn new(
         node: PyRef<'_, PyNode>,
         verify: &str,
         partial: bool,
         threads: Option<usize>,
+        fetches: Option<usize>,
     ) -> PyResult<PyReceiver> {
         let node = node.node()?;
         let verify = match verify {
@@ -259,7 +260,8 @@ impl PyReceiver {
         };
         let defaults = ReceiveOptions::default();
         let opts = ReceiveOptions {
-            threads: threads.unwrap_or(defaults.threads),
+            fetches: fetches.unwrap_or(defaults.fetches).max(1),
+            threads: threads.unwrap_or(defaults.threads).max(1),
             verify,
             partial,
         };
@@ -286,8 +288,7 @@ impl PyReceiver {
             bound.push((name, d, obj));
         }
         let mut bufs = Vec::with_capacity(bound.len());
-        let mut layouts: Vec<(String, DType, Vec<u64>, Option<Vec<u64>>, Dest)> =
-            Vec::with_capacity(bound.len());
+        let mut layouts: Vec<(String, DType, Layout)> = Vec::with_capacity(bound.len());
         for (name, d, obj) in &bound {
             let mut out = StridedOut::get(obj).map_err(|e| {
                 py_err(
@@ -311,10 +312,10 @@ impl PyReceiver {
                     ),
                 ));
             }
-            let (shape, strides, dest) = out
+            let layout = out
                 .layout()
                 .map_err(|e| py_err(Kind::InvalidInput, format!("tensor {name:?}: {e}")))?;
-            layouts.push((name.clone(), dtype, shape, strides, dest));
+            layouts.push((name.clone(), dtype, layout));
             bufs.push(out);
         }
         let m = Arc::clone(&manifest.inner);
@@ -322,12 +323,12 @@ impl PyReceiver {
         let res = unlocked(py, move || {
             let mut targets: Vec<Target<'_>> = layouts
                 .iter_mut()
-                .map(|(name, dtype, shape, strides, dest)| Target {
+                .map(|(name, dtype, l)| Target {
                     name: std::mem::take(name),
                     dtype: *dtype,
-                    shape: std::mem::take(shape),
-                    strides: strides.take(),
-                    bytes: dest.as_mut_slice(),
+                    shape: std::mem::take(&mut l.shape),
+                    strides: l.strides.take(),
+                    bytes: l.dest.as_mut_slice(),
                 })
                 .collect();
             receiver.update(&m, &mut targets)

@@ -26,3 +26,4 @@ mod out_of_tree;
 mod reload;
 mod serve;
 mod tls;
+mod weights;

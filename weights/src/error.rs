@@ -58,7 +58,7 @@ pub enum WeightsError {
         tensors: String,
         /// The host's error.
         #[source]
-        source: HostError,
+        source: Box<HostError>,
     },
     /// What a publish was given is not a state dict it can publish (a name
     /// twice, bytes that do not match dtype and shape, a version that does
@@ -85,7 +85,7 @@ pub enum WeightsError {
         tensors: String,
         /// The host's error.
         #[source]
-        source: HostError,
+        source: Box<HostError>,
     },
 }
 

@@ -49,4 +49,4 @@ pub mod receive;
 pub use error::WeightsError;
 pub use manifest::Manifest;
 pub use publish::{PublishOptions, Publisher, Tensor};
-pub use receive::{ReceiveOptions, Receiver, Target, Update, Verify};
+pub use receive::{ReceiveOptions, Receiver, Target, Update, Verify, DEFAULT_FETCHES};

@@ -166,7 +166,7 @@ impl Publisher {
                 version,
                 bucket,
                 tensors: names_of(tensors, &plan, bucket),
-                source,
+                source: Box::new(source),
             });
         }
         let manifest = Manifest {

@@ -50,10 +50,17 @@ pub enum Verify {
     Always,
 }
 
+/// Default [`ReceiveOptions::fetches`]: 16 buckets in flight, whatever the
+/// cores: a fetch over the network waits on its link, and every bucket
+/// whose fetch starts late adds its relay chain's fill time to the update.
+pub const DEFAULT_FETCHES: usize = 16;
+
 /// How a [`Receiver`] takes updates.
 #[derive(Debug, Clone)]
 pub struct ReceiveOptions {
-    /// Buckets fetched at once, and threads of the commit's copies.
+    /// Buckets fetched (and verified) at once.
+    pub fetches: usize,
+    /// Threads of the commit's copies.
     pub threads: usize,
     /// Which buckets are hashed.
     pub verify: Verify,
@@ -66,6 +73,7 @@ pub struct ReceiveOptions {
 impl Default for ReceiveOptions {
     fn default() -> Self {
         ReceiveOptions {
+            fetches: DEFAULT_FETCHES,
             threads: default_threads(),
             verify: Verify::default(),
             partial: false,
@@ -215,7 +223,7 @@ impl Receiver {
         let stop = AtomicBool::new(false);
         let slots: Vec<Mutex<Option<Result<(Fetched, bool), WeightsError>>>> =
             needed.iter().map(|_| Mutex::new(None)).collect();
-        let threads = self.opts.threads.clamp(1, needed.len().max(1));
+        let threads = self.opts.fetches.clamp(1, needed.len().max(1));
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
@@ -262,7 +270,7 @@ impl Receiver {
                 version: m.version,
                 bucket: b,
                 tensors: m.names_in(b),
-                source,
+                source: Box::new(source),
             })?;
         let check = self.opts.verify == Verify::Always || !f.data.is_view();
         if check && blake3::hash(&f.data).as_bytes() != &bucket.hash {

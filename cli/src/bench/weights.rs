@@ -176,7 +176,10 @@ pub fn run_weights(
     }
     for &n in &opts.nodes {
         if n == 0 || n + 1 > crate::cluster::MAX_NODES {
-            return Err(format!("--nodes {n}: 1..={}", crate::cluster::MAX_NODES - 1));
+            return Err(format!(
+                "--nodes {n}: 1..={}",
+                crate::cluster::MAX_NODES - 1
+            ));
         }
         progress(&format!("testbed: {} nodes", n + 1));
         let cluster = Cluster::create(&vec![opts.rate_bps; n + 1])?;
@@ -189,11 +192,10 @@ pub fn run_weights(
             let mut row = steps(&mut workers, d, opts, 1, false)?;
             row.receivers = n;
             row.rate_bps = opts.rate_bps;
-            let link = |bytes: u64| {
-                bytes.saturating_sub(burst_bytes(opts.rate_bps)) as f64 * 8.0
-                    / opts.rate_bps as f64
-            };
-            row.floor_s = link(wire_bytes(row.bytes));
+            // The bytes through one receiver's link, less what a full tbf
+            // bucket lets through at once.
+            let bits = wire_bytes(row.bytes).saturating_sub(burst_bytes(opts.rate_bps)) * 8;
+            row.floor_s = bits as f64 / opts.rate_bps as f64;
             row.floor = "S/B".into();
             rows.push(row);
         }
@@ -325,15 +327,19 @@ fn steps(
                             })
                             .map_err(|e| e.to_string())?;
                         let done = start.elapsed().as_secs_f64();
-                        let rep: UpdateReport = serde_json::from_value(reply.weights.unwrap_or_default())
-                            .map_err(|e| format!("update report: {e}"))?;
+                        let rep: UpdateReport =
+                            serde_json::from_value(reply.weights.unwrap_or_default())
+                                .map_err(|e| format!("update report: {e}"))?;
                         Ok((rep, done))
                     })
                 })
                 .collect();
             joins
                 .into_iter()
-                .map(|j| j.join().unwrap_or_else(|_| Err("an update thread panicked".into())))
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err("an update thread panicked".into()))
+                })
                 .collect()
         });
         let mut last = 0f64;
@@ -450,9 +456,17 @@ mod tests {
     fn the_presets_have_the_sizes_their_names_say() {
         let mb = |d: Dict| d.sizes().iter().sum::<u64>() as f64 / 1e6;
         assert_eq!(Dict::Gpt64.sizes().len(), 148);
-        assert!((60.0..75.0).contains(&mb(Dict::Gpt64)), "{}", mb(Dict::Gpt64));
+        assert!(
+            (60.0..75.0).contains(&mb(Dict::Gpt64)),
+            "{}",
+            mb(Dict::Gpt64)
+        );
         assert_eq!(Dict::Gpt1g.sizes().len(), 580);
-        assert!((1000.0..1100.0).contains(&mb(Dict::Gpt1g)), "{}", mb(Dict::Gpt1g));
+        assert!(
+            (1000.0..1100.0).contains(&mb(Dict::Gpt1g)),
+            "{}",
+            mb(Dict::Gpt1g)
+        );
         assert_eq!(Dict::Small.sizes(), vec![4096; 1000]);
         for d in [Dict::Gpt64, Dict::Gpt1g, Dict::Small] {
             assert_eq!(Dict::parse(d.name()), Ok(d));

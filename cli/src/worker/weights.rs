@@ -71,7 +71,10 @@ pub(super) fn publish(
     seed: u64,
     bucket_size: Option<u64>,
 ) -> Reply {
-    if w.source.as_ref().is_none_or(|(s, z, _)| *s != seed || *z != sizes) {
+    if w.source
+        .as_ref()
+        .is_none_or(|(s, z, _)| *s != seed || *z != sizes)
+    {
         w.source = None;
         let bufs = sizes
             .iter()
@@ -210,7 +213,8 @@ fn copy_limit(dest: &mut [Vec<u8>], threads: usize) -> u64 {
     let threads = threads.max(1);
     (0..3)
         .map(|_| {
-            let mut lanes: Vec<Vec<(&mut [u8], &[u8])>> = (0..threads).map(|_| Vec::new()).collect();
+            let mut lanes: Vec<Vec<(&mut [u8], &[u8])>> =
+                (0..threads).map(|_| Vec::new()).collect();
             let mut load = vec![0usize; threads];
             for (d, s) in dest.iter_mut().zip(&src) {
                 for (dc, sc) in d.chunks_mut(8 << 20).zip(s.chunks(8 << 20)) {

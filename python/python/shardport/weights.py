@@ -185,7 +185,9 @@ class Receiver:
     bucket except views of the owner's own memory on this machine;
     ``"always"`` hashes those too. ``partial``: take only the tensors the
     destination has (a rank holding part of a model); by default a tensor
-    missing on either side is an error.
+    missing on either side is an error. ``fetches``: buckets fetched at once
+    (default 16); ``threads``: threads of the copies into place (default:
+    the cores, at most 8).
     """
 
     def __init__(
@@ -196,9 +198,10 @@ class Receiver:
         verify: str = "fetched",
         partial: bool = False,
         threads: Optional[int] = None,
+        fetches: Optional[int] = None,
     ) -> None:
         self._node = node
-        self._core = _Receiver(node, verify, bool(partial), threads)
+        self._core = _Receiver(node, verify, bool(partial), threads, fetches)
         self._dests: Optional[list[tuple[str, Optional[str], Any]]] = None
         if into is not None:
             self.bind(into)

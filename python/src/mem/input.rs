@@ -152,7 +152,7 @@ impl StridedOut {
     /// Shape, element strides (`None` when C-contiguous) and the memory
     /// from the first element to past the last; an error for a layout a
     /// destination cannot have (negative or unaligned strides).
-    pub(crate) fn layout(&mut self) -> Result<(Vec<u64>, Option<Vec<u64>>, Dest), String> {
+    pub(crate) fn layout(&mut self) -> Result<Layout, String> {
         let item = self.inner.itemsize().max(1);
         let src = self.inner.source();
         let shape: Vec<u64> = src.shape.iter().map(|&d| d.max(0) as u64).collect();
@@ -185,20 +185,30 @@ impl StridedOut {
         } else {
             len
         };
-        Ok((
+        Ok(Layout {
             shape,
             strides,
-            Dest {
+            dest: Dest {
                 ptr: self.inner.view.buf.cast(),
                 len,
             },
-        ))
+        })
     }
 
     /// The PEP 3118 format and item size.
     pub(crate) fn format(&self) -> (String, usize) {
         (self.inner.format(), self.inner.itemsize())
     }
+}
+
+/// What [`StridedOut::layout`] found.
+pub(crate) struct Layout {
+    /// Dimensions.
+    pub(crate) shape: Vec<u64>,
+    /// Element strides, `None` when C-contiguous.
+    pub(crate) strides: Option<Vec<u64>>,
+    /// The memory.
+    pub(crate) dest: Dest,
 }
 
 /// The writable memory of an [`OutBuffer`].

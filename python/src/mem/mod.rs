@@ -47,7 +47,7 @@ mod shard;
 use self::{buffer::*, dlpack::*};
 
 pub(crate) use cuda_shard::CudaShard;
-pub(crate) use input::{Dest, InBuffer, OutBuffer, Source, StridedOut};
+pub(crate) use input::{InBuffer, Layout, OutBuffer, Source, StridedOut};
 pub(crate) use private::PrivateBuf;
 pub(crate) use shard::{Shard, ViewOrigin};
 

@@ -102,7 +102,8 @@ fn every_truncation_is_refused_naming_what_was_cut() {
 
 #[test]
 fn contradictory_entries_are_refused_naming_the_tensor() {
-    let cases: Vec<(Box<dyn Fn(&mut Manifest)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut Manifest)>;
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|m| m.tensors[1].name = "embed.weight".into()),
             "\"embed.weight\": named twice",
