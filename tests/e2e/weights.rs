@@ -175,3 +175,31 @@ fn every_live_receiver_ends_on_a_whole_version_whoever_dies() {
         let _ = w.call(&Request::Exit);
     }
 }
+
+/// `shardport bench weights --local` on one node: an owner and a receiver
+/// process, every update checked tensor by tensor, a floor measured.
+#[test]
+fn the_one_node_bench_updates_through_shared_memory_and_checks_every_tensor() {
+    use shardport_cli::bench::weights::{run_weights, Dict, WeightsOptions};
+    let opts = WeightsOptions {
+        dicts: vec![Dict::Small],
+        nodes: vec![],
+        rate_bps: 0,
+        local: true,
+        steps: 1,
+        bucket_size: None,
+        exe: util::shardport_bin(),
+        plugin_dir: util::plugin_lib("shardport-http")
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    };
+    let rows = run_weights(&opts, &mut |line| eprintln!("{line}")).unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert!(r.correct, "{r:?}");
+    assert_eq!((r.tensors, r.bytes, r.buckets), (1000, 4096 * 1000, 1));
+    assert_eq!(r.transports, "posix-shm:1", "a same-node view");
+    assert_eq!(r.steps_s.len(), r.warmup + 1);
+    assert!(r.floor_s > 0.0 && r.update_s > 0.0, "{r:?}");
+}
