@@ -54,3 +54,18 @@ def test_areal_example_without_areal_says_why():
         pass
     out, _ = run_example("areal_steps.py", timeout=60)
     assert "areal_steps: skipped" in out, out
+
+
+@pytest.mark.parametrize("http", [False, True])
+def test_weights_update_keeps_every_rollouts_output_equal_to_the_trainers(http):
+    """A trainer and 3 rollout processes, 3 versions: each rollout updates
+    its own model in place and its forward pass matches the trainer's;
+    old versions are retired as the rollouts commit."""
+    args = ["--rollouts", "3", "--steps", "3"] + (["--http"] if http else [])
+    out, steps = run_example("weights_update.py", *args)
+    assert len(steps) == 3, out
+    via = "http" if http else "posix-shm"
+    for i, l in enumerate(steps, 1):
+        assert "outputs match" in l and f"'{via}'" in l, l
+        assert f"versions held [{i}]" in l, l
+    assert out.strip().endswith("ok")

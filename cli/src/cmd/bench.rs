@@ -90,12 +90,19 @@ struct WeightsArgs {
     json: Option<PathBuf>,
 }
 
-fn run_weights(args: WeightsArgs) -> Outcome {
+/// This executable (what the testbed's workers run) and the directory
+/// beside it, where cargo puts the plugin libraries.
+fn exe_and_plugin_dir() -> Result<(PathBuf, PathBuf), Failure> {
     let exe = current_exe()?;
-    let plugin_dir = exe
+    let dir = exe
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
+    Ok((exe, dir))
+}
+
+fn run_weights(args: WeightsArgs) -> Outcome {
+    let (exe, plugin_dir) = exe_and_plugin_dir()?;
     let nodes = if args.nodes.is_empty() && !args.local {
         vec![8]
     } else {
@@ -259,11 +266,7 @@ struct ClusterArgs {
 }
 
 fn run_cluster(args: ClusterArgs) -> Outcome {
-    let exe = current_exe()?;
-    let plugin_dir = exe
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let (exe, plugin_dir) = exe_and_plugin_dir()?;
     let opts = bench::cluster::ClusterOptions {
         nodes: dedup(or(&args.nodes, &[2, 4, 8])),
         sizes: dedup(or(&args.sizes, &[64 << 20])),
