@@ -43,6 +43,57 @@ fn regenerate_seed_corpus() {
     replay::write_seeds("control_head", &control_seeds());
     replay::write_seeds("config_toml", &config_seeds());
     replay::write_seeds("snapshot_json", &snapshot_seeds());
+    replay::write_seeds("weights_manifest", &manifest_seeds());
+}
+
+/// Manifests of one and of two buckets, with the handles' seeds inside.
+fn manifest_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use shardport_abi::DType;
+    use shardport_host::handle::Handle;
+    use shardport_weights::manifest::{Bucket, Entry, Manifest};
+    let handles: Vec<Handle> = handle_seeds(true)
+        .into_iter()
+        .filter_map(|(_, b)| Handle::from_bytes(&b).ok())
+        .collect();
+    let entry = |name: &str, shape: &[u64], bucket: u32, offset: u64| Entry {
+        name: name.to_owned(),
+        dtype: DType::F32,
+        shape: shape.to_vec(),
+        bucket,
+        offset,
+    };
+    // Every seed handle is a 2x3 f32 shard (24 bytes) or larger.
+    let one = Manifest {
+        version: 3,
+        buckets: vec![Bucket {
+            handle: handles[0].clone(),
+            hash: [7; 32],
+        }],
+        tensors: vec![entry("w", &[2, 3], 0, 0)],
+    };
+    let two = Manifest {
+        version: 1 << 40,
+        buckets: handles
+            .iter()
+            .take(2)
+            .map(|h| Bucket {
+                handle: h.clone(),
+                hash: [9; 32],
+            })
+            .collect(),
+        tensors: vec![
+            entry("layers.0.bias", &[2], 0, 0),
+            entry("layers.0.weight", &[1, 2], 1, 0),
+            entry("scalar", &[], 1, 8),
+        ],
+    };
+    let two = two.to_bytes();
+    let cut = two[..two.len() / 2].to_vec();
+    vec![
+        ("one-bucket", one.to_bytes()),
+        ("two-buckets", two),
+        ("truncated", cut),
+    ]
 }
 
 fn handle_seeds(binary: bool) -> Vec<(&'static str, Vec<u8>)> {

@@ -42,7 +42,36 @@ pub const TARGETS: &[Target] = &[
     ("control_head", control_head),
     ("config_toml", config_toml),
     ("snapshot_json", snapshot_json),
+    ("weights_manifest", weights_manifest),
 ];
+
+// ---------------------------------------------------------------------------
+// Weights manifests (weights/src/manifest.rs)
+
+/// Weights manifests (what a receiver decodes from the caller's RPC): a
+/// refusal names what was wrong; an accepted manifest passes its own checks,
+/// re-encodes byte for byte (the format is canonical but for handles, which
+/// re-encode to their own canonical form) and decodes equal again.
+pub fn weights_manifest(data: &[u8]) {
+    use shardport_weights::{Manifest, WeightsError};
+    let m = match Manifest::from_bytes(data) {
+        Ok(m) => m,
+        Err(WeightsError::Manifest { what, offset }) => {
+            assert!(!what.is_empty());
+            assert!(
+                offset.is_none_or(|o| o <= data.len()),
+                "offset past the input"
+            );
+            return;
+        }
+        Err(e) => panic!("a decode failed with a non-manifest error: {e}"),
+    };
+    m.check().expect("an accepted manifest passes its checks");
+    let bytes = m.to_bytes();
+    let again = Manifest::from_bytes(&bytes).expect("a re-encoded manifest decodes");
+    assert_eq!(again, m);
+    assert_eq!(again.to_bytes(), bytes, "the encoding is canonical");
+}
 
 // ---------------------------------------------------------------------------
 // Handles (host/src/handle/)
