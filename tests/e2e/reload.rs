@@ -678,3 +678,31 @@ fn a_tighter_cache_limit_evicts_at_once() {
     let r = reload(&c, &util::shm_plugin("")).unwrap();
     assert_eq!((r.evicted, c.cache_stats().entries), (2, 0));
 }
+
+/// Puts through a pinned node keep the config generation it was pinned
+/// under: a reload meanwhile (here, one that stops exporting through
+/// posix-shm) changes the node's later puts, not the pinned ones.
+#[test]
+fn a_pinned_node_puts_under_the_generation_it_was_pinned_with() {
+    let both = format!("{}{}", util::shm_plugin(""), util::http_plugin());
+    let node = Node::start(util::parse(&both)).unwrap();
+    let pinned = node.pinned();
+    reload(&node, &format!("[put]\nexport-to = [\"http\"]\n{both}")).expect("reload applies");
+    assert_eq!((pinned.generation(), node.generation()), (0, 1));
+    let transports =
+        |h: &Handle| -> Vec<String> { h.exports.iter().map(|e| e.transport.to_string()).collect() };
+    let spec = TensorSpec::bytes(64);
+    let old = pinned
+        .put_with(&spec, Default::default(), |b| b.fill(1))
+        .unwrap();
+    let new = node
+        .put_with(&spec, Default::default(), |b| b.fill(2))
+        .unwrap();
+    assert!(
+        transports(&old).contains(&"posix-shm".to_owned()),
+        "{:?}",
+        transports(&old)
+    );
+    assert_eq!(transports(&new), vec!["http".to_owned()]);
+    assert_eq!(&node.fetch(&old).unwrap().data[..], &[1u8; 64][..]);
+}

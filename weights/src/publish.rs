@@ -28,7 +28,10 @@ use std::{
 };
 
 use shardport_abi::{DType, ShardId};
-use shardport_host::{node::WeakNode, Handle, Node, TensorSpec};
+use shardport_host::{
+    node::{Pinned, WeakNode},
+    Handle, Node, TensorSpec,
+};
 
 use crate::{
     error::WeightsError,
@@ -201,6 +204,8 @@ impl Publisher {
     }
 
     /// Puts every bucket of `plan`, in parallel; one result per bucket.
+    /// Every bucket goes through the config generation of the first: a
+    /// reload during the publish does not split one version across two.
     fn put_buckets(
         &self,
         node: &Node,
@@ -208,6 +213,8 @@ impl Publisher {
         tensors: &[Tensor<'_>],
         plan: &Plan,
     ) -> Vec<Result<Bucket, shardport_host::HostError>> {
+        let node = node.pinned();
+        let node = &node;
         let mut members: Vec<Vec<usize>> = vec![Vec::new(); plan.buckets.len()];
         for (i, &(b, _)) in plan.places.iter().enumerate() {
             members[b as usize].push(i);
@@ -241,7 +248,7 @@ impl Publisher {
 
     fn put_bucket(
         &self,
-        node: &Node,
+        node: &Pinned<'_>,
         len: u64,
         members: &[usize],
         tensors: &[Tensor<'_>],

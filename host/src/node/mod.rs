@@ -65,6 +65,7 @@ mod reload;
 
 pub use batch::MAX_FETCH_THREADS;
 pub use device::{DevicePtr, DeviceView};
+pub use put::Pinned;
 pub use reload::{ConfigHook, ReloadReport};
 
 /// Shape, dtype and device of a shard being put.

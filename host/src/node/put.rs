@@ -24,6 +24,34 @@ use crate::{
     vocab::{ChecksumPolicy, TransportName, MAX_DESCRIPTOR, MAX_TAGS, MAX_TAG_LEN},
 };
 
+/// A node pinned to one config generation ([`Node::pinned`]); may be
+/// shared by threads.
+pub struct Pinned<'a> {
+    node: &'a Node,
+    g: Arc<Generation>,
+}
+
+impl Pinned<'_> {
+    /// [`Node::put_with`] under the pinned generation.
+    pub fn put_with(
+        &self,
+        spec: &TensorSpec,
+        tags: BTreeMap<String, String>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Handle, HostError> {
+        self.node
+            .put_inner(&self.g, spec.meta()?, tags, |dst, policy| {
+                fill(dst);
+                checksum(policy, dst)
+            })
+    }
+
+    /// The number of the pinned generation (as [`Node::generation`]).
+    pub fn generation(&self) -> u64 {
+        self.g.number
+    }
+}
+
 /// What the exports of one put produced.
 pub(super) struct Exported {
     /// One per transport that exported the shard, in export order.
@@ -79,6 +107,17 @@ impl Node {
             fill(dst);
             checksum(policy, dst)
         })
+    }
+
+    /// The node under its config generation of now: puts through the
+    /// result use that config and those transport instances, even if a
+    /// reload applies meanwhile (what a batch of puts that belong together,
+    /// such as the buckets of one weights version, needs).
+    pub fn pinned(&self) -> Pinned<'_> {
+        Pinned {
+            node: self,
+            g: self.inner.live(),
+        }
     }
 
     /// The put steps for a shard described by `meta` (from its spec);
