@@ -61,6 +61,7 @@ fn manifest_seeds() -> Vec<(&'static str, Vec<u8>)> {
         shape: shape.to_vec(),
         bucket,
         offset,
+        part: None,
     };
     // Every seed handle is a 2x3 f32 shard (24 bytes) or larger.
     let one = Manifest {

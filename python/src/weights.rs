@@ -14,8 +14,8 @@ use pyo3::{
 };
 use shardport_abi::DType;
 use shardport_weights::{
-    Manifest, PublishOptions, Publisher, ReceiveOptions, Receiver, Target, Tensor, Update, Verify,
-    WeightsError,
+    Manifest, PublishOptions, Publisher, ReceiveOptions, Receiver, Split, Target, Tensor, Update,
+    Verify, WeightsError,
 };
 
 use crate::{
@@ -148,7 +148,10 @@ impl PyPublisher {
     }
 
     /// Publishes C-contiguous buffers (`dtypes[i]` overrides a buffer's
-    /// element type, as for `Node.put`) as `version`.
+    /// element type, as for `Node.put`) as `version`; the tensors named in
+    /// `split` (name to dimension) in `parts` parts.
+    #[pyo3(signature = (version, names, arrays, dtypes, split=None, parts=0))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python call
     fn publish(
         &self,
         py: Python<'_>,
@@ -156,6 +159,8 @@ impl PyPublisher {
         names: Vec<String>,
         arrays: Vec<Bound<'_, PyAny>>,
         dtypes: Vec<Option<String>>,
+        split: Option<std::collections::HashMap<String, usize>>,
+        parts: u32,
     ) -> PyResult<PyManifest> {
         if names.len() != arrays.len() || names.len() != dtypes.len() {
             return Err(py_err(
@@ -191,7 +196,11 @@ impl PyPublisher {
             });
         }
         let publisher = &self.inner;
-        let res = unlocked(py, || publisher.publish(version, &tensors));
+        let split = Split {
+            parts,
+            dims: split.unwrap_or_default(),
+        };
+        let res = unlocked(py, || publisher.publish_split(version, &tensors, &split));
         drop(tensors);
         drop(sources);
         drop(bufs);
@@ -239,14 +248,23 @@ type Bound1<'py> = (String, DType, Bound<'py, PyAny>);
 #[pymethods]
 impl PyReceiver {
     #[new]
-    #[pyo3(signature = (node, verify, partial, threads, fetches))]
+    #[pyo3(signature = (node, verify, partial, threads, fetches, part=None))]
     fn new(
         node: PyRef<'_, PyNode>,
         verify: &str,
         partial: bool,
         threads: Option<usize>,
         fetches: Option<usize>,
+        part: Option<(u32, u32)>,
     ) -> PyResult<PyReceiver> {
+        if let Some((i, n)) = part {
+            if n == 0 || i >= n {
+                return Err(py_err(
+                    Kind::InvalidInput,
+                    format!("part ({i}, {n}): an index below a count of at least 1"),
+                ));
+            }
+        }
         let node = node.node()?;
         let verify = match verify {
             "fetched" => Verify::Fetched,
@@ -264,6 +282,7 @@ impl PyReceiver {
             threads: threads.unwrap_or(defaults.threads).max(1),
             verify,
             partial,
+            part,
         };
         Ok(PyReceiver {
             inner: Arc::new(Receiver::new(&node, opts)),

@@ -244,3 +244,39 @@ def test_receivers_in_other_processes_and_a_retired_version(prefix, spawn):
         assert seen[0][0] in ("NotFoundError", "TransportError"), seen
         assert seen[0][1] is None and "nothing was changed" in seen[0][2]
         assert seen[1] == ("ok", 2, True)
+
+
+def test_tensor_parallel_ranks_take_only_their_parts(prefix):
+    """A column-split and a row-split matrix in 2 parts, a bias whole: each
+    rank gets its slices and the bias, and fetches only its own buckets."""
+    rng = np.random.default_rng(3)
+    sd = {
+        "qkv.weight": rng.standard_normal((64, 32)).astype(np.float32),  # split along 1
+        "proj.weight": rng.standard_normal((32, 64)).astype(np.float32),  # split along 0
+        "ln.bias": rng.standard_normal(32).astype(np.float32),
+    }
+    split = {"qkv.weight": 1, "proj.weight": 0}
+    with shardport.Node(http_only(prefix)) as owner, shardport.Node(http_only(prefix)) as node:
+        pub = weights.Publisher(owner)
+        m = pub.publish(sd, 1, split=split, parts=2)
+        assert m.num_buckets == 3, "one bucket of whole tensors and one per part"
+        reports = []
+        for rank in range(2):
+            dst = {
+                "qkv.weight": np.zeros((64, 16), np.float32),
+                "proj.weight": np.zeros((16, 64), np.float32),
+                "ln.bias": np.zeros(32, np.float32),
+            }
+            reports.append(weights.Receiver(node, into=dst, part=(rank, 2)).update(m))
+            assert np.array_equal(dst["qkv.weight"], sd["qkv.weight"][:, rank * 16 : (rank + 1) * 16])
+            assert np.array_equal(dst["proj.weight"], sd["proj.weight"][rank * 16 : (rank + 1) * 16])
+            assert np.array_equal(dst["ln.bias"], sd["ln.bias"])
+        for r in reports:
+            assert r["buckets"] == 2 and r["bytes"] < m.nbytes, r
+        # A receiver that takes whole tensors is told the tensors came in parts.
+        whole = {k: np.zeros_like(v) for k, v in sd.items()}
+        with pytest.raises(shardport.InvalidInputError, match='"qkv.weight": published in 2 parts; this receiver takes whole tensors'):
+            weights.Receiver(node, into=whole).update(m)
+        assert all(not v.any() for v in whole.values())
+        with pytest.raises(shardport.InvalidInputError, match="does not split into 3 equal parts"):
+            pub.publish(sd, 2, split={"ln.bias": 0}, parts=3)

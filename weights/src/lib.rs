@@ -45,8 +45,10 @@ pub mod manifest;
 pub mod plan;
 pub mod publish;
 pub mod receive;
+pub mod split;
 
 pub use error::WeightsError;
 pub use manifest::Manifest;
 pub use publish::{PublishOptions, Publisher, Tensor};
 pub use receive::{ReceiveOptions, Receiver, Target, Update, Verify, DEFAULT_FETCHES};
+pub use split::Split;

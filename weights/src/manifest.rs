@@ -9,12 +9,17 @@
 //! single byte lands in the receiver's tensors, whatever path (the owner, a
 //! relay, a cache) the bytes took.
 //!
-//! Binary layout (little-endian, varints are LEB128), format version 1:
+//! Binary layout (little-endian, varints are LEB128), format version 2:
 //! `"SPWM" u8:format | varint:version | varint:nbuckets (varint:len handle,
 //! [u8;32]:blake3)* | varint:ntensors (varint:len name, u8:dtype, u8:ndim,
-//! varint:dim*, varint:bucket, varint:offset)*`, and nothing after. A tensor
-//! costs its name, its dims and about 6 bytes more; a bucket its handle
-//! (about 190 bytes) and 32.
+//! varint:dim*, varint:bucket, varint:offset, u8:flags [varint:part-dim
+//! varint:part-index varint:part-count when flags & 1])*`, and nothing
+//! after. A tensor costs its name, its dims and about 7 bytes more; a
+//! bucket its handle (about 190 bytes) and 32.
+//!
+//! A tensor published in parts (the slices of a tensor-parallel layout) is
+//! one entry per part, each with the part's shape: part `i` of `n` along
+//! dimension `d` holds indices `i * size / n .. (i + 1) * size / n` of it.
 //!
 //! Decoding checks everything a forged or truncated manifest could get
 //! wrong and names where: the framing, each handle, known dtypes, a byte
@@ -30,7 +35,7 @@ use crate::error::WeightsError;
 
 const MAGIC: &[u8; 4] = b"SPWM";
 /// The manifest format this version writes and reads.
-pub const FORMAT: u8 = 1;
+pub const FORMAT: u8 = 2;
 /// Most buckets one version has (a 1 TiB state dict in 16 MiB buckets).
 pub const MAX_BUCKETS: usize = 1 << 16;
 /// Most tensors one version has.
@@ -73,6 +78,19 @@ pub struct Entry {
     pub bucket: u32,
     /// Byte offset of the tensor in its bucket.
     pub offset: u64,
+    /// Which part of a tensor published in parts this entry is.
+    pub part: Option<Part>,
+}
+
+/// Part `index` of `count` of a tensor split along dimension `dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Part {
+    /// The dimension split.
+    pub dim: u8,
+    /// Which part.
+    pub index: u32,
+    /// How many parts.
+    pub count: u32,
 }
 
 impl Entry {
@@ -139,6 +157,15 @@ impl Manifest {
             }
             put_varint(&mut out, u64::from(e.bucket));
             put_varint(&mut out, e.offset);
+            match e.part {
+                None => out.push(0),
+                Some(p) => {
+                    out.push(1);
+                    put_varint(&mut out, u64::from(p.dim));
+                    put_varint(&mut out, u64::from(p.index));
+                    put_varint(&mut out, u64::from(p.count));
+                }
+            }
         }
         out
     }
@@ -198,13 +225,27 @@ impl Manifest {
             what: format!("tensor {name:?}: {what}"),
             offset: None,
         };
-        let mut names = HashSet::with_capacity(self.tensors.len());
+        let mut names: HashSet<(&str, Option<u32>)> = HashSet::with_capacity(self.tensors.len());
         let mut spans = Vec::with_capacity(self.tensors.len());
         for e in &self.tensors {
             if e.name.is_empty() {
                 return Err(bad("", "empty name".into()));
             }
-            if !names.insert(e.name.as_str()) {
+            if let Some(p) = e.part {
+                if p.count == 0 || p.index >= p.count || usize::from(p.dim) >= e.shape.len() {
+                    return Err(bad(
+                        &e.name,
+                        format!(
+                            "part {} of {} along dimension {} of a {}-dimensional part",
+                            p.index,
+                            p.count,
+                            p.dim,
+                            e.shape.len()
+                        ),
+                    ));
+                }
+            }
+            if !names.insert((e.name.as_str(), e.part.map(|p| p.index))) {
                 return Err(bad(&e.name, "named twice".into()));
             }
             if e.dtype.bits().is_none() {
@@ -326,12 +367,31 @@ impl<'a> Reader<'a> {
         let bucket = u32::try_from(bucket)
             .map_err(|_| self.err(at, format!("tensor {name:?}: bucket {bucket}")))?;
         let offset = self.varint("an offset")?;
+        let flags = self.byte("a tensor's flags")?;
+        let part = match flags {
+            0 => None,
+            1 => {
+                let small = |r: &mut Self, what: &str| -> Result<u32, WeightsError> {
+                    let at = r.at;
+                    let v = r.varint(what)?;
+                    u32::try_from(v).map_err(|_| r.err(at, format!("tensor {name:?}: {what} {v}")))
+                };
+                let dim = small(self, "a part's dimension")?;
+                Some(Part {
+                    dim: u8::try_from(dim).unwrap_or(u8::MAX),
+                    index: small(self, "a part's index")?,
+                    count: small(self, "a part count")?,
+                })
+            }
+            f => return Err(self.err(at, format!("tensor {name:?}: unknown flags {f:#x}"))),
+        };
         Ok(Entry {
             name,
             dtype,
             shape,
             bucket,
             offset,
+            part,
         })
     }
 }

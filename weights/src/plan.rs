@@ -60,6 +60,30 @@ pub fn pack(lens: &[u64], bucket_size: u64) -> Plan {
     Plan { buckets, places }
 }
 
+/// [`pack`] for tensors in groups: each group's tensors are packed into
+/// buckets of their own (a receiver that needs one group fetches only its
+/// buckets), groups in ascending order; `groups[i]` is tensor `i`'s group.
+pub fn pack_groups(lens: &[u64], groups: &[u32], bucket_size: u64) -> Plan {
+    let mut ids: Vec<u32> = groups.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut plan = Plan {
+        buckets: Vec::new(),
+        places: vec![(0, 0); lens.len()],
+    };
+    for g in ids {
+        let members: Vec<usize> = (0..lens.len()).filter(|&i| groups[i] == g).collect();
+        let sub: Vec<u64> = members.iter().map(|&i| lens[i]).collect();
+        let p = pack(&sub, bucket_size);
+        let base = plan.buckets.len() as u32;
+        for (&i, &(b, off)) in members.iter().zip(&p.places) {
+            plan.places[i] = (base + b, off);
+        }
+        plan.buckets.extend(p.buckets);
+    }
+    plan
+}
+
 fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
 }
@@ -90,6 +114,18 @@ mod tests {
         let p = pack(&[0, 0], 1 << 20);
         assert_eq!(p.buckets, vec![1]);
         assert_eq!(p.places, vec![(0, 0), (0, 0)]);
+    }
+
+    #[test]
+    fn groups_never_share_a_bucket() {
+        let lens = [100, 200, 300, 400, 500];
+        let p = pack_groups(&lens, &[0, 1, 0, 2, 1], 1 << 20);
+        assert_eq!(p.buckets.len(), 3);
+        let bucket = |i: usize| p.places[i].0;
+        assert_eq!(bucket(0), bucket(2));
+        assert_eq!(bucket(1), bucket(4));
+        assert!(bucket(0) != bucket(1) && bucket(1) != bucket(3) && bucket(0) != bucket(3));
+        assert_eq!(pack_groups(&lens, &[0; 5], 1 << 20), pack(&lens, 1 << 20));
     }
 
     proptest! {

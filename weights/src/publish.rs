@@ -37,6 +37,7 @@ use crate::{
     error::WeightsError,
     manifest::{byte_len, Bucket, Entry, Manifest, MAX_NAME, MAX_TENSORS},
     plan::{self, Plan},
+    split::{self, Item, Split},
 };
 
 /// Default [`PublishOptions::bucket_size`]: 16 MiB, large enough that a
@@ -142,6 +143,19 @@ impl Publisher {
     /// published before) and returns its manifest. Older versions that may
     /// go are retired.
     pub fn publish(&self, version: u64, tensors: &[Tensor<'_>]) -> Result<Manifest, WeightsError> {
+        self.publish_split(version, tensors, &Split::default())
+    }
+
+    /// [`publish`](Self::publish) with the tensors named by `split` in
+    /// parts, one per tensor-parallel rank of the receivers
+    /// ([`crate::split`]): a receiver taking part `i` fetches only the
+    /// buckets of part `i` and of the tensors published whole.
+    pub fn publish_split(
+        &self,
+        version: u64,
+        tensors: &[Tensor<'_>],
+        split: &Split,
+    ) -> Result<Manifest, WeightsError> {
         if let Some(newest) = lock(&self.book).newest {
             if version <= newest {
                 return Err(WeightsError::Publish {
@@ -150,10 +164,14 @@ impl Publisher {
                 });
             }
         }
-        let lens = check_tensors(version, tensors)?;
+        check_tensors(version, tensors)?;
+        let items =
+            split::items(tensors, split).map_err(|what| WeightsError::Publish { version, what })?;
+        let lens: Vec<u64> = items.iter().map(|i| i.src.len() as u64).collect();
+        let groups: Vec<u32> = items.iter().map(Item::group).collect();
         let node = self.node()?;
-        let plan = plan::pack(&lens, self.opts.bucket_size);
-        let puts = self.put_buckets(&node, version, tensors, &plan);
+        let plan = plan::pack_groups(&lens, &groups, self.opts.bucket_size);
+        let puts = self.put_buckets(&node, version, &items, &plan);
         let mut buckets = Vec::with_capacity(puts.len());
         let mut failed = None;
         for (b, r) in puts.into_iter().enumerate() {
@@ -168,22 +186,23 @@ impl Publisher {
             return Err(WeightsError::Put {
                 version,
                 bucket,
-                tensors: names_of(tensors, &plan, bucket),
+                tensors: names_of(&items, &plan, bucket),
                 source: Box::new(source),
             });
         }
         let manifest = Manifest {
             version,
             buckets,
-            tensors: tensors
+            tensors: items
                 .iter()
                 .zip(&plan.places)
                 .map(|(t, &(bucket, offset))| Entry {
                     name: t.name.to_owned(),
                     dtype: t.dtype,
-                    shape: t.shape.to_vec(),
+                    shape: t.shape.clone(),
                     bucket,
                     offset,
+                    part: t.part,
                 })
                 .collect(),
         };
@@ -210,7 +229,7 @@ impl Publisher {
         &self,
         node: &Node,
         version: u64,
-        tensors: &[Tensor<'_>],
+        tensors: &[Item<'_>],
         plan: &Plan,
     ) -> Vec<Result<Bucket, shardport_host::HostError>> {
         let node = node.pinned();
@@ -251,7 +270,7 @@ impl Publisher {
         node: &Pinned<'_>,
         len: u64,
         members: &[usize],
-        tensors: &[Tensor<'_>],
+        tensors: &[Item<'_>],
         plan: &Plan,
     ) -> Result<Bucket, shardport_host::HostError> {
         let mut hash = [0u8; 32];
@@ -262,9 +281,9 @@ impl Publisher {
                 let mut at = 0usize;
                 for &i in members {
                     let off = plan.places[i].1 as usize;
-                    let src = tensors[i].bytes;
+                    let src = &tensors[i].src;
                     dst[at..off].fill(0);
-                    dst[off..off + src.len()].copy_from_slice(src);
+                    src.write(&mut dst[off..off + src.len()]);
                     at = off + src.len();
                 }
                 dst[at..].fill(0);
@@ -426,7 +445,7 @@ fn check_tensors(version: u64, tensors: &[Tensor<'_>]) -> Result<Vec<u64>, Weigh
     Ok(lens)
 }
 
-fn names_of(tensors: &[Tensor<'_>], plan: &Plan, bucket: usize) -> String {
+fn names_of(tensors: &[Item<'_>], plan: &Plan, bucket: usize) -> String {
     let names: Vec<&str> = tensors
         .iter()
         .zip(&plan.places)

@@ -68,6 +68,10 @@ pub struct ReceiveOptions {
     /// model): tensors of the manifest without a destination are skipped,
     /// and so is every bucket holding only those.
     pub partial: bool,
+    /// `(index, count)`: this receiver is tensor-parallel rank `index` of
+    /// `count` and takes part `index` of every tensor published in parts
+    /// ([`crate::split`]); the other parts' buckets are not fetched.
+    pub part: Option<(u32, u32)>,
 }
 
 impl Default for ReceiveOptions {
@@ -77,6 +81,7 @@ impl Default for ReceiveOptions {
             threads: default_threads(),
             verify: Verify::default(),
             partial: false,
+            part: None,
         }
     }
 }
@@ -168,7 +173,7 @@ impl Receiver {
             }
             _ => {}
         }
-        let pairs = match_targets(manifest, targets, self.opts.partial)?;
+        let pairs = match_targets(manifest, targets, self.opts.partial, self.opts.part)?;
         let node = self.node.upgrade().ok_or(WeightsError::Closed)?;
         let mut needed: Vec<usize> = pairs
             .iter()
@@ -307,6 +312,7 @@ fn match_targets(
     m: &Manifest,
     targets: &[Target<'_>],
     partial: bool,
+    part: Option<(u32, u32)>,
 ) -> Result<Vec<(usize, usize)>, WeightsError> {
     let mut problems = Vec::new();
     let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(targets.len());
@@ -317,7 +323,30 @@ fn match_targets(
     }
     let mut pairs = Vec::with_capacity(targets.len());
     let mut seen = vec![false; targets.len()];
+    let mut told = std::collections::HashSet::new();
     for (e, entry) in m.tensors.iter().enumerate() {
+        if let Some(p) = entry.part {
+            let ours = match part {
+                Some((i, n)) if n == p.count => p.index == i,
+                _ => {
+                    if by_name.contains_key(entry.name.as_str()) && told.insert(entry.name.as_str())
+                    {
+                        let have = part.map_or("takes whole tensors".to_owned(), |(i, n)| {
+                            format!("takes part {i} of {n}")
+                        });
+                        problems.push((
+                            entry.name.clone(),
+                            format!("published in {} parts; this receiver {have}", p.count),
+                        ));
+                        seen[by_name[entry.name.as_str()]] = true;
+                    }
+                    false
+                }
+            };
+            if !ours {
+                continue;
+            }
+        }
         let Some(&t) = by_name.get(entry.name.as_str()) else {
             if !partial {
                 problems.push((

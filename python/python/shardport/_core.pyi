@@ -222,7 +222,13 @@ class _Publisher:
         threads: Optional[int],
     ) -> None: ...
     def publish(
-        self, version: int, names: list[str], arrays: list[Any], dtypes: list[Optional[str]]
+        self,
+        version: int,
+        names: list[str],
+        arrays: list[Any],
+        dtypes: list[Optional[str]],
+        split: Optional[dict[str, int]] = None,
+        parts: int = 0,
     ) -> Manifest: ...
     def expect(self, receivers: list[str]) -> None: ...
     def forget(self, receiver: str) -> list[int]: ...
@@ -234,7 +240,13 @@ class _Publisher:
 
 class _Receiver:
     def __init__(
-        self, node: Node, verify: str, partial: bool, threads: Optional[int], fetches: Optional[int]
+        self,
+        node: Node,
+        verify: str,
+        partial: bool,
+        threads: Optional[int],
+        fetches: Optional[int],
+        part: Optional[tuple[int, int]] = None,
     ) -> None: ...
     def update(
         self, manifest: Manifest, dests: list[tuple[str, Optional[str], Any]]

@@ -122,12 +122,28 @@ class Publisher:
             threads,
         )
 
-    def publish(self, state: Any, version: int) -> Manifest:
+    def publish(
+        self,
+        state: Any,
+        version: int,
+        *,
+        split: Optional[Mapping[str, int]] = None,
+        parts: Optional[int] = None,
+    ) -> Manifest:
         """Publishes ``state`` (a torch module, or a mapping of names to CPU
         tensors or NumPy arrays) as ``version`` (greater than any published
         before) and returns its :class:`Manifest`. Every tensor is copied
         once into its bucket with the GIL released; a failed publish
-        removes what it had put."""
+        removes what it had put.
+
+        ``split`` and ``parts``: the tensors named in ``split`` (name to the
+        dimension to split along: 0 for a row-parallel layout of an output
+        projection, 1 for a column-parallel one) are published in ``parts``
+        equal parts, one per tensor-parallel rank of the receivers; a
+        :class:`Receiver` with ``part=(rank, parts)`` fetches only its part
+        of them (and every tensor published whole)."""
+        if (split is None) != (parts is None):
+            raise errors.InvalidInputError("split and parts go together")
         names, arrays, dtypes = [], [], []
         for name, x in _items(state):
             buf, dtype = _buffer(self._node, name, x)
@@ -136,7 +152,9 @@ class Publisher:
             names.append(name)
             arrays.append(buf)
             dtypes.append(dtype)
-        return self._core.publish(int(version), names, arrays, dtypes)
+        return self._core.publish(
+            int(version), names, arrays, dtypes, dict(split) if split else None, int(parts or 0)
+        )
 
     def expect(self, receivers: Iterable[str]) -> None:
         """The receivers whose commits decide when an older version may go."""
@@ -185,9 +203,12 @@ class Receiver:
     bucket except views of the owner's own memory on this machine;
     ``"always"`` hashes those too. ``partial``: take only the tensors the
     destination has (a rank holding part of a model); by default a tensor
-    missing on either side is an error. ``fetches``: buckets fetched at once
-    (default 16); ``threads``: threads of the copies into place (default:
-    the cores, at most 8).
+    missing on either side is an error. ``part``: ``(rank, count)`` for a
+    tensor-parallel rank: of every tensor published in parts it takes part
+    ``rank`` (its destination has that part's shape), and only the buckets
+    of its part move. ``fetches``: buckets fetched at once (default 16);
+    ``threads``: threads of the copies into place (default: the cores, at
+    most 8).
     """
 
     def __init__(
@@ -199,9 +220,12 @@ class Receiver:
         partial: bool = False,
         threads: Optional[int] = None,
         fetches: Optional[int] = None,
+        part: Optional[tuple[int, int]] = None,
     ) -> None:
         self._node = node
-        self._core = _Receiver(node, verify, bool(partial), threads, fetches)
+        self._core = _Receiver(
+            node, verify, bool(partial), threads, fetches, tuple(part) if part else None
+        )
         self._dests: Optional[list[tuple[str, Optional[str], Any]]] = None
         if into is not None:
             self.bind(into)

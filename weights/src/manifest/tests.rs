@@ -45,6 +45,7 @@ fn entry(name: &str, shape: &[u64], bucket: u32, offset: u64) -> Entry {
         shape: shape.to_vec(),
         bucket,
         offset,
+        part: None,
     }
 }
 
@@ -139,12 +140,45 @@ fn contradictory_entries_are_refused_naming_the_tensor() {
 }
 
 #[test]
+fn parts_roundtrip_and_impossible_parts_are_refused() {
+    let mut m = sample();
+    let part = |index, count| {
+        Some(Part {
+            dim: 1,
+            index,
+            count,
+        })
+    };
+    m.tensors[0].part = part(0, 2);
+    m.tensors.push(Entry {
+        offset: 1024,
+        ..m.tensors[0].clone()
+    });
+    m.tensors[3].part = part(1, 2);
+    m.tensors[0].shape = vec![16, 16];
+    m.tensors[3].shape = vec![16, 16];
+    assert_eq!(Manifest::from_bytes(&m.to_bytes()).unwrap(), m);
+    let mut twice = m.clone();
+    twice.tensors[3].part = part(0, 2);
+    let e = Manifest::from_bytes(&twice.to_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"embed.weight\": named twice"), "{e}");
+    let mut outside = m.clone();
+    outside.tensors[3].part = part(2, 2);
+    let e = Manifest::from_bytes(&outside.to_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("part 2 of 2 along dimension 1"), "{e}");
+}
+
+#[test]
 fn another_format_and_another_magic_are_refused() {
     let mut bytes = sample().to_bytes();
-    bytes[4] = 2;
+    bytes[4] = 1;
     let e = Manifest::from_bytes(&bytes).unwrap_err().to_string();
     assert!(
-        e.contains("manifest format 2; this version reads format 1"),
+        e.contains("manifest format 1; this version reads format 2"),
         "{e}"
     );
     let e = Manifest::from_bytes(b"SPHD\x02....")

@@ -50,6 +50,7 @@ fn manifest() -> Manifest {
                 shape: vec![2, 2],
                 bucket: 0,
                 offset: 0,
+                part: None,
             },
             Entry {
                 name: "b".into(),
@@ -57,6 +58,7 @@ fn manifest() -> Manifest {
                 shape: vec![4],
                 bucket: 0,
                 offset: 64,
+                part: None,
             },
         ],
     }
@@ -91,7 +93,7 @@ fn every_mismatch_is_named_and_nothing_is_matched() {
             bytes: &mut c,
         },
     ];
-    let e = match_targets(&m, &targets, false).unwrap_err();
+    let e = match_targets(&m, &targets, false, None).unwrap_err();
     let text = e.to_string();
     assert!(text.starts_with("3 tensor(s) do not fit"), "{text}");
     assert!(
@@ -116,8 +118,13 @@ fn a_partial_receiver_takes_only_the_tensors_it_has() {
         strides: None,
         bytes: &mut b,
     }];
-    assert_eq!(match_targets(&m, &targets, true).unwrap(), vec![(0, 1)]);
-    let e = match_targets(&m, &targets, false).unwrap_err().to_string();
+    assert_eq!(
+        match_targets(&m, &targets, true, None).unwrap(),
+        vec![(0, 1)]
+    );
+    let e = match_targets(&m, &targets, false, None)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("\"a\": in version 3 but not in this receiver"),
         "{e}"
