@@ -280,3 +280,15 @@ def test_tensor_parallel_ranks_take_only_their_parts(prefix):
         assert all(not v.any() for v in whole.values())
         with pytest.raises(shardport.InvalidInputError, match="does not split into 3 equal parts"):
             pub.publish(sd, 2, split={"ln.bias": 0}, parts=3)
+
+
+def test_the_verl_engine_says_what_it_needs_where_verl_is_missing():
+    try:
+        import torch  # noqa: F401
+        import verl  # noqa: F401
+
+        pytest.skip("verl and torch are installed: scripts/verl-suite.sh runs the engine for real")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="shardport.verl needs verl and torch"):
+        import shardport.verl  # noqa: F401
