@@ -206,7 +206,7 @@ class Receiver:
     missing on either side is an error. ``part``: ``(rank, count)`` for a
     tensor-parallel rank: of every tensor published in parts it takes part
     ``rank`` (its destination has that part's shape), and only the buckets
-    of its part move. ``fetches``: buckets fetched at once (default 16);
+    of its part move. ``fetches``: buckets fetched at once (default 4);
     ``threads``: threads of the copies into place (default: the cores, at
     most 8).
     """
