@@ -103,10 +103,7 @@ impl Node {
         tags: BTreeMap<String, String>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Handle, HostError> {
-        self.put_inner(&self.inner.live(), spec.meta()?, tags, |dst, policy| {
-            fill(dst);
-            checksum(policy, dst)
-        })
+        self.pinned().put_with(spec, tags, fill)
     }
 
     /// The node under its config generation of now: puts through the
