@@ -88,12 +88,25 @@ fn manifest_seeds() -> Vec<(&'static str, Vec<u8>)> {
             entry("scalar", &[], 1, 8),
         ],
     };
+    // A tensor in two parts (a tensor-parallel split along dimension 1).
+    let mut parts = one.clone();
+    parts.tensors = (0..2)
+        .map(|index| Entry {
+            part: Some(shardport_weights::manifest::Part {
+                dim: 1,
+                index,
+                count: 2,
+            }),
+            ..entry("w", &[2, 1], 0, 8 * u64::from(index))
+        })
+        .collect();
     let two = two.to_bytes();
     let cut = two[..two.len() / 2].to_vec();
     vec![
         ("one-bucket", one.to_bytes()),
         ("two-buckets", two),
         ("truncated", cut),
+        ("parts", parts.to_bytes()),
     ]
 }
 
