@@ -242,9 +242,6 @@ pub struct PyReceiver {
     inner: Arc<Receiver>,
 }
 
-/// One bound destination: its name, dtype and the object lending the memory.
-type Bound1<'py> = (String, DType, Bound<'py, PyAny>);
-
 #[pymethods]
 impl PyReceiver {
     #[new]
@@ -298,17 +295,9 @@ impl PyReceiver {
         manifest: PyRef<'_, PyManifest>,
         dests: Vec<(String, Option<String>, Bound<'py, PyAny>)>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut bound: Vec<Bound1<'py>> = Vec::with_capacity(dests.len());
-        for (name, dtype, obj) in dests {
-            let d = match dtype {
-                Some(d) => parse_dtype(&d)?,
-                None => DType::U8, // replaced by the buffer's format below
-            };
-            bound.push((name, d, obj));
-        }
-        let mut bufs = Vec::with_capacity(bound.len());
-        let mut layouts: Vec<(String, DType, Layout)> = Vec::with_capacity(bound.len());
-        for (name, d, obj) in &bound {
+        let mut bufs = Vec::with_capacity(dests.len());
+        let mut layouts: Vec<(String, DType, Layout)> = Vec::with_capacity(dests.len());
+        for (name, dtype, obj) in &dests {
             let mut out = StridedOut::get(obj).map_err(|e| {
                 py_err(
                     Kind::InvalidInput,
@@ -316,10 +305,13 @@ impl PyReceiver {
                 )
             })?;
             let (format, item) = out.format();
-            let dtype = if *d == DType::U8 && format != "B" {
-                dtype_of_format(&format, item).map_err(|e| py_err(Kind::InvalidInput, e))?
-            } else {
-                *d
+            // The override the package gives (bfloat16 and float8 travel as
+            // integers of their size), else the buffer's own format.
+            let dtype = match dtype {
+                Some(d) => parse_dtype(d)?,
+                None => {
+                    dtype_of_format(&format, item).map_err(|e| py_err(Kind::InvalidInput, e))?
+                }
             };
             if itemsize(dtype) != item {
                 return Err(py_err(

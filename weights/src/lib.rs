@@ -46,6 +46,7 @@ pub mod plan;
 pub mod publish;
 pub mod receive;
 pub mod split;
+mod work;
 
 pub use error::WeightsError;
 pub use manifest::Manifest;

@@ -20,10 +20,7 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Mutex, MutexGuard,
-    },
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -38,6 +35,7 @@ use crate::{
     manifest::{byte_len, Bucket, Entry, Manifest, MAX_NAME, MAX_TENSORS},
     plan::{self, Plan},
     split::{self, Item, Split},
+    work,
 };
 
 /// Default [`PublishOptions::bucket_size`]: 16 MiB, large enough that a
@@ -238,30 +236,16 @@ impl Publisher {
         for (i, &(b, _)) in plan.places.iter().enumerate() {
             members[b as usize].push(i);
         }
-        let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Result<Bucket, _>>>> =
-            plan.buckets.iter().map(|_| Mutex::new(None)).collect();
-        let threads = self.opts.threads.clamp(1, plan.buckets.len().max(1));
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let b = next.fetch_add(1, Ordering::Relaxed);
-                    if b >= plan.buckets.len() {
-                        break;
-                    }
-                    let r = self.put_bucket(node, plan.buckets[b], &members[b], tensors, plan);
-                    *lock(&results[b]) = Some(r);
-                });
-            }
-        });
+        let results = work::each_index(
+            plan.buckets.len(),
+            self.opts.threads,
+            |b| self.put_bucket(node, plan.buckets[b], &members[b], tensors, plan),
+            |_| false,
+        );
         tracing::debug!(target: "weights", version, buckets = plan.buckets.len(), "buckets put");
         results
             .into_iter()
-            .map(|m| {
-                m.into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .expect("every bucket was put")
-            })
+            .map(|r| r.expect("every bucket was put"))
             .collect()
     }
 

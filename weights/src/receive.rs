@@ -23,10 +23,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-        Mutex,
-    },
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -37,6 +34,7 @@ use crate::{
     error::WeightsError,
     manifest::{Entry, Manifest},
     publish::default_threads,
+    work,
 };
 
 /// Which fetched buckets are hashed before they count.
@@ -169,13 +167,7 @@ impl Receiver {
         let v = manifest.version;
         match *version {
             Some(have) if v < have => return Err(WeightsError::Stale { got: v, have }),
-            Some(have) if v == have => {
-                return Ok(Update {
-                    version: v,
-                    changed: false,
-                    ..Update::empty(v)
-                })
-            }
+            Some(have) if v == have => return Ok(Update::unchanged(v)),
             _ => {}
         }
         let pairs = match_targets(manifest, targets, self.opts.partial, self.opts.part)?;
@@ -229,29 +221,15 @@ impl Receiver {
         m: &Manifest,
         needed: &[usize],
     ) -> Result<Vec<(usize, (Fetched, bool))>, WeightsError> {
-        let next = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let slots: Vec<Mutex<Option<Result<(Fetched, bool), WeightsError>>>> =
-            needed.iter().map(|_| Mutex::new(None)).collect();
-        let threads = self.opts.fetches.clamp(1, needed.len().max(1));
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= needed.len() || stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let r = self.fetch_one(node, m, needed[i]);
-                    if r.is_err() {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-                });
-            }
-        });
+        let slots = work::each_index(
+            needed.len(),
+            self.opts.fetches,
+            |i| self.fetch_one(node, m, needed[i]),
+            Result::is_err,
+        );
         let mut out = Vec::with_capacity(needed.len());
         for (i, slot) in slots.into_iter().enumerate() {
-            match slot.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            match slot {
                 Some(Ok(f)) => out.push((needed[i], f)),
                 Some(Err(e)) => return Err(e),
                 // Not tried: an earlier failure stopped the workers; that
@@ -296,7 +274,8 @@ impl Receiver {
 }
 
 impl Update {
-    fn empty(version: u64) -> Update {
+    /// The report of an update to the version already committed.
+    fn unchanged(version: u64) -> Update {
         Update {
             version,
             changed: false,
